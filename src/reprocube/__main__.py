@@ -1,0 +1,3 @@
+from reprocube.cli import main
+
+raise SystemExit(main())

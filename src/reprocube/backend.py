@@ -1,0 +1,71 @@
+"""The trainer contract: what a framework trainer provides to the shared training loop.
+
+A backend holds only framework code: the model, the optimizer, the framework's generators and device
+placement. The loop (reprocube.loop) owns data order, checkpoints, metrics, signals and resume."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from omegaconf import DictConfig
+
+from reprocube.data.store import Dataset
+from reprocube.errors import ConfigError
+
+
+@dataclass
+class FrameworkState:
+    weights: dict[str, np.ndarray]  # canonical parameter names -> arrays
+    optimizer: dict[str, np.ndarray]
+    rng: dict[str, np.ndarray]  # generator states as arrays (names prefixed by the framework)
+    meta: dict  # JSON-serialisable scalars the arrays need (RNG scalars, optimizer step, ...)
+
+
+class Backend(Protocol):
+    def __init__(self, cfg: DictConfig, dataset: Dataset) -> None:
+        """Apply the determinism settings, seed the framework, build model and optimizer, and place
+        the dataset on the device."""
+
+    def info(self) -> dict:
+        """Framework versions, device, determinism settings and threads, for env.json."""
+
+    def begin_epoch(self, order: np.ndarray) -> None:
+        """Receive the epoch's permutation of training-example indices."""
+
+    def train_step(self, lo: int, hi: int) -> None:
+        """One optimizer step on the examples order[lo:hi], adding to the epoch totals on the device."""
+
+    def last_loss(self) -> float:
+        """The mean loss of the last step (a host sync: call it only when logging)."""
+
+    def epoch_totals(self) -> dict:
+        """{"loss_sum": float, "correct": int} of the steps since reset_epoch_totals."""
+
+    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
+        """Reset (0, 0) or restore the epoch totals."""
+
+    def evaluate(self) -> dict:
+        """{"test_loss": float, "test_accuracy": float} over the whole test split."""
+
+    def export_state(self) -> FrameworkState: ...
+
+    def import_state(self, state: FrameworkState) -> None: ...
+
+
+BACKENDS = {"pytorch": "reprocube.frameworks.pytorch:PytorchBackend"}
+
+
+def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:
+    """Import the framework's module only now: each framework is an optional, heavy dependency."""
+    target = BACKENDS.get(cfg.framework.name)
+    if target is None:
+        raise ConfigError(f"framework={cfg.framework.name} is not available (choose from {', '.join(sorted(BACKENDS))})")
+    module_name, class_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"framework={cfg.framework.name} needs a package that is not installed: {exc}") from None
+    return getattr(module, class_name)(cfg, dataset)

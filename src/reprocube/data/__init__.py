@@ -1,0 +1,1 @@
+"""Datasets: IDX files, their verified local store, the downloader, and the data order."""

@@ -1,0 +1,65 @@
+"""The environment fingerprint written to env.json: what can make two runs of the same config differ."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("reprocube", "numpy", "hydra-core", "omegaconf", "safetensors", "torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax")
+ENV_VARS = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE")
+ENV_PREFIXES = ("TF_",)
+# ISA extensions that change which CPU kernels run (and so the rounding of reductions).
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def collect_env(framework_info: dict) -> dict:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "hostname": platform.node(),
+        "cpu": _cpu_info(),
+        "packages": _package_versions(),
+        "env_vars": {k: v for k, v in sorted(os.environ.items()) if k in ENV_VARS or k.startswith(ENV_PREFIXES)},
+        "container": _container(),
+        "framework": framework_info,
+    }
+
+
+def _cpu_info() -> dict:
+    info = {"count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None, "model": platform.processor() or None, "isa": []}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not info["model"]:
+            info["model"] = value.strip()
+        elif key == "flags":
+            flags = set(value.split())
+            info["isa"] = [f for f in ISA_FLAGS if f in flags]
+            break
+    return info
+
+
+def _package_versions() -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _container() -> dict | None:
+    if os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER"):
+        return {"runtime": "singularity", "image": os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER")}
+    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        return {"runtime": "docker", "image": os.environ.get("REPROCUBE_IMAGE"), "image_digest": os.environ.get("REPROCUBE_IMAGE_DIGEST")}
+    return None

@@ -1,0 +1,27 @@
+"""Errors that end a command with one clear line and a documented exit status."""
+
+# Exit statuses (documented in README.md).
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_CONFIG = 2
+EXIT_DATA = 3
+EXIT_CHECKPOINT = 4
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
+
+
+class ReprocubeError(Exception):
+    """An expected failure: bad input, missing data, refused checkpoint."""
+
+    exit_code = EXIT_UNEXPECTED
+
+
+class ConfigError(ReprocubeError):
+    exit_code = EXIT_CONFIG
+
+
+class DataError(ReprocubeError):
+    exit_code = EXIT_DATA
+
+
+class CheckpointError(ReprocubeError):
+    exit_code = EXIT_CHECKPOINT

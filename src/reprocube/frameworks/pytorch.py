@@ -1,0 +1,184 @@
+"""The PyTorch trainer: the reference tutorial's CNN, deterministic kernels, data resident on the device."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+# cuBLAS reads this when CUDA initialises: it must be set before torch touches the GPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from reprocube.backend import FrameworkState  # noqa: E402
+from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
+
+
+class Net(nn.Module):
+    """conv 1->10 k5, pool, relu, conv 10->20 k5, Dropout2d, pool, relu, dense 320->50, relu, dropout, dense 10."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.conv2_drop = nn.Dropout2d()
+        self.fc1 = nn.Linear(320, 50)
+        self.fc2 = nn.Linear(50, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        x = x.flatten(1)
+        x = F.relu(self.fc1(x))
+        x = F.dropout(x, training=self.training)
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def _select_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no CUDA device")
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(requested)
+
+
+class PytorchBackend:
+    def __init__(self, cfg, dataset):
+        self.cfg = cfg
+        self.device = _select_device(cfg.device)
+        torch.use_deterministic_algorithms(cfg.deterministic)  # no warn_only: a nondeterministic op is an error
+        torch.backends.cudnn.deterministic = cfg.deterministic
+        torch.backends.cudnn.benchmark = not cfg.deterministic
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)  # seeds the CPU generator (init) and every CUDA generator (dropout on GPU)
+
+        self.model = Net(dataset.num_classes).to(self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+        self.x_train = torch.from_numpy(dataset.train.images).to(self.device)
+        self.y_train = torch.from_numpy(dataset.train.labels).to(self.device)
+        self.x_test = torch.from_numpy(dataset.test.images).to(self.device)
+        self.y_test = torch.from_numpy(dataset.test.labels).to(self.device)
+        self._order: torch.Tensor | None = None
+        self._last_loss = torch.zeros((), device=self.device)
+        self.set_epoch_totals(0.0, 0)
+
+    def info(self) -> dict:
+        info = {
+            "name": "pytorch",
+            "torch": torch.__version__,
+            "device": str(self.device),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "num_threads": torch.get_num_threads(),
+            "num_interop_threads": torch.get_num_interop_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "mkldnn": torch.backends.mkldnn.is_available(),
+        }
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            info.update(
+                gpu=props.name,
+                gpu_capability=f"{props.major}.{props.minor}",
+                gpu_count=torch.cuda.device_count(),
+                cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version(),
+                driver=_nvidia_driver(),
+                tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+                tf32_cudnn=torch.backends.cudnn.allow_tf32,
+            )
+        return info
+
+    def begin_epoch(self, order: np.ndarray) -> None:
+        self._order = torch.from_numpy(order).to(self.device)
+
+    def train_step(self, lo: int, hi: int) -> None:
+        index = self._order[lo:hi]
+        images, labels = self.x_train.index_select(0, index), self.y_train.index_select(0, index)
+        self.optimizer.zero_grad(set_to_none=True)
+        log_probs = self.model(images)
+        loss = F.nll_loss(log_probs, labels)
+        loss.backward()
+        self.optimizer.step()
+        with torch.no_grad():
+            self._last_loss = loss.detach()
+            self._loss_sum += self._last_loss * (hi - lo)
+            self._correct += (log_probs.argmax(dim=1) == labels).sum()
+
+    def last_loss(self) -> float:
+        return float(self._last_loss)
+
+    def epoch_totals(self) -> dict:
+        return {"loss_sum": float(self._loss_sum), "correct": int(self._correct)}
+
+    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
+        self._loss_sum = torch.tensor(loss_sum, dtype=torch.float32, device=self.device)
+        self._correct = torch.tensor(correct, dtype=torch.int64, device=self.device)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        batch = self.cfg.test_batch_size
+        for lo in range(0, len(self.y_test), batch):
+            log_probs = self.model(self.x_test[lo : lo + batch])
+            labels = self.y_test[lo : lo + batch]
+            loss_sum += F.nll_loss(log_probs, labels, reduction="sum")
+            correct += (log_probs.argmax(dim=1) == labels).sum()
+        self.model.train()
+        n = len(self.y_test)
+        return {"test_loss": float(loss_sum) / n, "test_accuracy": int(correct) / n}
+
+    def export_state(self) -> FrameworkState:
+        weights = {name: t.detach().cpu().numpy().copy() for name, t in self.model.state_dict().items()}
+        names = {p: name for name, p in self.model.named_parameters()}
+        optimizer = {}
+        for param, state in self.optimizer.state.items():
+            buffer = state.get("momentum_buffer")
+            if buffer is not None:
+                optimizer[f"momentum_buffer.{names[param]}"] = buffer.detach().cpu().numpy().copy()
+        rng = {"torch.cpu": torch.get_rng_state().numpy().copy()}
+        if torch.cuda.is_available():
+            for i, state in enumerate(torch.cuda.get_rng_state_all()):
+                rng[f"torch.cuda.{i}"] = state.numpy().copy()
+        return FrameworkState(weights, optimizer, rng, {"cuda_generators": torch.cuda.device_count() if torch.cuda.is_available() else 0})
+
+    def import_state(self, state: FrameworkState) -> None:
+        expected = set(self.model.state_dict())
+        if set(state.weights) != expected:
+            raise CheckpointError(f"checkpoint weights {sorted(state.weights)} do not match the model's {sorted(expected)}")
+        try:
+            self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.weights.items()})
+        except RuntimeError as exc:
+            raise CheckpointError(f"checkpoint weights do not fit the model: {' '.join(str(exc).split())}") from None
+        params = dict(self.model.named_parameters())
+        self.optimizer.state.clear()
+        for key, array in state.optimizer.items():
+            name = key.removeprefix("momentum_buffer.")
+            if name not in params or params[name].shape != array.shape:
+                raise CheckpointError(f"checkpoint optimizer tensor {key} does not match the model")
+            self.optimizer.state[params[name]]["momentum_buffer"] = torch.from_numpy(array.copy()).to(self.device)
+        cpu_state = state.rng.get("torch.cpu")
+        if cpu_state is None:
+            raise CheckpointError("checkpoint lacks the torch CPU generator state")
+        torch.set_rng_state(torch.from_numpy(cpu_state.copy()))
+        cuda_keys = sorted((k for k in state.rng if k.startswith("torch.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
+        cuda_states = [state.rng[k] for k in cuda_keys]
+        if self.device.type == "cuda":
+            if len(cuda_states) < torch.cuda.device_count():
+                raise CheckpointError(
+                    f"checkpoint holds {len(cuda_states)} CUDA generator states, this machine has {torch.cuda.device_count()} GPUs"
+                )
+            torch.cuda.set_rng_state_all([torch.from_numpy(s.copy()) for s in cuda_states[: torch.cuda.device_count()]])
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None

@@ -1,0 +1,172 @@
+"""The shared training loop: data order, epoch and mid-epoch checkpoints, metrics, progress,
+signals and resume. Framework code stays behind the Backend contract (reprocube.backend)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from reprocube.backend import Backend, FrameworkState, create_backend
+from reprocube.checkpoint import Checkpoint, CheckpointContent, epoch_name, step_name, weights_digest, write_checkpoint
+from reprocube.config import config_hash, to_plain
+from reprocube.data.sampler import EpochSampler
+from reprocube.data.store import load_dataset
+from reprocube.env import collect_env
+from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError
+from reprocube.metrics import MetricsHistory
+from reprocube.preemption import StopRequest
+from reprocube.rng import capture_host_rng, restore_host_rng, seed_host_rng
+from reprocube.runs import RunDirectory, open_run
+
+
+@dataclass
+class Position:
+    """Where training stands: `epoch` epochs are complete, and `step` steps of the next one."""
+
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "step_in_epoch": self.step, "global_step": self.global_step}
+
+
+def train(cfg, out=print) -> int:
+    """Train (or resume) the run described by `cfg`; returns the exit status."""
+    with StopRequest() as stop:  # from the start: a signal during set-up still ends in a checkpoint
+        config = to_plain(cfg)
+        run, checkpoint = open_run(cfg, config)
+        dataset = load_dataset(cfg)
+        sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
+        seed_host_rng(cfg.seed)
+        backend = create_backend(cfg, dataset)
+        trainer = _Trainer(cfg, config, run, sampler, backend, out)
+        if checkpoint:
+            trainer.restore(checkpoint)
+        else:
+            run.metrics.rewrite(trainer.history)
+        run.record_session(collect_env(backend.info()), checkpoint.path if checkpoint else None, trainer.position.as_dict())
+        return trainer.run(stop)
+
+
+class _Trainer:
+    def __init__(self, cfg, config: dict, run: RunDirectory, sampler: EpochSampler, backend: Backend, out):
+        self.cfg, self.config, self.run_dir, self.sampler, self.backend, self.out = cfg, config, run, sampler, backend, out
+        self.position = Position()
+        self.history = MetricsHistory()
+        self.config_hash = config_hash(config)
+
+    # --- resume -------------------------------------------------------------------------------
+    def restore(self, checkpoint: Checkpoint) -> None:
+        manifest, content = checkpoint.manifest, checkpoint.content
+        try:
+            position = content.state["position"]
+            self.position = Position(position["epoch"], position["step_in_epoch"], position["global_step"])
+            totals = content.state["epoch_totals"]
+            rng_meta = content.state["rng"]
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint.path}: state.json lacks {exc}") from None
+        if manifest.get("global_step") != self.position.global_step or manifest.get("steps_per_epoch") != self.sampler.steps_per_epoch:
+            raise CheckpointError(f"checkpoint {checkpoint.path}: position does not match its manifest or this dataset")
+        host = {k: v for k, v in content.rng.items() if k.startswith(("python.", "numpy."))}
+        framework_rng = {k: v for k, v in content.rng.items() if k not in host}
+        self.backend.import_state(FrameworkState(content.weights, content.optimizer, framework_rng, content.state.get("framework", {})))
+        self.backend.set_epoch_totals(totals["loss_sum"], totals["correct"])
+        restore_host_rng(host, rng_meta)
+        self.history = MetricsHistory.from_manifest(manifest)
+        self.run_dir.metrics.rewrite(self.history)
+        self.out(f"resumed from {checkpoint.path} at epoch {self.position.epoch}, step {self.position.step} (global step {self.position.global_step})")
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self, stop: StopRequest) -> int:
+        cfg, sampler, backend = self.cfg, self.sampler, self.backend
+        if self.position.epoch >= cfg.epochs:
+            self.out(f"{self.run_dir.path}: already trained for {self.position.epoch} epochs; nothing to do")
+            return EXIT_OK
+        show_progress = cfg.log.progress is True or (cfg.log.progress == "auto" and sys.stderr.isatty())
+        while self.position.epoch < cfg.epochs:
+            epoch = self.position.epoch
+            backend.begin_epoch(sampler.epoch_order(epoch))
+            if self.position.step == 0:
+                backend.set_epoch_totals(0.0, 0)
+            first_step, started = self.position.step, time.perf_counter()
+            bar = tqdm(total=sampler.steps_per_epoch, initial=first_step, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not show_progress, file=sys.stderr, leave=False)
+            for step in range(first_step, sampler.steps_per_epoch):
+                backend.train_step(*sampler.batch_bounds(step))
+                self.position.step, self.position.global_step = step + 1, self.position.global_step + 1
+                bar.update()
+                self._log_step()
+                if stop.requested:
+                    bar.close()
+                    path = self._save(step_name(self.position.global_step), reason=stop.signal_name)
+                    self.out(f"stopped by {stop.signal_name}: checkpoint {path}; continue with resume=latest")
+                    return EXIT_PREEMPTED
+                if cfg.checkpoint.every_steps and self.position.global_step % cfg.checkpoint.every_steps == 0 and self.position.step < sampler.steps_per_epoch:
+                    self._save(step_name(self.position.global_step), reason="every_steps")
+            bar.close()
+            self._finish_epoch(time.perf_counter() - started, self.position.step - first_step)
+            if stop.requested:
+                self.out(f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest")
+                return EXIT_PREEMPTED
+        self.out(f"done: {self.run_dir.path} ({self.position.epoch} epochs, weights_digest {self.history.epochs[-1]['weights_digest']})")
+        return EXIT_OK
+
+    def _log_step(self) -> None:
+        every = self.cfg.log.every_steps
+        if every and self.position.global_step % every == 0:
+            record = {"epoch": self.position.epoch, "global_step": self.position.global_step, "loss": self.backend.last_loss()}
+            self.history.steps.append(record)
+            self.run_dir.metrics.append("step", record)
+
+    def _finish_epoch(self, wall_s: float, steps_run: int) -> None:
+        seen = min(self.position.step * self.sampler.batch_size, self.sampler.num_examples)
+        totals = self.backend.epoch_totals()
+        evaluation = self.backend.evaluate()
+        self.position = Position(self.position.epoch + 1, 0, self.position.global_step)
+        samples = min(steps_run * self.sampler.batch_size, self.sampler.num_examples)
+        record = {
+            "epoch": self.position.epoch,
+            "global_step": self.position.global_step,
+            "train_loss": totals["loss_sum"] / seen,
+            "train_accuracy": totals["correct"] / seen,
+            **evaluation,
+            "wall_s": round(wall_s, 4),
+            "samples_per_s": round(samples / wall_s, 1) if wall_s > 0 else None,
+        }
+        framework_state = self.backend.export_state()
+        record["weights_digest"] = weights_digest(framework_state.weights)
+        self.history.epochs.append(record)
+        last = self.position.epoch == self.cfg.epochs
+        if last or self.position.epoch % self.cfg.checkpoint.every_epochs == 0:
+            self._save(epoch_name(self.position.epoch), reason="epoch", framework=framework_state)
+        self.run_dir.metrics.append("epoch", record)
+        self.out(
+            f"epoch {self.position.epoch}/{self.cfg.epochs}: train_loss {record['train_loss']:.4f} "
+            f"test_loss {record['test_loss']:.4f} test_accuracy {record['test_accuracy']:.4f} "
+            f"({wall_s:.2f} s, {record['samples_per_s']} samples/s)"
+        )
+
+    def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
+        framework = framework or self.backend.export_state()
+        host_arrays, host_meta = capture_host_rng()
+        position = self.position.as_dict()
+        state = {
+            "position": position,
+            "epoch_totals": self.backend.epoch_totals(),
+            "rng": host_meta,
+            "framework": framework.meta,
+        }
+        content = CheckpointContent(framework.weights, framework.optimizer, {**host_arrays, **framework.rng}, state, self.config)
+        manifest_fields = {
+            "framework": self.cfg.framework.name,
+            **position,
+            "steps_per_epoch": self.sampler.steps_per_epoch,
+            "seed": self.cfg.seed,
+            "config_hash": self.config_hash,
+            "reason": reason,
+            "metrics": self.history.as_dict(),
+        }
+        return write_checkpoint(self.run_dir.checkpoints, name, content, manifest_fields)
