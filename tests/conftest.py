@@ -1,0 +1,92 @@
+"""Shared fixtures: small generated IDX datasets and a runner for the CLI in fresh processes."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprocube.data.idx import encode_idx
+
+FILE_KEYS = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclass
+class GeneratedDataset:
+    """A small MNIST-shaped dataset written as IDX files, with the overrides that pin it."""
+
+    data_dir: Path
+    payloads: dict[str, bytes]  # file key -> raw IDX payload
+
+    @property
+    def directory(self) -> Path:
+        return self.data_dir / "generated"
+
+    def overrides(self) -> list[str]:
+        pins = [
+            f"dataset.files.{key}.{field}={value}"
+            for key, payload in self.payloads.items()
+            for field, value in (("sha256", hashlib.sha256(payload).hexdigest()), ("bytes", len(payload)))
+        ]
+        return ["dataset.name=generated", f"data_dir={self.data_dir}", "dataset.mirrors=[]", *pins]
+
+    def write_gz(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for key, payload in self.payloads.items():
+            (directory / (FILE_KEYS[key] + ".gz")).write_bytes(gzip.compress(payload))
+
+
+def make_payloads(train: int, test: int, seed: int = 1234) -> dict[str, bytes]:
+    """Images whose label is visible (a bright block at a label-dependent place) plus noise."""
+    rng = np.random.default_rng(seed)
+    payloads = {}
+    for split, n in (("train", train), ("test", test)):
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        images = rng.integers(0, 80, size=(n, 28, 28), dtype=np.uint8)
+        for i, label in enumerate(labels):
+            row, col = divmod(int(label), 5)
+            images[i, 4 + 12 * row : 12 + 12 * row, 2 + 5 * col : 6 + 5 * col] = 255
+        payloads[f"{split}_images"] = encode_idx(images)
+        payloads[f"{split}_labels"] = encode_idx(labels)
+    return payloads
+
+
+@pytest.fixture(scope="session")
+def generated(tmp_path_factory) -> GeneratedDataset:
+    data_dir = tmp_path_factory.mktemp("data")
+    dataset = GeneratedDataset(data_dir, make_payloads(train=640, test=200))
+    dataset.directory.mkdir()
+    for key, payload in dataset.payloads.items():
+        (dataset.directory / FILE_KEYS[key]).write_bytes(payload)
+    return dataset
+
+
+def reprocube(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh Python process (what bit-exact resume must survive)."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    proc = subprocess.run([sys.executable, "-m", "reprocube", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"reprocube {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def manifest(checkpoint_dir: Path) -> dict:
+    return json.loads((checkpoint_dir / "manifest.json").read_text())
+
+
+def epoch_digests(run_dir: Path) -> dict[str, str]:
+    """weights_digest of every epoch checkpoint of a run, by checkpoint name."""
+    return {p.name: manifest(p)["weights_digest"] for p in sorted((run_dir / "checkpoints").glob("epoch-*"))}

@@ -1,0 +1,196 @@
+"""PyTorch trainer, end to end in fresh processes: restart equality, resume from every checkpoint,
+preemption by signal, and refusal of tampered or mismatched checkpoints. Bit-exactness is compared as
+weights digests (sha256 of the parameter bytes) and exactly equal metrics: no tolerance anywhere."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
+from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
+
+EPOCHS = 3
+
+
+def deterministic_metrics(run_dir):
+    records = read_metrics(run_dir / "metrics.jsonl")
+    epochs = [{k: r[k] for k in (*DETERMINISTIC_EPOCH_FIELDS, "weights_digest")} for r in records if r["kind"] == "epoch"]
+    steps = [r for r in records if r["kind"] == "step"]
+    return epochs, steps
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def train(generated, workdir):
+    def run(*overrides, check=True):
+        return reprocube("train", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides, cwd=workdir, check=check)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(train, workdir):
+    train("run_name=reference")
+    return workdir / "runs" / "reference"
+
+
+def test_run_directory_layout(reference):
+    assert {p.name for p in reference.iterdir()} == {"config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "checkpoints"}
+    assert sorted(p.name for p in (reference / "checkpoints").iterdir()) == ["epoch-0001", "epoch-0002", "epoch-0003"]
+    env = json.loads((reference / "env.json").read_text())
+    assert env["framework"]["deterministic_algorithms"] is True
+    assert env["framework"]["num_threads"] == 2
+    final = manifest(reference / "checkpoints" / "epoch-0003")
+    assert (final["framework"], final["epoch"], final["seed"], final["global_step"]) == ("pytorch", 3, 0, 60)
+    assert len(final["metrics"]["epochs"]) == 3
+    assert final["weights_digest"] == deterministic_metrics(reference)[0][-1]["weights_digest"]
+
+
+def test_restart_gives_identical_weights_at_every_epoch(reference, train, workdir):
+    train("run_name=restart")
+    restart = workdir / "runs" / "restart"
+    assert epoch_digests(restart) == epoch_digests(reference)
+    assert len(set(epoch_digests(reference).values())) == EPOCHS  # the weights did change each epoch
+    assert deterministic_metrics(restart) == deterministic_metrics(reference)
+
+
+def test_a_different_seed_gives_different_weights(reference, train, workdir):
+    train("seed=1", "run_name=seed1")
+    other = epoch_digests(workdir / "runs" / "seed1")
+    for name, digest in epoch_digests(reference).items():
+        assert other[name] != digest
+
+
+@pytest.mark.parametrize("k", range(1, EPOCHS))
+def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdir, k):
+    train(f"resume={reference}/checkpoints/epoch-{k:04d}", f"run_name=resumed-from-{k}")
+    resumed = workdir / "runs" / f"resumed-from-{k}"
+    assert epoch_digests(resumed) == {n: d for n, d in epoch_digests(reference).items() if int(n[-4:]) > k}
+    assert deterministic_metrics(resumed) == deterministic_metrics(reference)  # history carried over, then equal
+
+
+def test_extending_a_run_with_more_epochs_is_bit_exact(reference, train, workdir):
+    reprocube_short = train("epochs=2", "run_name=extended")
+    assert "done" in reprocube_short.stdout
+    train("resume=latest", "run_name=extended")  # epochs=3 from the fixture
+    assert epoch_digests(workdir / "runs" / "extended") == epoch_digests(reference)
+
+
+def test_mid_epoch_checkpoints_do_not_change_the_result(reference, train, workdir):
+    train("checkpoint.every_steps=7", "run_name=every7")
+    every7 = workdir / "runs" / "every7"
+    steps = sorted(p.name for p in (every7 / "checkpoints").glob("step-*"))
+    assert steps == [f"step-{s:06d}" for s in range(7, 60, 7) if s % 20]  # none at an epoch's end
+    assert epoch_digests(every7) == epoch_digests(reference)
+    # resume from a mid-epoch checkpoint (epoch 1, step 8 of 20) in a fresh process
+    train("checkpoint.every_steps=7", f"resume={every7}/checkpoints/step-000028", "run_name=from-step28")
+    assert epoch_digests(workdir / "runs" / "from-step28") == {n: d for n, d in epoch_digests(reference).items() if n != "epoch-0001"}
+    assert deterministic_metrics(workdir / "runs" / "from-step28")[0] == deterministic_metrics(reference)[0]
+
+
+@pytest.fixture(scope="module")
+def larger(tmp_path_factory):
+    """Enough steps (200 per epoch) for a signal to land mid-epoch."""
+    data_dir = tmp_path_factory.mktemp("larger")
+    dataset = GeneratedDataset(data_dir, make_payloads(train=6400, test=200, seed=5))
+    dataset.directory.mkdir()
+    from conftest import FILE_KEYS
+
+    for key, payload in dataset.payloads.items():
+        (dataset.directory / FILE_KEYS[key]).write_bytes(payload)
+    return dataset
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, tmp_path, signum):
+    args = [*larger.overrides(), "epochs=2", "log.every_steps=1"]
+    reprocube("train", *args, "run_name=uninterrupted", cwd=tmp_path)
+    reference = epoch_digests(tmp_path / "runs" / "uninterrupted")
+
+    run_dir = tmp_path / "runs" / "preempted"
+    proc = subprocess.Popen([sys.executable, "-m", "reprocube", "train", *args, "run_name=preempted"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_global_step(run_dir / "metrics.jsonl", 250, proc)  # inside epoch 2 (steps 201-400)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stderr
+    assert f"stopped by {signal.Signals(signum).name}" in stdout
+    [checkpoint] = (run_dir / "checkpoints").glob("step-*")
+    stopped = manifest(checkpoint)
+    assert stopped["epoch"] == 1 and 0 < stopped["step_in_epoch"] < 200 and stopped["reason"] == signal.Signals(signum).name
+
+    resumed = reprocube("train", *args, "run_name=preempted", "resume=latest", cwd=tmp_path)
+    assert f"resumed from {checkpoint.relative_to(tmp_path)} at epoch 1" in resumed.stdout
+    assert epoch_digests(run_dir) == reference
+    assert deterministic_metrics(run_dir) == deterministic_metrics(tmp_path / "runs" / "uninterrupted")
+
+
+def _wait_for_global_step(metrics_path, step, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended before the signal: {proc.communicate()}")
+        if metrics_path.exists():
+            lines = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.endswith("}")]
+            if any(r["global_step"] >= step for r in lines):
+                return
+        time.sleep(0.005)
+    raise AssertionError("training did not reach the step in time")
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def copy_of_reference(reference, tmp_path):
+    target = tmp_path / "runs" / "copy"
+    shutil.copytree(reference, target)
+    return target
+
+
+def test_a_checkpoint_with_a_changed_byte_is_refused(copy_of_reference, train, tmp_path):
+    weights = copy_of_reference / "checkpoints" / "epoch-0002" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x10
+    weights.write_bytes(bytes(data))
+    proc = train(f"resume={weights.parent}", "run_name=tampered", f"output_dir={tmp_path / 'runs'}", check=False)
+    assert proc.returncode == 4
+    assert proc.stderr.strip() == f"reprocube: error: checkpoint {weights.parent}: weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"
+    assert not (tmp_path / "runs" / "tampered").exists()
+
+
+def test_a_checkpoint_with_a_missing_file_is_refused(copy_of_reference, train, tmp_path):
+    (copy_of_reference / "checkpoints" / "epoch-0003" / "rng.safetensors").unlink()
+    proc = train("epochs=4", "resume=latest", "run_name=copy", f"output_dir={tmp_path / 'runs'}", check=False)
+    assert proc.returncode == 4
+    assert "is incomplete: missing rng.safetensors" in proc.stderr
+
+
+def test_a_checkpoint_from_a_different_config_is_refused(reference, train, tmp_path):
+    proc = train(f"resume={reference}/checkpoints/epoch-0001", "optimizer.lr=0.02", "threads=1", "run_name=other", check=False)
+    assert proc.returncode == 4
+    assert "was made with a different config: optimizer.lr: 0.01 -> 0.02; threads: 2 -> 1" in proc.stderr
+
+
+def test_a_fresh_run_never_overwrites_an_earlier_one(reference, train):
+    before = epoch_digests(reference)
+    proc = train("run_name=reference", check=False)
+    assert proc.returncode == 2
+    assert "already holds checkpoints; pass resume=latest" in proc.stderr
+    assert epoch_digests(reference) == before
+
+
+def test_resuming_an_earlier_checkpoint_into_its_own_run_is_refused(copy_of_reference, train, tmp_path):
+    proc = train(f"resume={copy_of_reference}/checkpoints/epoch-0001", "run_name=copy", f"output_dir={tmp_path / 'runs'}", check=False)
+    assert proc.returncode == 2
+    assert "would overwrite later checkpoints" in proc.stderr
