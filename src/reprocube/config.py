@@ -39,12 +39,15 @@ NON_RESULT_KEYS = frozenset(
 def load_config(overrides: list[str], config_file: str | None = None) -> DictConfig:
     """Compose the resolved, validated config from the package defaults, a user yaml and overrides."""
     all_overrides = (user_yaml_overrides(config_file) if config_file else []) + list(overrides)
+    for override in all_overrides:
+        if override.startswith(("+", "~")):
+            raise ConfigError(f"{override}: adding or deleting keys is not supported (the config schema is fixed); see --print-config")
     try:
         with initialize_config_module(config_module="reprocube.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=all_overrides)
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(f"invalid configuration: {_one_line(exc)}") from None
+        raise ConfigError(f"invalid configuration: {_hydra_message(exc)}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
@@ -176,6 +179,16 @@ def flatten_keys(config: dict, prefix: str = "") -> dict[str, Any]:
 
 def _under(key: str, prefixes: frozenset[str]) -> bool:
     return any(key.startswith(p + ".") for p in prefixes)
+
+
+def _hydra_message(exc: BaseException) -> str:
+    """Hydra's message, minus its hints that do not apply here (adding keys, search paths)."""
+    message = _one_line(exc)
+    for tail in (" To append to your config use", " Config search path:", " See https://hydra.cc"):
+        message = message.split(tail)[0]
+    if message.startswith("Could not override"):
+        message += " There is no such key (see --print-config for every key)."
+    return message
 
 
 def _one_line(exc: BaseException) -> str:
