@@ -78,6 +78,10 @@ def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdi
     resumed = workdir / "runs" / f"resumed-from-{k}"
     assert epoch_digests(resumed) == {n: d for n, d in epoch_digests(reference).items() if int(n[-4:]) > k}
     assert deterministic_metrics(resumed) == deterministic_metrics(reference)  # history carried over, then equal
+    assert json.loads((resumed / "env.json").read_text())["framework"]["name"] == "pytorch"
+    [session] = map(json.loads, (resumed / "sessions.jsonl").read_text().splitlines())
+    assert session["resumed_from"] == f"{reference}/checkpoints/epoch-{k:04d}"
+    assert session["position"] == {"epoch": k, "step_in_epoch": 0, "global_step": 20 * k}
 
 
 def test_extending_a_run_with_more_epochs_is_bit_exact(reference, train, workdir):

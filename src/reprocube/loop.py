@@ -43,6 +43,7 @@ def train(cfg, out=print) -> int:
         sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
         seed_host_rng(cfg.seed)
         backend = create_backend(cfg, dataset)
+        run.initialize(config)
         trainer = _Trainer(cfg, config, run, sampler, backend, out)
         if checkpoint:
             trainer.restore(checkpoint)

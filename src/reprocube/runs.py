@@ -35,9 +35,14 @@ class RunDirectory:
     def write_config(self, config: dict) -> None:
         write_file_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
 
+    def initialize(self, config: dict) -> None:
+        """Create the directory and write the resolved config (again, when resuming: `epochs` may grow)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.write_config(config)
+
     def record_session(self, env: dict, resumed_from: Path | None, position: dict) -> None:
-        """env.json describes the process that created the run; every process is in sessions.jsonl."""
-        if resumed_from is None:
+        """env.json describes the first process of the run; every process is in sessions.jsonl."""
+        if not (self.path / "env.json").exists():
             write_file_atomic(self.path / "env.json", (json.dumps(env, indent=1, sort_keys=True) + "\n").encode())
         line = {"started_unix": time.time(), "resumed_from": str(resumed_from) if resumed_from else None, "position": position, "env": env}
         with open(self.path / "sessions.jsonl", "a") as f:
@@ -45,15 +50,13 @@ class RunDirectory:
 
 
 def open_run(cfg, config: dict) -> tuple[RunDirectory, Checkpoint | None]:
-    """Decide the run directory and the checkpoint to resume from; refuse anything that would
-    overwrite an earlier result or resume under a different configuration."""
+    """Decide the run directory and the verified checkpoint to resume from, writing nothing yet;
+    refuse anything that would overwrite an earlier result or resume under a different config."""
     run = RunDirectory(Path(cfg.output_dir) / run_name(cfg))
     source = _resume_source(cfg, run)
     checkpoint = read_checkpoint(source) if source else None
     if checkpoint:
         _check_compatible(checkpoint, config)
-    run.path.mkdir(parents=True, exist_ok=True)
-    run.write_config(config)
     return run, checkpoint
 
 

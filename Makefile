@@ -1,0 +1,39 @@
+# Set-up and the two commands of README.md. Everything installs into .venv from the hash-locked files.
+#   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
+#   make test    set up and run the tests
+PYTHON ?= python3
+VENV := .venv
+FASHION_MNIST_DEB := /usr/share/datasets/fashion-mnist
+# Where no PyTorch CPU index is reachable pip fails over fast instead of retrying for minutes.
+PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --retries 1 --require-hashes
+
+.PHONY: setup system-packages train test clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) -r requirements-cpu.txt -r requirements-test.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+# Fashion-MNIST from Debian (offline); needs root or sudo, and is skipped where it is already there.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-packages:
+	@if [ ! -d $(FASHION_MNIST_DEB) ] && command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get install -y -q dataset-fashion-mnist \
+	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q dataset-fashion-mnist; }; \
+	fi
+
+train: setup system-packages
+	@if [ -d $(FASHION_MNIST_DEB) ]; then \
+	  $(VENV)/bin/reprocube download dataset=fashion_mnist data_dir=data data.source_dir=$(FASHION_MNIST_DEB); \
+	else \
+	  $(VENV)/bin/reprocube download dataset=fashion_mnist data_dir=data; \
+	fi
+	$(VENV)/bin/reprocube train framework=pytorch dataset=fashion_mnist data_dir=data $(ARGS)
+
+test: setup system-packages
+	$(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
