@@ -116,7 +116,7 @@ def larger(tmp_path_factory):
     return dataset
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, tmp_path, signum):
     args = [*larger.overrides(), "epochs=2", "log.every_steps=1"]
     reprocube("train", *args, "run_name=uninterrupted", cwd=tmp_path)
@@ -198,3 +198,11 @@ def test_resuming_an_earlier_checkpoint_into_its_own_run_is_refused(copy_of_refe
     proc = train(f"resume={copy_of_reference}/checkpoints/epoch-0001", "run_name=copy", f"output_dir={tmp_path / 'runs'}", check=False)
     assert proc.returncode == 2
     assert "would overwrite later checkpoints" in proc.stderr
+
+
+def test_an_unwritable_output_dir_ends_in_one_line(train, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = train(f"output_dir={blocker}/runs", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"reprocube: error: Not a directory: {blocker}/runs/pytorch-seed0"

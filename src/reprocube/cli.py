@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except ReprocubeError as exc:
         print(f"reprocube: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # disk full, permissions, ...: one line, not a traceback
+        print(f"reprocube: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("reprocube: interrupted", file=sys.stderr)
         return 130

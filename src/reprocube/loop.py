@@ -70,8 +70,10 @@ class _Trainer:
             rng_meta = content.state["rng"]
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint {checkpoint.path}: state.json lacks {exc}") from None
-        if manifest.get("global_step") != self.position.global_step or manifest.get("steps_per_epoch") != self.sampler.steps_per_epoch:
-            raise CheckpointError(f"checkpoint {checkpoint.path}: position does not match its manifest or this dataset")
+        p = self.position
+        valid = all(isinstance(v, int) and v >= 0 for v in (p.epoch, p.step, p.global_step)) and p.step <= self.sampler.steps_per_epoch
+        if not valid or manifest.get("global_step") != p.global_step or manifest.get("steps_per_epoch") != self.sampler.steps_per_epoch:
+            raise CheckpointError(f"checkpoint {checkpoint.path}: its position does not match its manifest or this dataset")
         host = {k: v for k, v in content.rng.items() if k.startswith(("python.", "numpy."))}
         framework_rng = {k: v for k, v in content.rng.items() if k not in host}
         self.backend.import_state(FrameworkState(content.weights, content.optimizer, framework_rng, content.state.get("framework", {})))
