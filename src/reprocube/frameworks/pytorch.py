@@ -61,6 +61,7 @@ class PytorchBackend:
         self.y_train = torch.from_numpy(dataset.train.labels).to(self.device)
         self.x_test = torch.from_numpy(dataset.test.images).to(self.device)
         self.y_test = torch.from_numpy(dataset.test.labels).to(self.device)
+        self._classes = torch.arange(dataset.num_classes, device=self.device)
         self._order: torch.Tensor | None = None
         self._last_loss = torch.zeros((), device=self.device)
         self.set_epoch_totals(0.0, 0)
@@ -100,13 +101,20 @@ class PytorchBackend:
         images, labels = self.x_train.index_select(0, index), self.y_train.index_select(0, index)
         self.optimizer.zero_grad(set_to_none=True)
         log_probs = self.model(images)
-        loss = F.nll_loss(log_probs, labels)
+        loss = self._nll_sum(log_probs, labels) / (hi - lo)
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
             self._last_loss = loss.detach()
             self._loss_sum += self._last_loss * (hi - lo)
             self._correct += (log_probs.argmax(dim=1) == labels).sum()
+
+    def _nll_sum(self, log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed negative log-likelihood, written with a one-hot mask: torch's NLLLoss raises on CUDA
+        under use_deterministic_algorithms, and this form is deterministic on every device (no
+        atomics, no host sync)."""
+        one_hot = (labels[:, None] == self._classes).to(log_probs.dtype)
+        return -(log_probs * one_hot).sum()
 
     def last_loss(self) -> float:
         return float(self._last_loss)
@@ -127,7 +135,7 @@ class PytorchBackend:
         for lo in range(0, len(self.y_test), batch):
             log_probs = self.model(self.x_test[lo : lo + batch])
             labels = self.y_test[lo : lo + batch]
-            loss_sum += F.nll_loss(log_probs, labels, reduction="sum")
+            loss_sum += self._nll_sum(log_probs, labels)
             correct += (log_probs.argmax(dim=1) == labels).sum()
         self.model.train()
         n = len(self.y_test)
