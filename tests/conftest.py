@@ -43,6 +43,11 @@ class GeneratedDataset:
         ]
         return ["dataset.name=generated", f"data_dir={self.data_dir}", "dataset.mirrors=[]", *pins]
 
+    def write_raw(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for key, payload in self.payloads.items():
+            (self.directory / FILE_KEYS[key]).write_bytes(payload)
+
     def write_gz(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         for key, payload in self.payloads.items():
@@ -66,11 +71,9 @@ def make_payloads(train: int, test: int, seed: int = 1234) -> dict[str, bytes]:
 
 @pytest.fixture(scope="session")
 def generated(tmp_path_factory) -> GeneratedDataset:
-    data_dir = tmp_path_factory.mktemp("data")
-    dataset = GeneratedDataset(data_dir, make_payloads(train=640, test=200))
-    dataset.directory.mkdir()
-    for key, payload in dataset.payloads.items():
-        (dataset.directory / FILE_KEYS[key]).write_bytes(payload)
+    """650 training examples: 21 steps of batch 32 per epoch, the last one short (10 examples)."""
+    dataset = GeneratedDataset(tmp_path_factory.mktemp("data"), make_payloads(train=650, test=200))
+    dataset.write_raw()
     return dataset
 
 

@@ -29,6 +29,8 @@ def test_print_config_shows_the_resolved_config(tmp_path):
 @pytest.mark.parametrize(
     "args, status, message",
     [
+        (["bogus"], 2, "reprocube: error: argument COMMAND: invalid choice: 'bogus'"),
+        (["train", "--no-such-flag"], 2, "reprocube: error: unrecognized arguments: --no-such-flag"),
         (["train", "epochs=zero"], 2, "reprocube: error: epochs must be an integer >= 1, got 'zero'"),
         (["train", "no_such_key=1"], 2, "reprocube: error: invalid configuration: Could not override 'no_such_key'."),
         (["train", "framework=caffe"], 2, "reprocube: error: invalid configuration: In 'config': Could not find 'framework/caffe'"),
@@ -50,4 +52,4 @@ def test_a_config_file_with_a_typo_is_refused(tmp_path):
     user.write_text("optimizer:\n  lr: 0.1\n  momentun: 0.9\n")
     proc = reprocube("train", "--config-file", str(user), cwd=tmp_path, check=False)
     assert proc.returncode == 2
-    assert "momentun" in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["reprocube: error: invalid configuration: Could not override 'optimizer.momentun'. There is no such key (see --print-config for every key)."]

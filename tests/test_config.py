@@ -1,4 +1,5 @@
 import pytest
+import yaml
 
 from reprocube.config import config_differences, config_hash, load_config, to_plain
 from reprocube.errors import ConfigError
@@ -49,14 +50,22 @@ def test_missing_user_yaml_is_refused(tmp_path):
         ("epochz=3", "invalid configuration"),
         ("epochs=0", "epochs must be an integer >= 1"),
         ("epochs=two", "epochs must be an integer"),
-        ("seed=-1", "seed must be an integer in"),
-        ("seed=4294967296", "seed must be an integer in"),
+        ("seed=-1", "seed must be an integer >= 0 and < 4294967296"),
+        ("seed=4294967296", "seed must be an integer >= 0 and < 4294967296"),
         ("device=tpu", "device must be auto, cpu or cuda"),
         ("framework=caffe", "invalid configuration"),
         ("data.train_limit=0", "data.train_limit must be an integer >= 1"),
         ("optimizer.lr=nan", "optimizer.lr must be a finite number"),
         ("run_name=a/b", "run_name must be a plain directory name"),
         ("epochs=", "epochs must be an integer"),
+        ("output_dir=123", "output_dir must be a non-empty string"),
+        ("data_dir=''", "data_dir must be a non-empty string"),
+        ("log.progress=1", "log.progress must be auto, true or false"),
+        ("data.drop_last=maybe", "data.drop_last must be true or false"),
+        ("dataset.std=0", "dataset.std must be a finite number > 0"),
+        ("dataset.num_classes=abc", "dataset.num_classes must be an integer >= 2"),
+        ("dataset.files.train_images.bytes=abc", "dataset.files.train_images.bytes must be an integer >= 1"),
+        ("dataset.files.test_labels.sha256=ABC", "dataset.files.test_labels.sha256 must be a sha256 hex digest"),
     ],
 )
 def test_bad_values_are_refused(override, message):
@@ -64,9 +73,24 @@ def test_bad_values_are_refused(override, message):
         load_config([override])
 
 
-def test_config_hash_ignores_places_and_epochs_only():
+def test_number_types_are_normalised():
+    integer, real = load_config(["optimizer.momentum=0", "optimizer.lr=1"]), load_config(["optimizer.momentum=0.0", "optimizer.lr=1.0"])
+    assert config_hash(to_plain(integer)) == config_hash(to_plain(real))
+    assert load_config(["run_name=123"]).run_name == "123"
+
+
+def test_user_yaml_strings_survive_quoting(tmp_path):
+    for name in ["a\\b", "it's", "end\\", "back\\'quote", 'dq"x', "sp ace"]:
+        user = tmp_path / "train.yaml"
+        user.write_text(yaml.safe_dump({"run_name": name}))
+        assert load_config([], str(user)).run_name == name
+
+
+def test_config_hash_ignores_places_cadences_and_epochs_only():
     base = to_plain(load_config([]))
-    same = to_plain(load_config(["epochs=9", "output_dir=/elsewhere", "run_name=x", "data_dir=/d", "resume=latest"]))
+    same = to_plain(
+        load_config(["epochs=9", "output_dir=/elsewhere", "run_name=x", "data_dir=/d", "resume=latest", "checkpoint.every_steps=5", "log.every_steps=1"])
+    )
     assert config_hash(base) == config_hash(same)
     for override in ("seed=1", "threads=1", "optimizer.lr=0.02", "data.train_limit=10", "deterministic=false"):
         assert config_hash(to_plain(load_config([override]))) != config_hash(base), override

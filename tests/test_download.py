@@ -52,7 +52,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_download_from_the_second_mirror_verifies_and_is_idempotent(tmp_path, server, payloads):
+def test_download_falls_through_failing_mirrors_verifies_and_is_idempotent(tmp_path, server, payloads):
     root, url = server
     dataset = _dataset(tmp_path, payloads)
     dataset.write_gz(root / "good")
@@ -96,9 +96,19 @@ def test_truncated_gzip_is_refused_and_leaves_nothing(tmp_path, server, payloads
 def test_all_mirrors_failing_names_each_reason(tmp_path, server, payloads):
     _, url = server
     dataset = _dataset(tmp_path, payloads)
-    proc = reprocube("download", *dataset.overrides(), f"dataset.mirrors=[{url}/nothing/]", cwd=tmp_path, check=False)
+    closed = f"http://127.0.0.1:{_closed_port()}/"
+    proc = reprocube("download", *dataset.overrides(), f"dataset.mirrors=[{url}/nothing/,{closed}]", cwd=tmp_path, check=False)
     assert proc.returncode == 3
-    assert "HTTP 404" in proc.stderr
+    assert proc.stderr.startswith("reprocube: error: could not fetch train-images-idx3-ubyte: ")
+    assert f"{url}/nothing/train-images-idx3-ubyte.gz: HTTP 404" in proc.stderr
+    assert f"{closed}train-images-idx3-ubyte.gz: unreachable" in proc.stderr
+
+
+def test_a_source_dir_without_the_files_says_so(tmp_path, payloads):
+    (tmp_path / "empty").mkdir()
+    proc = reprocube("download", *_dataset(tmp_path, payloads).overrides(), f"data.source_dir={tmp_path / 'empty'}", cwd=tmp_path, check=False)
+    assert proc.returncode == 3
+    assert f"{tmp_path / 'empty'}/train-images-idx3-ubyte[.gz]: not found" in proc.stderr
 
 
 def test_copy_from_a_local_directory(tmp_path, payloads):

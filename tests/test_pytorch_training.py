@@ -52,7 +52,7 @@ def test_run_directory_layout(reference):
     assert env["framework"]["deterministic_algorithms"] is True
     assert env["framework"]["num_threads"] == 2
     final = manifest(reference / "checkpoints" / "epoch-0003")
-    assert (final["framework"], final["epoch"], final["seed"], final["global_step"]) == ("pytorch", 3, 0, 60)
+    assert (final["framework"], final["epoch"], final["seed"], final["global_step"]) == ("pytorch", 3, 0, 63)
     assert len(final["metrics"]["epochs"]) == 3
     assert final["weights_digest"] == deterministic_metrics(reference)[0][-1]["weights_digest"]
 
@@ -81,7 +81,7 @@ def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdi
     assert json.loads((resumed / "env.json").read_text())["framework"]["name"] == "pytorch"
     [session] = map(json.loads, (resumed / "sessions.jsonl").read_text().splitlines())
     assert session["resumed_from"] == f"{reference}/checkpoints/epoch-{k:04d}"
-    assert session["position"] == {"epoch": k, "step_in_epoch": 0, "global_step": 20 * k}
+    assert session["position"] == {"epoch": k, "step_in_epoch": 0, "global_step": 21 * k}
 
 
 def test_extending_a_run_with_more_epochs_is_bit_exact(reference, train, workdir):
@@ -95,32 +95,46 @@ def test_mid_epoch_checkpoints_do_not_change_the_result(reference, train, workdi
     train("checkpoint.every_steps=7", "run_name=every7")
     every7 = workdir / "runs" / "every7"
     steps = sorted(p.name for p in (every7 / "checkpoints").glob("step-*"))
-    assert steps == [f"step-{s:06d}" for s in range(7, 60, 7) if s % 20]  # none at an epoch's end
+    assert steps == [f"step-{s:06d}" for s in range(7, 63, 7) if s % 21]  # none where an epoch checkpoint follows
     assert epoch_digests(every7) == epoch_digests(reference)
-    # resume from a mid-epoch checkpoint (epoch 1, step 8 of 20) in a fresh process
-    train("checkpoint.every_steps=7", f"resume={every7}/checkpoints/step-000028", "run_name=from-step28")
-    assert epoch_digests(workdir / "runs" / "from-step28") == {n: d for n, d in epoch_digests(reference).items() if n != "epoch-0001"}
-    assert deterministic_metrics(workdir / "runs" / "from-step28")[0] == deterministic_metrics(reference)[0]
+    assert deterministic_metrics(every7) == deterministic_metrics(reference)
+    # resume from a mid-epoch checkpoint (epoch 2, step 7 of 21) in a fresh process, with another cadence
+    train(f"resume={every7}/checkpoints/step-000028", "run_name=from-step28")
+    from_step28 = workdir / "runs" / "from-step28"
+    assert epoch_digests(from_step28) == {n: d for n, d in epoch_digests(reference).items() if n != "epoch-0001"}
+    assert deterministic_metrics(from_step28) == deterministic_metrics(reference)
+
+
+def test_sparse_epoch_checkpoints_with_mid_epoch_ones_at_the_epoch_end(reference, train, workdir):
+    train("checkpoint.every_epochs=2", "checkpoint.every_steps=21", "run_name=sparse")
+    sparse = workdir / "runs" / "sparse"
+    assert sorted(p.name for p in (sparse / "checkpoints").iterdir()) == ["epoch-0002", "epoch-0003", "step-000021"]
+    assert epoch_digests(sparse) == {n: d for n, d in epoch_digests(reference).items() if n != "epoch-0001"}
+    # epoch 1's weights are still recorded in the metrics, and equal
+    assert deterministic_metrics(sparse) == deterministic_metrics(reference)
 
 
 @pytest.fixture(scope="module")
 def larger(tmp_path_factory):
     """Enough steps (200 per epoch) for a signal to land mid-epoch."""
-    data_dir = tmp_path_factory.mktemp("larger")
-    dataset = GeneratedDataset(data_dir, make_payloads(train=6400, test=200, seed=5))
-    dataset.directory.mkdir()
-    from conftest import FILE_KEYS
-
-    for key, payload in dataset.payloads.items():
-        (dataset.directory / FILE_KEYS[key]).write_bytes(payload)
+    dataset = GeneratedDataset(tmp_path_factory.mktemp("larger"), make_payloads(train=6400, test=200, seed=5))
+    dataset.write_raw()
     return dataset
 
 
+LARGER_ARGS = ["epochs=2", "log.every_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def larger_reference(larger, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("larger-runs")
+    reprocube("train", *larger.overrides(), *LARGER_ARGS, "run_name=uninterrupted", cwd=cwd)
+    return cwd / "runs" / "uninterrupted"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
-def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, tmp_path, signum):
-    args = [*larger.overrides(), "epochs=2", "log.every_steps=1"]
-    reprocube("train", *args, "run_name=uninterrupted", cwd=tmp_path)
-    reference = epoch_digests(tmp_path / "runs" / "uninterrupted")
+def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, larger_reference, tmp_path, signum):
+    args = [*larger.overrides(), *LARGER_ARGS]
 
     run_dir = tmp_path / "runs" / "preempted"
     proc = subprocess.Popen([sys.executable, "-m", "reprocube", "train", *args, "run_name=preempted"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -135,8 +149,8 @@ def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, tmp_path, sign
 
     resumed = reprocube("train", *args, "run_name=preempted", "resume=latest", cwd=tmp_path)
     assert f"resumed from {checkpoint.relative_to(tmp_path)} at epoch 1" in resumed.stdout
-    assert epoch_digests(run_dir) == reference
-    assert deterministic_metrics(run_dir) == deterministic_metrics(tmp_path / "runs" / "uninterrupted")
+    assert epoch_digests(run_dir) == epoch_digests(larger_reference)
+    assert deterministic_metrics(run_dir) == deterministic_metrics(larger_reference)
 
 
 def _wait_for_global_step(metrics_path, step, proc, timeout=120):
@@ -206,3 +220,90 @@ def test_an_unwritable_output_dir_ends_in_one_line(train, tmp_path):
     proc = train(f"output_dir={blocker}/runs", check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"reprocube: error: Not a directory: {blocker}/runs/pytorch-seed0"
+
+
+# --- signals at exact points: a hook in a fresh process sends SIGTERM to itself on the Nth call ----
+
+SIGNAL_ON_CALL = """
+import importlib, os, signal, sys
+target, when, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+module_name, path = target.split(":")
+owner = importlib.import_module(module_name)
+*parents, name = path.split(".")
+for parent in parents:
+    owner = getattr(owner, parent)
+original, calls = getattr(owner, name), [0]
+def hooked(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == when:
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before the call proceeds
+    return original(*args, **kwargs)
+setattr(owner, name, hooked)
+from reprocube.cli import main
+sys.exit(main(argv))
+"""
+
+
+def _train_with_sigterm_on(target, call, generated, cwd, *overrides):
+    args = ["train", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides]
+    return subprocess.run([sys.executable, "-c", SIGNAL_ON_CALL, target, str(call), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "target, call, stopped_at",
+    [
+        ("reprocube.frameworks.pytorch:PytorchBackend.train_step", 21, "step-000021"),  # the last step of epoch 1
+        ("reprocube.frameworks.pytorch:PytorchBackend.evaluate", 1, "epoch-0001"),  # during evaluation
+        ("reprocube.loop:write_checkpoint", 1, "epoch-0002"),  # while writing the epoch-0002 checkpoint
+    ],
+)
+def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(reference, generated, workdir, target, call, stopped_at):
+    name = f"hooked-{stopped_at}"
+    # every_epochs=2: a signal during epoch 1's evaluation must still write epoch-0001
+    proc = _train_with_sigterm_on(target, call, generated, workdir, f"run_name={name}", "checkpoint.every_epochs=2")
+    assert proc.returncode == 75, proc.stderr
+    run_dir = workdir / "runs" / name
+    latest = max((run_dir / "checkpoints").iterdir(), key=lambda p: (manifest(p)["global_step"], p.name.startswith("epoch")))
+    assert latest.name == stopped_at
+    reprocube("train", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", f"run_name={name}", "resume=latest", cwd=workdir)
+    assert epoch_digests(run_dir)["epoch-0003"] == epoch_digests(reference)["epoch-0003"]
+    assert deterministic_metrics(run_dir) == deterministic_metrics(reference)
+
+
+def test_a_signal_during_the_last_evaluation_completes_the_run(reference, generated, workdir):
+    proc = _train_with_sigterm_on("reprocube.frameworks.pytorch:PytorchBackend.evaluate", EPOCHS, generated, workdir, "run_name=last-eval")
+    assert proc.returncode == 0, proc.stderr
+    assert epoch_digests(workdir / "runs" / "last-eval") == epoch_digests(reference)
+
+
+def test_divergence_ends_in_one_line_without_a_checkpoint(generated, workdir):
+    proc = reprocube("train", *generated.overrides(), "epochs=1", "optimizer.lr=1e30", "run_name=diverged", cwd=workdir, check=False)
+    assert proc.returncode == 5
+    assert proc.stderr.startswith("reprocube: error: training diverged in epoch 1") and len(proc.stderr.strip().splitlines()) == 1
+    assert not (workdir / "runs" / "diverged" / "checkpoints").exists()
+
+
+def test_a_run_directory_in_use_is_refused(reference, train):
+    import fcntl
+    import os
+
+    fd = os.open(reference, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = train("run_name=reference", "resume=latest", "epochs=4", check=False)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"reprocube: error: run directory runs/reference is in use by another reprocube process"
+
+
+def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path):
+    from reprocube.checkpoint import _manifest_self_digest
+
+    path = copy_of_reference / "checkpoints" / "epoch-0002" / "manifest.json"
+    edited = json.loads(path.read_text())
+    edited["framework_info"]["torch"] = "2.99.0"  # as if written by another torch, consistently re-hashed
+    edited["manifest_sha256"] = _manifest_self_digest(edited)
+    path.write_text(json.dumps(edited))
+    proc = train(f"resume={path.parent}", "run_name=elsewhere", f"output_dir={tmp_path / 'runs'}")
+    assert "note: resuming in a different environment" in proc.stdout and "torch: 2.99.0 -> " in proc.stdout

@@ -42,7 +42,7 @@ class Backend(Protocol):
         """The mean loss of the last step (a host sync: call it only when logging)."""
 
     def epoch_totals(self) -> dict:
-        """{"loss_sum": float, "correct": int} of the steps since reset_epoch_totals."""
+        """{"loss_sum": float, "correct": int} of the steps since the last set_epoch_totals."""
 
     def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
         """Reset (0, 0) or restore the epoch totals."""

@@ -202,9 +202,11 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     found = []
     for path in checkpoints_dir.iterdir():
         if path.is_dir() and NAME_PATTERN.match(path.name):
-            manifest = read_manifest(path)
+            step = read_manifest(path).get("global_step")
+            if not isinstance(step, int):
+                raise CheckpointError(f"{path / MANIFEST}: global_step is not an integer")
             # At equal global step, the epoch checkpoint (with evaluation) is the later one.
-            found.append(((manifest.get("global_step", -1), path.name.startswith("epoch-")), path))
+            found.append(((step, path.name.startswith("epoch-")), path))
     return [p for _, p in sorted(found)]
 
 

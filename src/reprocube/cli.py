@@ -15,8 +15,13 @@ COMMANDS = {
 }
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(EXIT_CONFIG, f"reprocube: error: {message} (see reprocube --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="reprocube",
         description="Bit-exact restart and resume of deep-learning training.",
         epilog="Overrides use Hydra's grammar (key=value, nested.key=value); see README.md for every key.",

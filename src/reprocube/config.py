@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from reprocube.errors import ConfigError
 
-# Keys that name places or presentation, not the computation: they may differ between a run and its
-# resumption (and `epochs`, which extends a run). Everything else is part of the config hash.
+# Keys that name places, cadences or presentation, not the computation: they may differ between a run
+# and its resumption (and `epochs`, which extends a run). Everything else is part of the config hash.
 NON_RESULT_KEYS = frozenset(
     {
         "epochs",
@@ -31,6 +32,9 @@ NON_RESULT_KEYS = frozenset(
         "data_dir",
         "data.source_dir",
         "dataset.mirrors",
+        "checkpoint.every_epochs",
+        "checkpoint.every_steps",
+        "log.every_steps",
         "log.progress",
     }
 )
@@ -66,16 +70,7 @@ def user_yaml_overrides(path: str) -> list[str]:
         return []
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping of config keys, not {type(loaded).__name__}")
-    return [f"{key}={_hydra_literal(value)}" for key, value in _flatten(loaded)]
-
-
-def _flatten(mapping: dict, prefix: str = ""):
-    for key, value in mapping.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            yield from _flatten(value, dotted + ".")
-        else:
-            yield dotted, value
+    return [f"{key}={_hydra_literal(value)}" for key, value in flatten_keys(loaded).items()]
 
 
 def _hydra_literal(value: Any) -> str:
@@ -89,7 +84,10 @@ def _hydra_literal(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
     if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        # In Hydra's quoted strings only a quote, and the backslashes before a quote or the closing
+        # quote, need escaping.
+        escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+        return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
     if isinstance(value, list):
         return "[" + ",".join(_hydra_literal(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -98,41 +96,80 @@ def _hydra_literal(value: Any) -> str:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Reject values that would fail later, or silently do something else."""
+    """Reject values that would fail later, or silently do something else; normalise number types
+    (so that momentum=0 and momentum=0.0 are one config, with one hash)."""
 
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
+    def fail(key: str, expected: str) -> None:
+        raise ConfigError(f"{key} must be {expected}, got {OmegaConf.select(cfg, key)!r}")
 
-    def positive_int(key: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+    def integer(key: str, low: int, high: int | None = None, allow_none: bool = False) -> None:
         value = OmegaConf.select(cfg, key)
         if value is None and allow_none:
             return
-        low = 0 if allow_zero else 1
-        check(
-            isinstance(value, int) and not isinstance(value, bool) and value >= low,
-            f"{key} must be an integer >= {low}, got {value!r}",
-        )
+        if not (_is_int(value) and value >= low and (high is None or value < high)):
+            fail(key, f"an integer >= {low}" + (f" and < {high}" if high is not None else ""))
 
-    seed = cfg.seed
-    check(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32, f"seed must be an integer in [0, 2**32), got {seed!r}")
-    for key in ("epochs", "batch_size", "test_batch_size", "threads", "checkpoint.every_epochs"):
-        positive_int(key)
-    for key in ("checkpoint.every_steps", "log.every_steps"):
-        positive_int(key, allow_zero=True)
-    for key in ("data.train_limit", "data.test_limit"):
-        positive_int(key, allow_none=True)
-    check(cfg.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {cfg.device!r}")
-    check(isinstance(cfg.deterministic, bool), f"deterministic must be true or false, got {cfg.deterministic!r}")
-    check(cfg.log.progress in ("auto", True, False), f"log.progress must be auto, true or false, got {cfg.log.progress!r}")
-    check(cfg.optimizer.name == "sgd", f"optimizer.name must be sgd (the only optimizer so far), got {cfg.optimizer.name!r}")
-    for key in ("optimizer.lr", "optimizer.momentum"):
+    def number(key: str, positive: bool = False) -> None:
         value = OmegaConf.select(cfg, key)
-        check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0, f"{key} must be a finite number >= 0, got {value!r}")
-    check(cfg.resume is None or isinstance(cfg.resume, str), f"resume must be latest or a path, got {cfg.resume!r}")
-    check(cfg.run_name is None or (isinstance(cfg.run_name, str) and cfg.run_name and "/" not in cfg.run_name and cfg.run_name not in (".", "..")), f"run_name must be a plain directory name, got {cfg.run_name!r}")
+        if not (_is_number(value) and math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            fail(key, "a finite number " + ("> 0" if positive else ">= 0"))
+        OmegaConf.update(cfg, key, float(value))
+
+    def boolean(key: str) -> None:
+        if not isinstance(OmegaConf.select(cfg, key), bool):
+            fail(key, "true or false")
+
+    def text(key: str, allow_none: bool = False) -> None:
+        value = OmegaConf.select(cfg, key)
+        if not ((value is None and allow_none) or (isinstance(value, str) and value)):
+            fail(key, "a non-empty string")
+
+    integer("seed", 0, 2**32)
+    for key in ("epochs", "batch_size", "test_batch_size", "threads", "checkpoint.every_epochs"):
+        integer(key, 1)
+    for key in ("checkpoint.every_steps", "log.every_steps"):
+        integer(key, 0)
+    for key in ("data.train_limit", "data.test_limit"):
+        integer(key, 1, allow_none=True)
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        fail("device", "auto, cpu or cuda")
+    boolean("deterministic")
+    boolean("data.drop_last")
+    if not (cfg.log.progress == "auto" or isinstance(cfg.log.progress, bool)):
+        fail("log.progress", "auto, true or false")
+    if cfg.optimizer.name != "sgd":
+        fail("optimizer.name", "sgd (the only optimizer so far)")
+    number("optimizer.lr")
+    number("optimizer.momentum")
+    for key in ("output_dir", "data_dir"):
+        text(key)
+    text("data.source_dir", allow_none=True)
+    text("resume", allow_none=True)
+    if _is_int(cfg.run_name):
+        cfg.run_name = str(cfg.run_name)  # run_name=123 is a name, not a number
+    name = cfg.run_name
+    if not (name is None or (isinstance(name, str) and name and "/" not in name and name not in (".", ".."))):
+        fail("run_name", "a plain directory name")
+    text("dataset.name")
+    integer("dataset.num_classes", 2)
+    number("dataset.mean")
+    number("dataset.std", positive=True)
+    for key in ("train_images", "train_labels", "test_images", "test_labels"):
+        if key not in cfg.dataset.files:
+            raise ConfigError(f"dataset.files.{key} is missing")
     for key, spec in cfg.dataset.files.items():
-        check(isinstance(spec.sha256, str) and len(spec.sha256) == 64, f"dataset.files.{key}.sha256 must be a sha256 hex digest")
+        text(f"dataset.files.{key}.name")
+        integer(f"dataset.files.{key}.bytes", 1)
+        if not (isinstance(spec.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", spec.sha256)):
+            fail(f"dataset.files.{key}.sha256", "a sha256 hex digest (64 lowercase hex digits)")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def run_name(cfg: DictConfig) -> str:

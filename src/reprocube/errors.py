@@ -6,6 +6,7 @@ EXIT_UNEXPECTED = 1
 EXIT_CONFIG = 2
 EXIT_DATA = 3
 EXIT_CHECKPOINT = 4
+EXIT_TRAINING = 5
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
 
 
@@ -25,3 +26,9 @@ class DataError(ReprocubeError):
 
 class CheckpointError(ReprocubeError):
     exit_code = EXIT_CHECKPOINT
+
+
+class TrainingError(ReprocubeError):
+    """Training itself failed (e.g. diverged to inf/nan); earlier checkpoints are kept."""
+
+    exit_code = EXIT_TRAINING

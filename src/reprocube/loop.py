@@ -3,6 +3,7 @@ signals and resume. Framework code stays behind the Backend contract (reprocube.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from reprocube.config import config_hash, to_plain
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.env import collect_env
-from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError
+from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest
 from reprocube.rng import capture_host_rng, restore_host_rng, seed_host_rng
@@ -38,19 +39,20 @@ def train(cfg, out=print) -> int:
     """Train (or resume) the run described by `cfg`; returns the exit status."""
     with StopRequest() as stop:  # from the start: a signal during set-up still ends in a checkpoint
         config = to_plain(cfg)
-        run, checkpoint = open_run(cfg, config)
-        dataset = load_dataset(cfg)
-        sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
-        seed_host_rng(cfg.seed)
-        backend = create_backend(cfg, dataset)
-        run.initialize(config)
-        trainer = _Trainer(cfg, config, run, sampler, backend, out)
-        if checkpoint:
-            trainer.restore(checkpoint)
-        else:
-            run.metrics.rewrite(trainer.history)
-        run.record_session(collect_env(backend.info()), checkpoint.path if checkpoint else None, trainer.position.as_dict())
-        return trainer.run(stop)
+        with open_run(cfg, config) as (run, checkpoint):
+            dataset = load_dataset(cfg)
+            try:
+                sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            seed_host_rng(cfg.seed)
+            backend = create_backend(cfg, dataset)
+            trainer = _Trainer(cfg, config, run, sampler, backend, out)
+            if checkpoint:
+                trainer.restore(checkpoint)
+            # Only now, with data, trainer and checkpoint all accepted, is the run directory written.
+            run.initialize(config, trainer.history, collect_env(backend.info()), checkpoint.path if checkpoint else None, trainer.position.as_dict())
+            return trainer.run(stop)
 
 
 class _Trainer:
@@ -59,6 +61,7 @@ class _Trainer:
         self.position = Position()
         self.history = MetricsHistory()
         self.config_hash = config_hash(config)
+        self.framework_info = backend.info()
 
     # --- resume -------------------------------------------------------------------------------
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -66,22 +69,36 @@ class _Trainer:
         try:
             position = content.state["position"]
             self.position = Position(position["epoch"], position["step_in_epoch"], position["global_step"])
-            totals = content.state["epoch_totals"]
+            loss_sum, correct = content.state["epoch_totals"]["loss_sum"], content.state["epoch_totals"]["correct"]
             rng_meta = content.state["rng"]
+            framework_meta = content.state["framework"]
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint {checkpoint.path}: state.json lacks {exc}") from None
         p = self.position
-        valid = all(isinstance(v, int) and v >= 0 for v in (p.epoch, p.step, p.global_step)) and p.step <= self.sampler.steps_per_epoch
-        if not valid or manifest.get("global_step") != p.global_step or manifest.get("steps_per_epoch") != self.sampler.steps_per_epoch:
+        valid = all(isinstance(v, int) and v >= 0 for v in (p.epoch, p.step, p.global_step, correct)) and p.step <= self.sampler.steps_per_epoch
+        if not valid or not isinstance(loss_sum, float) or manifest.get("global_step") != p.global_step or manifest.get("steps_per_epoch") != self.sampler.steps_per_epoch:
             raise CheckpointError(f"checkpoint {checkpoint.path}: its position does not match its manifest or this dataset")
         host = {k: v for k, v in content.rng.items() if k.startswith(("python.", "numpy."))}
         framework_rng = {k: v for k, v in content.rng.items() if k not in host}
-        self.backend.import_state(FrameworkState(content.weights, content.optimizer, framework_rng, content.state.get("framework", {})))
-        self.backend.set_epoch_totals(totals["loss_sum"], totals["correct"])
+        try:
+            self.backend.import_state(FrameworkState(content.weights, content.optimizer, framework_rng, framework_meta))
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})") from None
+        self.backend.set_epoch_totals(loss_sum, correct)
         restore_host_rng(host, rng_meta)
         self.history = MetricsHistory.from_manifest(manifest)
-        self.run_dir.metrics.rewrite(self.history)
-        self.out(f"resumed from {checkpoint.path} at epoch {self.position.epoch}, step {self.position.step} (global step {self.position.global_step})")
+        self.out(f"resumed from {checkpoint.path} at epoch {p.epoch}, step {p.step} (global step {p.global_step})")
+        self._note_environment_change(checkpoint)
+
+    def _note_environment_change(self, checkpoint: Checkpoint) -> None:
+        """Resuming elsewhere (another device, library version, CPU kernels) is allowed, but the result
+        may then differ from an uninterrupted run where the checkpoint was made: say so."""
+        saved = checkpoint.manifest.get("framework_info")
+        if not isinstance(saved, dict):
+            return
+        changed = [f"{k}: {saved.get(k)} -> {self.framework_info.get(k)}" for k in sorted(set(saved) | set(self.framework_info)) if saved.get(k) != self.framework_info.get(k)]
+        if changed:
+            self.out("note: resuming in a different environment (bit-exactness with the original machine is not expected): " + "; ".join(changed))
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop: StopRequest) -> int:
@@ -107,28 +124,41 @@ class _Trainer:
                     path = self._save(step_name(self.position.global_step), reason=stop.signal_name)
                     self.out(f"stopped by {stop.signal_name}: checkpoint {path}; continue with resume=latest")
                     return EXIT_PREEMPTED
-                if cfg.checkpoint.every_steps and self.position.global_step % cfg.checkpoint.every_steps == 0 and self.position.step < sampler.steps_per_epoch:
+                if self._mid_epoch_checkpoint_due():
                     self._save(step_name(self.position.global_step), reason="every_steps")
             bar.close()
-            self._finish_epoch(time.perf_counter() - started, self.position.step - first_step)
-            if stop.requested:
+            self._finish_epoch(time.perf_counter() - started, self.position.step - first_step, stop)
+            if stop.requested and self.position.epoch < cfg.epochs:
                 self.out(f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest")
                 return EXIT_PREEMPTED
         self.out(f"done: {self.run_dir.path} ({self.position.epoch} epochs, weights_digest {self.history.epochs[-1]['weights_digest']})")
         return EXIT_OK
 
+    def _epoch_checkpoint_due(self, epochs_done: int) -> bool:
+        return epochs_done == self.cfg.epochs or epochs_done % self.cfg.checkpoint.every_epochs == 0
+
+    def _mid_epoch_checkpoint_due(self) -> bool:
+        every = self.cfg.checkpoint.every_steps
+        if not every or self.position.global_step % every:
+            return False
+        # At an epoch's end the epoch checkpoint follows with the same state (and the evaluation).
+        at_epoch_end = self.position.step == self.sampler.steps_per_epoch
+        return not (at_epoch_end and self._epoch_checkpoint_due(self.position.epoch + 1))
+
     def _log_step(self) -> None:
         every = self.cfg.log.every_steps
         if every and self.position.global_step % every == 0:
-            record = {"epoch": self.position.epoch, "global_step": self.position.global_step, "loss": self.backend.last_loss()}
+            # `epoch` counts from 1 here, as in the epoch records and the progress bar.
+            record = {"epoch": self.position.epoch + 1, "global_step": self.position.global_step, "loss": self.backend.last_loss()}
             self.history.steps.append(record)
             self.run_dir.metrics.append("step", record)
 
-    def _finish_epoch(self, wall_s: float, steps_run: int) -> None:
+    def _finish_epoch(self, wall_s: float, steps_run: int, stop: StopRequest) -> None:
         seen = min(self.position.step * self.sampler.batch_size, self.sampler.num_examples)
         totals = self.backend.epoch_totals()
         evaluation = self.backend.evaluate()
         self.position = Position(self.position.epoch + 1, 0, self.position.global_step)
+        self.backend.set_epoch_totals(0.0, 0)  # the checkpoint's position is the start of the next epoch
         samples = min(steps_run * self.sampler.batch_size, self.sampler.num_examples)
         record = {
             "epoch": self.position.epoch,
@@ -139,11 +169,16 @@ class _Trainer:
             "wall_s": round(wall_s, 4),
             "samples_per_s": round(samples / wall_s, 1) if wall_s > 0 else None,
         }
+        if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
+            raise TrainingError(
+                f"training diverged in epoch {self.position.epoch} (train_loss {record['train_loss']}, test_loss {record['test_loss']}); "
+                f"earlier checkpoints are kept; try a smaller optimizer.lr"
+            )
         framework_state = self.backend.export_state()
         record["weights_digest"] = weights_digest(framework_state.weights)
         self.history.epochs.append(record)
-        last = self.position.epoch == self.cfg.epochs
-        if last or self.position.epoch % self.cfg.checkpoint.every_epochs == 0:
+        # A stop requested before or during the evaluation still needs this epoch's checkpoint.
+        if stop.requested or self._epoch_checkpoint_due(self.position.epoch):
             self._save(epoch_name(self.position.epoch), reason="epoch", framework=framework_state)
         self.run_dir.metrics.append("epoch", record)
         self.out(
@@ -154,17 +189,16 @@ class _Trainer:
 
     def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
         framework = framework or self.backend.export_state()
+        totals = self.backend.epoch_totals()
+        if not math.isfinite(totals["loss_sum"]):
+            raise TrainingError(f"training diverged at global step {self.position.global_step} (loss is {totals['loss_sum']}); earlier checkpoints are kept; try a smaller optimizer.lr")
         host_arrays, host_meta = capture_host_rng()
         position = self.position.as_dict()
-        state = {
-            "position": position,
-            "epoch_totals": self.backend.epoch_totals(),
-            "rng": host_meta,
-            "framework": framework.meta,
-        }
+        state = {"position": position, "epoch_totals": totals, "rng": host_meta, "framework": framework.meta}
         content = CheckpointContent(framework.weights, framework.optimizer, {**host_arrays, **framework.rng}, state, self.config)
         manifest_fields = {
             "framework": self.cfg.framework.name,
+            "framework_info": self.framework_info,
             **position,
             "steps_per_epoch": self.sampler.steps_per_epoch,
             "seed": self.cfg.seed,

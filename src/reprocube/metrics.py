@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reprocube.errors import CheckpointError
 from reprocube.files import write_file_atomic
 
 # Fields that depend only on the computation; wall time and throughput do not.
@@ -21,8 +22,10 @@ class MetricsHistory:
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "MetricsHistory":
-        metrics = manifest.get("metrics") or {}
-        return cls(metrics.get("epochs"), metrics.get("steps"))
+        metrics = manifest.get("metrics")
+        if not (isinstance(metrics, dict) and isinstance(metrics.get("epochs"), list) and isinstance(metrics.get("steps"), list)):
+            raise CheckpointError("checkpoint manifest holds no valid metrics history")
+        return cls(metrics["epochs"], metrics["steps"])
 
     def as_dict(self) -> dict:
         return {"epochs": self.epochs, "steps": self.steps}

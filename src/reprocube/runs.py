@@ -1,9 +1,14 @@
 """Run directories: <output_dir>/<run_name>/ with config.yaml, env.json, sessions.jsonl,
-metrics.jsonl and checkpoints/; and which checkpoint, if any, a run starts from."""
+metrics.jsonl and checkpoints/; which checkpoint, if any, a run starts from; and the lock that keeps
+two processes (say, a requeued SLURM job and its still-running predecessor) out of one run."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +19,7 @@ from reprocube.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, read_c
 from reprocube.config import config_differences, config_hash, run_name
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import write_file_atomic
-from reprocube.metrics import MetricsFile
+from reprocube.metrics import MetricsFile, MetricsHistory
 
 
 @dataclass(frozen=True)
@@ -32,47 +37,76 @@ class RunDirectory:
     def latest_checkpoint(self) -> Path | None:
         return latest_checkpoint(self.checkpoints)
 
-    def write_config(self, config: dict) -> None:
-        write_file_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
-
-    def initialize(self, config: dict) -> None:
-        """Create the directory and write the resolved config (again, when resuming: `epochs` may grow)."""
+    def initialize(self, config: dict, history: MetricsHistory, env: dict, resumed_from: Path | None, position: dict) -> None:
+        """Write config.yaml (again on resume: epochs may grow), metrics.jsonl from the checkpoint's
+        history, and the session. env.json describes the first process of the run (a fresh start
+        replaces whatever a run without checkpoints left), sessions.jsonl every process."""
         self.path.mkdir(parents=True, exist_ok=True)
-        self.write_config(config)
-
-    def record_session(self, env: dict, resumed_from: Path | None, position: dict) -> None:
-        """env.json describes the first process of the run; every process is in sessions.jsonl."""
-        if not (self.path / "env.json").exists():
+        write_file_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
+        self.metrics.rewrite(history)
+        fresh = resumed_from is None
+        if fresh or not (self.path / "env.json").exists():
             write_file_atomic(self.path / "env.json", (json.dumps(env, indent=1, sort_keys=True) + "\n").encode())
-        line = {"started_unix": time.time(), "resumed_from": str(resumed_from) if resumed_from else None, "position": position, "env": env}
-        with open(self.path / "sessions.jsonl", "a") as f:
-            f.write(json.dumps(line, sort_keys=True) + "\n")
+        session = {"started_unix": time.time(), "resumed_from": None if fresh else str(resumed_from), "position": position, "env": env}
+        with open(self.path / "sessions.jsonl", "w" if fresh else "a") as f:
+            f.write(json.dumps(session, sort_keys=True) + "\n")
 
 
-def open_run(cfg, config: dict) -> tuple[RunDirectory, Checkpoint | None]:
-    """Decide the run directory and the verified checkpoint to resume from, writing nothing yet;
-    refuse anything that would overwrite an earlier result or resume under a different config."""
+@contextlib.contextmanager
+def open_run(cfg, config: dict):
+    """Lock the run directory, then decide the verified checkpoint to resume from (writing nothing);
+    refuse anything that would overwrite an earlier result or resume under a different config.
+    Yields (RunDirectory, Checkpoint | None)."""
     run = RunDirectory(Path(cfg.output_dir) / run_name(cfg))
-    source = _resume_source(cfg, run)
-    checkpoint = read_checkpoint(source) if source else None
-    if checkpoint:
-        _check_compatible(checkpoint, config)
-    return run, checkpoint
+    created = not run.path.exists()
+    run.path.mkdir(parents=True, exist_ok=True)
+    try:
+        with _exclusive_lock(run.path):
+            _remove_interrupted_writes(run)
+            source = _resume_source(cfg, run)
+            checkpoint = read_checkpoint(source) if source else None
+            if checkpoint:
+                _check_compatible(checkpoint, config)
+            yield run, checkpoint
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                run.path.rmdir()  # only if nothing was written: a refused run leaves no trace
+
+
+@contextlib.contextmanager
+def _exclusive_lock(directory: Path):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"run directory {directory} is in use by another reprocube process") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_interrupted_writes(run: RunDirectory) -> None:
+    """Checkpoint temporaries of a process that was killed mid-write (safe: we hold the lock)."""
+    if run.checkpoints.is_dir():
+        for tmp in run.checkpoints.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _resume_source(cfg, run: RunDirectory) -> Path | None:
+    own_latest = run.latest_checkpoint()
     if cfg.resume is None:
-        if run.latest_checkpoint():
+        if own_latest:
             raise ConfigError(
                 f"run directory {run.path} already holds checkpoints; pass resume=latest to continue it, "
                 f"or choose another run_name= or output_dir="
             )
         return None
     if cfg.resume == "latest":
-        latest = run.latest_checkpoint()
-        if latest is None:
+        if own_latest is None:
             raise CheckpointError(f"resume=latest: no checkpoint in {run.checkpoints}")
-        return latest
+        return own_latest
     given = Path(cfg.resume)
     if (given / MANIFEST).exists():
         source = given
@@ -82,24 +116,24 @@ def _resume_source(cfg, run: RunDirectory) -> Path | None:
             raise CheckpointError(f"resume={given}: the run holds no checkpoint")
     else:
         raise CheckpointError(f"resume={given}: not a checkpoint directory (no {MANIFEST}) nor a run directory")
-    same_run = source.parent.resolve() == run.checkpoints.resolve()
-    if same_run and source.resolve() != run.latest_checkpoint().resolve():
-        raise ConfigError(
-            f"resume={given} is not the latest checkpoint of {run.path}; continuing it here would overwrite "
-            f"later checkpoints: choose another run_name= to branch from it"
-        )
-    if not same_run and run.latest_checkpoint():
+    if source.parent.resolve() == run.checkpoints.resolve():
+        if source.resolve() != own_latest.resolve():
+            raise ConfigError(
+                f"resume={given} is not the latest checkpoint of {run.path}; continuing it here would overwrite "
+                f"later checkpoints: choose another run_name= to branch from it"
+            )
+    elif own_latest:
         raise ConfigError(f"run directory {run.path} already holds checkpoints; choose another run_name= to resume {given} into")
     return source
 
 
 def _check_compatible(checkpoint: Checkpoint, config: dict) -> None:
     saved = checkpoint.content.config
+    if not isinstance(saved, dict) or checkpoint.manifest.get("config_hash") != config_hash(saved):
+        raise CheckpointError(f"checkpoint {checkpoint.path}: its manifest's config_hash does not match its config.json")
     differences = config_differences(saved, config)
     if differences:
         raise CheckpointError(f"checkpoint {checkpoint.path} was made with a different config: " + "; ".join(differences))
-    if checkpoint.manifest.get("config_hash") != config_hash(config):
-        raise CheckpointError(f"checkpoint {checkpoint.path}: config_hash does not match its config.json")
     done = checkpoint.manifest.get("epoch", 0)
     if done > config["epochs"]:
         raise ConfigError(f"checkpoint {checkpoint.path} is at epoch {done}, beyond epochs={config['epochs']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import io
 import os
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ from reprocube.errors import DataError
 from reprocube.files import CHUNK, fsync_dir, make_temp_file, sha256_file
 
 TIMEOUT_S = 60
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def download_dataset(cfg: DictConfig, log: Callable[[str], None] = print) -> Path:
@@ -42,7 +44,7 @@ def download_dataset(cfg: DictConfig, log: Callable[[str], None] = print) -> Pat
             log(f"{final}: verified (from {describe})")
             break
         else:
-            raise DataError(f"could not fetch {spec.name}: " + "; ".join(failures or ["no source configured"]))
+            raise DataError(f"could not fetch {spec.name}: " + "; ".join(failures or ["dataset.mirrors is empty"]))
     return target
 
 
@@ -71,11 +73,17 @@ def _local_sources(source_dir: str):
         raise DataError(f"data.source_dir {directory} is not a directory")
 
     def sources(name: str):
-        for candidate in (directory / (name + ".gz"), directory / name):
-            if candidate.exists():
-                yield str(candidate), (lambda path=candidate: open(path, "rb"))
+        candidates = [p for p in (directory / (name + ".gz"), directory / name) if p.exists()]
+        if not candidates:
+            yield f"{directory}/{name}[.gz]", _missing
+        for candidate in candidates:
+            yield str(candidate), (lambda path=candidate: open(path, "rb"))
 
     return sources
+
+
+def _missing() -> BinaryIO:
+    raise DataError("not found")
 
 
 def _open_url(url: str) -> BinaryIO:
@@ -107,36 +115,24 @@ def _store_verified(opener: Callable[[], BinaryIO], final: Path, spec: DictConfi
 
 
 def _copy_payload(raw: BinaryIO, out: BinaryIO, expected_bytes: int) -> None:
-    """Copy the payload (gunzipped when it is gzip), refusing more bytes than pinned."""
-    head = raw.read(2)
-    source = raw
-    if head == b"\x1f\x8b":
-        source = gzip.GzipFile(fileobj=_Prefixed(head, raw))
-    else:
-        out.write(head)
-    written = len(head) if source is raw else 0
-    try:
-        while chunk := source.read(CHUNK):
-            written += len(chunk)
-            if written > expected_bytes:
-                raise DataError(f"payload larger than the pinned {expected_bytes} bytes")
-            out.write(chunk)
-    except (OSError, EOFError, zlib.error, http.client.HTTPException) as exc:
-        raise DataError(f"corrupt or truncated download ({exc})") from None
+    """Copy the payload (gunzipped when it is gzip), refusing more bytes than pinned. Reading errors
+    are the source's fault (try the next one); writing errors (a full disk) are ours and propagate."""
+    written = 0
+    for chunk in _payload_chunks(raw):
+        written += len(chunk)
+        if written > expected_bytes:
+            raise DataError(f"payload larger than the pinned {expected_bytes} bytes")
+        out.write(chunk)
     if written != expected_bytes:
         raise DataError(f"payload is {written} bytes, pinned {expected_bytes}")
 
 
-class _Prefixed:
-    """A read-only stream that replays the bytes already read to sniff the gzip magic."""
-
-    def __init__(self, prefix: bytes, rest: BinaryIO):
-        self._prefix, self._rest = prefix, rest
-
-    def read(self, size: int = -1) -> bytes:
-        if self._prefix:
-            data, self._prefix = self._prefix, b""
-            if size < 0:
-                return data + self._rest.read()
-            return data + self._rest.read(max(size - len(data), 0))
-        return self._rest.read(size)
+def _payload_chunks(raw: BinaryIO):
+    try:
+        stream = io.BufferedReader(raw)
+        if stream.peek(2)[:2] == GZIP_MAGIC:
+            stream = gzip.GzipFile(fileobj=stream)
+        while chunk := stream.read(CHUNK):
+            yield chunk
+    except (OSError, EOFError, zlib.error, http.client.HTTPException) as exc:
+        raise DataError(f"corrupt or truncated download ({exc})") from None

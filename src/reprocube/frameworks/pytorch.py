@@ -176,12 +176,11 @@ class PytorchBackend:
         torch.set_rng_state(torch.from_numpy(cpu_state.copy()))
         cuda_keys = sorted((k for k in state.rng if k.startswith("torch.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
         cuda_states = [state.rng[k] for k in cuda_keys]
-        if self.device.type == "cuda":
-            if len(cuda_states) < torch.cuda.device_count():
-                raise CheckpointError(
-                    f"checkpoint holds {len(cuda_states)} CUDA generator states, this machine has {torch.cuda.device_count()} GPUs"
-                )
-            torch.cuda.set_rng_state_all([torch.from_numpy(s.copy()) for s in cuda_states[: torch.cuda.device_count()]])
+        if torch.cuda.is_available():
+            # A checkpoint made on a CPU (or on fewer GPUs) leaves the other generators as seeded;
+            # the loop reports the change of device, since bit-exactness cannot follow it.
+            for index, cuda_state in enumerate(cuda_states[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(torch.from_numpy(cuda_state.copy()), device=index)
 
 
 def _nvidia_driver() -> str | None:
