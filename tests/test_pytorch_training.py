@@ -294,7 +294,7 @@ def test_a_run_directory_in_use_is_refused(reference, train):
     finally:
         os.close(fd)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"reprocube: error: run directory runs/reference is in use by another reprocube process"
+    assert proc.stderr.strip() == "reprocube: error: run directory runs/reference is in use by another reprocube process"
 
 
 def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path):
