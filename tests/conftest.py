@@ -93,3 +93,8 @@ def manifest(checkpoint_dir: Path) -> dict:
 def epoch_digests(run_dir: Path) -> dict[str, str]:
     """weights_digest of every epoch checkpoint of a run, by checkpoint name."""
     return {p.name: manifest(p)["weights_digest"] for p in sorted((run_dir / "checkpoints").glob("epoch-*"))}
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """reprocube's own lines on stderr (TensorFlow's C++ runtime adds start-up lines we cannot silence)."""
+    return [line for line in proc.stderr.splitlines() if line.startswith("reprocube:")]

@@ -94,3 +94,11 @@ def test_latest_ignores_temporaries_and_prefers_the_epoch_checkpoint(tmp_path):
     write_checkpoint(directory, "step-000003", _content(), {"global_step": 3})
     (directory / ".tmp-epoch-0002-123").mkdir()  # a write cut short by a crash
     assert latest_checkpoint(directory).name == "epoch-0001"
+
+
+def test_scalars_keep_their_shape(tmp_path):
+    content = _content()
+    content.optimizer["iteration"] = np.array(7, dtype=np.int64)
+    content.weights["scale"] = np.array(1.5, dtype=np.float32)
+    loaded = read_checkpoint(write_checkpoint(tmp_path, "epoch-0001", content, {"global_step": 1}))
+    assert loaded.content.optimizer["iteration"].shape == () and loaded.content.weights["scale"].shape == ()

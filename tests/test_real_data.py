@@ -13,11 +13,13 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.mark.slow
-def test_one_epoch_of_fashion_mnist_learns(tmp_path):
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_one_epoch_of_fashion_mnist_learns(tmp_path, framework):
     if not DEBIAN_FASHION_MNIST.is_dir():
         pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")
     reprocube("download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=tmp_path)
-    reprocube("train", "dataset=fashion_mnist", "data_dir=data", "epochs=1", cwd=tmp_path)
-    [epoch] = [r for r in map(json.loads, (tmp_path / "runs/pytorch-seed0/metrics.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
+    reprocube("train", f"framework={framework}", "dataset=fashion_mnist", "data_dir=data", "epochs=1", cwd=tmp_path)
+    metrics = (tmp_path / f"runs/{framework}-seed0/metrics.jsonl").read_text().splitlines()
+    [epoch] = [r for r in map(json.loads, metrics) if r["kind"] == "epoch"]
     assert epoch["test_accuracy"] > 0.65  # chance is 0.10; one epoch of this CNN reaches about 0.77
     assert epoch["train_loss"] < 1.5  # starts at ln(10) = 2.30

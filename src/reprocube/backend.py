@@ -55,7 +55,10 @@ class Backend(Protocol):
     def import_state(self, state: FrameworkState) -> None: ...
 
 
-BACKENDS = {"pytorch": "reprocube.frameworks.pytorch:PytorchBackend"}
+BACKENDS = {
+    "pytorch": "reprocube.frameworks.pytorch:PytorchBackend",
+    "tensorflow": "reprocube.frameworks.tensorflow:TensorflowBackend",
+}
 
 
 def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:

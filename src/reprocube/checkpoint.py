@@ -68,7 +68,7 @@ def weights_digest(weights: dict[str, np.ndarray]) -> str:
     shape and the little-endian C-order bytes. Equal digests mean bit-identical weights."""
     digest = hashlib.sha256()
     for name in sorted(weights):
-        array = np.ascontiguousarray(weights[name])
+        array = np.asarray(weights[name], order="C")  # (np.ascontiguousarray would make a scalar 1-d)
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)
         digest.update(json.dumps([name, array.dtype.str, list(array.shape)]).encode())
         digest.update(array.tobytes())
@@ -126,7 +126,7 @@ def write_checkpoint(checkpoints_dir: Path, name: str, content: CheckpointConten
 
 
 def _contiguous(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    return {k: np.asarray(v, order="C") for k, v in arrays.items()}
 
 
 def read_manifest(path: Path) -> dict:

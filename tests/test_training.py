@@ -1,6 +1,7 @@
-"""PyTorch trainer, end to end in fresh processes: restart equality, resume from every checkpoint,
+"""Every trainer, end to end in fresh processes: restart equality, resume from every checkpoint,
 preemption by signal, and refusal of tampered or mismatched checkpoints. Bit-exactness is compared as
-weights digests (sha256 of the parameter bytes) and exactly equal metrics: no tolerance anywhere."""
+weights digests (sha256 of the parameter bytes) and exactly equal metrics: no tolerance anywhere.
+Each test runs once per framework (the module-scoped `framework` fixture)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,25 @@ import time
 
 import pytest
 
-from conftest import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
+from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, reprocube
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
 
 EPOCHS = 3
+BACKEND_CLASS = {
+    "pytorch": "reprocube.frameworks.pytorch:PytorchBackend",
+    "tensorflow": "reprocube.frameworks.tensorflow:TensorflowBackend",
+}
+# What env.json must say about determinism and threads (threads=2 by default).
+EXPECTED_INFO = {
+    "pytorch": {"deterministic_algorithms": True, "num_threads": 2},
+    "tensorflow": {"op_determinism": True, "intra_op_threads": 2, "inter_op_threads": 1, "jit_compile": False},
+}
+VERSION_KEY = {"pytorch": "torch", "tensorflow": "tensorflow"}
+
+
+@pytest.fixture(scope="module", params=sorted(BACKEND_CLASS))
+def framework(request):
+    return request.param
 
 
 def deterministic_metrics(run_dir):
@@ -27,14 +43,14 @@ def deterministic_metrics(run_dir):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
+def workdir(tmp_path_factory, framework):
+    return tmp_path_factory.mktemp(f"runs-{framework}")
 
 
 @pytest.fixture(scope="module")
-def train(generated, workdir):
+def train(generated, workdir, framework):
     def run(*overrides, check=True):
-        return reprocube("train", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides, cwd=workdir, check=check)
+        return reprocube("train", f"framework={framework}", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides, cwd=workdir, check=check)
 
     return run
 
@@ -45,14 +61,13 @@ def reference(train, workdir):
     return workdir / "runs" / "reference"
 
 
-def test_run_directory_layout(reference):
+def test_run_directory_layout(reference, framework):
     assert {p.name for p in reference.iterdir()} == {"config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "checkpoints"}
     assert sorted(p.name for p in (reference / "checkpoints").iterdir()) == ["epoch-0001", "epoch-0002", "epoch-0003"]
     env = json.loads((reference / "env.json").read_text())
-    assert env["framework"]["deterministic_algorithms"] is True
-    assert env["framework"]["num_threads"] == 2
+    assert {k: env["framework"][k] for k in EXPECTED_INFO[framework]} == EXPECTED_INFO[framework]
     final = manifest(reference / "checkpoints" / "epoch-0003")
-    assert (final["framework"], final["epoch"], final["seed"], final["global_step"]) == ("pytorch", 3, 0, 63)
+    assert (final["framework"], final["epoch"], final["seed"], final["global_step"]) == (framework, 3, 0, 63)
     assert len(final["metrics"]["epochs"]) == 3
     assert final["weights_digest"] == deterministic_metrics(reference)[0][-1]["weights_digest"]
 
@@ -73,12 +88,12 @@ def test_a_different_seed_gives_different_weights(reference, train, workdir):
 
 
 @pytest.mark.parametrize("k", range(1, EPOCHS))
-def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdir, k):
+def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdir, framework, k):
     train(f"resume={reference}/checkpoints/epoch-{k:04d}", f"run_name=resumed-from-{k}")
     resumed = workdir / "runs" / f"resumed-from-{k}"
     assert epoch_digests(resumed) == {n: d for n, d in epoch_digests(reference).items() if int(n[-4:]) > k}
     assert deterministic_metrics(resumed) == deterministic_metrics(reference)  # history carried over, then equal
-    assert json.loads((resumed / "env.json").read_text())["framework"]["name"] == "pytorch"
+    assert json.loads((resumed / "env.json").read_text())["framework"]["name"] == framework
     [session] = map(json.loads, (resumed / "sessions.jsonl").read_text().splitlines())
     assert session["resumed_from"] == f"{reference}/checkpoints/epoch-{k:04d}"
     assert session["position"] == {"epoch": k, "step_in_epoch": 0, "global_step": 21 * k}
@@ -126,15 +141,15 @@ LARGER_ARGS = ["epochs=2", "log.every_steps=1"]
 
 
 @pytest.fixture(scope="module")
-def larger_reference(larger, tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("larger-runs")
-    reprocube("train", *larger.overrides(), *LARGER_ARGS, "run_name=uninterrupted", cwd=cwd)
+def larger_reference(larger, tmp_path_factory, framework):
+    cwd = tmp_path_factory.mktemp(f"larger-runs-{framework}")
+    reprocube("train", f"framework={framework}", *larger.overrides(), *LARGER_ARGS, "run_name=uninterrupted", cwd=cwd)
     return cwd / "runs" / "uninterrupted"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
-def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, larger_reference, tmp_path, signum):
-    args = [*larger.overrides(), *LARGER_ARGS]
+def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, larger_reference, tmp_path, framework, signum):
+    args = [f"framework={framework}", *larger.overrides(), *LARGER_ARGS]
 
     run_dir = tmp_path / "runs" / "preempted"
     proc = subprocess.Popen([sys.executable, "-m", "reprocube", "train", *args, "run_name=preempted"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -183,7 +198,7 @@ def test_a_checkpoint_with_a_changed_byte_is_refused(copy_of_reference, train, t
     weights.write_bytes(bytes(data))
     proc = train(f"resume={weights.parent}", "run_name=tampered", f"output_dir={tmp_path / 'runs'}", check=False)
     assert proc.returncode == 4
-    assert proc.stderr.strip() == f"reprocube: error: checkpoint {weights.parent}: weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"
+    assert error_lines(proc) == [f"reprocube: error: checkpoint {weights.parent}: weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"]
     assert not (tmp_path / "runs" / "tampered").exists()
 
 
@@ -214,19 +229,19 @@ def test_resuming_an_earlier_checkpoint_into_its_own_run_is_refused(copy_of_refe
     assert "would overwrite later checkpoints" in proc.stderr
 
 
-def test_an_unwritable_output_dir_ends_in_one_line(train, tmp_path):
+def test_an_unwritable_output_dir_ends_in_one_line(train, tmp_path, framework):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     proc = train(f"output_dir={blocker}/runs", check=False)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == f"reprocube: error: Not a directory: {blocker}/runs/pytorch-seed0"
+    assert error_lines(proc) == [f"reprocube: error: Not a directory: {blocker}/runs/{framework}-seed0"]
 
 
-# --- signals at exact points: a hook in a fresh process sends SIGTERM to itself on the Nth call ----
+# --- hooks in a fresh process: on the Nth call of a function, send SIGTERM to itself, or skip it ----
 
-SIGNAL_ON_CALL = """
+HOOKED_RUN = """
 import importlib, os, signal, sys
-target, when, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+action, target, when, argv = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 module_name, path = target.split(":")
 owner = importlib.import_module(module_name)
 *parents, name = path.split(".")
@@ -235,7 +250,9 @@ for parent in parents:
 original, calls = getattr(owner, name), [0]
 def hooked(*args, **kwargs):
     calls[0] += 1
-    if calls[0] == when:
+    if calls[0] == when or (action == "skip" and when == 0):
+        if action == "skip":
+            return None
         os.kill(os.getpid(), signal.SIGTERM)  # delivered before the call proceeds
     return original(*args, **kwargs)
 setattr(owner, name, hooked)
@@ -244,42 +261,60 @@ sys.exit(main(argv))
 """
 
 
-def _train_with_sigterm_on(target, call, generated, cwd, *overrides):
-    args = ["train", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides]
-    return subprocess.run([sys.executable, "-c", SIGNAL_ON_CALL, target, str(call), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+def _hooked_train(action, target, call, framework, generated, cwd, *overrides):
+    args = ["train", f"framework={framework}", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides]
+    return subprocess.run([sys.executable, "-c", HOOKED_RUN, action, target, str(call), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(
-    "target, call, stopped_at",
+    "method, call, stopped_at",
     [
-        ("reprocube.frameworks.pytorch:PytorchBackend.train_step", 21, "step-000021"),  # the last step of epoch 1
-        ("reprocube.frameworks.pytorch:PytorchBackend.evaluate", 1, "epoch-0001"),  # during evaluation
+        (".train_step", 21, "step-000021"),  # the last step of epoch 1
+        (".evaluate", 1, "epoch-0001"),  # during evaluation
         ("reprocube.loop:write_checkpoint", 1, "epoch-0002"),  # while writing the epoch-0002 checkpoint
     ],
 )
-def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(reference, generated, workdir, target, call, stopped_at):
+def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(reference, generated, workdir, framework, method, call, stopped_at):
     name = f"hooked-{stopped_at}"
+    target = BACKEND_CLASS[framework] + method if method.startswith(".") else method
     # every_epochs=2: a signal during epoch 1's evaluation must still write epoch-0001
-    proc = _train_with_sigterm_on(target, call, generated, workdir, f"run_name={name}", "checkpoint.every_epochs=2")
+    proc = _hooked_train("signal", target, call, framework, generated, workdir, f"run_name={name}", "checkpoint.every_epochs=2")
     assert proc.returncode == 75, proc.stderr
     run_dir = workdir / "runs" / name
     latest = max((run_dir / "checkpoints").iterdir(), key=lambda p: (manifest(p)["global_step"], p.name.startswith("epoch")))
     assert latest.name == stopped_at
-    reprocube("train", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", f"run_name={name}", "resume=latest", cwd=workdir)
+    reprocube("train", f"framework={framework}", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", f"run_name={name}", "resume=latest", cwd=workdir)
     assert epoch_digests(run_dir)["epoch-0003"] == epoch_digests(reference)["epoch-0003"]
     assert deterministic_metrics(run_dir) == deterministic_metrics(reference)
 
 
-def test_a_signal_during_the_last_evaluation_completes_the_run(reference, generated, workdir):
-    proc = _train_with_sigterm_on("reprocube.frameworks.pytorch:PytorchBackend.evaluate", EPOCHS, generated, workdir, "run_name=last-eval")
+def test_a_signal_during_the_last_evaluation_completes_the_run(reference, generated, workdir, framework):
+    proc = _hooked_train("signal", BACKEND_CLASS[framework] + ".evaluate", EPOCHS, framework, generated, workdir, "run_name=last-eval")
     assert proc.returncode == 0, proc.stderr
     assert epoch_digests(workdir / "runs" / "last-eval") == epoch_digests(reference)
 
 
-def test_divergence_ends_in_one_line_without_a_checkpoint(generated, workdir):
-    proc = reprocube("train", *generated.overrides(), "epochs=1", "optimizer.lr=1e30", "run_name=diverged", cwd=workdir, check=False)
+# Restoring generator state is what makes resume exact: skip it and the resumed run must differ (this
+# is the test that could fail). For TensorFlow it is the Keras Dropout SeedGenerator state that no
+# Keras save path stores; for PyTorch the CPU generator that draws the dropout masks.
+SKIP_RNG_RESTORE = {
+    "pytorch": "torch:set_rng_state",
+    "tensorflow": BACKEND_CLASS["tensorflow"] + "._restore_seed_generators",
+}
+
+
+def test_without_the_dropout_rng_state_a_resumed_run_differs(reference, generated, workdir, framework):
+    proc = _hooked_train("skip", SKIP_RNG_RESTORE[framework], 0, framework, generated, workdir, f"resume={reference}/checkpoints/epoch-0001", "run_name=no-rng")
+    assert proc.returncode == 0, proc.stderr
+    resumed, expected = epoch_digests(workdir / "runs" / "no-rng"), epoch_digests(reference)
+    assert resumed["epoch-0002"] != expected["epoch-0002"] and resumed["epoch-0003"] != expected["epoch-0003"]
+
+
+def test_divergence_ends_in_one_line_without_a_checkpoint(train, workdir):
+    proc = train("epochs=1", "optimizer.lr=1e30", "run_name=diverged", check=False)
     assert proc.returncode == 5
-    assert proc.stderr.startswith("reprocube: error: training diverged in epoch 1") and len(proc.stderr.strip().splitlines()) == 1
+    [line] = error_lines(proc)
+    assert line.startswith("reprocube: error: training diverged in epoch 1 (train_loss nan")
     assert not (workdir / "runs" / "diverged" / "checkpoints").exists()
 
 
@@ -294,16 +329,16 @@ def test_a_run_directory_in_use_is_refused(reference, train):
     finally:
         os.close(fd)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "reprocube: error: run directory runs/reference is in use by another reprocube process"
+    assert error_lines(proc) == ["reprocube: error: run directory runs/reference is in use by another reprocube process"]
 
 
-def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path):
+def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path, framework):
     from reprocube.checkpoint import _manifest_self_digest
 
     path = copy_of_reference / "checkpoints" / "epoch-0002" / "manifest.json"
     edited = json.loads(path.read_text())
-    edited["framework_info"]["torch"] = "2.99.0"  # as if written by another torch, consistently re-hashed
+    edited["framework_info"][VERSION_KEY[framework]] = "2.99.0"  # as if written by another version, consistently re-hashed
     edited["manifest_sha256"] = _manifest_self_digest(edited)
     path.write_text(json.dumps(edited))
     proc = train(f"resume={path.parent}", "run_name=elsewhere", f"output_dir={tmp_path / 'runs'}")
-    assert "note: resuming in a different environment" in proc.stdout and "torch: 2.99.0 -> " in proc.stdout
+    assert "note: resuming in a different environment" in proc.stdout and f"{VERSION_KEY[framework]}: 2.99.0 -> " in proc.stdout

@@ -1,0 +1,198 @@
+"""The TensorFlow / Keras 3 trainer: the same CNN (both dropouts), a tf.function step on resident data.
+
+Why resuming works here when the reference tutorial's did not: each Keras Dropout draws its masks from
+a SeedGenerator whose state variable is in model.variables but in no Keras save path (not in
+model.weights, tf.train.Checkpoint or .weights.h5; keras-team/keras#19796). We save those states
+explicitly, with the optimizer variables (including its iteration count).
+
+Execution path: tf.function without XLA on every device. With op determinism on, XLA refuses the
+MaxPool gradient ("no deterministic XLA implementation", even on CPU), and on this project's CPU the
+non-XLA step was also the faster (see README)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, not errors
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras import layers  # noqa: E402
+
+from reprocube.backend import FrameworkState  # noqa: E402
+from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
+
+SEED_STATE_PREFIX = "keras.seed_generator."
+
+
+def build_model(num_classes: int, dropout_seeds: tuple[int, int]) -> keras.Model:
+    """conv 1->10 k5, pool, relu, conv 10->20 k5, SpatialDropout2D, pool, relu, dense 320->50, relu,
+    dropout, dense 10 (channels-last: TensorFlow's CPU convolutions need NHWC)."""
+    inputs = keras.Input((28, 28, 1), name="image")
+    x = layers.Conv2D(10, 5, name="conv1")(inputs)
+    x = layers.ReLU()(layers.MaxPooling2D(2)(x))
+    x = layers.Conv2D(20, 5, name="conv2")(x)
+    x = layers.SpatialDropout2D(0.5, seed=dropout_seeds[0], name="conv2_drop")(x)  # torch's Dropout2d
+    x = layers.ReLU()(layers.MaxPooling2D(2)(x))
+    x = layers.Flatten()(x)
+    x = layers.Dense(50, activation="relu", name="fc1")(x)
+    x = layers.Dropout(0.5, seed=dropout_seeds[1], name="fc1_drop")(x)
+    return keras.Model(inputs, layers.Dense(num_classes, name="fc2")(x), name="net")
+
+
+def _configure_runtime(cfg) -> str:
+    """Threads, visible devices and op determinism: all must be set before TensorFlow initialises."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if cfg.device == "cuda" and not gpus:
+        raise ConfigError("device=cuda but TensorFlow sees no GPU")
+    try:
+        if cfg.device == "cpu":
+            tf.config.set_visible_devices([], "GPU")
+        tf.config.threading.set_intra_op_parallelism_threads(cfg.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(cfg.framework.inter_op_threads)
+    except RuntimeError as exc:  # only possible if TensorFlow ran before the trainer was built
+        raise ConfigError(f"TensorFlow was initialised before its thread settings could apply: {exc}") from None
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return "gpu" if gpus and cfg.device != "cpu" else "cpu"
+
+
+class TensorflowBackend:
+    def __init__(self, cfg, dataset):
+        self.cfg = cfg
+        self.device = _configure_runtime(cfg)
+        keras.utils.set_random_seed(cfg.seed)  # Python, NumPy, TF and Keras' global generator: the init
+        seeds = np.random.SeedSequence([cfg.seed, 0x44524F50]).generate_state(2)  # independent per layer
+        self.model = build_model(dataset.num_classes, (int(seeds[0]), int(seeds[1])))
+        self.optimizer = keras.optimizers.SGD(learning_rate=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+        self.optimizer.build(self.model.trainable_variables)
+        self.seed_generators = {layer.name: layer.seed_generator for layer in self.model.layers if hasattr(layer, "seed_generator")}
+
+        to_nhwc = lambda images: np.ascontiguousarray(images.transpose(0, 2, 3, 1))  # noqa: E731
+        self.x_train, self.x_test = tf.constant(to_nhwc(dataset.train.images)), tf.constant(to_nhwc(dataset.test.images))
+        self.y_train = tf.one_hot(dataset.train.labels, dataset.num_classes, dtype=tf.float32)
+        self.y_test = tf.one_hot(dataset.test.labels, dataset.num_classes, dtype=tf.float32)
+        self._order = tf.Variable(tf.zeros([len(dataset.train)], tf.int64), trainable=False)
+        self._loss_sum = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+        self._correct = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._last_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+        span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
+        self._train_step = tf.function(self._train_step_graph, input_signature=span, jit_compile=False)
+        self._eval_step = tf.function(self._eval_step_graph, input_signature=span, jit_compile=False)
+
+    def info(self) -> dict:
+        build = tf.sysconfig.get_build_info()
+        info = {
+            "name": "tensorflow",
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "device": self.device,
+            "op_determinism": _op_determinism_enabled(),
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+            "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86 Linux)"),
+            "jit_compile": False,
+            "cuda_build": build.get("cuda_version"),
+            "cudnn_build": build.get("cudnn_version"),
+        }
+        if self.device == "gpu":
+            gpus = tf.config.list_physical_devices("GPU")
+            info.update(gpu=tf.config.experimental.get_device_details(gpus[0]).get("device_name"), gpu_count=len(gpus))
+        return info
+
+    # --- training -------------------------------------------------------------------------------
+    def _nll_sum(self, logits, one_hot):
+        return -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot)
+
+    def _train_step_graph(self, lo, hi):
+        index = self._order[lo:hi]
+        images, one_hot = tf.gather(self.x_train, index), tf.gather(self.y_train, index)
+        batch = tf.cast(hi - lo, tf.float32)
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            loss = self._nll_sum(logits, one_hot) / batch
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self._last_loss.assign(loss)
+        self._loss_sum.assign_add(loss * batch)
+        self._correct.assign_add(self._count_correct(logits, one_hot))
+
+    def _eval_step_graph(self, lo, hi):
+        logits = self.model(self.x_test[lo:hi], training=False)
+        one_hot = self.y_test[lo:hi]
+        return self._nll_sum(logits, one_hot), self._count_correct(logits, one_hot)
+
+    @staticmethod
+    def _count_correct(logits, one_hot):
+        return tf.reduce_sum(tf.cast(tf.argmax(logits, axis=1) == tf.argmax(one_hot, axis=1), tf.int64))
+
+    def begin_epoch(self, order: np.ndarray) -> None:
+        self._order.assign(order)
+
+    def train_step(self, lo: int, hi: int) -> None:
+        self._train_step(lo, hi)
+
+    def last_loss(self) -> float:
+        return float(self._last_loss.numpy())
+
+    def epoch_totals(self) -> dict:
+        return {"loss_sum": float(self._loss_sum.numpy()), "correct": int(self._correct.numpy())}
+
+    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
+        self._loss_sum.assign(loss_sum)
+        self._correct.assign(correct)
+
+    def evaluate(self) -> dict:
+        loss_sum = tf.zeros([], tf.float32)
+        correct = tf.zeros([], tf.int64)
+        n, batch = int(self.y_test.shape[0]), self.cfg.test_batch_size
+        for lo in range(0, n, batch):
+            batch_loss, batch_correct = self._eval_step(lo, min(lo + batch, n))
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+        return {"test_loss": float(loss_sum.numpy()) / n, "test_accuracy": int(correct.numpy()) / n}
+
+    # --- state ----------------------------------------------------------------------------------
+    def export_state(self) -> FrameworkState:
+        weights = {_name(v): v.numpy() for v in self.model.weights}
+        optimizer = {_name(v): v.numpy() for v in self.optimizer.variables}
+        rng = {SEED_STATE_PREFIX + layer: generator.state.numpy() for layer, generator in self.seed_generators.items()}
+        return FrameworkState(weights, optimizer, rng, {})
+
+    def import_state(self, state: FrameworkState) -> None:
+        _assign_all(self.model.weights, state.weights, "weights")
+        _assign_all(self.optimizer.variables, state.optimizer, "optimizer")
+        self._restore_seed_generators(state.rng)
+
+    def _restore_seed_generators(self, rng: dict[str, np.ndarray]) -> None:
+        """The Dropout masks' state: without it a resumed run draws different masks (see the tests)."""
+        for layer, generator in self.seed_generators.items():
+            key = SEED_STATE_PREFIX + layer
+            if key not in rng:
+                raise CheckpointError(f"checkpoint lacks the dropout seed state {key}")
+            _assign(generator.state, rng[key], key)
+
+
+def _op_determinism_enabled() -> bool:
+    # Read back from TensorFlow itself (not our config); there is no public getter in 2.21.
+    from tensorflow.python.framework import config as tf_config
+
+    return bool(tf_config.is_op_determinism_enabled())
+
+
+def _name(variable) -> str:
+    return variable.path.replace("/", ".")
+
+
+def _assign_all(variables, arrays: dict[str, np.ndarray], what: str) -> None:
+    expected = {_name(v) for v in variables}
+    if set(arrays) != expected:
+        raise CheckpointError(f"checkpoint {what} {sorted(arrays)} do not match the model's {sorted(expected)}")
+    for variable in variables:
+        _assign(variable, arrays[_name(variable)], _name(variable))
+
+
+def _assign(variable, array: np.ndarray, name: str) -> None:
+    if tuple(array.shape) != tuple(variable.shape) or array.dtype != np.dtype(variable.dtype):
+        raise CheckpointError(f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {variable.dtype}{list(variable.shape)}")
+    variable.assign(array)
