@@ -21,13 +21,15 @@ EPOCHS = 3
 BACKEND_CLASS = {
     "pytorch": "reprocube.frameworks.pytorch:PytorchBackend",
     "tensorflow": "reprocube.frameworks.tensorflow:TensorflowBackend",
+    "jax": "reprocube.frameworks.jax:JaxBackend",
 }
 # What env.json must say about determinism and threads (threads=2 by default).
 EXPECTED_INFO = {
     "pytorch": {"deterministic_algorithms": True, "num_threads": 2},
     "tensorflow": {"op_determinism": True, "intra_op_threads": 2, "inter_op_threads": 1, "jit_compile": False},
+    "jax": {"backend": "cpu", "prng_impl": "threefry2x32", "cpu_affinity": 2, "xla_flags": "--xla_gpu_deterministic_ops=true"},
 }
-VERSION_KEY = {"pytorch": "torch", "tensorflow": "tensorflow"}
+VERSION_KEY = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax"}
 
 
 @pytest.fixture(scope="module", params=sorted(BACKEND_CLASS))
@@ -250,9 +252,11 @@ for parent in parents:
 original, calls = getattr(owner, name), [0]
 def hooked(*args, **kwargs):
     calls[0] += 1
-    if calls[0] == when or (action == "skip" and when == 0):
+    if calls[0] == when or (action != "signal" and when == 0):
         if action == "skip":
             return None
+        if action == "first-arg":
+            return args[0]
         os.kill(os.getpid(), signal.SIGTERM)  # delivered before the call proceeds
     return original(*args, **kwargs)
 setattr(owner, name, hooked)
@@ -294,17 +298,21 @@ def test_a_signal_during_the_last_evaluation_completes_the_run(reference, genera
     assert epoch_digests(workdir / "runs" / "last-eval") == epoch_digests(reference)
 
 
-# Restoring generator state is what makes resume exact: skip it and the resumed run must differ (this
-# is the test that could fail). For TensorFlow it is the Keras Dropout SeedGenerator state that no
-# Keras save path stores; for PyTorch the CPU generator that draws the dropout masks.
-SKIP_RNG_RESTORE = {
-    "pytorch": "torch:set_rng_state",
-    "tensorflow": BACKEND_CLASS["tensorflow"] + "._restore_seed_generators",
+# The dropout randomness at the resume point is what makes resume exact: break it in the resumed run
+# only and the run must differ (this is the test that could fail). For TensorFlow: skip restoring the
+# Keras Dropout SeedGenerator states that no Keras save path stores; PyTorch: skip restoring the CPU
+# generator that draws the masks; JAX: make the step key ignore the global step, as a trainer that
+# restarts its step counter would.
+BREAK_DROPOUT_RNG = {
+    "pytorch": ("skip", "torch:set_rng_state"),
+    "tensorflow": ("skip", BACKEND_CLASS["tensorflow"] + "._restore_seed_generators"),
+    "jax": ("first-arg", "jax.random:fold_in"),
 }
 
 
 def test_without_the_dropout_rng_state_a_resumed_run_differs(reference, generated, workdir, framework):
-    proc = _hooked_train("skip", SKIP_RNG_RESTORE[framework], 0, framework, generated, workdir, f"resume={reference}/checkpoints/epoch-0001", "run_name=no-rng")
+    action, target = BREAK_DROPOUT_RNG[framework]
+    proc = _hooked_train(action, target, 0, framework, generated, workdir, f"resume={reference}/checkpoints/epoch-0001", "run_name=no-rng")
     assert proc.returncode == 0, proc.stderr
     resumed, expected = epoch_digests(workdir / "runs" / "no-rng"), epoch_digests(reference)
     assert resumed["epoch-0002"] != expected["epoch-0002"] and resumed["epoch-0003"] != expected["epoch-0003"]

@@ -35,8 +35,10 @@ class Backend(Protocol):
     def begin_epoch(self, order: np.ndarray) -> None:
         """Receive the epoch's permutation of training-example indices."""
 
-    def train_step(self, lo: int, hi: int) -> None:
-        """One optimizer step on the examples order[lo:hi], adding to the epoch totals on the device."""
+    def train_step(self, lo: int, hi: int, global_step: int) -> None:
+        """One optimizer step on the examples order[lo:hi], adding to the epoch totals on the device.
+        `global_step` counts the steps before this one: a trainer with stateless randomness (JAX)
+        derives the step's key from it."""
 
     def last_loss(self) -> float:
         """The mean loss of the last step (a host sync: call it only when logging)."""
@@ -58,6 +60,7 @@ class Backend(Protocol):
 BACKENDS = {
     "pytorch": "reprocube.frameworks.pytorch:PytorchBackend",
     "tensorflow": "reprocube.frameworks.tensorflow:TensorflowBackend",
+    "jax": "reprocube.frameworks.jax:JaxBackend",
 }
 
 

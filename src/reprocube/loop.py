@@ -115,7 +115,7 @@ class _Trainer:
             first_step, started = self.position.step, time.perf_counter()
             bar = tqdm(total=sampler.steps_per_epoch, initial=first_step, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not show_progress, file=sys.stderr, leave=False)
             for step in range(first_step, sampler.steps_per_epoch):
-                backend.train_step(*sampler.batch_bounds(step))
+                backend.train_step(*sampler.batch_bounds(step), self.position.global_step)
                 self.position.step, self.position.global_step = step + 1, self.position.global_step + 1
                 bar.update()
                 self._log_step()

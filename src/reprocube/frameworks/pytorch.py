@@ -96,7 +96,7 @@ class PytorchBackend:
     def begin_epoch(self, order: np.ndarray) -> None:
         self._order = torch.from_numpy(order).to(self.device)
 
-    def train_step(self, lo: int, hi: int) -> None:
+    def train_step(self, lo: int, hi: int, global_step: int) -> None:
         index = self._order[lo:hi]
         images, labels = self.x_train.index_select(0, index), self.y_train.index_select(0, index)
         self.optimizer.zero_grad(set_to_none=True)

@@ -130,7 +130,7 @@ class TensorflowBackend:
     def begin_epoch(self, order: np.ndarray) -> None:
         self._order.assign(order)
 
-    def train_step(self, lo: int, hi: int) -> None:
+    def train_step(self, lo: int, hi: int, global_step: int) -> None:
         self._train_step(lo, hi)
 
     def last_loss(self) -> float:

@@ -1,0 +1,200 @@
+"""The JAX / Flax (Linen) / Optax trainer: the same CNN (both dropouts), a jitted step on resident data.
+
+Linen rather than NNX: the whole training state is then an explicit pytree (params, optimizer state,
+epoch totals) passed through a pure jitted function, and randomness is an explicit key per step:
+fold_in(run key, global step), so the position alone determines it. NNX keeps RNG counters inside
+the module, which would be one more piece of hidden state to capture.
+
+Determinism: on GPU, XLA_FLAGS=--xla_gpu_deterministic_ops=true (the old TF_CUDNN_DETERMINISTIC no
+longer reaches XLA, openxla/xla#14310), set before JAX creates its backends. On CPU, XLA's thread pool
+is sized by the CPUs this process may use: it is pinned to `threads` CPUs."""
+
+from __future__ import annotations
+
+import os
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+from flax import traverse_util
+
+from reprocube.backend import FrameworkState
+from reprocube.errors import CheckpointError, ConfigError
+
+RUN_KEY = "jax.run_key"
+
+
+def _prepare_xla(cfg) -> None:
+    """Flags and CPU affinity that XLA reads once, when JAX first creates a backend (importing jax
+    does not create one)."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if cfg.deterministic and not any(f.startswith("--xla_gpu_deterministic_ops") for f in flags):
+        flags.append("--xla_gpu_deterministic_ops=true")
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+    if cfg.device == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    if hasattr(os, "sched_setaffinity"):
+        # With fewer CPUs than `threads`, XLA's pool is smaller: env.json records the effective count.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: cfg.threads])
+
+
+class Net(nn.Module):
+    """conv 1->10 k5, pool, relu, conv 10->20 k5, Dropout2d, pool, relu, dense 320->50, relu, dropout,
+    dense 10 (channels-last)."""
+
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = nn.Conv(10, (5, 5), padding="VALID", name="conv1")(x)
+        x = nn.relu(nn.max_pool(x, (2, 2), strides=(2, 2)))
+        x = nn.Conv(20, (5, 5), padding="VALID", name="conv2")(x)
+        x = nn.Dropout(0.5, broadcast_dims=(1, 2), deterministic=not train, name="conv2_drop")(x)  # whole channels
+        x = nn.relu(nn.max_pool(x, (2, 2), strides=(2, 2)))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(50, name="fc1")(x))
+        x = nn.Dropout(0.5, deterministic=not train, name="fc1_drop")(x)
+        return nn.Dense(self.num_classes, name="fc2")(x)
+
+
+def _nll_sum(logits, one_hot):
+    return -jnp.sum(jax.nn.log_softmax(logits) * one_hot)
+
+
+def _count_correct(logits, one_hot):
+    return jnp.sum(jnp.argmax(logits, axis=1) == jnp.argmax(one_hot, axis=1), dtype=jnp.int32)
+
+
+class JaxBackend:
+    def __init__(self, cfg, dataset):
+        _prepare_xla(cfg)
+        jax.config.update("jax_default_prng_impl", cfg.framework.prng_impl)
+        if cfg.device == "cuda" and jax.default_backend() != "gpu":
+            raise ConfigError("device=cuda but JAX sees no GPU")
+        self.cfg = cfg
+        self.model = Net(dataset.num_classes)
+        self.tx = optax.sgd(cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+        self.run_key = jax.random.key(cfg.seed)
+        init_key, self.dropout_key = jax.random.split(self.run_key)
+        to_nhwc = lambda images: jnp.asarray(images.transpose(0, 2, 3, 1))  # noqa: E731  (copied to the device once)
+        self.x_train, self.x_test = to_nhwc(dataset.train.images), to_nhwc(dataset.test.images)
+        self.y_train = jax.nn.one_hot(dataset.train.labels, dataset.num_classes, dtype=jnp.float32)
+        self.y_test = jax.nn.one_hot(dataset.test.labels, dataset.num_classes, dtype=jnp.float32)
+        self.params = self.model.init(init_key, self.x_train[:1], train=False)["params"]
+        self.opt_state = self.tx.init(self.params)
+        self._order = None
+        self._last_loss = jnp.zeros((), jnp.float32)
+        self.set_epoch_totals(0.0, 0)
+        self._train_step = jax.jit(self._train_step_fn, static_argnums=(5,))
+        self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(2,))
+
+    def info(self) -> dict:
+        device = jax.devices()[0]
+        info = {
+            "name": "jax",
+            "jax": jax.__version__,
+            "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
+            "flax": flax.__version__,
+            "optax": optax.__version__,
+            "backend": jax.default_backend(),
+            "device": device.device_kind,
+            "prng_impl": jax.config.jax_default_prng_impl,
+            "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        }
+        if jax.default_backend() == "gpu":
+            info.update(gpu=device.device_kind, gpu_count=jax.device_count())
+        return info
+
+    # --- training -------------------------------------------------------------------------------
+    def _train_step_fn(self, params, opt_state, totals, order, lo, batch_size, global_step):
+        index = jax.lax.dynamic_slice(order, (lo,), (batch_size,))
+        images, one_hot = self.x_train[index], self.y_train[index]
+        step_key = jax.random.fold_in(self.dropout_key, global_step)  # the position alone sets the masks
+
+        def loss_fn(p):
+            logits = self.model.apply({"params": p}, images, train=True, rngs={"dropout": step_key})
+            return _nll_sum(logits, one_hot) / batch_size, logits
+
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        loss_sum, correct = totals
+        totals = (loss_sum + loss * batch_size, correct + _count_correct(logits, one_hot))
+        return params, opt_state, totals, loss
+
+    def _eval_step_fn(self, params, lo, batch_size):
+        images = jax.lax.dynamic_slice_in_dim(self.x_test, lo, batch_size)
+        one_hot = jax.lax.dynamic_slice_in_dim(self.y_test, lo, batch_size)
+        logits = self.model.apply({"params": params}, images, train=False)
+        return _nll_sum(logits, one_hot), _count_correct(logits, one_hot)
+
+    def begin_epoch(self, order: np.ndarray) -> None:
+        self._order = jnp.asarray(order.astype(np.int32))
+
+    def train_step(self, lo: int, hi: int, global_step: int) -> None:
+        self.params, self.opt_state, self._totals, self._last_loss = self._train_step(
+            self.params, self.opt_state, self._totals, self._order, lo, hi - lo, global_step
+        )
+
+    def last_loss(self) -> float:
+        return float(self._last_loss)
+
+    def epoch_totals(self) -> dict:
+        return {"loss_sum": float(self._totals[0]), "correct": int(self._totals[1])}
+
+    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
+        self._totals = (jnp.asarray(loss_sum, jnp.float32), jnp.asarray(correct, jnp.int32))
+
+    def evaluate(self) -> dict:
+        n, batch = int(self.y_test.shape[0]), self.cfg.test_batch_size
+        loss_sum, correct = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+        for lo in range(0, n, batch):
+            batch_loss, batch_correct = self._eval_step(self.params, lo, min(batch, n - lo))
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
+        return {"test_loss": float(loss_sum) / n, "test_accuracy": int(correct) / n}
+
+    # --- state ----------------------------------------------------------------------------------
+    def export_state(self) -> FrameworkState:
+        weights = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(flax.core.unfreeze(self.params), sep=".").items()}
+        optimizer = {_path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(self.opt_state)[0]}
+        rng = {RUN_KEY: np.asarray(jax.random.key_data(self.run_key))}
+        return FrameworkState(weights, optimizer, rng, {"prng_impl": self.cfg.framework.prng_impl})
+
+    def import_state(self, state: FrameworkState) -> None:
+        saved_key = state.rng.get(RUN_KEY)
+        if saved_key is None or not np.array_equal(saved_key, np.asarray(jax.random.key_data(self.run_key))):
+            raise CheckpointError("checkpoint's JAX run key differs from the one this seed and PRNG implementation give")
+        self.params = _rebuild(self.params, {tuple(k.split(".")): v for k, v in state.weights.items()}, "weights", flat_keys=True)
+        self.opt_state = _rebuild(self.opt_state, state.optimizer, "optimizer")
+
+
+def _path_name(path) -> str:
+    return ".".join(str(getattr(p, "name", getattr(p, "key", getattr(p, "idx", p)))) for p in path)
+
+
+def _rebuild(template, arrays: dict, what: str, flat_keys: bool = False):
+    """A pytree shaped like `template` with the checkpoint's arrays, checked leaf by leaf."""
+    if flat_keys:
+        flat = traverse_util.flatten_dict(flax.core.unfreeze(template))
+        if set(flat) != set(arrays):
+            raise CheckpointError(f"checkpoint {what} do not match the model")
+        for key, leaf in flat.items():
+            _check_leaf(leaf, arrays[key], ".".join(key))
+        return traverse_util.unflatten_dict({key: jnp.asarray(arrays[key]) for key in flat})
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    names = [_path_name(path) for path, _ in leaves]
+    if set(names) != set(arrays):
+        raise CheckpointError(f"checkpoint {what} {sorted(arrays)} do not match the model's {sorted(names)}")
+    for name, (_, leaf) in zip(names, leaves):
+        _check_leaf(leaf, arrays[name], name)
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[name]) for name in names])
+
+
+def _check_leaf(leaf, array: np.ndarray, name: str) -> None:
+    if tuple(array.shape) != tuple(leaf.shape) or array.dtype != np.dtype(leaf.dtype):
+        raise CheckpointError(f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {leaf.dtype}{list(leaf.shape)}")
