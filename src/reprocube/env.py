@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGES = ("reprocube", "numpy", "hydra-core", "omegaconf", "safetensors", "torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax")
 ENV_VARS = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE")
-ENV_PREFIXES = ("TF_",)
+ENV_PREFIXES = ("TF_", "JAX_", "KERAS_")
 # ISA extensions that change which CPU kernels run (and so the rounding of reductions).
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 
