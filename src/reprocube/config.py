@@ -36,6 +36,9 @@ NON_RESULT_KEYS = frozenset(
         "checkpoint.every_steps",
         "log.every_steps",
         "log.progress",
+        "preempt_at_step",
+        "run",
+        "verify",
     }
 )
 
@@ -129,8 +132,11 @@ def validate(cfg: DictConfig) -> None:
         integer(key, 1)
     for key in ("checkpoint.every_steps", "log.every_steps"):
         integer(key, 0)
-    for key in ("data.train_limit", "data.test_limit"):
+    for key in ("data.train_limit", "data.test_limit", "preempt_at_step", "verify.mid_epoch_step"):
         integer(key, 1, allow_none=True)
+    boolean("verify.mid_epoch")
+    number("verify.tolerance")
+    text("run", allow_none=True)
     if cfg.device not in ("auto", "cpu", "cuda"):
         fail("device", "auto, cpu or cuda")
     boolean("deterministic")

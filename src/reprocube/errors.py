@@ -7,6 +7,7 @@ EXIT_CONFIG = 2
 EXIT_DATA = 3
 EXIT_CHECKPOINT = 4
 EXIT_TRAINING = 5
+EXIT_DIFFERENT = 6  # verify / compare: the runs are not bit-identical (a verdict, not an error)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
 
 

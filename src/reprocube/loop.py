@@ -4,6 +4,8 @@ signals and resume. Framework code stays behind the Backend contract (reprocube.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -119,6 +121,8 @@ class _Trainer:
                 self.position.step, self.position.global_step = step + 1, self.position.global_step + 1
                 bar.update()
                 self._log_step()
+                if self.position.global_step == cfg.preempt_at_step:
+                    os.kill(os.getpid(), signal.SIGTERM)  # a drill through the real signal path
                 if stop.requested:
                     bar.close()
                     path = self._save(step_name(self.position.global_step), reason=stop.signal_name)

@@ -1,0 +1,163 @@
+"""`reprocube compare RUN_A RUN_B`: are two runs bit-identical, and if not, where do they first differ
+and what in their environments most likely explains it. Reads only safetensors, JSON and YAML (every
+checkpoint verified against its manifest first): no framework is imported, nothing is executed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from reprocube.checkpoint import list_checkpoints, read_checkpoint
+from reprocube.config import flatten_keys
+from reprocube.errors import CheckpointError
+from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
+
+# env.json keys, most likely first to explain a divergence (a prefix match on the flattened key).
+ENV_RELEVANCE = (
+    "framework.name", "framework.device", "framework.backend", "framework.gpu", "framework.torch", "framework.tensorflow",
+    "framework.keras", "framework.jax", "framework.jaxlib", "framework.cuda", "framework.cudnn", "framework.driver",
+    "framework.deterministic", "framework.op_determinism", "framework.cudnn_deterministic", "framework.xla_flags",
+    "framework.prng_impl", "framework.threefry", "framework.num_threads", "framework.intra_op", "framework.inter_op",
+    "framework.cpu_affinity", "framework.cpu_capability", "framework.onednn", "cpu.isa", "cpu.model", "cpu.affinity",
+    "env_vars.", "packages.", "container", "framework.", "python", "cpu.count", "machine", "platform", "hostname",
+)
+
+
+def float_ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """Max distance in units in the last place between two float arrays of one dtype (0 = identical)."""
+    if a.dtype.kind != "f" or a.size == 0:
+        return int(np.max(np.abs(a.astype(np.int64) - b.astype(np.int64)))) if a.size else 0
+    int_type = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
+    def ordered(x):  # map float bit patterns onto a monotonic integer line
+        bits = x.view(int_type).astype(np.int64)
+        return np.where(bits < 0, np.int64(np.iinfo(int_type).min) - bits, bits)
+    return int(np.max(np.abs(ordered(a) - ordered(b))))
+
+
+def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[dict]:
+    """Per tensor: identical bytes?, max |a-b|, max ULP distance; missing or reshaped tensors named."""
+    rows = []
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            rows.append({"tensor": name, "identical": False, "problem": f"only in run {'A' if name in a else 'B'}"})
+            continue
+        x, y = a[name], b[name]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            rows.append({"tensor": name, "identical": False, "problem": f"{x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"})
+            continue
+        identical = x.tobytes() == y.tobytes()
+        max_abs = 0.0 if identical else float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+        rows.append({"tensor": name, "identical": identical, "max_abs": max_abs, "max_ulp": 0 if identical else float_ulp_distance(x, y)})
+    return rows
+
+
+def load_run(path: Path) -> dict:
+    """A run directory's checkpoints (verified), metrics and environment; a clear error otherwise."""
+    path = Path(path)
+    if not (path / "checkpoints").is_dir():
+        raise CheckpointError(f"{path} is not a reprocube run directory (no checkpoints/)")
+    checkpoints = {p.name: read_checkpoint(p) for p in list_checkpoints(path / "checkpoints")}
+    if not checkpoints:
+        raise CheckpointError(f"{path} holds no checkpoint")
+    env = _read_json(path / "env.json")
+    try:
+        metrics = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path / 'metrics.jsonl'} is not valid JSON lines ({exc})") from None
+    return {"path": path, "checkpoints": checkpoints, "env": env if isinstance(env, dict) else {}, "metrics": metrics}
+
+
+def _read_json(path: Path):
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc})") from None
+
+
+def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
+    """Checkpoint by checkpoint (the names both runs hold, in training order)."""
+    common = [name for name in a["checkpoints"] if name in b["checkpoints"]]
+    checkpoints, first = [], None
+    for name in common:
+        ca, cb = a["checkpoints"][name], b["checkpoints"][name]
+        same = ca.manifest["weights_digest"] == cb.manifest["weights_digest"]
+        tensors = tensor_differences(ca.content.weights, cb.content.weights)
+        within = same or all("problem" not in t and t["max_abs"] <= tolerance for t in tensors)
+        row = {"checkpoint": name, "global_step": ca.manifest.get("global_step"), "identical": same, "within_tolerance": within, "tensors": tensors}
+        checkpoints.append(row)
+        if not same and first is None:
+            worst = max(tensors, key=lambda t: (("problem" in t), t.get("max_ulp", 0)))
+            first = {"checkpoint": name, "tensor": worst["tensor"], "max_abs": worst.get("max_abs"), "max_ulp": worst.get("max_ulp"), "problem": worst.get("problem")}
+    metric_diffs = _metric_differences(a["metrics"], b["metrics"])
+    verdict_ok = bool(common) and all(c["within_tolerance"] for c in checkpoints) and (tolerance > 0 or not metric_diffs)
+    return {
+        "run_a": str(a["path"]),
+        "run_b": str(b["path"]),
+        "compared_checkpoints": common,
+        "identical": bool(common) and all(c["identical"] for c in checkpoints) and not metric_diffs,
+        "passed": verdict_ok,
+        "tolerance": tolerance,
+        "first_difference": first,
+        "checkpoints": checkpoints,
+        "metric_differences": metric_diffs,
+        "env_differences": env_differences(a["env"], b["env"]),
+    }
+
+
+def _metric_differences(a: list[dict], b: list[dict]) -> list[dict]:
+    epochs_a = {r["epoch"]: r for r in a if r.get("kind") == "epoch"}
+    epochs_b = {r["epoch"]: r for r in b if r.get("kind") == "epoch"}
+    diffs = []
+    for epoch in sorted(set(epochs_a) & set(epochs_b)):
+        for field in DETERMINISTIC_EPOCH_FIELDS[2:]:
+            va, vb = epochs_a[epoch].get(field), epochs_b[epoch].get(field)
+            if va != vb:
+                diffs.append({"epoch": epoch, "metric": field, "a": va, "b": vb})
+    return diffs
+
+
+def env_differences(a: dict, b: dict) -> list[dict]:
+    """Differing env.json entries, those most likely to explain a divergence first."""
+    fa, fb = flatten_keys(a), flatten_keys(b)
+    missing = "<absent>"
+    rows = [{"key": k, "a": fa.get(k, missing), "b": fb.get(k, missing)} for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing)]
+
+    def rank(row):
+        return next((i for i, prefix in enumerate(ENV_RELEVANCE) if row["key"].startswith(prefix)), len(ENV_RELEVANCE)), row["key"]
+
+    return sorted(rows, key=rank)
+
+
+def summary_line(result: dict) -> str:
+    if result["identical"]:
+        return f"identical ({len(result['compared_checkpoints'])} checkpoints)"
+    first = result["first_difference"]
+    if first is None:
+        return "weights identical, metrics differ: " + ", ".join(f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3])
+    size = first["problem"] or f"max abs {first['max_abs']:.3g}, {first['max_ulp']} ULP"
+    within = " (within tolerance)" if result["passed"] else ""
+    return f"differs from {first['checkpoint']}: {first['tensor']} ({size}){within}"
+
+
+def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> None:
+    from reprocube.files import write_file_atomic
+
+    write_file_atomic(directory / f"{stem}.json", (json.dumps(result, indent=1, default=str) + "\n").encode())
+    write_file_atomic(directory / f"{stem}.md", markdown.encode())
+
+
+def compare_markdown(result: dict) -> str:
+    lines = [f"# reprocube compare", "", f"- A: `{result['run_a']}`", f"- B: `{result['run_b']}`", f"- verdict: **{summary_line(result)}**", ""]
+    lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
+    for c in result["checkpoints"]:
+        worst = max(c["tensors"], key=lambda t: t.get("max_ulp", 0), default=None)
+        lines.append(f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |")
+    if result["metric_differences"]:
+        lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]]
+    lines += ["", "## Environment differences (most likely causes first)", ""]
+    lines += ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in result["env_differences"]] if result["env_differences"] else ["none"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,128 @@
+"""`reprocube verify`: prove that a configuration resumes bit-exactly. For each framework: train the
+uninterrupted reference (or reuse `run=PATH`), a restart with the same seed, a negative control with
+another seed, then resume from every epoch checkpoint (and, with verify.mid_epoch=true, from a real
+SIGTERM mid-epoch), each in a fresh process, and compare every resumed run with the reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from reprocube.checkpoint import list_checkpoints, read_manifest
+from reprocube.compare import compare_runs, load_run, summary_line, write_reports
+from reprocube.errors import EXIT_PREEMPTED, ConfigError
+
+FRAMEWORKS = ("pytorch", "tensorflow", "jax")
+PLACE_KEYS = ("framework=", "run_name=", "output_dir=", "resume=", "run=", "seed=", "preempt_at_step=")
+
+
+def verify(frameworks: list[str], cfg, overrides: list[str], config_file: str | None, out=print) -> bool:
+    """Returns True only if every comparison of every framework passes."""
+    user = [o for o in overrides if not o.startswith(PLACE_KEYS)]
+    if config_file:
+        user = ["--config-file", config_file, *user]
+    rows, all_passed = [], True
+    for framework in frameworks:
+        result = _verify_framework(framework, cfg, user, out)
+        all_passed &= result["passed"]
+        rows += [(framework, check["check"], check["summary"], check["passed"]) for check in result["checks"]]
+    out("")
+    out(_table(rows))
+    out(f"verdict: {'all bit-identical' if all_passed else 'NOT reproducible (see above)'}")
+    return all_passed
+
+
+def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
+    started = time.perf_counter()
+    base = Path(cfg.output_dir) / f"verify-{framework}"
+    logs = base / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def train(name: str, *extra: str, expect: tuple[int, ...] = (0,)) -> Path:
+        command = [sys.executable, "-m", "reprocube", "train", *user, f"framework={framework}", f"output_dir={base}", f"run_name={name}", *extra]
+        out(f"[{framework}] {name}: reprocube train {' '.join(extra) or '(reference config)'}")
+        with open(logs / f"{name}.log", "a") as log:
+            status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+        if status not in expect:
+            raise _ChildFailed(f"{name} exited {status} (log: {logs / f'{name}.log'})")
+        return base / name
+
+    checks = []
+
+    def check(name: str, passed: bool, summary: str, detail: dict | None = None) -> None:
+        checks.append({"check": name, "passed": passed, "summary": summary, "detail": detail})
+
+    try:
+        reference = Path(cfg.run) if cfg.run else train("reference", f"seed={cfg.seed}")
+        ref = load_run(reference)
+        epochs = [p for p in ref["checkpoints"] if p.startswith("epoch-")]
+        final = read_manifest(reference / "checkpoints" / epochs[-1]) if epochs else {}
+        if final.get("epoch") != cfg.epochs:
+            raise _ChildFailed(f"reference {reference} is not a completed {cfg.epochs}-epoch run")
+        compared = lambda run: compare_runs(ref, load_run(run), cfg.verify.tolerance)  # noqa: E731
+
+        restart = compared(train("restart", f"seed={cfg.seed}"))
+        check("restart (same seed, fresh process)", restart["passed"], summary_line(restart), restart)
+        other = compared(train("other-seed", f"seed={(cfg.seed + 1) % 2**32}"))
+        differs = not other["identical"]
+        check("negative control (another seed must differ)", differs, "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless", other)
+        for k in range(1, cfg.epochs):
+            source = reference / "checkpoints" / f"epoch-{k:04d}"
+            if not source.is_dir():
+                continue  # checkpoint.every_epochs > 1
+            resumed = compared(train(f"resume-epoch-{k}", f"seed={cfg.seed}", f"resume={source}"))
+            check(f"resume from epoch {k}", resumed["passed"], summary_line(resumed), resumed)
+        if cfg.verify.mid_epoch:
+            steps = final["steps_per_epoch"]
+            stop_at = cfg.verify.mid_epoch_step or (steps + steps // 2 if cfg.epochs > 1 else max(steps // 2, 1))
+            run = train("sigterm", f"seed={cfg.seed}", f"preempt_at_step={stop_at}", expect=(EXIT_PREEMPTED,))
+            stopped = [p.name for p in list_checkpoints(run / "checkpoints") if p.name.startswith("step-")]
+            train("sigterm", f"seed={cfg.seed}", "resume=latest")
+            resumed = compared(run)
+            check(f"SIGTERM at step {stop_at}, resume=latest", resumed["passed"] and bool(stopped), summary_line(resumed), resumed)
+    except _ChildFailed as exc:
+        check("run", False, f"failed: {exc}")
+    result = {
+        "framework": framework,
+        "passed": all(c["passed"] for c in checks),
+        "tolerance": cfg.verify.tolerance,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "checks": checks,
+    }
+    report_dir = reference if "reference" in locals() and (reference / "checkpoints").is_dir() else base
+    write_reports(result, report_dir, "verify", _markdown(result))
+    out(f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}")
+    return result
+
+
+class _ChildFailed(Exception):
+    pass
+
+
+def _table(rows) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [("framework", "check", "result", "")]) for i in range(3)]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([line(("framework", "check", "result")), line(["-" * w for w in widths])] + [line(r[:3]) + ("" if r[3] else "   <-- FAIL") for r in rows])
+
+
+def _markdown(result: dict) -> str:
+    lines = [f"# reprocube verify: {result['framework']}", "", f"Verdict: **{'passed: bit-identical' if result['passed'] else 'FAILED'}**"]
+    if result["tolerance"]:
+        lines.append(f"(explicit tolerance: max abs difference <= {result['tolerance']})")
+    lines += ["", f"Wall-clock: {result['wall_s']} s", "", "| check | passed | result |", "|---|---|---|"]
+    lines += [f"| {c['check']} | {'yes' if c['passed'] else '**no**'} | {c['summary']} |" for c in result["checks"]]
+    return "\n".join(lines) + "\n"
+
+
+def frameworks_from(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """`framework=all` (or one framework) for verify; the rest of the overrides unchanged."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("framework=")]
+    rest = [o for o in overrides if not o.startswith("framework=")]
+    name = chosen[-1] if chosen else "pytorch"
+    if name == "all":
+        return list(FRAMEWORKS), rest
+    if name not in FRAMEWORKS:
+        raise ConfigError(f"framework must be all or one of {', '.join(FRAMEWORKS)}, got {name!r}")
+    return [name], rest

@@ -1,0 +1,99 @@
+"""verify, compare and report: verdicts that can fail, on generated data, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import error_lines, reprocube
+
+SMALL = ["epochs=3", "log.every_steps=5"]
+
+
+def test_verify_all_frameworks_passes(generated, tmp_path):
+    proc = reprocube("verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path, timeout=900)
+    assert "verdict: all bit-identical" in proc.stdout
+    for framework in ("pytorch", "tensorflow", "jax"):
+        result = json.loads((tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.json").read_text())
+        assert result["passed"] is True
+        checks = {c["check"]: c for c in result["checks"]}
+        assert checks["restart (same seed, fresh process)"]["detail"]["identical"]
+        assert not checks["negative control (another seed must differ)"]["detail"]["identical"]
+        assert [c for c in checks if c.startswith("resume from epoch")] == ["resume from epoch 1", "resume from epoch 2"]
+        assert any(c.startswith("SIGTERM at step 31") for c in checks)  # middle of epoch 2 (21 steps an epoch)
+        assert (tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.md").read_text().startswith(f"# reprocube verify: {framework}")
+
+
+SITECUSTOMIZE = '''
+import os, sys
+if os.environ.get("REPROCUBE_TEST_PERTURB_RESUME") and "resume=" in " ".join(sys.argv) and "resume=latest" not in sys.argv:
+    import torch
+    torch.set_rng_state = lambda state: None  # a resumed run keeps its freshly seeded dropout generator
+'''
+
+
+def test_verify_names_the_first_divergence_of_a_perturbed_resume(generated, tmp_path, monkeypatch):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", f"{hook}")
+    monkeypatch.setenv("REPROCUBE_TEST_PERTURB_RESUME", "1")
+    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *SMALL, cwd=tmp_path, check=False, timeout=600)
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "runs" / "verify-pytorch" / "reference" / "verify.json").read_text())
+    checks = {c["check"]: c for c in result["checks"]}
+    assert checks["restart (same seed, fresh process)"]["passed"]  # the perturbation touches resumes only
+    first = checks["resume from epoch 1"]["detail"]["first_difference"]
+    assert first["checkpoint"] == "epoch-0002" and first["max_ulp"] > 0
+    assert f"differs from epoch-0002: {first['tensor']}" in proc.stdout and "<-- FAIL" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(generated, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("compare")
+    for name, extra in (("a", []), ("b", []), ("threads1", ["threads=1"])):
+        reprocube("train", *generated.overrides(), "epochs=2", f"run_name={name}", *extra, cwd=cwd)
+    return cwd / "runs"
+
+
+def test_compare_identical_runs(runs, tmp_path):
+    proc = reprocube("compare", str(runs / "a"), str(runs / "b"), "--out", str(tmp_path), cwd=tmp_path)
+    assert "identical (2 checkpoints)" in proc.stdout
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert result["identical"] and result["first_difference"] is None
+    assert (tmp_path / "compare.md").exists()
+
+
+def test_compare_different_thread_counts_names_the_env_difference(runs, tmp_path):
+    proc = reprocube("compare", str(runs / "a"), str(runs / "threads1"), "--out", str(tmp_path), cwd=tmp_path, check=False)
+    assert proc.returncode == 6
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert not result["identical"] and result["first_difference"]["checkpoint"] == "epoch-0001"
+    assert result["env_differences"][0]["key"] == "framework.num_threads"  # the likeliest cause comes first
+    assert "env framework.num_threads: 2 -> 1" in proc.stdout
+
+
+def test_compare_refuses_a_tampered_run_in_one_line(runs, tmp_path):
+    tampered = tmp_path / "tampered"
+    shutil.copytree(runs / "a", tampered)
+    weights = tampered / "checkpoints" / "epoch-0002" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    proc = reprocube("compare", str(runs / "a"), str(tampered), cwd=tmp_path, check=False)
+    assert proc.returncode == 4
+    assert error_lines(proc) == [proc.stderr.strip()] and "weights.safetensors does not match its sha256" in proc.stderr
+    proc = reprocube("compare", str(runs / "a"), str(tmp_path / "nothing"), cwd=tmp_path, check=False)
+    assert proc.returncode == 4 and "is not a reprocube run directory" in proc.stderr
+
+
+def test_report_has_its_plots(runs, tmp_path):
+    reprocube("report", str(runs / "a"), str(runs / "b"), str(runs / "threads1"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert page.count("data:image/png;base64,") == 2 and "framework.num_threads" in page
+    for name in ("curves.png", "divergence.png"):
+        png = (tmp_path / "report" / name).read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
