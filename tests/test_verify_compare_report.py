@@ -97,3 +97,23 @@ def test_report_has_its_plots(runs, tmp_path):
     for name in ("curves.png", "divergence.png"):
         png = (tmp_path / "report" / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda run: (run / "metrics.jsonl").write_text("{not json\n"), "metrics.jsonl is not valid JSON lines"),
+        (lambda run: (run / "metrics.jsonl").write_text('{"kind": "epoch", "epoch": 1}\n'), "metrics.jsonl holds a malformed record"),
+        (lambda run: (run / "env.json").write_text("[1,"), "env.json is not valid JSON"),
+        (lambda run: (run / "checkpoints" / "epoch-0001" / "manifest.json").unlink(), "manifest.json is missing"),
+    ],
+)
+def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, message):
+    from reprocube.compare import load_run
+    from reprocube.errors import CheckpointError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(runs / "a", broken)
+    breakage(broken)
+    with pytest.raises(CheckpointError, match=message):
+        load_run(broken)

@@ -66,6 +66,10 @@ def load_run(path: Path) -> dict:
         metrics = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path / 'metrics.jsonl'} is not valid JSON lines ({exc})") from None
+    for record in metrics:
+        complete = isinstance(record, dict) and (record.get("kind") != "epoch" or all(k in record for k in DETERMINISTIC_EPOCH_FIELDS))
+        if not complete:
+            raise CheckpointError(f"{path / 'metrics.jsonl'} holds a malformed record: {str(record)[:80]}")
     return {"path": path, "checkpoints": checkpoints, "env": env if isinstance(env, dict) else {}, "metrics": metrics}
 
 

@@ -18,7 +18,11 @@ FRAMEWORKS = ("pytorch", "tensorflow", "jax")
 PLACE_KEYS = ("framework=", "run_name=", "output_dir=", "resume=", "run=", "seed=", "preempt_at_step=")
 
 
-def verify(frameworks: list[str], cfg, overrides: list[str], config_file: str | None, out=print) -> bool:
+def _print_now(line: str) -> None:
+    print(line, flush=True)  # progress must reach a batch job's log as it happens
+
+
+def verify(frameworks: list[str], cfg, overrides: list[str], config_file: str | None, out=_print_now) -> bool:
     """Returns True only if every comparison of every framework passes."""
     user = [o for o in overrides if not o.startswith(PLACE_KEYS)]
     if config_file:
