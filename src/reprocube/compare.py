@@ -155,7 +155,7 @@ def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> No
 
 
 def compare_markdown(result: dict) -> str:
-    lines = [f"# reprocube compare", "", f"- A: `{result['run_a']}`", f"- B: `{result['run_b']}`", f"- verdict: **{summary_line(result)}**", ""]
+    lines = ["# reprocube compare", "", f"- A: `{result['run_a']}`", f"- B: `{result['run_b']}`", f"- verdict: **{summary_line(result)}**", ""]
     lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
     for c in result["checkpoints"]:
         worst = max(c["tensors"], key=lambda t: t.get("max_ulp", 0), default=None)

@@ -71,7 +71,8 @@ def _curves(runs, labels) -> bytes:
 
 
 def _divergence_map(comparisons, labels) -> bytes:
-    fig, axes = plt.subplots(len(comparisons), 1, figsize=(9, 1.2 + 0.5 * max(len(c["checkpoints"]) for c in comparisons) * len(comparisons) + 0.8 * len(comparisons)), squeeze=False)
+    height = sum(2.2 + 0.4 * len(c["checkpoints"]) for c in comparisons)  # room for each panel's tensor names
+    fig, axes = plt.subplots(len(comparisons), 1, figsize=(9, height), squeeze=False, layout="constrained")
     for ax, comparison, label in zip(axes[:, 0], comparisons, labels[1:]):
         tensors = sorted({t["tensor"] for c in comparison["checkpoints"] for t in c["tensors"]}) or ["(none)"]
         grid = np.zeros((max(len(comparison["checkpoints"]), 1), len(tensors)))
@@ -81,7 +82,8 @@ def _divergence_map(comparisons, labels) -> bytes:
         image = ax.imshow(grid, cmap="magma_r", vmin=0, vmax=max(10.0, float(np.nanmax(grid)) if grid.size else 10.0), aspect="auto")
         ax.set_yticks(range(len(comparison["checkpoints"])), [c["checkpoint"] for c in comparison["checkpoints"]] or ["none"], fontsize=7)
         ax.set_xticks(range(len(tensors)), tensors, rotation=45, ha="right", fontsize=7)
-        ax.set_title(f"{label} vs {labels[0]}: {summary_line(comparison)}", fontsize=8)
+        missing = " (white: tensor in one run only)" if np.isnan(grid).any() else ""
+        ax.set_title(f"{label} vs {labels[0]}: {summary_line(comparison)}{missing}", fontsize=8)
         fig.colorbar(image, ax=ax, label="log10(1 + max ULP)")
     return _png(fig)
 
