@@ -117,3 +117,20 @@ def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, me
     breakage(broken)
     with pytest.raises(CheckpointError, match=message):
         load_run(broken)
+
+
+def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):
+    from reprocube.compare import compare_runs, load_run, summary_line
+
+    result = compare_runs(load_run(runs / "a"), load_run(runs / "threads1"), tolerance=1.0)
+    assert result["passed"] and not result["identical"]
+    assert summary_line(result).endswith("(within tolerance)")
+    assert not compare_runs(load_run(runs / "a"), load_run(runs / "threads1"), tolerance=1e-12)["passed"]
+
+
+def test_verify_reuses_a_completed_run(generated, runs, tmp_path):
+    args = [*generated.overrides(), "epochs=2"]
+    proc = reprocube("verify", "framework=pytorch", *args, f"run={runs / 'a'}", cwd=tmp_path)
+    assert "verdict: all bit-identical" in proc.stdout
+    assert not (tmp_path / "runs" / "verify-pytorch" / "reference").exists()  # not retrained
+    assert json.loads((runs / "a" / "verify.json").read_text())["passed"] is True
