@@ -134,3 +134,11 @@ def test_verify_reuses_a_completed_run(generated, runs, tmp_path):
     assert "verdict: all bit-identical" in proc.stdout
     assert not (tmp_path / "runs" / "verify-pytorch" / "reference").exists()  # not retrained
     assert json.loads((runs / "a" / "verify.json").read_text())["passed"] is True
+
+
+def test_verify_never_reuses_an_earlier_verify_directory(generated, tmp_path):
+    earlier = tmp_path / "runs" / "verify-pytorch" / "reference"
+    earlier.mkdir(parents=True)
+    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert error_lines(proc) == ["reprocube: error: runs/verify-pytorch holds an earlier verify's runs; remove it or choose another output_dir="]

@@ -41,6 +41,8 @@ def verify(frameworks: list[str], cfg, overrides: list[str], config_file: str | 
 def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     started = time.perf_counter()
     base = Path(cfg.output_dir) / f"verify-{framework}"
+    if base.exists() and any(p.name != "logs" for p in base.iterdir()):
+        raise ConfigError(f"{base} holds an earlier verify's runs; remove it or choose another output_dir=")
     logs = base / "logs"
     logs.mkdir(parents=True, exist_ok=True)
 
