@@ -97,7 +97,7 @@ def _run(args) -> int:
 
 
 def _compare(args) -> int:
-    from reprocube.compare import compare_markdown, compare_runs, load_run, summary_line, write_reports
+    from reprocube.compare import compare_markdown, compare_runs, load_run, summary_line, worst_tensor, write_reports
 
     if args.tolerance < 0:
         raise ReprocubeError("--tolerance must be >= 0")
@@ -107,7 +107,7 @@ def _compare(args) -> int:
     write_reports(result, out, "compare", compare_markdown(result))
     print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
     for row in result["checkpoints"]:
-        worst = max(row["tensors"], key=lambda t: t.get("max_ulp", 0), default=None)
+        worst = worst_tensor(row["tensors"])
         detail = "" if row["identical"] else f"  {worst['tensor']}: max abs {worst.get('max_abs')}, {worst.get('max_ulp')} ULP"
         print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
     for diff in result["env_differences"][:8]:

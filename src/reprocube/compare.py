@@ -12,6 +12,7 @@ import numpy as np
 from reprocube.checkpoint import list_checkpoints, read_checkpoint
 from reprocube.config import flatten_keys
 from reprocube.errors import CheckpointError
+from reprocube.files import write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
 
 # env.json keys, most likely first to explain a divergence (a prefix match on the flattened key).
@@ -51,6 +52,11 @@ def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> li
         max_abs = 0.0 if identical else float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
         rows.append({"tensor": name, "identical": identical, "max_abs": max_abs, "max_ulp": 0 if identical else float_ulp_distance(x, y)})
     return rows
+
+
+def worst_tensor(tensors: list[dict]) -> dict | None:
+    """The row that explains a checkpoint's difference best: a missing/reshaped tensor, else max ULP."""
+    return max(tensors, key=lambda t: ("problem" in t, t.get("max_ulp", 0)), default=None)
 
 
 def load_run(path: Path) -> dict:
@@ -94,7 +100,7 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         row = {"checkpoint": name, "global_step": ca.manifest.get("global_step"), "identical": same, "within_tolerance": within, "tensors": tensors}
         checkpoints.append(row)
         if not same and first is None:
-            worst = max(tensors, key=lambda t: (("problem" in t), t.get("max_ulp", 0)))
+            worst = worst_tensor(tensors)
             first = {"checkpoint": name, "tensor": worst["tensor"], "max_abs": worst.get("max_abs"), "max_ulp": worst.get("max_ulp"), "problem": worst.get("problem")}
     metric_diffs = _metric_differences(a["metrics"], b["metrics"])
     verdict_ok = bool(common) and all(c["within_tolerance"] for c in checkpoints) and (tolerance > 0 or not metric_diffs)
@@ -148,8 +154,6 @@ def summary_line(result: dict) -> str:
 
 
 def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> None:
-    from reprocube.files import write_file_atomic
-
     write_file_atomic(directory / f"{stem}.json", (json.dumps(result, indent=1, default=str) + "\n").encode())
     write_file_atomic(directory / f"{stem}.md", markdown.encode())
 
@@ -158,7 +162,7 @@ def compare_markdown(result: dict) -> str:
     lines = ["# reprocube compare", "", f"- A: `{result['run_a']}`", f"- B: `{result['run_b']}`", f"- verdict: **{summary_line(result)}**", ""]
     lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
     for c in result["checkpoints"]:
-        worst = max(c["tensors"], key=lambda t: t.get("max_ulp", 0), default=None)
+        worst = worst_tensor(c["tensors"])
         lines.append(f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |")
     if result["metric_differences"]:
         lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]]

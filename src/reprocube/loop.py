@@ -53,7 +53,7 @@ def train(cfg, out=print) -> int:
             if checkpoint:
                 trainer.restore(checkpoint)
             # Only now, with data, trainer and checkpoint all accepted, is the run directory written.
-            run.initialize(config, trainer.history, collect_env(backend.info()), checkpoint.path if checkpoint else None, trainer.position.as_dict())
+            run.initialize(config, trainer.history, collect_env(trainer.framework_info), checkpoint.path if checkpoint else None, trainer.position.as_dict())
             return trainer.run(stop)
 
 

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-from reprocube.checkpoint import list_checkpoints, read_manifest
 from reprocube.compare import compare_runs, load_run, summary_line, write_reports
 from reprocube.errors import EXIT_PREEMPTED, ConfigError
 
@@ -56,6 +55,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         return base / name
 
     checks = []
+    reference = None
 
     def check(name: str, passed: bool, summary: str, detail: dict | None = None) -> None:
         checks.append({"check": name, "passed": passed, "summary": summary, "detail": detail})
@@ -64,7 +64,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         reference = Path(cfg.run) if cfg.run else train("reference", f"seed={cfg.seed}")
         ref = load_run(reference)
         epochs = [p for p in ref["checkpoints"] if p.startswith("epoch-")]
-        final = read_manifest(reference / "checkpoints" / epochs[-1]) if epochs else {}
+        final = ref["checkpoints"][epochs[-1]].manifest if epochs else {}
         if final.get("epoch") != cfg.epochs:
             raise _ChildFailed(f"reference {reference} is not a completed {cfg.epochs}-epoch run")
         compared = lambda run: compare_runs(ref, load_run(run), cfg.verify.tolerance)  # noqa: E731
@@ -84,9 +84,10 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
             steps = final["steps_per_epoch"]
             stop_at = cfg.verify.mid_epoch_step or (steps + steps // 2 if cfg.epochs > 1 else max(steps // 2, 1))
             run = train("sigterm", f"seed={cfg.seed}", f"preempt_at_step={stop_at}", expect=(EXIT_PREEMPTED,))
-            stopped = [p.name for p in list_checkpoints(run / "checkpoints") if p.name.startswith("step-")]
             train("sigterm", f"seed={cfg.seed}", "resume=latest")
-            resumed = compared(run)
+            sigterm = load_run(run)
+            stopped = [name for name in sigterm["checkpoints"] if name.startswith("step-")]
+            resumed = compare_runs(ref, sigterm, cfg.verify.tolerance)
             check(f"SIGTERM at step {stop_at}, resume=latest", resumed["passed"] and bool(stopped), summary_line(resumed), resumed)
     except _ChildFailed as exc:
         check("run", False, f"failed: {exc}")
@@ -97,7 +98,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         "wall_s": round(time.perf_counter() - started, 1),
         "checks": checks,
     }
-    report_dir = reference if "reference" in locals() and (reference / "checkpoints").is_dir() else base
+    report_dir = reference if reference is not None and (reference / "checkpoints").is_dir() else base
     write_reports(result, report_dir, "verify", _markdown(result))
     out(f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}")
     return result
