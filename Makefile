@@ -3,17 +3,25 @@
 #   make test    set up and run the tests
 PYTHON ?= python3
 VENV := .venv
+# The MLCube launcher lives in its own venv (mlcube 0.0.9 pins omegaconf 2.1.0; hydra needs 2.3).
+MLCUBE_VENV := .venv-mlcube
 FASHION_MNIST_DEB := /usr/share/datasets/fashion-mnist
 # Where no PyTorch CPU index is reachable pip fails over fast instead of retrying for minutes.
 PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --retries 1 --require-hashes
 
 .PHONY: setup system-packages train test clean
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) -r requirements-cpu.txt -r requirements-test.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+# uv (from the test lock) because pip >= 24.1 refuses mlcube's omegaconf 2.1.0 metadata.
+$(MLCUBE_VENV)/.installed: requirements-mlcube.txt $(VENV)/.installed
+	$(VENV)/bin/uv venv --quiet --allow-existing --python $(PYTHON) $(MLCUBE_VENV)
+	$(VENV)/bin/uv pip install --quiet --python $(MLCUBE_VENV)/bin/python --require-hashes -r requirements-mlcube.txt
 	touch $@
 
 # Fashion-MNIST from Debian (offline); needs root or sudo, and is skipped where it is already there.
@@ -36,4 +44,4 @@ test: setup system-packages
 	$(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(MLCUBE_VENV) .pytest_cache

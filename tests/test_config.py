@@ -20,8 +20,16 @@ def test_overrides_use_hydra_grammar():
 def test_user_yaml_is_merged_under_the_command_line(tmp_path):
     user = tmp_path / "train.yaml"
     user.write_text("epochs: 7\nseed: 3\ndataset: mnist\noptimizer:\n  lr: 0.05\nrun_name: \"it's mine\"\n")
-    cfg = load_config(["seed=5"], str(user))
+    cfg = load_config(["seed=5"], [str(user)])
     assert (cfg.epochs, cfg.seed, cfg.optimizer.lr, cfg.dataset.name, cfg.run_name) == (7, 5, 0.05, "mnist", "it's mine")
+
+
+def test_later_config_files_override_earlier_ones(tmp_path):
+    train, extra = tmp_path / "train.yaml", tmp_path / "verify.yaml"
+    train.write_text("epochs: 7\nseed: 3\n")
+    extra.write_text("epochs: 2\nverify:\n  mid_epoch: true\n")
+    cfg = load_config([], [str(train), str(extra)])
+    assert (cfg.epochs, cfg.seed, cfg.verify.mid_epoch) == (2, 3, True)
 
 
 @pytest.mark.parametrize(
@@ -36,12 +44,12 @@ def test_bad_user_yaml_is_refused(tmp_path, content, message):
     user = tmp_path / "train.yaml"
     user.write_text(content)
     with pytest.raises(ConfigError, match=message):
-        load_config([], str(user))
+        load_config([], [str(user)])
 
 
 def test_missing_user_yaml_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
-        load_config([], str(tmp_path / "absent.yaml"))
+        load_config([], [str(tmp_path / "absent.yaml")])
 
 
 @pytest.mark.parametrize(
@@ -83,7 +91,7 @@ def test_user_yaml_strings_survive_quoting(tmp_path):
     for name in ["a\\b", "it's", "end\\", "back\\'quote", 'dq"x', "sp ace"]:
         user = tmp_path / "train.yaml"
         user.write_text(yaml.safe_dump({"run_name": name}))
-        assert load_config([], str(user)).run_name == name
+        assert load_config([], [str(user)]).run_name == name
 
 
 def test_config_hash_ignores_places_cadences_and_epochs_only():

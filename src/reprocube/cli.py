@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in CONFIG_COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--config-file", metavar="PATH", help="user yaml merged under the command-line overrides (e.g. workspace/train.yaml)")
+        sub.add_argument("--config-file", metavar="PATH", action="append", default=[],
+                         help="user yaml merged under the command-line overrides (e.g. workspace/train.yaml); repeatable, later files win")
         sub.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         sub.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     compare = commands.add_parser("compare", help="compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B")
@@ -69,13 +70,14 @@ def _run(args) -> int:
 
         print(f"report: {write_report(args.runs, args.out)}")
         return EXIT_OK
-    from reprocube.config import load_config  # imports Hydra: keep `--help` fast
+    from reprocube.config import config_files_overrides, load_config  # imports Hydra: keep `--help` fast
 
     overrides = list(args.overrides)
     if args.command == "verify":
         from reprocube.verify import frameworks_from
 
-        frameworks, overrides = frameworks_from(overrides)
+        # `framework: all` may come from a config file too (the MLCube verify task's verify.yaml).
+        frameworks, overrides = frameworks_from(overrides, config_files_overrides(args.config_file))
         cfg = load_config([*overrides, f"framework={frameworks[0]}"], args.config_file)
     else:
         cfg = load_config(overrides, args.config_file)

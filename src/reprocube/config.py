@@ -43,9 +43,10 @@ NON_RESULT_KEYS = frozenset(
 )
 
 
-def load_config(overrides: list[str], config_file: str | None = None) -> DictConfig:
-    """Compose the resolved, validated config from the package defaults, a user yaml and overrides."""
-    all_overrides = (user_yaml_overrides(config_file) if config_file else []) + list(overrides)
+def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfig:
+    """Compose the resolved, validated config from the package defaults, user yamls and overrides
+    (in that order: a later file overrides an earlier one, the command line overrides them all)."""
+    all_overrides = config_files_overrides(config_files) + list(overrides)
     for override in all_overrides:
         if override.startswith(("+", "~")):
             raise ConfigError(f"{override}: adding or deleting keys is not supported (the config schema is fixed); see --print-config")
@@ -58,6 +59,10 @@ def load_config(overrides: list[str], config_file: str | None = None) -> DictCon
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def config_files_overrides(paths: list[str]) -> list[str]:
+    return [override for path in paths for override in user_yaml_overrides(path)]
 
 
 def user_yaml_overrides(path: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -58,8 +59,26 @@ def _package_versions() -> dict:
 
 
 def _container() -> dict | None:
+    """Which container runtime and image this runs in. The image is named by REPROCUBE_IMAGE and
+    described by the build record REPROCUBE_IMAGE_INFO points at (variant, base image, lock and installed
+    package hashes): an image cannot know its own registry digest."""
     if os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER"):
-        return {"runtime": "singularity", "image": os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER")}
-    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
-        return {"runtime": "docker", "image": os.environ.get("REPROCUBE_IMAGE"), "image_digest": os.environ.get("REPROCUBE_IMAGE_DIGEST")}
-    return None
+        info = {"runtime": "singularity", "image": os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER")}
+    elif Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        info = {"runtime": "docker", "image": os.environ.get("REPROCUBE_IMAGE")}
+    else:
+        return None
+    build = _image_build_record()
+    if build is not None:
+        info["build"] = build
+    return info
+
+
+def _image_build_record() -> dict | None:
+    path = os.environ.get("REPROCUBE_IMAGE_INFO")
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        return {"unreadable": f"{path}: {exc}"}

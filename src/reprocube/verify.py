@@ -21,11 +21,10 @@ def _print_now(line: str) -> None:
     print(line, flush=True)  # progress must reach a batch job's log as it happens
 
 
-def verify(frameworks: list[str], cfg, overrides: list[str], config_file: str | None, out=_print_now) -> bool:
+def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=_print_now) -> bool:
     """Returns True only if every comparison of every framework passes."""
     user = [o for o in overrides if not o.startswith(PLACE_KEYS)]
-    if config_file:
-        user = ["--config-file", config_file, *user]
+    user = [arg for path in config_files for arg in ("--config-file", path)] + user
     rows, all_passed = [], True
     for framework in frameworks:
         result = _verify_framework(framework, cfg, user, out)
@@ -123,9 +122,10 @@ def _markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def frameworks_from(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """`framework=all` (or one framework) for verify; the rest of the overrides unchanged."""
-    chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("framework=")]
+def frameworks_from(overrides: list[str], file_overrides: list[str] = ()) -> tuple[list[str], list[str]]:
+    """`framework=all` (or one framework) for verify, from the command line or else the config files;
+    the rest of the command-line overrides unchanged."""
+    chosen = [o.split("=", 1)[1].strip("'\"") for o in [*file_overrides, *overrides] if o.startswith("framework=")]  # config files' values come quoted
     rest = [o for o in overrides if not o.startswith("framework=")]
     name = chosen[-1] if chosen else "pytorch"
     if name == "all":
