@@ -1,6 +1,7 @@
 # Set-up and the two commands of README.md. Everything installs into .venv from the hash-locked files.
 #   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
-#   make test    set up and run the tests
+#   make test    set up (Docker and the CPU image included) and run every test
+#   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 PYTHON ?= python3
 VENV := .venv
 # The MLCube launcher lives in its own venv (mlcube 0.0.9 pins omegaconf 2.1.0; hydra needs 2.3).
@@ -9,7 +10,9 @@ FASHION_MNIST_DEB := /usr/share/datasets/fashion-mnist
 # Where no PyTorch CPU index is reachable pip fails over fast instead of retrying for minutes.
 PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --retries 1 --require-hashes
 
-.PHONY: setup system-packages train test clean
+CONTAINERS ?= 1
+
+.PHONY: setup system-packages container-setup train test clean
 setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
@@ -40,8 +43,17 @@ train: setup system-packages
 	fi
 	$(VENV)/bin/reprocube train framework=pytorch dataset=fashion_mnist data_dir=data $(ARGS)
 
+# Docker from Debian, a debootstrapped base image and the CPU image (needs root: dockerd).
+container-setup:
+	$(SUDO) scripts/container-setup.sh
+
+ifeq ($(CONTAINERS),1)
+test: setup system-packages container-setup
+	REPROCUBE_CONTAINER_TESTS=1 $(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
+else
 test: setup system-packages
 	$(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
+endif
 
 clean:
 	rm -rf $(VENV) $(MLCUBE_VENV) .pytest_cache

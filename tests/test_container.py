@@ -1,0 +1,241 @@
+"""End to end through Docker: the CPU image (scripts/container-setup.sh builds it) run by the real mlcube
+0.0.9 CLI, as a non-root user, on real Fashion-MNIST (a subset). .ci/run sets REPROCUBE_CONTAINER_TESTS=1,
+which turns a missing Docker or image from a skip into a failure."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reprocube.checkpoint import list_checkpoints, read_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+MLCUBE = REPO / ".venv-mlcube" / "bin" / "mlcube"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = f"reprocube/reprocube:{VERSION}-cpu"
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+FRAMEWORKS = ("pytorch", "tensorflow", "jax")
+# The README's CPU command line: the CPU image, no GPU arguments.
+CPU = [f"-Pdocker.image={IMAGE}", "-Pplatform.accelerator_count=0", "-Pdocker.build_args.VARIANT=cpu"]
+TRAIN = {"dataset": "fashion_mnist", "seed": 0, "epochs": 2, "threads": 2, "data": {"train_limit": 640, "test_limit": 320}}
+
+
+def _not_ready() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker is not installed"
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        return "dockerd is not reachable"
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
+        return f"image {IMAGE} is not built"
+    if not FASHION_MNIST.is_dir():
+        return f"{FASHION_MNIST} is missing (Debian package dataset-fashion-mnist)"
+    if not MLCUBE.exists():
+        return f"{MLCUBE} is missing (make setup)"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ready():
+    reason = _not_ready()
+    if reason and os.environ.get("REPROCUBE_CONTAINER_TESTS") == "1":
+        pytest.fail(f"container tests required but {reason}; run scripts/container-setup.sh")
+    if reason:
+        pytest.skip(f"{reason}: scripts/container-setup.sh prepares them (.ci/run does)")
+
+
+class Cube:
+    """A workspace driven by `mlcube run` as one user. Under root (as in CI) that user is uid 4242, so that
+    'the files belong to the invoking user' cannot pass by accident as root."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.uid, self.gid = (4242, 4242) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+        self.workspace = root / "workspace"
+        self.home = root / "home"
+        for directory in (self.workspace, self.home, self.workspace / "source"):
+            directory.mkdir(parents=True, exist_ok=True)
+        for archive in FASHION_MNIST.glob("*.gz"):
+            shutil.copy(archive, self.workspace / "source" / archive.name)
+        self.write("train.yaml", TRAIN)
+        self.write("verify.yaml", {"framework": "all", "verify": {"mid_epoch": True}})
+        self.mlcube = MLCUBE
+        if os.geteuid() == 0:
+            # This user cannot reach a Python under /root (pyenv): its own launcher venv on Debian's python3.
+            launcher = root / "launcher"
+            uv = Path(sys.executable).parent / "uv"
+            subprocess.run([str(uv), "venv", "--quiet", "--python", "/usr/bin/python3", str(launcher)], check=True)
+            subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(launcher / "bin" / "python"), "--require-hashes",
+                            "-r", str(REPO / "requirements-mlcube.txt")], check=True)  # fmt: skip
+            self.mlcube = launcher / "bin" / "mlcube"
+            for path in [root, *root.rglob("*")]:
+                os.chown(path, self.uid, self.gid, follow_symlinks=False)
+        self.results: dict[str, subprocess.CompletedProcess] = {}
+
+    def write(self, name: str, content: dict) -> None:
+        path = self.workspace / name
+        path.write_text(yaml.safe_dump(content))
+        if os.geteuid() == 0:
+            os.chown(path, self.uid, self.gid)
+
+    def popen(self, task: str, *params: str) -> subprocess.Popen:
+        command = [str(self.mlcube), "run", f"--mlcube={REPO}", "--platform=docker", f"--task={task}", f"--workspace={self.workspace}", *params, "--", *CPU]
+        as_user = {}
+        if os.geteuid() == 0:  # the docker socket's group, as a user in the docker group would have it
+            as_user = {"user": self.uid, "group": self.gid, "extra_groups": [os.stat("/var/run/docker.sock").st_gid]}
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.home), "LANG": "C.UTF-8"}
+        return subprocess.Popen(command, cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **as_user)
+
+    def run(self, task: str, *params: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        started = time.perf_counter()
+        process = self.popen(task, *params)
+        output, _ = process.communicate(timeout=timeout)
+        print(f"mlcube --task={task} {' '.join(params)}: exit {process.returncode} in {time.perf_counter() - started:.1f} s")
+        result = subprocess.CompletedProcess(process.args, process.returncode, output, "")
+        self.results[" ".join((task, *params))] = result
+        return result
+
+
+def final_digests(run: Path) -> list[str]:
+    return [read_checkpoint(path).manifest["weights_digest"] for path in list_checkpoints(run / "checkpoints")]
+
+
+@pytest.fixture(scope="module")
+def cube():
+    root = Path(tempfile.mkdtemp(prefix="reprocube-cube-"))
+    root.chmod(0o755)
+    cube = Cube(root)
+    for task in ("download", *FRAMEWORKS, "verify", "report", "compare"):
+        cube.run(task)
+    yield cube
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("task", ["download", *FRAMEWORKS, "verify", "report", "compare"])
+def test_every_task_succeeds(cube, task):
+    result = cube.results[task]
+    assert result.returncode == 0, f"mlcube --task={task} exited {result.returncode}:\n{result.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_training_tasks_write_verified_runs_into_the_workspace(cube, framework):
+    run = cube.workspace / "runs" / f"{framework}-seed0"
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["epoch-0001", "epoch-0002"]
+    assert all(len(digest) == 64 for digest in final_digests(run))  # read_checkpoint verified every file
+    env = json.loads((run / "env.json").read_text())
+    container = env["container"]
+    assert (container["runtime"], container["image"]) == ("docker", IMAGE)
+    # The image records the lock it was installed from: this checkout's.
+    assert container["build"]["lock"] == "requirements-cpu.txt"
+    assert container["build"]["lock_sha256"] == hashlib.sha256((REPO / "requirements-cpu.txt").read_bytes()).hexdigest()
+    assert env["env_vars"].get("PYTHONHASHSEED") == "0"
+
+
+def test_verify_task_passes_for_all_three_frameworks(cube):
+    for framework in FRAMEWORKS:
+        result = json.loads((cube.workspace / "runs" / f"verify-{framework}" / "reference" / "verify.json").read_text())
+        assert result["passed"] is True, framework
+        names = {check["check"] for check in result["checks"]}
+        assert any(name.startswith("SIGTERM at step") for name in names), names  # the mid-epoch drill ran in the container
+    assert "verdict: all bit-identical" in cube.results["verify"].stdout
+
+
+def test_report_and_compare_tasks_write_their_outputs(cube):
+    assert (cube.workspace / "reports" / "report" / "report.html").stat().st_size > 10_000
+    compared = json.loads((cube.workspace / "reports" / "compare" / "compare.json").read_text())
+    assert compared["identical"] is True  # the pytorch task's run and verify's restart: same config, same bits
+
+
+def test_everything_in_the_workspace_belongs_to_the_invoking_user(cube):
+    foreign = [str(p) for p in [cube.workspace, *cube.workspace.rglob("*")] if (p.lstat().st_uid, p.lstat().st_gid) != (cube.uid, cube.gid)]
+    assert foreign == []
+    assert (cube.workspace / "runs" / "pytorch-seed0" / "checkpoints" / "epoch-0002").is_dir()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_native_run_gives_the_container_runs_bits(cube, framework, tmp_path):
+    """Same machine, same config and thread count: the image's Python and libraries give the same weights."""
+    native = subprocess.run(
+        [sys.executable, "-m", "reprocube", "train", "--config-file", str(cube.workspace / "train.yaml"), f"framework={framework}",
+         f"data_dir={cube.workspace / 'data'}", f"output_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert native.returncode == 0, native.stderr
+    assert final_digests(tmp_path / f"{framework}-seed0") == final_digests(cube.workspace / "runs" / f"{framework}-seed0")
+
+
+def test_docker_stop_mid_epoch_checkpoints_and_the_resumed_run_is_bit_exact(cube, tmp_path):
+    """A preemption as a scheduler does it: SIGTERM to the container (tini forwards it to reprocube)."""
+    config = {**TRAIN, "threads": 1, "run_name": "stopped", "data": {"train_limit": 24000, "test_limit": 320}}
+    cube.write("stop.yaml", config)
+    process = cube.popen("pytorch", "parameters_file=stop.yaml")
+    run = cube.workspace / "runs" / "stopped"
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "epoch-0001").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended or stalled before its first checkpoint"
+        time.sleep(0.05)
+    containers = subprocess.run(["docker", "ps", "-q", "--filter", f"ancestor={IMAGE}"], capture_output=True, text=True, check=True).stdout.split()
+    assert len(containers) == 1
+    subprocess.run(["docker", "kill", "--signal=TERM", containers[0]], check=True, capture_output=True)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode != 0, output  # mlcube reports the task's exit status 75 as a failure
+    assert "stopped by SIGTERM" in output, output[-2000:]
+    stopped_at = [p.name for p in list_checkpoints(run / "checkpoints")]
+    assert "epoch-0002" not in stopped_at and stopped_at[-1].startswith("step-"), stopped_at  # stopped mid-epoch 2
+
+    cube.write("stop.yaml", {**config, "resume": "latest"})
+    resumed = cube.run("pytorch", "parameters_file=stop.yaml")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+
+    cube.write("uninterrupted.yaml", {**config, "run_name": "uninterrupted"})
+    native = subprocess.run(
+        [sys.executable, "-m", "reprocube", "train", "--config-file", str(cube.workspace / "uninterrupted.yaml"), "framework=pytorch",
+         f"data_dir={cube.workspace / 'data'}", f"output_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert native.returncode == 0, native.stderr
+    assert final_digests(run)[-1] == final_digests(tmp_path / "uninterrupted")[-1]
+
+
+def _bridge_gateway() -> str:
+    """The host's address on Docker's default bridge (docker0): the subnet's gateway, or else its first host,
+    which is what dockerd assigns docker0 (20.10 reports only the subnet)."""
+    inspected = subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True, text=True, check=True).stdout
+    config = json.loads(inspected)[0]["IPAM"]["Config"][0]
+    return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+
+
+def test_download_task_reaches_a_mirror_only_with_network_bridge(cube):
+    """Containers run with --network=none; `mlcube run ... --network=bridge` lets the download task out.
+    The mirror: an HTTP server on the host's docker0 address serving Debian's Fashion-MNIST."""
+    gateway = _bridge_gateway()
+    handler = partial(SimpleHTTPRequestHandler, directory=str(FASHION_MNIST))
+    server = ThreadingHTTPServer((gateway, 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cube.write("mirror.yaml", {"dataset": {"mirrors": [f"http://{gateway}:{server.server_port}/"]}})  # Fashion-MNIST is the default
+        params = ("parameters_file=mirror.yaml", "source_dir=no-source", "data_dir=mirrored")
+        offline = cube.run("download", *params)
+        assert offline.returncode != 0
+        assert any(line.startswith("reprocube: error:") for line in offline.stdout.splitlines()), offline.stdout[-2000:]
+        assert list((cube.workspace / "mirrored").rglob("*-ubyte")) == []  # nothing half-written under a final name
+
+        online = cube.run("download", "--network=bridge", *params)
+        assert online.returncode == 0, [line for line in online.stdout.splitlines() if "reprocube" in line]
+        assert sorted(p.name for p in (cube.workspace / "mirrored" / "fashion_mnist").iterdir()) == sorted(p.name.removesuffix(".gz") for p in FASHION_MNIST.glob("*.gz"))
+    finally:
+        server.shutdown()
