@@ -44,8 +44,8 @@ base_image() {
 }
 
 build_image() {
+  # The build stage's intermediate images stay: they are the cache that makes a rebuild take seconds.
   docker build --quiet --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VARIANT=cpu -t "$IMAGE" . >/dev/null
-  docker image prune -f >/dev/null  # the build stage's intermediate images
   docker image ls "$IMAGE"
 }
 

@@ -19,6 +19,14 @@ python=${PYTHON:-python3}
 if [ "$("$python" -c 'import platform, sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}-{platform.machine()}")')" != 3.11-x86_64 ]; then
   echo "wheelhouse.sh: needs Python 3.11 on x86_64 (set PYTHON=...), the image's own" >&2; exit 2
 fi
+# Already complete for this lock: nothing to fetch (pip download would fetch everything again).
+stamp="wheelhouse/$variant/.lock-sha256"
+lock_sha=$(sha256sum "$lock" | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$lock_sha" ]; then
+  echo "wheelhouse/$variant: complete for $lock"
+  exit 0
+fi
 "$python" -m pip download --quiet --disable-pip-version-check --retries 1 --no-deps --require-hashes \
   -r "$lock" -d "wheelhouse/$variant" 2>&1 | { grep -vE "is ignored: it is neither|Retrying \(Retry|^\s*$" >&2 || true; }
+echo "$lock_sha" > "$stamp"
 echo "wheelhouse/$variant: $(ls "wheelhouse/$variant" | wc -l) files, $(du -sh "wheelhouse/$variant" | cut -f1)"
