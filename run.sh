@@ -4,7 +4,7 @@
 # reach reprocube directly. Errors: one line on stderr, exit 2.
 set -euo pipefail
 
-TASKS="download pytorch tensorflow jax verify compare report"
+TASKS="download pytorch tensorflow jax verify compare report bench"
 
 die() {
   echo "run.sh: error: $*" >&2
@@ -69,6 +69,11 @@ case "$task" in
     require_file "${param[verify_file]}"
     exec reprocube verify --config-file "${param[parameters_file]}" --config-file "${param[verify_file]}" \
       "data_dir=${param[data_dir]}" "output_dir=${param[runs_dir]}"
+    ;;
+  bench)
+    expect parameters_file data_dir bench_dir
+    require_file "${param[parameters_file]}"
+    exec reprocube bench --config-file "${param[parameters_file]}" "data_dir=${param[data_dir]}" "bench.out=${param[bench_dir]}"
     ;;
   compare)
     expect run_a run_b report_dir

@@ -34,8 +34,8 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((), "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare report"),
-        (("train",), "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare report"),
+        ((), "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare report bench"),
+        (("train",), "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare report bench"),
         (("pytorch", "--parameters_file=p.yaml", "--data_dir=d"), "run.sh: error: task pytorch: missing parameter --runs_dir"),
         (
             ("pytorch", "--parameters_file=p.yaml", "--data_dir=d", "--runs_dir=r", "--seed=3"),
@@ -84,7 +84,7 @@ def test_every_task_declares_what_run_sh_expects():
     """mlcube passes one --name per declared parameter; run.sh refuses any other set. Checked by
     calling run.sh with exactly the declared names: only a missing file or data error may follow."""
     cube = yaml.safe_load((REPO / "mlcube.yaml").read_text())
-    assert set(cube["tasks"]) == {"download", "pytorch", "tensorflow", "jax", "verify", "compare", "report"}
+    assert set(cube["tasks"]) == {"download", "pytorch", "tensorflow", "jax", "verify", "compare", "report", "bench"}
     script = RUN_SH.read_text()
     for task, spec in cube["tasks"].items():
         names = [*spec["parameters"]["inputs"], *spec["parameters"]["outputs"]]

@@ -31,6 +31,14 @@ def test_batches_cover_the_epoch_with_a_short_last_batch():
     assert bounds == [(0, 32), (32, 64), (64, 96), (96, 100)]
 
 
+def test_steps_bounds_are_the_batch_bounds_of_a_group_of_steps():
+    sampler = EpochSampler(0, 100, 32)
+    bounds = sampler.steps_bounds(1, 4)
+    assert bounds.dtype == np.int32
+    assert bounds.tolist() == [[32, 64], [64, 96], [96, 100]]
+    assert sampler.steps_bounds(2, 2).shape == (0, 2)
+
+
 def test_drop_last():
     sampler = EpochSampler(0, 100, 32, drop_last=True)
     assert sampler.steps_per_epoch == 3

@@ -35,10 +35,13 @@ class Backend(Protocol):
     def begin_epoch(self, order: np.ndarray) -> None:
         """Receive the epoch's permutation of training-example indices."""
 
-    def train_step(self, lo: int, hi: int, global_step: int) -> None:
-        """One optimizer step on the examples order[lo:hi], adding to the epoch totals on the device.
-        `global_step` counts the steps before this one: a trainer with stateless randomness (JAX)
-        derives the step's key from it."""
+    def train_steps(self, bounds: np.ndarray, first_global_step: int) -> None:
+        """One optimizer step per row (lo, hi) of `bounds`, in order, on the examples order[lo:hi],
+        adding to the epoch totals on the device. `first_global_step` counts the steps before the
+        first one: a trainer with stateless randomness (JAX) derives each step's key from its global
+        step. The loop hands over up to STEPS_PER_CALL steps at once so that a compiled trainer
+        (TensorFlow) runs them without returning to Python; the result must not depend on how the
+        steps are grouped (a resumed run groups them differently)."""
 
     def last_loss(self) -> float:
         """The mean loss of the last step (a host sync: call it only when logging)."""
@@ -56,6 +59,10 @@ class Backend(Protocol):
 
     def import_state(self, state: FrameworkState) -> None: ...
 
+
+# The most steps the loop hands to a trainer at once; also how many steps a signal may wait (well under
+# a second here).
+STEPS_PER_CALL = 100
 
 BACKENDS = {
     "pytorch": "reprocube.frameworks.pytorch:PytorchBackend",

@@ -15,6 +15,7 @@ CONFIG_COMMANDS = {
     "train": "train (or resume) a model: reprocube train framework=pytorch epochs=4 seed=1",
     "download": "fetch and verify a dataset: reprocube download dataset=fashion_mnist data_dir=data",
     "verify": "prove bit-exact restart and resume: reprocube verify framework=all epochs=3",
+    "bench": "time each trainer, determinism on/off, checkpoints, verify: reprocube bench bench.repeats=3",
 }
 
 
@@ -49,8 +50,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return main_guarded(lambda: _run(args))
+
+
+def main_guarded(run) -> int:
+    """Run a command; its errors become one `reprocube: error:` line and their exit status."""
     try:
-        return _run(args)
+        return run()
     except ReprocubeError as exc:
         print(f"reprocube: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -73,11 +79,13 @@ def _run(args) -> int:
     from reprocube.config import config_files_overrides, load_config  # imports Hydra: keep `--help` fast
 
     overrides = list(args.overrides)
-    if args.command == "verify":
+    if args.command in ("verify", "bench"):
         from reprocube.verify import frameworks_from
 
-        # `framework: all` may come from a config file too (the MLCube verify task's verify.yaml).
-        frameworks, overrides = frameworks_from(overrides, config_files_overrides(args.config_file))
+        # `framework: all` may come from a config file too (the MLCube verify task's verify.yaml);
+        # bench measures every framework unless told otherwise.
+        default = "all" if args.command == "bench" else "pytorch"
+        frameworks, overrides = frameworks_from(overrides, config_files_overrides(args.config_file), default)
         cfg = load_config([*overrides, f"framework={frameworks[0]}"], args.config_file)
     else:
         cfg = load_config(overrides, args.config_file)
@@ -93,6 +101,12 @@ def _run(args) -> int:
         from reprocube.verify import verify
 
         return EXIT_OK if verify(frameworks, cfg, overrides, args.config_file) else EXIT_DIFFERENT
+    if args.command == "bench":
+        from reprocube.bench import run_bench, write_results
+
+        results = run_bench(frameworks, cfg, overrides, args.config_file)
+        print(f"bench: {write_results(results, Path(cfg.bench.out))}")
+        return EXIT_OK
     from reprocube.loop import train
 
     return train(cfg)

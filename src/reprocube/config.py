@@ -39,6 +39,7 @@ NON_RESULT_KEYS = frozenset(
         "preempt_at_step",
         "run",
         "verify",
+        "bench",
     }
 )
 
@@ -140,6 +141,13 @@ def validate(cfg: DictConfig) -> None:
     for key in ("data.train_limit", "data.test_limit", "preempt_at_step", "verify.mid_epoch_step"):
         integer(key, 1, allow_none=True)
     boolean("verify.mid_epoch")
+    integer("bench.repeats", 1)
+    integer("bench.verify_epochs", 0)
+    modes = OmegaConf.select(cfg, "bench.deterministic")
+    if not (OmegaConf.is_list(modes) and len(modes) > 0 and all(isinstance(m, bool) for m in modes) and len(set(modes)) == len(modes)):
+        fail("bench.deterministic", "a list of distinct true/false values, e.g. [true,false]")
+    text("bench.reference", allow_none=True)
+    text("bench.out")
     number("verify.tolerance")
     text("run", allow_none=True)
     if cfg.device not in ("auto", "cpu", "cuda"):

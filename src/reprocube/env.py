@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("reprocube", "numpy", "hydra-core", "omegaconf", "safetensors", "torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax")
+PACKAGES = ("reprocube", "numpy", "hydra-core", "omegaconf", "safetensors", "torch", "tensorflow", "tensorflow-cpu", "keras", "jax", "jaxlib", "flax", "optax")
 ENV_VARS = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE")
 ENV_PREFIXES = ("TF_", "JAX_", "KERAS_")
 # ISA extensions that change which CPU kernels run (and so the rounding of reductions).

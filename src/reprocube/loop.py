@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from reprocube.backend import Backend, FrameworkState, create_backend
+from reprocube.backend import STEPS_PER_CALL, Backend, FrameworkState, create_backend
 from reprocube.checkpoint import Checkpoint, CheckpointContent, epoch_name, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
 from reprocube.data.sampler import EpochSampler
@@ -116,10 +116,13 @@ class _Trainer:
                 backend.set_epoch_totals(0.0, 0)
             first_step, started = self.position.step, time.perf_counter()
             bar = tqdm(total=sampler.steps_per_epoch, initial=first_step, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not show_progress, file=sys.stderr, leave=False)
-            for step in range(first_step, sampler.steps_per_epoch):
-                backend.train_step(*sampler.batch_bounds(step), self.position.global_step)
-                self.position.step, self.position.global_step = step + 1, self.position.global_step + 1
-                bar.update()
+            step = first_step
+            while step < sampler.steps_per_epoch:
+                end = self._steps_until_action(step)
+                backend.train_steps(sampler.steps_bounds(step, end), self.position.global_step)
+                self.position.step, self.position.global_step = end, self.position.global_step + (end - step)
+                bar.update(end - step)
+                step = end
                 self._log_step()
                 if self.position.global_step == cfg.preempt_at_step:
                     os.kill(os.getpid(), signal.SIGTERM)  # a drill through the real signal path
@@ -131,12 +134,26 @@ class _Trainer:
                 if self._mid_epoch_checkpoint_due():
                     self._save(step_name(self.position.global_step), reason="every_steps")
             bar.close()
+            backend.epoch_totals()  # a host sync first: an asynchronous trainer (JAX) may only have queued its steps
             self._finish_epoch(time.perf_counter() - started, self.position.step - first_step, stop)
             if stop.requested and self.position.epoch < cfg.epochs:
                 self.out(f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest")
                 return EXIT_PREEMPTED
         self.out(f"done: {self.run_dir.path} ({self.position.epoch} epochs, weights_digest {self.history.epochs[-1]['weights_digest']})")
         return EXIT_OK
+
+    def _steps_until_action(self, step: int) -> int:
+        """The end of the next group of steps: the first step after which the loop has something to do
+        (a loss record, a mid-epoch checkpoint, the preemption drill, the epoch's end), at most
+        STEPS_PER_CALL away, which bounds how long a signal waits."""
+        done = self.position.global_step
+        end = min(self.sampler.steps_per_epoch, step + STEPS_PER_CALL)
+        for every in (self.cfg.log.every_steps, self.cfg.checkpoint.every_steps):
+            if every:
+                end = min(end, step + every - done % every)
+        if self.cfg.preempt_at_step is not None and self.cfg.preempt_at_step > done:
+            end = min(end, step + self.cfg.preempt_at_step - done)
+        return end
 
     def _epoch_checkpoint_due(self, epochs_done: int) -> bool:
         return epochs_done == self.cfg.epochs or epochs_done % self.cfg.checkpoint.every_epochs == 0

@@ -122,12 +122,12 @@ def _markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def frameworks_from(overrides: list[str], file_overrides: list[str] = ()) -> tuple[list[str], list[str]]:
+def frameworks_from(overrides: list[str], file_overrides: list[str] = (), default: str = "pytorch") -> tuple[list[str], list[str]]:
     """`framework=all` (or one framework) for verify, from the command line or else the config files;
     the rest of the command-line overrides unchanged."""
     chosen = [o.split("=", 1)[1].strip("'\"") for o in [*file_overrides, *overrides] if o.startswith("framework=")]  # config files' values come quoted
     rest = [o for o in overrides if not o.startswith("framework=")]
-    name = chosen[-1] if chosen else "pytorch"
+    name = chosen[-1] if chosen else default
     if name == "all":
         return list(FRAMEWORKS), rest
     if name not in FRAMEWORKS:

@@ -28,3 +28,8 @@ class EpochSampler:
         """The slice [lo, hi) of the epoch order that forms batch `step`."""
         lo = step * self.batch_size
         return lo, min(lo + self.batch_size, self.num_examples)
+
+    def steps_bounds(self, first: int, end: int) -> np.ndarray:
+        """[lo, hi) of the batches first..end-1, one row each (int32: what the trainers index with)."""
+        lo = np.arange(first, end, dtype=np.int64) * self.batch_size
+        return np.stack([lo, np.minimum(lo + self.batch_size, self.num_examples)], axis=1).astype(np.int32)

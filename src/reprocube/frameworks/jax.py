@@ -50,14 +50,22 @@ class Net(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool):
         x = nn.Conv(10, (5, 5), padding="VALID", name="conv1")(x)
-        x = nn.relu(nn.max_pool(x, (2, 2), strides=(2, 2)))
+        x = nn.relu(_max_pool_2x2(x))
         x = nn.Conv(20, (5, 5), padding="VALID", name="conv2")(x)
         x = nn.Dropout(0.5, broadcast_dims=(1, 2), deterministic=not train, name="conv2_drop")(x)  # whole channels
-        x = nn.relu(nn.max_pool(x, (2, 2), strides=(2, 2)))
+        x = nn.relu(_max_pool_2x2(x))
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(50, name="fc1")(x))
         x = nn.Dropout(0.5, deterministic=not train, name="fc1_drop")(x)
         return nn.Dense(self.num_classes, name="fc2")(x)
+
+
+def _max_pool_2x2(x):
+    """2x2 max pooling, stride 2, as a reshape and a max: the same forward values as nn.max_pool, and on
+    XLA's CPU backend a much cheaper gradient than reduce_window's select-and-scatter (about 15% of the
+    whole step here). A tie sends the gradient to every maximum instead of the first."""
+    n, h, w, c = x.shape
+    return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
 def _nll_sum(logits, one_hot):
@@ -136,10 +144,13 @@ class JaxBackend:
     def begin_epoch(self, order: np.ndarray) -> None:
         self._order = jnp.asarray(order.astype(np.int32))
 
-    def train_step(self, lo: int, hi: int, global_step: int) -> None:
-        self.params, self.opt_state, self._totals, self._last_loss = self._train_step(
-            self.params, self.opt_state, self._totals, self._order, lo, hi - lo, global_step
-        )
+    def train_steps(self, bounds, first_global_step: int) -> None:
+        # One jitted call per step: on XLA's CPU backend a loop of steps inside one computation (scan,
+        # fori_loop) runs its convolutions several times slower than separate calls.
+        for i, (lo, hi) in enumerate(bounds.tolist()):
+            self.params, self.opt_state, self._totals, self._last_loss = self._train_step(
+                self.params, self.opt_state, self._totals, self._order, lo, hi - lo, first_global_step + i
+            )
 
     def last_loss(self) -> float:
         return float(self._last_loss)

@@ -78,7 +78,9 @@ class TensorflowBackend:
         self._correct = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._last_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
         span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
-        self._train_step = tf.function(self._train_step_graph, input_signature=span, jit_compile=False)
+        # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
+        # per step costs about as much as the step itself here.
+        self._train_steps = tf.function(self._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False)
         self._eval_step = tf.function(self._eval_step_graph, input_signature=span, jit_compile=False)
 
     def info(self) -> dict:
@@ -105,6 +107,10 @@ class TensorflowBackend:
     def _nll_sum(self, logits, one_hot):
         return -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot)
 
+    def _train_steps_graph(self, bounds):
+        for i in tf.range(tf.shape(bounds)[0]):
+            self._train_step_graph(bounds[i, 0], bounds[i, 1])
+
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
         images, one_hot = tf.gather(self.x_train, index), tf.gather(self.y_train, index)
@@ -130,8 +136,8 @@ class TensorflowBackend:
     def begin_epoch(self, order: np.ndarray) -> None:
         self._order.assign(order)
 
-    def train_step(self, lo: int, hi: int, global_step: int) -> None:
-        self._train_step(lo, hi)
+    def train_steps(self, bounds, first_global_step: int) -> None:
+        self._train_steps(tf.constant(bounds))
 
     def last_loss(self) -> float:
         return float(self._last_loss.numpy())

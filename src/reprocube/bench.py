@@ -1,0 +1,343 @@
+"""`reprocube bench`: what reproducibility costs. Per framework, with determinism on and off, each figure
+measured in a fresh process and repeated: the first step (trace and compile), one warm epoch of training
+steps (samples/s), the evaluation, peak RSS (and GPU memory), the time to write and to restore a
+checkpoint; and once per framework the wall time of `verify` against one plain run. Writes bench.json
+and bench.md; with `bench.reference=FILE` (benchmarks/reference_tutorial.py's JSON) the reference
+tutorial's epoch times stand beside ours as ratios."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from reprocube.errors import ConfigError, ReprocubeError
+
+# Overrides a measurement child must not inherit from the user (the child places its own run).
+PLACE_KEYS = ("framework=", "deterministic=", "output_dir=", "run_name=", "resume=", "epochs=", "bench.")
+FIGURES = ("first_step_s", "epoch_s", "samples_per_s", "eval_s", "checkpoint_write_s", "checkpoint_restore_s", "peak_rss_mb", "peak_gpu_mb")
+WARM_STEPS = 20  # after the first (compiling) step, before the timed epoch
+
+
+# ---- one measurement, in a fresh process ---------------------------------------------------------------
+
+
+def measure(cfg) -> dict:
+    """Time one framework in this process. The timed epoch is epoch 1's full order, after the first step
+    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/last_loss)."""
+    from reprocube.backend import STEPS_PER_CALL, create_backend
+    from reprocube.checkpoint import CheckpointContent, read_checkpoint, write_checkpoint
+    from reprocube.data.sampler import EpochSampler
+    from reprocube.data.store import load_dataset
+    from reprocube.rng import capture_host_rng, seed_host_rng
+
+    dataset = load_dataset(cfg)
+    sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
+    seed_host_rng(cfg.seed)
+    started = time.perf_counter()
+    backend = create_backend(cfg, dataset)
+    build_s = time.perf_counter() - started
+
+    backend.begin_epoch(sampler.epoch_order(0))
+    backend.set_epoch_totals(0.0, 0)
+    started = time.perf_counter()
+    backend.train_steps(sampler.steps_bounds(0, 1), 0)
+    backend.last_loss()
+    first_step_s = time.perf_counter() - started
+    warm_end = min(1 + WARM_STEPS, sampler.steps_per_epoch)
+    backend.train_steps(sampler.steps_bounds(1, warm_end), 1)
+    backend.epoch_totals()
+
+    # The timed epoch, in the groups of steps the training loop uses without logging or signals.
+    backend.begin_epoch(sampler.epoch_order(1))
+    backend.set_epoch_totals(0.0, 0)
+    started = time.perf_counter()
+    for first in range(0, sampler.steps_per_epoch, STEPS_PER_CALL):
+        end = min(first + STEPS_PER_CALL, sampler.steps_per_epoch)
+        backend.train_steps(sampler.steps_bounds(first, end), sampler.steps_per_epoch + first)
+    backend.epoch_totals()
+    epoch_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    backend.evaluate()
+    eval_first_s = time.perf_counter() - started
+    started = time.perf_counter()
+    evaluation = backend.evaluate()
+    eval_s = time.perf_counter() - started
+
+    with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
+        # What the training loop does at a checkpoint: export the state, then write the files durably.
+        started = time.perf_counter()
+        state = backend.export_state()
+        host_arrays, host_meta = capture_host_rng()
+        content = CheckpointContent(state.weights, state.optimizer, {**host_arrays, **state.rng}, {"rng": host_meta, "framework": state.meta}, {})
+        path = write_checkpoint(Path(scratch), "epoch-0001", content, {"framework": cfg.framework.name})
+        checkpoint_write_s = time.perf_counter() - started
+        started = time.perf_counter()
+        loaded = read_checkpoint(path).content
+        framework_rng = {k: v for k, v in loaded.rng.items() if not k.startswith(("python.", "numpy."))}
+        backend.import_state(type(state)(loaded.weights, loaded.optimizer, framework_rng, loaded.state["framework"]))
+        checkpoint_restore_s = time.perf_counter() - started
+        checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
+
+    return {
+        "framework": cfg.framework.name,
+        "pid": os.getpid(),
+        "deterministic": bool(cfg.deterministic),
+        "device": backend.info().get("device"),
+        "batch_size": cfg.batch_size,
+        "threads": cfg.threads,
+        "steps": sampler.steps_per_epoch,
+        "build_s": build_s,
+        "first_step_s": first_step_s,
+        "epoch_s": epoch_s,
+        "samples_per_s": sampler.num_examples / epoch_s,
+        "eval_first_s": eval_first_s,
+        "eval_s": eval_s,
+        "test_accuracy": evaluation["test_accuracy"],
+        "checkpoint_write_s": checkpoint_write_s,
+        "checkpoint_restore_s": checkpoint_restore_s,
+        "checkpoint_bytes": checkpoint_bytes,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_gpu_mb": _peak_gpu_mb(cfg.framework.name),
+    }
+
+
+def _peak_gpu_mb(framework: str) -> float | None:
+    try:
+        if framework == "pytorch":
+            import torch
+
+            return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+        if framework == "jax":
+            import jax
+
+            device = jax.devices()[0]
+            stats = device.memory_stats() if device.platform == "gpu" else None
+            return stats["peak_bytes_in_use"] / 2**20 if stats else None
+        if framework == "tensorflow":
+            import tensorflow as tf
+
+            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if tf.config.list_logical_devices("GPU") else None
+    except (ImportError, RuntimeError, KeyError, ValueError):
+        return None
+    return None
+
+
+# ---- the suite: fresh processes, repeats, summary --------------------------------------------------------
+
+
+def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
+    user = [arg for path in config_files for arg in ("--config-file", path)] + [o for o in overrides if not o.startswith(PLACE_KEYS)]
+    if cfg.bench.repeats < 1:
+        raise ConfigError("bench.repeats must be >= 1")
+    reference = _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None  # before an hour of measuring
+    results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": _machine(), "config": _bench_config(cfg), "frameworks": {}}
+    for framework in frameworks:
+        entry = {"runs": [], "summary": {}}
+        # Settings alternate (on, off, on, off, ...): this VM's speed drifts by ~10% over minutes, which
+        # would otherwise pass for a cost of determinism.
+        for repeat in range(cfg.bench.repeats):
+            for deterministic in cfg.bench.deterministic:
+                record = _child(["--child", *user, f"framework={framework}", f"deterministic={str(deterministic).lower()}"])
+                out(f"[{framework}] deterministic={deterministic} #{repeat + 1}: epoch {record['epoch_s']:.2f} s, "
+                    f"{record['samples_per_s']:.0f} samples/s, first step {record['first_step_s']:.2f} s, "
+                    f"checkpoint {record['checkpoint_write_s'] * 1000:.1f} ms")  # fmt: skip
+                entry["runs"].append(record)
+        for deterministic in cfg.bench.deterministic:
+            entry["summary"]["on" if deterministic else "off"] = _summarise([r for r in entry["runs"] if r["deterministic"] == deterministic])
+        if cfg.bench.verify_epochs:
+            entry["verify"] = _verify_cost(framework, user, cfg, out)
+        entry["derived"] = _derived(entry)
+        results["frameworks"][framework] = entry
+    if reference is not None:
+        results["reference"] = _reference_ratios(Path(cfg.bench.reference), reference, results)
+    return results
+
+
+def _child(args: list[str]) -> dict:
+    command = [sys.executable, "-m", "reprocube.bench", *args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("reprocube:")] or done.stderr.strip().splitlines()[-1:]
+        raise ReprocubeError(f"bench measurement failed (exit {done.returncode}): {' '.join(command[2:])}: {errors[-1] if errors else 'no output'}")
+    return json.loads(lines[-1])
+
+
+def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
+    """verify's wall time against one plain training run of the same config and epochs."""
+    epochs = f"epochs={cfg.bench.verify_epochs}"
+    with tempfile.TemporaryDirectory(prefix="reprocube-bench-verify-") as scratch:
+        timings = {}
+        for name, command in (
+            ("train_s", ["train", *user, f"framework={framework}", epochs, f"output_dir={scratch}/train"]),
+            ("verify_s", ["verify", *user, f"framework={framework}", epochs, f"output_dir={scratch}/verify"]),
+        ):
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "reprocube", *command], capture_output=True, text=True)
+            timings[name] = time.perf_counter() - started
+            if done.returncode != 0:
+                errors = [line for line in done.stderr.splitlines() if line.startswith("reprocube:")]
+                raise ReprocubeError(f"bench: {command[0]} for {framework} exited {done.returncode}: {errors[-1] if errors else 'see its output'}")
+    timings.update(epochs=cfg.bench.verify_epochs, ratio=timings["verify_s"] / timings["train_s"])
+    out(f"[{framework}] verify ({cfg.bench.verify_epochs} epochs): {timings['verify_s']:.1f} s = {timings['ratio']:.1f}x one training run ({timings['train_s']:.1f} s)")
+    return timings
+
+
+def _summarise(runs: list[dict]) -> dict:
+    summary = {}
+    for figure in FIGURES:
+        values = [r[figure] for r in runs if r.get(figure) is not None]
+        if values:
+            summary[figure] = {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+    return summary
+
+
+def _derived(entry: dict) -> dict:
+    on, off = entry["summary"].get("on"), entry["summary"].get("off")
+    derived = {}
+    if on:
+        epoch = on["epoch_s"]["median"]
+        derived["checkpoint_share_of_epoch"] = on["checkpoint_write_s"]["median"] / epoch
+        derived["restore_share_of_epoch"] = on["checkpoint_restore_s"]["median"] / epoch
+    if on and off:
+        derived["determinism_cost"] = on["epoch_s"]["median"] / off["epoch_s"]["median"] - 1
+    return derived
+
+
+def _read_reference(path: Path) -> dict:
+    try:
+        reference = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"bench.reference={path}: cannot read it ({exc})") from None
+    if not isinstance(reference, dict) or not isinstance(reference.get("results"), dict):
+        raise ConfigError(f"bench.reference={path}: not a benchmarks/reference_tutorial.py result (no 'results' mapping)")
+    return reference
+
+
+def _reference_ratios(path: Path, reference: dict, results: dict) -> dict:
+    """The reference tutorial's epoch time per framework (the median of its epochs after the first,
+    which holds JAX's compilation; the first when it ran one), and how many times faster we are."""
+    ratios = {}
+    for framework, entry in results["frameworks"].items():
+        theirs = reference["results"].get(framework) or {}
+        epochs = theirs.get("train_epoch_s") or []
+        reference_s = theirs.get("median_train_s_after_first_epoch") or (statistics.median(epochs) if epochs else None)
+        ours = entry["summary"].get("on", {}).get("epoch_s", {}).get("median")
+        if reference_s and ours:
+            ratios[framework] = {"reference_epoch_s": reference_s, "reprocube_epoch_s": ours, "speedup": reference_s / ours,
+                                 "reference_threads": theirs.get("threads"), "reference_epochs": epochs}  # fmt: skip
+    return {"source": str(path), "date": reference.get("date"), "batch_size": reference.get("batch_size_train"), "edits": reference.get("edits"), "frameworks": ratios}
+
+
+def _machine() -> dict:
+    from reprocube.env import collect_env
+
+    env = collect_env({})
+    return {k: env[k] for k in ("python", "platform", "hostname", "cpu", "packages", "container")}
+
+
+def _bench_config(cfg) -> dict:
+    from reprocube.config import to_plain
+
+    plain = to_plain(cfg)
+    return {k: plain[k] for k in ("dataset", "seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")} | {"dataset": cfg.dataset.name}
+
+
+# ---- reports ---------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    machine = results["machine"]
+    cpu = machine["cpu"]
+    lines = [
+        f"# reprocube bench, {results['date']}",
+        "",
+        f"Machine: {cpu.get('model')}, {cpu.get('count')} CPUs ({cpu.get('affinity')} usable), {machine['platform']}, Python {machine['python']}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()) + ".",
+        f"Config: {results['config']['dataset']}, batch {results['config']['batch_size']}, {results['config']['threads']} threads, "
+        f"device {results['config']['device']}; {results['config']['bench']['repeats']} fresh processes per figure (min / median / max).",
+        "",
+        "| framework | determinism | epoch s | samples/s | first step s | eval s | checkpoint write ms | restore ms | peak RSS MB | peak GPU MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for framework, entry in results["frameworks"].items():
+        for mode, summary in entry["summary"].items():
+            lines.append(
+                f"| {framework} | {mode} | {_mmm(summary, 'epoch_s', '.2f')} | {_mmm(summary, 'samples_per_s', '.0f', median_only=True)} | "
+                f"{_mmm(summary, 'first_step_s', '.2f', median_only=True)} | {_mmm(summary, 'eval_s', '.2f', median_only=True)} | "
+                f"{_mmm(summary, 'checkpoint_write_s', '.1f', scale=1000)} | {_mmm(summary, 'checkpoint_restore_s', '.1f', scale=1000, median_only=True)} | "
+                f"{_mmm(summary, 'peak_rss_mb', '.0f', median_only=True)} | {_mmm(summary, 'peak_gpu_mb', '.0f', median_only=True)} |"
+            )
+    lines += ["", "| framework | determinism cost | checkpoint / epoch | restore / epoch | verify / one run |", "|---|---|---|---|---|"]
+    for framework, entry in results["frameworks"].items():
+        d, verify = entry["derived"], entry.get("verify")
+        lines.append(
+            f"| {framework} | {_pct(d.get('determinism_cost'))} | {_pct(d.get('checkpoint_share_of_epoch'))} | {_pct(d.get('restore_share_of_epoch'))} | "
+            + (f"{verify['ratio']:.1f}x ({verify['verify_s']:.0f} s vs {verify['train_s']:.0f} s, {verify['epochs']} epochs) |" if verify else "n/a |")
+        )
+    reference = results.get("reference")
+    if reference:
+        lines += ["", f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, batch {reference.get('batch_size')}), "
+                  "determinism on in both; the reference's own per-epoch training time:", "",
+                  "| framework | reference epoch s | reference threads | reprocube epoch s | speed-up |", "|---|---|---|---|---|"]  # fmt: skip
+        for framework, r in reference["frameworks"].items():
+            lines.append(f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | {r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def _mmm(summary: dict, figure: str, fmt: str, scale: float = 1.0, median_only: bool = False) -> str:
+    s = summary.get(figure)
+    if not s:
+        return "n/a"
+    if median_only:
+        return format(s["median"] * scale, fmt)
+    return " / ".join(format(s[k] * scale, fmt) for k in ("min", "median", "max"))
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:+.1f}%" if value < 0 else f"{value * 100:.1f}%"
+
+
+def write_results(results: dict, out_dir: Path) -> Path:
+    from reprocube.files import write_file_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(out_dir / "bench.json", (json.dumps(results, indent=1) + "\n").encode())
+    write_file_atomic(out_dir / "bench.md", markdown(results).encode())
+    return out_dir / "bench.md"
+
+
+def _child_main(argv: list[str]) -> int:
+    """`python -m reprocube.bench --child [--config-file F] OVERRIDES`: one measurement, one JSON line."""
+    from reprocube.cli import main_guarded
+    from reprocube.config import load_config
+
+    config_files, overrides, args = [], [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--config-file":
+            config_files.append(args.pop(0))
+        else:
+            overrides.append(arg)
+
+    def run() -> int:
+        print(json.dumps(measure(load_config(overrides, config_files))), flush=True)
+        return 0
+
+    return main_guarded(run)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--child"]:
+        sys.exit("usage: python -m reprocube.bench --child [--config-file F] KEY=VALUE ... (use `reprocube bench`)")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.exit(_child_main(sys.argv[2:]))
