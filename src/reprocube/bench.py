@@ -135,7 +135,9 @@ def _peak_gpu_mb(framework: str) -> float | None:
 
 
 def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
-    user = [arg for path in config_files for arg in ("--config-file", path)] + [o for o in overrides if not o.startswith(PLACE_KEYS)]
+    from reprocube.config import config_file_args
+
+    user = config_file_args(config_files) + [o for o in overrides if not o.startswith(PLACE_KEYS)]
     if cfg.bench.repeats < 1:
         raise ConfigError("bench.repeats must be >= 1")
     reference = _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None  # before an hour of measuring
@@ -167,9 +169,15 @@ def _child(args: list[str]) -> dict:
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("reprocube:")] or done.stderr.strip().splitlines()[-1:]
-        raise ReprocubeError(f"bench measurement failed (exit {done.returncode}): {' '.join(command[2:])}: {errors[-1] if errors else 'no output'}")
+        raise ReprocubeError(f"bench measurement failed (exit {done.returncode}): {' '.join(command[2:])}: {_last_error(done.stderr)}")
     return json.loads(lines[-1])
+
+
+def _last_error(stderr: str) -> str:
+    """A child's own error line (TensorFlow's C++ start-up lines come first), else its last line."""
+    lines = stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("reprocube:")]
+    return (errors or lines or ["no output"])[-1]
 
 
 def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
@@ -185,8 +193,7 @@ def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
             done = subprocess.run([sys.executable, "-m", "reprocube", *command], capture_output=True, text=True)
             timings[name] = time.perf_counter() - started
             if done.returncode != 0:
-                errors = [line for line in done.stderr.splitlines() if line.startswith("reprocube:")]
-                raise ReprocubeError(f"bench: {command[0]} for {framework} exited {done.returncode}: {errors[-1] if errors else 'see its output'}")
+                raise ReprocubeError(f"bench: {command[0]} for {framework} exited {done.returncode}: {_last_error(done.stderr)}")
     timings.update(epochs=cfg.bench.verify_epochs, ratio=timings["verify_s"] / timings["train_s"])
     out(f"[{framework}] verify ({cfg.bench.verify_epochs} epochs): {timings['verify_s']:.1f} s = {timings['ratio']:.1f}x one training run ({timings['train_s']:.1f} s)")
     return timings

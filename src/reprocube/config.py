@@ -62,6 +62,11 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
     return cfg
 
 
+def config_file_args(paths: list[str]) -> list[str]:
+    """The command-line arguments that pass these config files on to a child `reprocube` process."""
+    return [arg for path in paths for arg in ("--config-file", path)]
+
+
 def config_files_overrides(paths: list[str]) -> list[str]:
     return [override for path in paths for override in user_yaml_overrides(path)]
 
