@@ -36,7 +36,7 @@ def measure(cfg) -> dict:
     from reprocube.checkpoint import CheckpointContent, read_checkpoint, write_checkpoint
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
-    from reprocube.rng import capture_host_rng, seed_host_rng
+    from reprocube.rng import capture_host_rng, seed_host_rng, split_host_rng
 
     dataset = load_dataset(cfg)
     sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
@@ -82,7 +82,7 @@ def measure(cfg) -> dict:
         checkpoint_write_s = time.perf_counter() - started
         started = time.perf_counter()
         loaded = read_checkpoint(path).content
-        framework_rng = {k: v for k, v in loaded.rng.items() if not k.startswith(("python.", "numpy."))}
+        _, framework_rng = split_host_rng(loaded.rng)
         backend.import_state(type(state)(loaded.weights, loaded.optimizer, framework_rng, loaded.state["framework"]))
         checkpoint_restore_s = time.perf_counter() - started
         checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
@@ -256,7 +256,7 @@ def _bench_config(cfg) -> dict:
     from reprocube.config import to_plain
 
     plain = to_plain(cfg)
-    return {k: plain[k] for k in ("dataset", "seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")} | {"dataset": cfg.dataset.name}
+    return {"dataset": cfg.dataset.name} | {k: plain[k] for k in ("seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")}
 
 
 # ---- reports ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest
-from reprocube.rng import capture_host_rng, restore_host_rng, seed_host_rng
+from reprocube.rng import capture_host_rng, restore_host_rng, seed_host_rng, split_host_rng
 from reprocube.runs import RunDirectory, open_run
 
 
@@ -80,8 +80,7 @@ class _Trainer:
         valid = all(isinstance(v, int) and v >= 0 for v in (p.epoch, p.step, p.global_step, correct)) and p.step <= self.sampler.steps_per_epoch
         if not valid or not isinstance(loss_sum, float) or manifest.get("global_step") != p.global_step or manifest.get("steps_per_epoch") != self.sampler.steps_per_epoch:
             raise CheckpointError(f"checkpoint {checkpoint.path}: its position does not match its manifest or this dataset")
-        host = {k: v for k, v in content.rng.items() if k.startswith(("python.", "numpy."))}
-        framework_rng = {k: v for k, v in content.rng.items() if k not in host}
+        host, framework_rng = split_host_rng(content.rng)
         try:
             self.backend.import_state(FrameworkState(content.weights, content.optimizer, framework_rng, framework_meta))
         except (RuntimeError, TypeError, ValueError) as exc:
@@ -134,8 +133,7 @@ class _Trainer:
                 if self._mid_epoch_checkpoint_due():
                     self._save(step_name(self.position.global_step), reason="every_steps")
             bar.close()
-            backend.epoch_totals()  # a host sync first: an asynchronous trainer (JAX) may only have queued its steps
-            self._finish_epoch(time.perf_counter() - started, self.position.step - first_step, stop)
+            self._finish_epoch(started, self.position.step - first_step, stop)
             if stop.requested and self.position.epoch < cfg.epochs:
                 self.out(f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest")
                 return EXIT_PREEMPTED
@@ -174,9 +172,11 @@ class _Trainer:
             self.history.steps.append(record)
             self.run_dir.metrics.append("step", record)
 
-    def _finish_epoch(self, wall_s: float, steps_run: int, stop: StopRequest) -> None:
+    def _finish_epoch(self, started: float, steps_run: int, stop: StopRequest) -> None:
         seen = min(self.position.step * self.sampler.batch_size, self.sampler.num_examples)
         totals = self.backend.epoch_totals()
+        # Timed after reading the totals, a host sync: an asynchronous trainer (JAX) may only have queued its steps.
+        wall_s = time.perf_counter() - started
         evaluation = self.backend.evaluate()
         self.position = Position(self.position.epoch + 1, 0, self.position.global_step)
         self.backend.set_epoch_totals(0.0, 0)  # the checkpoint's position is the start of the next epoch

@@ -30,6 +30,12 @@ def capture_host_rng() -> tuple[dict[str, np.ndarray], dict]:
     return arrays, meta
 
 
+def split_host_rng(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A checkpoint's generator states: (the host's Python and NumPy ones, the framework's)."""
+    host = {k: v for k, v in arrays.items() if k.startswith(("python.", "numpy."))}
+    return host, {k: v for k, v in arrays.items() if k not in host}
+
+
 def restore_host_rng(arrays: dict[str, np.ndarray], meta: dict) -> None:
     try:
         python_meta, numpy_meta = meta["python"], meta["numpy"]
