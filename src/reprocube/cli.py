@@ -9,13 +9,14 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprocube.errors import EXIT_CONFIG, EXIT_DIFFERENT, EXIT_OK, ReprocubeError
+from reprocube.errors import EXIT_CONFIG, EXIT_DIFFERENT, EXIT_OK, EXIT_TRAINING, ReprocubeError
 
 CONFIG_COMMANDS = {
     "train": "train (or resume) a model: reprocube train framework=pytorch epochs=4 seed=1",
     "download": "fetch and verify a dataset: reprocube download dataset=fashion_mnist data_dir=data",
     "verify": "prove bit-exact restart and resume: reprocube verify framework=all epochs=3",
     "bench": "time each trainer, determinism on/off, checkpoints, verify: reprocube bench bench.repeats=3",
+    "study": "same seed vs different seeds, through Hydra multirun: reprocube study framework=jax runs=5 epochs=3",
 }
 
 
@@ -79,6 +80,8 @@ def _run(args) -> int:
     from reprocube.config import config_files_overrides, load_config  # imports Hydra: keep `--help` fast
 
     overrides = list(args.overrides)
+    if args.command == "study":  # `runs=N` is the study's own word for study.runs=N
+        overrides = [f"study.{o}" if o.startswith("runs=") else o for o in overrides]
     if args.command in ("verify", "bench"):
         from reprocube.verify import frameworks_from
 
@@ -107,6 +110,11 @@ def _run(args) -> int:
         results = run_bench(frameworks, cfg, overrides, args.config_file)
         print(f"bench: {write_results(results, Path(cfg.bench.out))}")
         return EXIT_OK
+    if args.command == "study":
+        from reprocube.study import run_study
+
+        result = run_study(cfg, overrides, args.config_file)
+        return EXIT_OK if not result["failures"] and not result.get("launcher_error") else EXIT_TRAINING
     from reprocube.loop import train
 
     return train(cfg)

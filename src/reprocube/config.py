@@ -40,6 +40,7 @@ NON_RESULT_KEYS = frozenset(
         "run",
         "verify",
         "bench",
+        "study",
     }
 )
 
@@ -154,6 +155,19 @@ def validate(cfg: DictConfig) -> None:
     text("bench.reference", allow_none=True)
     text("bench.out")
     number("verify.tolerance")
+    integer("study.runs", 2)  # a standard deviation needs two runs per group
+    text("study.dir")
+    if cfg.study.launcher not in ("local", "slurm"):
+        fail("study.launcher", "local or slurm")
+    integer("study.member", 0, 2 * cfg.study.runs, allow_none=True)
+    text("study.slurm.partition", allow_none=True)
+    integer("study.slurm.timeout_min", 1)
+    integer("study.slurm.cpus_per_task", 1)
+    integer("study.slurm.gpus_per_node", 0)
+    integer("study.slurm.mem_gb", 1, allow_none=True)
+    extra = OmegaConf.select(cfg, "study.slurm.additional_parameters")
+    if not (extra is None or OmegaConf.is_dict(extra)):
+        fail("study.slurm.additional_parameters", "a mapping of sbatch options, e.g. {account: myproj}")
     text("run", allow_none=True)
     if cfg.device not in ("auto", "cpu", "cuda"):
         fail("device", "auto, cpu or cuda")

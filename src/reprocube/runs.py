@@ -103,6 +103,8 @@ def _resume_source(cfg, run: RunDirectory) -> Path | None:
                 f"or choose another run_name= or output_dir="
             )
         return None
+    if cfg.resume == "auto":  # a requeued batch job: continue this run if it has a checkpoint, else start it
+        return own_latest
     if cfg.resume == "latest":
         if own_latest is None:
             raise CheckpointError(f"resume=latest: no checkpoint in {run.checkpoints}")

@@ -1,0 +1,25 @@
+"""The Hydra app behind `reprocube study`: one job per study member, launched by Hydra multirun
+(`--multirun study.member=range(0,2N)`) with the basic launcher or hydra-submitit-launcher's SLURM
+launcher. Its config is written by reprocube.study into STUDY/hydra/config/study.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import OmegaConf
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def main(cfg) -> dict:
+    from reprocube.study import run_member
+
+    study = cfg.study
+    record = run_member(Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)), study.cwd)
+    print(f"study member {record['member']} ({record['group']}, seed {record['seed']}): {record['status']}"
+          + (f", test accuracy {record['test_accuracy']:.4f}, weights_digest {record['weights_digest'][:16]}" if record["status"] == "ok" else f": {record['error']}"))
+    return record
+
+
+if __name__ == "__main__":
+    main()
