@@ -2,6 +2,7 @@
 #   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
 #   make test    set up (Docker and the CPU image included) and run every test
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
+#   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
 PYTHON ?= python3
 VENV := .venv
 # The MLCube launcher lives in its own venv (mlcube 0.0.9 pins omegaconf 2.1.0; hydra needs 2.3).
@@ -11,8 +12,9 @@ FASHION_MNIST_DEB := /usr/share/datasets/fashion-mnist
 PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --retries 1 --require-hashes
 
 CONTAINERS ?= 1
+SLURM ?= 1
 
-.PHONY: setup system-packages container-setup train test clean
+.PHONY: setup system-packages container-setup slurm-setup train test clean
 setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
@@ -47,13 +49,24 @@ train: setup system-packages
 container-setup:
 	$(SUDO) scripts/container-setup.sh
 
+# slurm-wlm and munge from Debian, slurmctld and slurmd on 127.0.0.1 (needs root).
+SLURM_DIR ?= /tmp/reprocube-slurm
+slurm-setup:
+	$(SUDO) env SLURM_DIR=$(SLURM_DIR) scripts/slurm-setup.sh
+
+# Each enabled suite turns its missing prerequisites from a skip into a failure.
+TEST_DEPS := setup system-packages
+TEST_ENV :=
 ifeq ($(CONTAINERS),1)
-test: setup system-packages container-setup
-	REPROCUBE_CONTAINER_TESTS=1 $(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
-else
-test: setup system-packages
-	$(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
+TEST_DEPS += container-setup
+TEST_ENV += REPROCUBE_CONTAINER_TESTS=1
 endif
+ifeq ($(SLURM),1)
+TEST_DEPS += slurm-setup
+TEST_ENV += REPROCUBE_SLURM_TESTS=1 SLURM_CONF=$(SLURM_DIR)/slurm.conf
+endif
+test: $(TEST_DEPS)
+	$(TEST_ENV) $(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MLCUBE_VENV) .pytest_cache

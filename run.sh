@@ -4,7 +4,7 @@
 # reach reprocube directly. Errors: one line on stderr, exit 2.
 set -euo pipefail
 
-TASKS="download pytorch tensorflow jax verify compare report bench"
+TASKS="download pytorch tensorflow jax verify compare report bench study"
 
 die() {
   echo "run.sh: error: $*" >&2
@@ -42,7 +42,7 @@ expect() {
 # A parameters file (workspace/train.yaml) is optional content but, when named, must exist: a typo must
 # not silently train with the defaults.
 require_file() {
-  [ -f "$1" ] || die "task $task: parameters file $1 not found (check the parameters_file/verify_file parameter)"
+  [ -f "$1" ] || die "task $task: parameters file $1 not found (check the parameters_file/verify_file/study_file parameter)"
 }
 
 case "$task" in
@@ -74,6 +74,13 @@ case "$task" in
     expect parameters_file data_dir bench_dir
     require_file "${param[parameters_file]}"
     exec reprocube bench --config-file "${param[parameters_file]}" "data_dir=${param[data_dir]}" "bench.out=${param[bench_dir]}"
+    ;;
+  study)
+    expect parameters_file study_file data_dir study_dir
+    require_file "${param[parameters_file]}"
+    require_file "${param[study_file]}"
+    exec reprocube study --config-file "${param[parameters_file]}" --config-file "${param[study_file]}" \
+      "data_dir=${param[data_dir]}" "study.dir=${param[study_dir]}" study.launcher=local
     ;;
   compare)
     expect run_a run_b report_dir

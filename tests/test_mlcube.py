@@ -34,8 +34,8 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((), "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare report bench"),
-        (("train",), "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare report bench"),
+        ((), "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare report bench study"),
+        (("train",), "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare report bench study"),
         (("pytorch", "--parameters_file=p.yaml", "--data_dir=d"), "run.sh: error: task pytorch: missing parameter --runs_dir"),
         (
             ("pytorch", "--parameters_file=p.yaml", "--data_dir=d", "--runs_dir=r", "--seed=3"),
@@ -45,7 +45,7 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (("report", "--runs_dir=a", "--runs_dir=b"), "run.sh: error: task report: parameter --runs_dir given twice"),
         (
             ("tensorflow", "--parameters_file=absent.yaml", "--data_dir=d", "--runs_dir=r"),
-            "run.sh: error: task tensorflow: parameters file absent.yaml not found (check the parameters_file/verify_file parameter)",
+            "run.sh: error: task tensorflow: parameters file absent.yaml not found (check the parameters_file/verify_file/study_file parameter)",
         ),
         (("report", "--runs_dir=empty", "--report_dir=out"), "run.sh: error: task report: no runs in empty (run a training task first)"),
     ],
@@ -84,7 +84,7 @@ def test_every_task_declares_what_run_sh_expects():
     """mlcube passes one --name per declared parameter; run.sh refuses any other set. Checked by
     calling run.sh with exactly the declared names: only a missing file or data error may follow."""
     cube = yaml.safe_load((REPO / "mlcube.yaml").read_text())
-    assert set(cube["tasks"]) == {"download", "pytorch", "tensorflow", "jax", "verify", "compare", "report", "bench"}
+    assert set(cube["tasks"]) == {"download", "pytorch", "tensorflow", "jax", "verify", "compare", "report", "bench", "study"}
     script = RUN_SH.read_text()
     for task, spec in cube["tasks"].items():
         names = [*spec["parameters"]["inputs"], *spec["parameters"]["outputs"]]
@@ -105,6 +105,8 @@ def test_the_workspace_parameter_files_are_valid_configs(tmp_path):
     frameworks, _ = frameworks_from([], config_files_overrides([train, verify]))
     assert frameworks == ["pytorch", "tensorflow", "jax"]
     assert load_config(["framework=pytorch"], [train, verify]).verify.mid_epoch is True
+    study = load_config([], [train, str(REPO / "workspace" / "study.yaml")])
+    assert (study.framework.name, study.study.runs, study.epochs) == ("pytorch", 3, 4)
 
 
 # ---- the Singularity runner, driven by the real mlcube CLI with a stub `singularity` ----------------------------

@@ -1,6 +1,7 @@
 """`reprocube report RUN...`: one self-contained HTML page (PNGs embedded, also written beside it):
 loss and accuracy curves of every run overlaid, a divergence map of each run against the first
-(checkpoint x tensor, coloured by max ULP distance), verify/compare verdicts, and the environments."""
+(checkpoint x tensor, coloured by max ULP distance), verify/compare verdicts, and the environments.
+A study directory (`reprocube study`) among the paths adds its box plot and group statistics."""
 
 from __future__ import annotations
 
@@ -18,25 +19,40 @@ import numpy as np  # noqa: E402
 
 from reprocube.compare import compare_runs, load_run, summary_line  # noqa: E402
 from reprocube.config import flatten_keys  # noqa: E402
+from reprocube.errors import ReprocubeError  # noqa: E402
 from reprocube.files import write_file_atomic  # noqa: E402
+from reprocube.study import box_plot, summary_lines  # noqa: E402
 
 ENV_ROWS = ("python", "framework.name", "framework.torch", "framework.tensorflow", "framework.jax", "framework.device", "framework.gpu",
             "framework.num_threads", "framework.intra_op_threads", "framework.cpu_affinity", "cpu.model", "cpu.isa", "container")
 
 
-def write_report(run_paths: list[Path], out: Path) -> Path:
+def write_report(paths: list[Path], out: Path) -> Path:
+    studies = [_load_study(p) for p in paths if (p / "study.json").is_file()]
+    run_paths = [p for p in paths if not (p / "study.json").is_file()]
     runs = [load_run(p) for p in run_paths]  # verifies every checkpoint first
     out.mkdir(parents=True, exist_ok=True)
     labels = [_label(r["path"], run_paths) for r in runs]
-    figures = {"curves.png": _curves(runs, labels)}
+    figures = {"curves.png": _curves(runs, labels)} if runs else {}
     comparisons = [compare_runs(runs[0], other) for other in runs[1:]]
     if comparisons:
         figures["divergence.png"] = _divergence_map(comparisons, labels)
+    for number, study in enumerate(studies, start=1):
+        figures[f"study-{number}.png"] = box_plot(study)
     for name, png in figures.items():
         write_file_atomic(out / name, png)
-    page = _html(runs, labels, comparisons, figures)
+    page = _html(runs, labels, comparisons, figures, studies)
     write_file_atomic(out / "report.html", page.encode())
     return out / "report.html"
+
+
+def _load_study(path: Path) -> dict:
+    try:
+        study = json.loads((path / "study.json").read_text())
+        study["groups"], study["runs"]  # noqa: B018 (the keys the report needs)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ReprocubeError(f"{path / 'study.json'}: not a readable study result ({exc})") from None
+    return study
 
 
 def _label(path: Path, all_paths: list[Path]) -> str:
@@ -88,15 +104,35 @@ def _divergence_map(comparisons, labels) -> bytes:
     return _png(fig)
 
 
-def _html(runs, labels, comparisons, figures) -> str:
+def _figure_title(name: str) -> str:
+    if name == "curves.png":
+        return "Curves"
+    if name == "divergence.png":
+        return "Divergence map (each run against the first)"
+    return "Variance study: same seed vs different seeds"
+
+
+def _study_html(study: dict) -> str:
+    esc = html.escape
+    rows = ["<table><tr><th>group</th><th>runs</th><th>test accuracy mean</th><th>std</th><th>test loss mean</th><th>std</th><th>distinct weights_digest</th></tr>"]
+    for group, s in study["groups"].items():
+        cells = [group, s["runs"], s["test_accuracy"]["mean"], s["test_accuracy"]["std"], s["test_loss"]["mean"], s["test_loss"]["std"], s["distinct_weights_digests"]]
+        rows.append("<tr>" + "".join(f"<td>{esc('n/a' if c is None else str(c))}</td>" for c in cells) + "</tr>")
+    rows.append("</table><ul>" + "".join(f"<li>{esc(line)}</li>" for line in summary_lines(study)[2:]) + "</ul>")
+    return f"<p>Study <code>{esc(str(study.get('study_dir')))}</code></p>" + "".join(rows)
+
+
+def _html(runs, labels, comparisons, figures, studies=()) -> str:
     esc = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>reprocube report</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.ok{color:#176317}.bad{color:#b00020;font-weight:bold}</style>",
              "</head><body><h1>reprocube report</h1>", "<p>Runs: " + ", ".join(f"<code>{esc(str(r['path']))}</code>" for r in runs) + "</p>"]
     for name, png in figures.items():
-        parts.append(f"<h2>{'Curves' if name == 'curves.png' else 'Divergence map (each run against the first)'}</h2>")
+        parts.append(f"<h2>{_figure_title(name)}</h2>")
         parts.append(f"<img alt='{name}' src='data:image/png;base64,{base64.b64encode(png).decode()}' style='max-width:100%'>")
+        if name.startswith("study-"):
+            parts.append(_study_html(studies[int(name[6:-4]) - 1]))
     parts.append("<h2>Verdicts</h2><table><tr><th>what</th><th>verdict</th></tr>")
     for comparison, label in zip(comparisons, labels[1:]):
         cls = "ok" if comparison["identical"] else "bad"
