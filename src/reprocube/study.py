@@ -76,6 +76,9 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
     out(f"study: {len(plan)} runs of {cfg.framework.name} ({cfg.study.runs} with seed {cfg.seed}, {cfg.study.runs} with seeds "
         f"{plan[cfg.study.runs].seed}..{plan[-1].seed}) through Hydra multirun, launcher {cfg.study.launcher}, in {study_dir}")
     launcher_error = _launch(study_dir, cfg, request, out)
+    if launcher_error and cfg.study.launcher == "slurm":
+        # submitit stops waiting at the first failed job: let the study's other jobs finish first.
+        wait_for_slurm_jobs(study_dir, timeout_s=cfg.study.slurm.timeout_min * 60 + 120, out=out)
     result = collect(study_dir, cfg.study.runs, cfg.seed, launcher=cfg.study.launcher)
     result["request"] = request
     if launcher_error:
@@ -117,6 +120,23 @@ def check_slurm() -> None:
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
         raise ReprocubeError(f"study.launcher=slurm: SLURM is not reachable: {lines[-1]}")
+
+
+def wait_for_slurm_jobs(study_dir: Path, timeout_s: float, out=print, poll_s: float = 3.0) -> None:
+    """Until no job of this study (submitit's folders are named after the job ids) is in the queue."""
+    import time
+
+    job_ids = sorted({entry.name.split("_")[0] for entry in (study_dir / "slurm").iterdir() if entry.name.split("_")[0].isdigit()})
+    if not job_ids:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True, text=True)
+        if queued.returncode == 0 and not queued.stdout.strip():
+            return
+        out(f"study: waiting for the study's other SLURM jobs ({len(queued.stdout.split())} queued or running)")
+        time.sleep(poll_s)
+    out(f"study: gave up waiting for SLURM jobs {', '.join(job_ids)} after {timeout_s:.0f} s; run the study again to collect them")
 
 
 def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
@@ -223,7 +243,7 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError:
-            logs = [str(paths["logs"] / f"{member.run_name}.log")] + ([str(paths["slurm"])] if launcher == "slurm" else [])
+            logs = [str(paths["logs"] / f"{member.run_name}.log")] + ([_slurm_folder(paths["slurm"], member.index)] if launcher == "slurm" else [])
             record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed",
                       "error": "no result recorded (the job did not finish)", "log": " and ".join(logs)}  # fmt: skip
         except (OSError, ValueError) as exc:
@@ -243,6 +263,12 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
         "nondeterminism_variance_ratio": _ratio(_square(same["test_accuracy"]["std"]), _square(different["test_accuracy"]["std"])),
     }
     return result
+
+
+def _slurm_folder(slurm_dir: Path, index: int) -> str:
+    """submitit's folder for a member's job (JOBID_INDEX; the newest, if the study ran more than once)."""
+    folders = sorted(slurm_dir.glob(f"*_{index}"), key=lambda p: p.stat().st_mtime) if slurm_dir.is_dir() else []
+    return str(folders[-1]) if folders else str(slurm_dir)
 
 
 def _group_summary(records: list[dict]) -> dict:

@@ -1,0 +1,149 @@
+"""Against a real SLURM: slurmctld and slurmd from Debian's slurm-wlm on 127.0.0.1, set up by
+scripts/slurm-setup.sh (`make test` and .ci/run run it; REPROCUBE_SLURM_TESTS=1 then turns a missing
+SLURM from a skip into a failure). Covered: an sbatch training job that receives SLURM's warning signal
+before its time limit, checkpoints mid-epoch, is requeued and resumes to the uninterrupted run's
+digest; and the variance study through Hydra's submitit SLURM launcher, one job per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import GeneratedDataset, epoch_digests, make_payloads, reprocube
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _slurm_missing() -> str | None:
+    if shutil.which("sbatch") is None:
+        return "sbatch is not installed (scripts/slurm-setup.sh installs slurm-wlm)"
+    try:
+        done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer in 30 s"
+    if done.returncode != 0 or not re.search(r"^(idle|mixed|allocated)", done.stdout, re.M):
+        return f"no SLURM node is up (SLURM_CONF={os.environ.get('SLURM_CONF')}): {done.stderr.strip() or done.stdout.strip()}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    missing = _slurm_missing()
+    if missing:
+        if os.environ.get("REPROCUBE_SLURM_TESTS") == "1":
+            pytest.fail(f"REPROCUBE_SLURM_TESTS=1 but {missing}")
+        pytest.skip(missing)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> GeneratedDataset:
+    """20000 training examples: about 2 s per PyTorch epoch here; 30 epochs outlast the warning."""
+    data = GeneratedDataset(tmp_path_factory.mktemp("slurm-data"), make_payloads(train=20000, test=500, seed=7))
+    data.write_raw()
+    return data
+
+
+def _job(job_id: str) -> dict[str, str]:
+    done = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+
+
+def _wait_for(predicate, timeout: float, what: str, log: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; job log:\n{log.read_text() if log.exists() else '(none)'}")
+
+
+def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(slurm, dataset, tmp_path):
+    """hpc/train.sbatch with a 1-minute limit and `--signal=B:USR1@45`: SLURM warns the batch shell
+    15-45 s in (it checks time limits every 30 s; earlier could hit Python's start-up, before reprocube
+    handles the signal), reprocube writes a mid-epoch checkpoint and the job is requeued. After the first requeue the test raises the limit, so that the rest finishes in one more
+    start instead of an unbounded number of warned minutes."""
+    run = ["framework=pytorch", "epochs=30", "threads=2", *dataset.overrides(), f"output_dir={tmp_path}/runs", "run_name=slurm"]
+    log = tmp_path / "job.log"
+    env = {**os.environ, "REPROCUBE": f"{sys.executable} -m reprocube", "REPROCUBE_HOME": str(REPO), "PYTHONHASHSEED": "0"}
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--time=1", "--signal=B:USR1@45", f"--output={log}", f"--chdir={tmp_path}", str(REPO / "hpc" / "train.sbatch"), *run],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    started = time.monotonic()
+    try:
+        _wait_for(lambda: "requeueing job" in (log.read_text() if log.exists() else ""), 180, "the first requeue", log)
+        requeued_after = time.monotonic() - started
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True)
+        _wait_for(lambda: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 300, "the job to end", log)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    total = time.monotonic() - started
+    text = log.read_text()
+    job = _job(job_id)
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), text
+    assert int(job["Restarts"]) >= 1
+    assert f"reprocube-slurm: received SIGUSR1 (job {job_id}, restart 0)" in text
+    stopped = re.search(r"stopped by SIGUSR1: checkpoint (\S+/step-\d+)", text)
+    assert stopped, f"no mid-epoch checkpoint at the warning:\n{text}"
+    assert f"requeueing job {job_id}" in text and f"job {job_id} restart 1 on" in text
+    assert f"resumed from {stopped.group(1)}" in text
+    assert text.rstrip().endswith("reprocube-slurm: reprocube exited 0")
+    print(f"\nSLURM job {job_id}: warned and requeued after {requeued_after:.0f} s, finished after {total:.0f} s")
+
+    # The uninterrupted run, natively: the same digest at every epoch.
+    reprocube("train", *run[:-2], f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false", cwd=tmp_path, timeout=600)
+    assert epoch_digests(tmp_path / "runs" / "slurm") == epoch_digests(tmp_path / "plain" / "plain")
+
+
+def test_study_through_the_submitit_slurm_launcher_one_job_per_run(slurm, dataset, tmp_path):
+    study = tmp_path / "study"
+    args = ["study", "framework=pytorch", "runs=2", "epochs=1", "threads=1", "data.train_limit=640", "data.test_limit=200",
+            *dataset.overrides(), f"study.dir={study}", "study.launcher=slurm", "study.slurm.cpus_per_task=1", "study.slurm.timeout_min=10"]  # fmt: skip
+    done = reprocube(*args, cwd=tmp_path, timeout=600)
+    result = json.loads((study / "study.json").read_text())
+    same, different = result["groups"]["same_seed"], result["groups"]["different_seeds"]
+    assert result["failures"] == [] and "launcher_error" not in result, done.stdout
+    assert (same["runs"], same["distinct_weights_digests"], same["test_accuracy"]["std"], same["test_loss"]["std"]) == (2, 1, 0.0, 0.0)
+    assert (different["runs"], different["distinct_weights_digests"]) == (2, 2)
+    job_ids = [r["slurm_job_id"] for r in result["runs"]]
+    assert None not in job_ids and len(set(job_ids)) == 4, job_ids  # each run was its own SLURM job
+    assert "submitit" in (study / "hydra" / "config" / "study.yaml").read_text()
+    assert any((study / "slurm").iterdir())  # submitit's per-job logs
+
+
+def test_a_study_job_killed_on_slurm_is_listed_and_the_others_are_reported(slurm, dataset, tmp_path):
+    """Run 1's job dies before it records anything (SIGKILL at start-up, as an OOM kill or a node
+    failure would). submitit's launcher then fails; the study still waits for the other jobs, reports
+    them, and names the dead job's submitit folder."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "if os.environ.get('SLURM_ARRAY_TASK_ID') == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    study = tmp_path / "study"
+    args = [sys.executable, "-m", "reprocube", "study", "framework=pytorch", "runs=2", "epochs=1", "threads=1", "data.train_limit=320",
+            "data.test_limit=100", *dataset.overrides(), f"study.dir={study}", "study.launcher=slurm", "study.slurm.cpus_per_task=1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 5, done.stdout + done.stderr
+    result = json.loads((study / "study.json").read_text())
+    assert [f["member"] for f in result["failures"]] == [1]
+    failure = result["failures"][0]
+    assert failure["error"] == "no result recorded (the job did not finish)"
+    folder = Path(failure["log"].split(" and ")[1])
+    assert folder.parent == study / "slurm" and folder.name.endswith("_1") and folder.is_dir()
+    assert sorted(r["member"] for r in result["runs"]) == [0, 2, 3]
+    assert result["groups"]["different_seeds"]["distinct_weights_digests"] == 2
+    assert "launcher" in result["launcher_error"] and f"FAILED run 1 (same_seed, seed 0)" in done.stdout
