@@ -73,6 +73,7 @@ class Cube:
             shutil.copy(archive, self.workspace / "source" / archive.name)
         self.write("train.yaml", TRAIN)
         self.write("verify.yaml", {"framework": "all", "verify": {"mid_epoch": True}})
+        self.write("study.yaml", {"framework": "pytorch", "study": {"runs": 2}})
         self.mlcube = MLCUBE
         if os.geteuid() == 0:
             # This user cannot reach a Python under /root (pyenv): its own launcher venv on Debian's python3.
@@ -119,13 +120,13 @@ def cube():
     root = Path(tempfile.mkdtemp(prefix="reprocube-cube-"))
     root.chmod(0o755)
     cube = Cube(root)
-    for task in ("download", *FRAMEWORKS, "verify", "report", "compare"):
+    for task in ("download", *FRAMEWORKS, "verify", "report", "compare", "study"):
         cube.run(task)
     yield cube
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("task", ["download", *FRAMEWORKS, "verify", "report", "compare"])
+@pytest.mark.parametrize("task", ["download", *FRAMEWORKS, "verify", "report", "compare", "study"])
 def test_every_task_succeeds(cube, task):
     result = cube.results[task]
     assert result.returncode == 0, f"mlcube --task={task} exited {result.returncode}:\n{result.stdout[-3000:]}"
@@ -158,6 +159,16 @@ def test_report_and_compare_tasks_write_their_outputs(cube):
     assert (cube.workspace / "reports" / "report" / "report.html").stat().st_size > 10_000
     compared = json.loads((cube.workspace / "reports" / "compare" / "compare.json").read_text())
     assert compared["identical"] is True  # the pytorch task's run and verify's restart: same config, same bits
+
+
+def test_study_task_runs_the_variance_study_in_the_container(cube):
+    result = json.loads((cube.workspace / "study" / "study.json").read_text())
+    same, different = result["groups"]["same_seed"], result["groups"]["different_seeds"]
+    assert (same["runs"], same["distinct_weights_digests"], same["test_accuracy"]["std"]) == (2, 1, 0.0)
+    assert (different["runs"], different["distinct_weights_digests"]) == (2, 2)
+    # Its same-seed runs are the pytorch task's run (same train.yaml, seed 0), bit for bit.
+    assert {r["weights_digest"] for r in result["runs"] if r["group"] == "same_seed"} == {final_digests(cube.workspace / "runs" / "pytorch-seed0")[-1]}
+    assert (cube.workspace / "study" / "study.png").stat().st_size > 1000
 
 
 def test_everything_in_the_workspace_belongs_to_the_invoking_user(cube):
