@@ -43,12 +43,12 @@ set -m
 "${reprocube[@]}" "$@" &
 child=$!
 set +m
-status=0
-while true; do
-  wait "$child"; status=$?
-  # wait returns early (status > 128) when a trapped signal arrives: wait again until reprocube exits.
-  kill -0 "$child" 2>/dev/null || break
+# wait returns early (status > 128) when a trapped signal arrives: wait again until reprocube is gone,
+# then once more for its own exit status (bash keeps it).
+while kill -0 "$child" 2>/dev/null; do
+  wait "$child"
 done
+wait "$child"; status=$?
 
 if [ -n "$warned" ] && [ "$status" -ne 0 ]; then
   if [ -n "${SLURM_JOB_ID:-}" ] && [ -z "${REPROCUBE_NO_REQUEUE:-}" ]; then

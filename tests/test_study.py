@@ -117,6 +117,7 @@ def test_slurm_launcher_without_a_reachable_slurm_fails_in_one_line(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env={**env, "PATH": f"{bin_dir}:{python_bin}:{env_path}"}, capture_output=True, text=True)
     assert done.returncode == 1
     assert error_lines(done) == ["reprocube: error: study.launcher=slurm: SLURM is not reachable: sinfo: error: Unable to contact slurm controller (connect failure)"]
+    assert not (tmp_path / "s").exists()
 
 
 # ---- hpc/preemptible.sh outside SLURM: the signal reaches reprocube, which checkpoints --------------------------

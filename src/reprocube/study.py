@@ -69,9 +69,9 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
         "train_args": train_args,
         "cwd": os.getcwd(),
     }
-    _claim(study_dir, request)
     if cfg.study.launcher == "slurm":
-        check_slurm()
+        check_slurm()  # before anything is written
+    _claim(study_dir, request)
     plan = members(cfg.study.runs, cfg.seed)
     out(f"study: {len(plan)} runs of {cfg.framework.name} ({cfg.study.runs} with seed {cfg.seed}, {cfg.study.runs} with seeds "
         f"{plan[cfg.study.runs].seed}..{plan[-1].seed}) through Hydra multirun, launcher {cfg.study.launcher}, in {study_dir}")
