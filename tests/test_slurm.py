@@ -147,3 +147,32 @@ def test_a_study_job_killed_on_slurm_is_listed_and_the_others_are_reported(slurm
     assert sorted(r["member"] for r in result["runs"]) == [0, 2, 3]
     assert result["groups"]["different_seeds"]["distinct_weights_digests"] == 2
     assert "launcher" in result["launcher_error"] and f"FAILED run 1 (same_seed, seed 0)" in done.stdout
+
+
+def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
+    """hpc/verify.sbatch and hpc/study.sbatch as users submit them (no warning here: the train job's
+    test covers that path, which they share)."""
+    from conftest import make_payloads
+
+    data = GeneratedDataset(tmp_path / "data", make_payloads(train=650, test=200))
+    data.write_raw()
+    env = {**os.environ, "REPROCUBE": f"{sys.executable} -m reprocube", "REPROCUBE_HOME": str(REPO), "PYTHONHASHSEED": "0"}
+    common = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={tmp_path}"]
+    jobs = {}
+    for name, args in (("verify", ["framework=pytorch", "epochs=2", "threads=1"]),
+                       ("study", ["framework=pytorch", "study.runs=2", "epochs=1", "threads=1", f"study.dir={tmp_path}/study"])):  # fmt: skip
+        submitted = subprocess.run([*common, f"--output={tmp_path}/{name}.log", str(REPO / "hpc" / f"{name}.sbatch"), *args, *data.overrides()],
+                                   capture_output=True, text=True, env=env, check=True)  # fmt: skip
+        jobs[name] = submitted.stdout.strip().split(";")[0]
+    try:
+        for name, job_id in jobs.items():
+            _wait_for(lambda: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 400, f"the {name} job", tmp_path / f"{name}.log")
+    finally:
+        subprocess.run(["scancel", *jobs.values()], capture_output=True)
+    for name, job_id in jobs.items():
+        assert _job(job_id)["JobState"] == "COMPLETED", (tmp_path / f"{name}.log").read_text()
+    verdict = json.loads((tmp_path / f"verify-{jobs['verify']}" / "attempt-0" / "verify-pytorch" / "reference" / "verify.json").read_text())
+    assert verdict["passed"] is True
+    study = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert (study["groups"]["same_seed"]["distinct_weights_digests"], study["groups"]["different_seeds"]["distinct_weights_digests"]) == (1, 2)
+    assert all(r["slurm_job_id"] == jobs["study"] for r in study["runs"])  # all in the one allocation
