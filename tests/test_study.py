@@ -188,3 +188,13 @@ def test_preemptible_runs_the_singularity_image_when_given(generated, tmp_path):
                              capture_output=True, text=True)  # fmt: skip
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines() == [f"reprocube-slurm: REPROCUBE_SIF={tmp_path}/absent.sif: no such image"]
+
+
+def test_report_refuses_a_broken_study_result_in_one_line(tmp_path):
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study.json").write_text("[]")
+    done = reprocube("report", str(study), "--out", str(tmp_path / "report"), cwd=tmp_path, check=False)
+    assert done.returncode == 1
+    assert error_lines(done) == [f"reprocube: error: {study / 'study.json'}: not a study result (no groups and runs)"]
+    assert not (tmp_path / "report").exists()

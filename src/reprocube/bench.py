@@ -135,9 +135,9 @@ def _peak_gpu_mb(framework: str) -> float | None:
 
 
 def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
-    from reprocube.config import config_file_args
+    from reprocube.config import child_args
 
-    user = config_file_args(config_files) + [o for o in overrides if not o.startswith(PLACE_KEYS)]
+    user = child_args(overrides, config_files, PLACE_KEYS)
     if cfg.bench.repeats < 1:
         raise ConfigError("bench.repeats must be >= 1")
     reference = _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None  # before an hour of measuring

@@ -49,9 +49,10 @@ def write_report(paths: list[Path], out: Path) -> Path:
 def _load_study(path: Path) -> dict:
     try:
         study = json.loads((path / "study.json").read_text())
-        study["groups"], study["runs"]  # noqa: B018 (the keys the report needs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ReprocubeError(f"{path / 'study.json'}: not a readable study result ({exc})") from None
+    if not (isinstance(study, dict) and isinstance(study.get("groups"), dict) and isinstance(study.get("runs"), list)):
+        raise ReprocubeError(f"{path / 'study.json'}: not a study result (no groups and runs)")
     return study
 
 

@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +59,10 @@ def study_paths(study_dir: Path) -> dict[str, Path]:
 
 
 def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
-    from reprocube.config import config_file_args
+    from reprocube.config import child_args
 
     study_dir = Path(cfg.study.dir).resolve()
-    train_args = config_file_args([str(Path(f).resolve()) for f in config_files]) + [o for o in overrides if not o.startswith(PLACE_KEYS)]
+    train_args = child_args(overrides, config_files, PLACE_KEYS)
     request = {
         "framework": cfg.framework.name,
         "runs": cfg.study.runs,
@@ -124,8 +125,6 @@ def check_slurm() -> None:
 
 def wait_for_slurm_jobs(study_dir: Path, timeout_s: float, out=print, poll_s: float = 3.0) -> None:
     """Until no job of this study (submitit's folders are named after the job ids) is in the queue."""
-    import time
-
     job_ids = sorted({entry.name.split("_")[0] for entry in (study_dir / "slurm").iterdir() if entry.name.split("_")[0].isdigit()})
     if not job_ids:
         return

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from reprocube.compare import compare_runs, load_run, summary_line, write_reports
-from reprocube.config import config_file_args
+from reprocube.config import child_args
 from reprocube.errors import EXIT_PREEMPTED, ConfigError
 
 FRAMEWORKS = ("pytorch", "tensorflow", "jax")
@@ -24,8 +24,7 @@ def _print_now(line: str) -> None:
 
 def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=_print_now) -> bool:
     """Returns True only if every comparison of every framework passes."""
-    user = [o for o in overrides if not o.startswith(PLACE_KEYS)]
-    user = config_file_args(config_files) + user
+    user = child_args(overrides, config_files, PLACE_KEYS)
     rows, all_passed = [], True
     for framework in frameworks:
         result = _verify_framework(framework, cfg, user, out)
