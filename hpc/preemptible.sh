@@ -28,9 +28,11 @@ elif ! command -v "${reprocube[0]}" >/dev/null; then
 fi
 
 warned=""
+child=""
 forward() {  # SLURM's warning (USR1) or scancel/preemption (TERM): checkpoint now
   warned=$1
   log "received SIG$1 (job ${SLURM_JOB_ID:-none}, restart ${SLURM_RESTART_COUNT:-0}): asking reprocube to checkpoint"
+  [ -n "$child" ] || return 0  # not started yet: the requeue below still follows its exit
   kill -USR1 -- "-$child" 2>/dev/null || kill -USR1 "$child" 2>/dev/null
 }
 trap 'forward USR1' USR1
@@ -38,15 +40,22 @@ trap 'forward TERM' TERM
 
 log "job ${SLURM_JOB_ID:-none} restart ${SLURM_RESTART_COUNT:-0} on $(hostname): ${reprocube[*]} $*"
 # Job control gives reprocube its own process group (id = its pid), so that the signal reaches every
-# process of it: verify's and study's runs, singularity's child.
+# process of it: verify's and study's runs, singularity's child. It starts with USR1 ignored: SLURM's
+# warning can come seconds after the start (its timing is coarse), and during Python's start-up it
+# would kill the process; reprocube's own handler replaces the ignore once training starts.
 set -m
-"${reprocube[@]}" "$@" &
+( trap '' USR1; exec "${reprocube[@]}" "$@" ) &
 child=$!
 set +m
 # wait returns early (status > 128) when a trapped signal arrives: wait again until reprocube is gone,
-# then once more for its own exit status (bash keeps it).
+# repeating the warning every 5 s in case it came before reprocube's handler; then wait once more for
+# reprocube's own exit status (bash keeps it).
 while kill -0 "$child" 2>/dev/null; do
   wait "$child"
+  if [ -n "$warned" ] && kill -0 "$child" 2>/dev/null; then
+    sleep 5 & wait $!
+    kill -USR1 -- "-$child" 2>/dev/null || true
+  fi
 done
 wait "$child"; status=$?
 

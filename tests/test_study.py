@@ -198,3 +198,20 @@ def test_report_refuses_a_broken_study_result_in_one_line(tmp_path):
     assert done.returncode == 1
     assert error_lines(done) == [f"reprocube: error: {study / 'study.json'}: not a study result (no groups and runs)"]
     assert not (tmp_path / "report").exists()
+
+
+def test_a_warning_during_start_up_is_not_lost_and_does_not_kill_reprocube(generated, tmp_path):
+    """SLURM's warning can come seconds after a job starts, while Python is still importing: the
+    signal must neither kill reprocube (it starts with USR1 ignored) nor be lost (the script repeats it
+    every 5 s until reprocube, now handling it, checkpoints and exits 75)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(REPROCUBE=f"{sys.executable} -m reprocube", PYTHONHASHSEED="0")
+    args = ["train", "resume=auto", "framework=pytorch", "epochs=200", "threads=1", *generated.overrides(), f"output_dir={tmp_path}/runs", "run_name=early"]
+    shell = subprocess.Popen(["bash", str(PREEMPTIBLE), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.1)  # the batch shell has its traps; Python is still starting (measured: killed at 0.15 s without the ignore)
+    shell.send_signal(signal.SIGUSR1)
+    output, _ = shell.communicate(timeout=120)
+    assert shell.returncode == 75, output
+    assert "stopped by SIGUSR1" in output
+    checkpoints = [p.name for p in sorted((tmp_path / "runs" / "early" / "checkpoints").iterdir())]
+    assert checkpoints and checkpoints[-1] != "epoch-0200", checkpoints  # stopped early, with a checkpoint

@@ -9,6 +9,8 @@ from pathlib import Path
 import hydra
 from omegaconf import OmegaConf
 
+from reprocube.errors import EXIT_PREEMPTED
+
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def main(cfg) -> dict:
@@ -18,6 +20,10 @@ def main(cfg) -> dict:
     record = run_member(Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)), study.cwd)
     print(f"study member {record['member']} ({record['group']}, seed {record['seed']}): {record['status']}"
           + (f", test accuracy {record['test_accuracy']:.4f}, weights_digest {record['weights_digest'][:16]}" if record["status"] == "ok" else f": {record['error']}"))
+    if record["exit_code"] == EXIT_PREEMPTED:
+        # The run was stopped by a signal (the study's time is up): stop the sweep here, not start the
+        # next run. Running the study again continues this run and the rest.
+        raise SystemExit(EXIT_PREEMPTED)
     return record
 
 
