@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reprocube.backend import FRAMEWORKS
 from reprocube.checkpoint import list_checkpoints, read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +30,6 @@ MLCUBE = REPO / ".venv-mlcube" / "bin" / "mlcube"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"reprocube/reprocube:{VERSION}-cpu"
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-FRAMEWORKS = ("pytorch", "tensorflow", "jax")
 # The README's CPU command line: the CPU image, no GPU arguments.
 CPU = [f"-Pdocker.image={IMAGE}", "-Pplatform.accelerator_count=0", "-Pdocker.build_args.VARIANT=cpu"]
 TRAIN = {"dataset": "fashion_mnist", "seed": 0, "epochs": 2, "threads": 2, "data": {"train_limit": 640, "test_limit": 320}}

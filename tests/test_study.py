@@ -135,11 +135,11 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(textwrap.dedent("""\
         import time, reprocube.loop as loop
-        original = loop._Trainer._steps_until_action
+        original = loop.Schedule.group_end
         def slow(self, *args, **kwargs):
             time.sleep(0.05)
             return original(self, *args, **kwargs)
-        loop._Trainer._steps_until_action = slow
+        loop.Schedule.group_end = slow
         """))
     slow_env = {**env, "PYTHONPATH": f"{hook}:{env.get('PYTHONPATH', '')}"}
     shell = subprocess.Popen(["bash", str(PREEMPTIBLE), "train", "resume=auto", *run, "log.every_steps=1", "checkpoint.every_epochs=1"],

@@ -5,6 +5,7 @@ Each test runs once per framework (the module-scoped `framework` fixture)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -15,14 +16,10 @@ import time
 import pytest
 
 from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, reprocube
+from reprocube.backend import BACKENDS as BACKEND_CLASS
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
 
 EPOCHS = 3
-BACKEND_CLASS = {
-    "pytorch": "reprocube.frameworks.pytorch:PytorchBackend",
-    "tensorflow": "reprocube.frameworks.tensorflow:TensorflowBackend",
-    "jax": "reprocube.frameworks.jax:JaxBackend",
-}
 # What env.json must say about determinism and threads (threads=2 by default).
 EXPECTED_INFO = {
     "pytorch": {"deterministic_algorithms": True, "num_threads": 2},
@@ -99,6 +96,25 @@ def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdi
     [session] = map(json.loads, (resumed / "sessions.jsonl").read_text().splitlines())
     assert session["resumed_from"] == f"{reference}/checkpoints/epoch-{k:04d}"
     assert session["position"] == {"epoch": k, "step_in_epoch": 0, "global_step": 21 * k}
+
+
+def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(copy_of_reference, train, tmp_path, framework):
+    """state.json version 1 (before issue 14: no "version", and a "framework" mapping of scalars) is still
+    read: rewrite a checkpoint into that layout, re-sign it, resume from it."""
+    from reprocube.checkpoint import _manifest_self_digest
+
+    checkpoint = copy_of_reference / "checkpoints" / "epoch-0001"
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert state.pop("version") == 2
+    state["framework"] = {"pytorch": {"cuda_generators": 0}, "tensorflow": {}, "jax": {"prng_impl": "threefry2x32"}}[framework]
+    blob = json.dumps(state, sort_keys=True, indent=1).encode()
+    (checkpoint / "state.json").write_bytes(blob)
+    edited = manifest(checkpoint)
+    edited["files"]["state.json"] = hashlib.sha256(blob).hexdigest()
+    edited["manifest_sha256"] = _manifest_self_digest(edited)
+    (checkpoint / "manifest.json").write_text(json.dumps(edited))
+    train(f"resume={checkpoint}", "run_name=from-version-1", f"output_dir={tmp_path / 'runs'}")
+    assert epoch_digests(tmp_path / "runs" / "from-version-1") == {n: d for n, d in epoch_digests(copy_of_reference).items() if n != "epoch-0001"}
 
 
 def test_extending_a_run_with_more_epochs_is_bit_exact(reference, train, workdir):

@@ -109,7 +109,7 @@ def test_report_has_its_plots(runs, tmp_path):
     ],
 )
 def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, message):
-    from reprocube.compare import load_run
+    from reprocube.commands.compare import load_run
     from reprocube.errors import CheckpointError
 
     broken = tmp_path / "broken"
@@ -120,7 +120,7 @@ def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, me
 
 
 def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):
-    from reprocube.compare import compare_runs, load_run, summary_line
+    from reprocube.commands.compare import compare_runs, load_run, summary_line
 
     result = compare_runs(load_run(runs / "a"), load_run(runs / "threads1"), tolerance=1.0)
     assert result["passed"] and not result["identical"]

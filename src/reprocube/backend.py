@@ -1,27 +1,20 @@
 """The trainer contract: what a framework trainer provides to the shared training loop.
 
 A backend holds only framework code: the model, the optimizer, the framework's generators and device
-placement. The loop (reprocube.loop) owns data order, checkpoints, metrics, signals and resume."""
+placement. The loop (reprocube.loop) owns data order, checkpoints, metrics, signals and resume; what a
+checkpoint holds is defined in reprocube.state."""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 from omegaconf import DictConfig
 
 from reprocube.data.store import Dataset
-from reprocube.errors import ConfigError
-
-
-@dataclass
-class FrameworkState:
-    weights: dict[str, np.ndarray]  # canonical parameter names -> arrays
-    optimizer: dict[str, np.ndarray]
-    rng: dict[str, np.ndarray]  # generator states as arrays (names prefixed by the framework)
-    meta: dict  # JSON-serialisable scalars the arrays need (RNG scalars, optimizer step, ...)
+from reprocube.errors import CheckpointError, ConfigError
+from reprocube.state import EpochTotals, FrameworkState
 
 
 class Backend(Protocol):
@@ -46,18 +39,19 @@ class Backend(Protocol):
     def last_loss(self) -> float:
         """The mean loss of the last step (a host sync: call it only when logging)."""
 
-    def epoch_totals(self) -> dict:
-        """{"loss_sum": float, "correct": int} of the steps since the last set_epoch_totals."""
+    def epoch_totals(self) -> EpochTotals:
+        """The loss sum and correct count of the steps since the last set_epoch_totals."""
 
-    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
-        """Reset (0, 0) or restore the epoch totals."""
+    def set_epoch_totals(self, totals: EpochTotals) -> None:
+        """Reset (EpochTotals()) or restore the epoch totals."""
 
     def evaluate(self) -> dict:
         """{"test_loss": float, "test_accuracy": float} over the whole test split."""
 
     def export_state(self) -> FrameworkState: ...
 
-    def import_state(self, state: FrameworkState) -> None: ...
+    def import_state(self, state: FrameworkState) -> None:
+        """Raise CheckpointError (check_arrays) when the arrays do not fit the model."""
 
 
 # The most steps the loop hands to a trainer at once; also how many steps a signal may wait (well under
@@ -69,6 +63,7 @@ BACKENDS = {
     "tensorflow": "reprocube.frameworks.tensorflow:TensorflowBackend",
     "jax": "reprocube.frameworks.jax:JaxBackend",
 }
+FRAMEWORKS = tuple(BACKENDS)  # the one list of frameworks: verify, bench and the tests use it
 
 
 def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:
@@ -82,3 +77,14 @@ def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:
     except ImportError as exc:
         raise ConfigError(f"framework={cfg.framework.name} needs a package that is not installed: {exc}") from None
     return getattr(module, class_name)(cfg, dataset)
+
+
+def check_arrays(what: str, arrays: dict[str, np.ndarray], expected: dict[str, tuple[tuple[int, ...], object]]) -> None:
+    """That a checkpoint's arrays are exactly the model's: the same names, and for each the shape and
+    dtype in `expected` (name -> (shape, dtype)); one CheckpointError naming the first mismatch."""
+    if set(arrays) != set(expected):
+        raise CheckpointError(f"checkpoint {what} {sorted(arrays)} do not match the model's {sorted(expected)}")
+    for name, (shape, dtype) in expected.items():
+        array, dtype = arrays[name], np.dtype(dtype)
+        if tuple(array.shape) != tuple(shape) or array.dtype != dtype:
+            raise CheckpointError(f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {dtype}{list(shape)}")

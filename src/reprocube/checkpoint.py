@@ -4,11 +4,12 @@ A checkpoint is a directory (checkpoints/epoch-0003/, checkpoints/step-000450/) 
   weights.safetensors    model parameters, canonical names (framework-neutral format)
   optimizer.safetensors  optimizer tensors (e.g. momentum buffers)
   rng.safetensors        every generator's state as arrays
-  state.json             position, epoch accumulators, RNG scalars, framework extras
+  state.json             position, epoch accumulators, host RNG scalars (reprocube.state)
   config.json            the resolved config of the run
   manifest.json          format, position, config hash, seed, sha256 of every file, weights digest,
                          metrics so far, and the sha256 of the manifest itself
-Only safetensors and JSON are read back: nothing in a checkpoint can execute code.
+Only safetensors and JSON are read back: nothing in a checkpoint can execute code. This module knows
+files and digests; what the content means is reprocube.state's.
 """
 
 from __future__ import annotations

@@ -63,19 +63,6 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
     return cfg
 
 
-def config_file_args(paths: list[str]) -> list[str]:
-    """The command-line arguments that pass these config files on to a child `reprocube` process."""
-    return [arg for path in paths for arg in ("--config-file", path)]
-
-
-def child_args(overrides: list[str], config_files: list[str], place_keys: tuple[str, ...]) -> list[str]:
-    """The user's config files (absolute: a child may run elsewhere, e.g. a SLURM job) and overrides for
-    a child `reprocube` process, without the overrides the caller sets itself (those starting with
-    place_keys)."""
-    files = config_file_args([str(Path(path).resolve()) for path in config_files])
-    return files + [o for o in overrides if not o.startswith(place_keys)]
-
-
 def config_files_overrides(paths: list[str]) -> list[str]:
     return [override for path in paths for override in user_yaml_overrides(path)]
 

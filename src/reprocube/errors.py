@@ -1,5 +1,7 @@
 """Errors that end a command with one clear line and a documented exit status."""
 
+import sys
+
 # Exit statuses (documented in README.md).
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -33,3 +35,18 @@ class TrainingError(ReprocubeError):
     """Training itself failed (e.g. diverged to inf/nan); earlier checkpoints are kept."""
 
     exit_code = EXIT_TRAINING
+
+
+def exit_status_of(run) -> int:
+    """Run a command; its errors become one `reprocube: error:` line and their exit status."""
+    try:
+        return run()
+    except ReprocubeError as exc:
+        print(f"reprocube: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # disk full, permissions, ...: one line, not a traceback
+        print(f"reprocube: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_UNEXPECTED
+    except KeyboardInterrupt:
+        print("reprocube: interrupted", file=sys.stderr)
+        return 130

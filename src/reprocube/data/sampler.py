@@ -24,11 +24,6 @@ class EpochSampler:
         bit_generator = np.random.Philox(key=np.array([self.seed, epoch], dtype=np.uint64))
         return np.random.Generator(bit_generator).permutation(self.num_examples)
 
-    def batch_bounds(self, step: int) -> tuple[int, int]:
-        """The slice [lo, hi) of the epoch order that forms batch `step`."""
-        lo = step * self.batch_size
-        return lo, min(lo + self.batch_size, self.num_examples)
-
     def steps_bounds(self, first: int, end: int) -> np.ndarray:
         """[lo, hi) of the batches first..end-1, one row each (int32: what the trainers index with)."""
         lo = np.arange(first, end, dtype=np.int64) * self.batch_size

@@ -21,8 +21,9 @@ import optax
 from flax import linen as nn
 from flax import traverse_util
 
-from reprocube.backend import FrameworkState
+from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
+from reprocube.state import EpochTotals, FrameworkState
 
 RUN_KEY = "jax.run_key"
 
@@ -95,7 +96,7 @@ class JaxBackend:
         self.opt_state = self.tx.init(self.params)
         self._order = None
         self._last_loss = jnp.zeros((), jnp.float32)
-        self.set_epoch_totals(0.0, 0)
+        self.set_epoch_totals(EpochTotals())
         self._train_step = jax.jit(self._train_step_fn, static_argnums=(5,))
         self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(2,))
 
@@ -155,11 +156,11 @@ class JaxBackend:
     def last_loss(self) -> float:
         return float(self._last_loss)
 
-    def epoch_totals(self) -> dict:
-        return {"loss_sum": float(self._totals[0]), "correct": int(self._totals[1])}
+    def epoch_totals(self) -> EpochTotals:
+        return EpochTotals(float(self._totals[0]), int(self._totals[1]))
 
-    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
-        self._totals = (jnp.asarray(loss_sum, jnp.float32), jnp.asarray(correct, jnp.int32))
+    def set_epoch_totals(self, totals: EpochTotals) -> None:
+        self._totals = (jnp.asarray(totals.loss_sum, jnp.float32), jnp.asarray(totals.correct, jnp.int32))
 
     def evaluate(self) -> dict:
         n, batch = int(self.y_test.shape[0]), self.cfg.test_batch_size
@@ -171,41 +172,27 @@ class JaxBackend:
 
     # --- state ----------------------------------------------------------------------------------
     def export_state(self) -> FrameworkState:
-        weights = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(flax.core.unfreeze(self.params), sep=".").items()}
+        weights = {".".join(path): np.asarray(leaf) for path, leaf in _flat_params(self.params).items()}
         optimizer = {_path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(self.opt_state)[0]}
-        rng = {RUN_KEY: np.asarray(jax.random.key_data(self.run_key))}
-        return FrameworkState(weights, optimizer, rng, {"prng_impl": self.cfg.framework.prng_impl})
+        return FrameworkState(weights, optimizer, {RUN_KEY: np.asarray(jax.random.key_data(self.run_key))})
 
     def import_state(self, state: FrameworkState) -> None:
-        saved_key = state.rng.get(RUN_KEY)
-        if saved_key is None or not np.array_equal(saved_key, np.asarray(jax.random.key_data(self.run_key))):
+        run_key = np.asarray(jax.random.key_data(self.run_key))
+        check_arrays("generator states", state.rng, {RUN_KEY: (run_key.shape, run_key.dtype)})
+        if not np.array_equal(state.rng[RUN_KEY], run_key):
             raise CheckpointError("checkpoint's JAX run key differs from the one this seed and PRNG implementation give")
-        self.params = _rebuild(self.params, {tuple(k.split(".")): v for k, v in state.weights.items()}, "weights", flat_keys=True)
-        self.opt_state = _rebuild(self.opt_state, state.optimizer, "optimizer")
+        params = _flat_params(self.params)
+        check_arrays("weights", state.weights, {".".join(path): (leaf.shape, leaf.dtype) for path, leaf in params.items()})
+        self.params = traverse_util.unflatten_dict({path: jnp.asarray(state.weights[".".join(path)]) for path in params})
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(self.opt_state)
+        names = [_path_name(path) for path, _ in leaves]
+        check_arrays("optimizer tensors", state.optimizer, {name: (leaf.shape, leaf.dtype) for name, (_, leaf) in zip(names, leaves)})
+        self.opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(state.optimizer[name]) for name in names])
+
+
+def _flat_params(params) -> dict[tuple[str, ...], jax.Array]:
+    return traverse_util.flatten_dict(flax.core.unfreeze(params))
 
 
 def _path_name(path) -> str:
     return ".".join(str(getattr(p, "name", getattr(p, "key", getattr(p, "idx", p)))) for p in path)
-
-
-def _rebuild(template, arrays: dict, what: str, flat_keys: bool = False):
-    """A pytree shaped like `template` with the checkpoint's arrays, checked leaf by leaf."""
-    if flat_keys:
-        flat = traverse_util.flatten_dict(flax.core.unfreeze(template))
-        if set(flat) != set(arrays):
-            raise CheckpointError(f"checkpoint {what} do not match the model")
-        for key, leaf in flat.items():
-            _check_leaf(leaf, arrays[key], ".".join(key))
-        return traverse_util.unflatten_dict({key: jnp.asarray(arrays[key]) for key in flat})
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    names = [_path_name(path) for path, _ in leaves]
-    if set(names) != set(arrays):
-        raise CheckpointError(f"checkpoint {what} {sorted(arrays)} do not match the model's {sorted(names)}")
-    for name, (_, leaf) in zip(names, leaves):
-        _check_leaf(leaf, arrays[name], name)
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[name]) for name in names])
-
-
-def _check_leaf(leaf, array: np.ndarray, name: str) -> None:
-    if tuple(array.shape) != tuple(leaf.shape) or array.dtype != np.dtype(leaf.dtype):
-        raise CheckpointError(f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {leaf.dtype}{list(leaf.shape)}")

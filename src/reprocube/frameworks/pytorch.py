@@ -13,8 +13,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from reprocube.backend import FrameworkState  # noqa: E402
+from reprocube.backend import check_arrays  # noqa: E402
 from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
+from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
+
+
+MOMENTUM_PREFIX = "momentum_buffer."
+CPU_GENERATOR = "torch.cpu"
+CUDA_GENERATOR_PREFIX = "torch.cuda."
 
 
 class Net(nn.Module):
@@ -68,7 +74,7 @@ class PytorchBackend:
         self._classes = torch.arange(dataset.num_classes, device=self.device)
         self._order: torch.Tensor | None = None
         self._last_loss = torch.zeros((), device=self.device)
-        self.set_epoch_totals(0.0, 0)
+        self.set_epoch_totals(EpochTotals())
 
     def info(self) -> dict:
         info = {
@@ -128,12 +134,12 @@ class PytorchBackend:
     def last_loss(self) -> float:
         return float(self._last_loss)
 
-    def epoch_totals(self) -> dict:
-        return {"loss_sum": float(self._loss_sum), "correct": int(self._correct)}
+    def epoch_totals(self) -> EpochTotals:
+        return EpochTotals(float(self._loss_sum), int(self._correct))
 
-    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
-        self._loss_sum = torch.tensor(loss_sum, dtype=torch.float32, device=self.device)
-        self._correct = torch.tensor(correct, dtype=torch.int64, device=self.device)
+    def set_epoch_totals(self, totals: EpochTotals) -> None:
+        self._loss_sum = torch.tensor(totals.loss_sum, dtype=torch.float32, device=self.device)
+        self._correct = torch.tensor(totals.correct, dtype=torch.int64, device=self.device)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -157,39 +163,38 @@ class PytorchBackend:
         for param, state in self.optimizer.state.items():
             buffer = state.get("momentum_buffer")
             if buffer is not None:
-                optimizer[f"momentum_buffer.{names[param]}"] = buffer.detach().cpu().numpy().copy()
-        rng = {"torch.cpu": torch.get_rng_state().numpy().copy()}
+                optimizer[MOMENTUM_PREFIX + names[param]] = buffer.detach().cpu().numpy().copy()
+        rng = {CPU_GENERATOR: torch.get_rng_state().numpy().copy()}
         if torch.cuda.is_available():
             for i, state in enumerate(torch.cuda.get_rng_state_all()):
-                rng[f"torch.cuda.{i}"] = state.numpy().copy()
-        return FrameworkState(weights, optimizer, rng, {"cuda_generators": torch.cuda.device_count() if torch.cuda.is_available() else 0})
+                rng[f"{CUDA_GENERATOR_PREFIX}{i}"] = state.numpy().copy()
+        return FrameworkState(weights, optimizer, rng)
 
     def import_state(self, state: FrameworkState) -> None:
-        expected = set(self.model.state_dict())
-        if set(state.weights) != expected:
-            raise CheckpointError(f"checkpoint weights {sorted(state.weights)} do not match the model's {sorted(expected)}")
-        try:
-            self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.weights.items()})
-        except RuntimeError as exc:
-            raise CheckpointError(f"checkpoint weights do not fit the model: {' '.join(str(exc).split())}") from None
+        check_arrays("weights", state.weights, {name: _spec(t) for name, t in self.model.state_dict().items()})
         params = dict(self.model.named_parameters())
+        # Momentum buffers exist for every parameter once a step ran with momentum > 0, else for none.
+        momentum = {MOMENTUM_PREFIX + name: _spec(p) for name, p in params.items()} if state.optimizer else {}
+        check_arrays("optimizer tensors", state.optimizer, momentum)
+        self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.weights.items()})
         self.optimizer.state.clear()
         for key, array in state.optimizer.items():
-            name = key.removeprefix("momentum_buffer.")
-            if name not in params or params[name].shape != array.shape:
-                raise CheckpointError(f"checkpoint optimizer tensor {key} does not match the model")
-            self.optimizer.state[params[name]]["momentum_buffer"] = torch.from_numpy(array.copy()).to(self.device)
-        cpu_state = state.rng.get("torch.cpu")
+            self.optimizer.state[params[key.removeprefix(MOMENTUM_PREFIX)]]["momentum_buffer"] = torch.from_numpy(array.copy()).to(self.device)
+        cpu_state = state.rng.get(CPU_GENERATOR)
         if cpu_state is None:
             raise CheckpointError("checkpoint lacks the torch CPU generator state")
         torch.set_rng_state(torch.from_numpy(cpu_state.copy()))
-        cuda_keys = sorted((k for k in state.rng if k.startswith("torch.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
+        cuda_keys = sorted((k for k in state.rng if k.startswith(CUDA_GENERATOR_PREFIX)), key=lambda k: int(k.rsplit(".", 1)[1]))
         cuda_states = [state.rng[k] for k in cuda_keys]
         if torch.cuda.is_available():
             # A checkpoint made on a CPU (or on fewer GPUs) leaves the other generators as seeded;
             # the loop reports the change of device, since bit-exactness cannot follow it.
             for index, cuda_state in enumerate(cuda_states[: torch.cuda.device_count()]):
                 torch.cuda.set_rng_state(torch.from_numpy(cuda_state.copy()), device=index)
+
+
+def _spec(tensor: torch.Tensor) -> tuple[tuple[int, ...], np.dtype]:
+    return tuple(tensor.shape), torch.empty((), dtype=tensor.dtype).numpy().dtype
 
 
 def _nvidia_driver() -> str | None:

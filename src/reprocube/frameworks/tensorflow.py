@@ -20,8 +20,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
 
-from reprocube.backend import FrameworkState  # noqa: E402
-from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
+from reprocube.backend import check_arrays  # noqa: E402
+from reprocube.errors import ConfigError  # noqa: E402
+from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 
@@ -142,12 +143,12 @@ class TensorflowBackend:
     def last_loss(self) -> float:
         return float(self._last_loss.numpy())
 
-    def epoch_totals(self) -> dict:
-        return {"loss_sum": float(self._loss_sum.numpy()), "correct": int(self._correct.numpy())}
+    def epoch_totals(self) -> EpochTotals:
+        return EpochTotals(float(self._loss_sum.numpy()), int(self._correct.numpy()))
 
-    def set_epoch_totals(self, loss_sum: float, correct: int) -> None:
-        self._loss_sum.assign(loss_sum)
-        self._correct.assign(correct)
+    def set_epoch_totals(self, totals: EpochTotals) -> None:
+        self._loss_sum.assign(totals.loss_sum)
+        self._correct.assign(totals.correct)
 
     def evaluate(self) -> dict:
         loss_sum = tf.zeros([], tf.float32)
@@ -162,21 +163,19 @@ class TensorflowBackend:
     def export_state(self) -> FrameworkState:
         weights = {_name(v): v.numpy() for v in self.model.weights}
         optimizer = {_name(v): v.numpy() for v in self.optimizer.variables}
-        rng = {SEED_STATE_PREFIX + layer: generator.state.numpy() for layer, generator in self.seed_generators.items()}
-        return FrameworkState(weights, optimizer, rng, {})
+        return FrameworkState(weights, optimizer, {name: variable.numpy() for name, variable in self._seed_states().items()})
 
     def import_state(self, state: FrameworkState) -> None:
-        _assign_all(self.model.weights, state.weights, "weights")
-        _assign_all(self.optimizer.variables, state.optimizer, "optimizer")
+        _assign_checked("weights", state.weights, {_name(v): v for v in self.model.weights})
+        _assign_checked("optimizer tensors", state.optimizer, {_name(v): v for v in self.optimizer.variables})
         self._restore_seed_generators(state.rng)
 
     def _restore_seed_generators(self, rng: dict[str, np.ndarray]) -> None:
         """The Dropout masks' state: without it a resumed run draws different masks (see the tests)."""
-        for layer, generator in self.seed_generators.items():
-            key = SEED_STATE_PREFIX + layer
-            if key not in rng:
-                raise CheckpointError(f"checkpoint lacks the dropout seed state {key}")
-            _assign(generator.state, rng[key], key)
+        _assign_checked("generator states", rng, self._seed_states())
+
+    def _seed_states(self) -> dict:
+        return {SEED_STATE_PREFIX + layer: generator.state for layer, generator in self.seed_generators.items()}
 
 
 def _op_determinism_enabled() -> bool:
@@ -190,15 +189,7 @@ def _name(variable) -> str:
     return variable.path.replace("/", ".")
 
 
-def _assign_all(variables, arrays: dict[str, np.ndarray], what: str) -> None:
-    expected = {_name(v) for v in variables}
-    if set(arrays) != expected:
-        raise CheckpointError(f"checkpoint {what} {sorted(arrays)} do not match the model's {sorted(expected)}")
-    for variable in variables:
-        _assign(variable, arrays[_name(variable)], _name(variable))
-
-
-def _assign(variable, array: np.ndarray, name: str) -> None:
-    if tuple(array.shape) != tuple(variable.shape) or array.dtype != np.dtype(variable.dtype):
-        raise CheckpointError(f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {variable.dtype}{list(variable.shape)}")
-    variable.assign(array)
+def _assign_checked(what: str, arrays: dict[str, np.ndarray], variables: dict) -> None:
+    check_arrays(what, arrays, {name: (tuple(v.shape), v.dtype) for name, v in variables.items()})
+    for name, variable in variables.items():
+        variable.assign(arrays[name])

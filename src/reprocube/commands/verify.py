@@ -5,21 +5,24 @@ SIGTERM mid-epoch), each in a fresh process, and compare every resumed run with 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from reprocube.compare import compare_runs, load_run, summary_line, write_reports
-from reprocube.config import child_args
-from reprocube.errors import EXIT_PREEMPTED, ConfigError
+from reprocube.commands.children import child_args, last_error_line, reprocube_command, run_child
+from reprocube.commands.compare import compare_runs, load_run, summary_line, write_reports
+from reprocube.commands.invocation import Invocation
+from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, ConfigError
 
-FRAMEWORKS = ("pytorch", "tensorflow", "jax")
 PLACE_KEYS = ("framework=", "run_name=", "output_dir=", "resume=", "run=", "seed=", "preempt_at_step=")
 
 
 def _print_now(line: str) -> None:
     print(line, flush=True)  # progress must reach a batch job's log as it happens
+
+
+def run(invocation: Invocation) -> int:
+    passed = verify(invocation.frameworks, invocation.cfg, invocation.overrides, invocation.config_files)
+    return EXIT_OK if passed else EXIT_DIFFERENT
 
 
 def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=_print_now) -> bool:
@@ -45,12 +48,12 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
 
     def train(name: str, *extra: str, expect: tuple[int, ...] = (0,)) -> Path:
-        command = [sys.executable, "-m", "reprocube", "train", *user, f"framework={framework}", f"output_dir={base}", f"run_name={name}", *extra]
+        command = reprocube_command("train", *user, f"framework={framework}", f"output_dir={base}", f"run_name={name}", *extra)
         out(f"[{framework}] {name}: reprocube train {' '.join(extra) or '(reference config)'}")
-        with open(logs / f"{name}.log", "a") as log:
-            status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+        log = logs / f"{name}.log"
+        status = run_child(command, log)
         if status not in expect:
-            raise _ChildFailed(f"{name} exited {status} (log: {logs / f'{name}.log'})")
+            raise _ChildFailed(f"{name} exited {status}: {last_error_line(log)} (log: {log})")
         return base / name
 
     checks = []
@@ -120,16 +123,3 @@ def _markdown(result: dict) -> str:
     lines += ["", f"Wall-clock: {result['wall_s']} s", "", "| check | passed | result |", "|---|---|---|"]
     lines += [f"| {c['check']} | {'yes' if c['passed'] else '**no**'} | {c['summary']} |" for c in result["checks"]]
     return "\n".join(lines) + "\n"
-
-
-def frameworks_from(overrides: list[str], file_overrides: list[str] = (), default: str = "pytorch") -> tuple[list[str], list[str]]:
-    """`framework=all` (or one framework) for verify, from the command line or else the config files;
-    the rest of the command-line overrides unchanged."""
-    chosen = [o.split("=", 1)[1].strip("'\"") for o in [*file_overrides, *overrides] if o.startswith("framework=")]  # config files' values come quoted
-    rest = [o for o in overrides if not o.startswith("framework=")]
-    name = chosen[-1] if chosen else default
-    if name == "all":
-        return list(FRAMEWORKS), rest
-    if name not in FRAMEWORKS:
-        raise ConfigError(f"framework must be all or one of {', '.join(FRAMEWORKS)}, got {name!r}")
-    return [name], rest

@@ -17,19 +17,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from reprocube.compare import compare_runs, load_run, summary_line  # noqa: E402
+from reprocube.commands.compare import compare_runs, load_run, summary_line  # noqa: E402
+from reprocube.commands.study_results import STUDY_RESULT, box_plot, read_study, summary_lines  # noqa: E402
 from reprocube.config import flatten_keys  # noqa: E402
-from reprocube.errors import ReprocubeError  # noqa: E402
+from reprocube.errors import EXIT_OK, ReprocubeError  # noqa: E402
 from reprocube.files import write_file_atomic  # noqa: E402
-from reprocube.study import box_plot, summary_lines  # noqa: E402
 
 ENV_ROWS = ("python", "framework.name", "framework.torch", "framework.tensorflow", "framework.jax", "framework.device", "framework.gpu",
             "framework.num_threads", "framework.intra_op_threads", "framework.cpu_affinity", "cpu.model", "cpu.isa", "container")
 
 
+def run(args) -> int:
+    """`reprocube report RUN... [--out DIR]`."""
+    print(f"report: {write_report(args.runs, args.out)}")
+    return EXIT_OK
+
+
 def write_report(paths: list[Path], out: Path) -> Path:
-    studies = [_load_study(p) for p in paths if (p / "study.json").is_file()]
-    run_paths = [p for p in paths if not (p / "study.json").is_file()]
+    studies = [read_study(p) for p in paths if (p / STUDY_RESULT).is_file()]
+    run_paths = [p for p in paths if not (p / STUDY_RESULT).is_file()]
     runs = [load_run(p) for p in run_paths]  # verifies every checkpoint first
     out.mkdir(parents=True, exist_ok=True)
     labels = [_label(r["path"], run_paths) for r in runs]
@@ -44,16 +50,6 @@ def write_report(paths: list[Path], out: Path) -> Path:
     page = _html(runs, labels, comparisons, figures, studies)
     write_file_atomic(out / "report.html", page.encode())
     return out / "report.html"
-
-
-def _load_study(path: Path) -> dict:
-    try:
-        study = json.loads((path / "study.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ReprocubeError(f"{path / 'study.json'}: not a readable study result ({exc})") from None
-    if not (isinstance(study, dict) and isinstance(study.get("groups"), dict) and isinstance(study.get("runs"), list)):
-        raise ReprocubeError(f"{path / 'study.json'}: not a study result (no groups and runs)")
-    return study
 
 
 def _label(path: Path, all_paths: list[Path]) -> str:

@@ -8,138 +8,36 @@ tutorial's epoch times stand beside ours as ratios."""
 from __future__ import annotations
 
 import json
-import os
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reprocube.errors import ConfigError, ReprocubeError
+from reprocube.commands.children import child_args, last_error_line, python_module_command, reprocube_command, run_child
+from reprocube.commands.invocation import Invocation
+from reprocube.config import to_plain
+from reprocube.env import collect_env
+from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
+from reprocube.files import write_file_atomic
 
 # Overrides a measurement child must not inherit from the user (the child places its own run).
 PLACE_KEYS = ("framework=", "deterministic=", "output_dir=", "run_name=", "resume=", "epochs=", "bench.")
 FIGURES = ("first_step_s", "epoch_s", "samples_per_s", "eval_s", "checkpoint_write_s", "checkpoint_restore_s", "peak_rss_mb", "peak_gpu_mb")
-WARM_STEPS = 20  # after the first (compiling) step, before the timed epoch
 
 
-# ---- one measurement, in a fresh process ---------------------------------------------------------------
-
-
-def measure(cfg) -> dict:
-    """Time one framework in this process. The timed epoch is epoch 1's full order, after the first step
-    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/last_loss)."""
-    from reprocube.backend import STEPS_PER_CALL, create_backend
-    from reprocube.checkpoint import CheckpointContent, read_checkpoint, write_checkpoint
-    from reprocube.data.sampler import EpochSampler
-    from reprocube.data.store import load_dataset
-    from reprocube.rng import capture_host_rng, seed_host_rng, split_host_rng
-
-    dataset = load_dataset(cfg)
-    sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
-    seed_host_rng(cfg.seed)
-    started = time.perf_counter()
-    backend = create_backend(cfg, dataset)
-    build_s = time.perf_counter() - started
-
-    backend.begin_epoch(sampler.epoch_order(0))
-    backend.set_epoch_totals(0.0, 0)
-    started = time.perf_counter()
-    backend.train_steps(sampler.steps_bounds(0, 1), 0)
-    backend.last_loss()
-    first_step_s = time.perf_counter() - started
-    warm_end = min(1 + WARM_STEPS, sampler.steps_per_epoch)
-    backend.train_steps(sampler.steps_bounds(1, warm_end), 1)
-    backend.epoch_totals()
-
-    # The timed epoch, in the groups of steps the training loop uses without logging or signals.
-    backend.begin_epoch(sampler.epoch_order(1))
-    backend.set_epoch_totals(0.0, 0)
-    started = time.perf_counter()
-    for first in range(0, sampler.steps_per_epoch, STEPS_PER_CALL):
-        end = min(first + STEPS_PER_CALL, sampler.steps_per_epoch)
-        backend.train_steps(sampler.steps_bounds(first, end), sampler.steps_per_epoch + first)
-    backend.epoch_totals()
-    epoch_s = time.perf_counter() - started
-
-    started = time.perf_counter()
-    backend.evaluate()
-    eval_first_s = time.perf_counter() - started
-    started = time.perf_counter()
-    evaluation = backend.evaluate()
-    eval_s = time.perf_counter() - started
-
-    with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
-        # What the training loop does at a checkpoint: export the state, then write the files durably.
-        started = time.perf_counter()
-        state = backend.export_state()
-        host_arrays, host_meta = capture_host_rng()
-        content = CheckpointContent(state.weights, state.optimizer, {**host_arrays, **state.rng}, {"rng": host_meta, "framework": state.meta}, {})
-        path = write_checkpoint(Path(scratch), "epoch-0001", content, {"framework": cfg.framework.name})
-        checkpoint_write_s = time.perf_counter() - started
-        started = time.perf_counter()
-        loaded = read_checkpoint(path).content
-        _, framework_rng = split_host_rng(loaded.rng)
-        backend.import_state(type(state)(loaded.weights, loaded.optimizer, framework_rng, loaded.state["framework"]))
-        checkpoint_restore_s = time.perf_counter() - started
-        checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
-
-    return {
-        "framework": cfg.framework.name,
-        "pid": os.getpid(),
-        "deterministic": bool(cfg.deterministic),
-        "device": backend.info().get("device"),
-        "batch_size": cfg.batch_size,
-        "threads": cfg.threads,
-        "steps": sampler.steps_per_epoch,
-        "build_s": build_s,
-        "first_step_s": first_step_s,
-        "epoch_s": epoch_s,
-        "samples_per_s": sampler.num_examples / epoch_s,
-        "eval_first_s": eval_first_s,
-        "eval_s": eval_s,
-        "test_accuracy": evaluation["test_accuracy"],
-        "checkpoint_write_s": checkpoint_write_s,
-        "checkpoint_restore_s": checkpoint_restore_s,
-        "checkpoint_bytes": checkpoint_bytes,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "peak_gpu_mb": _peak_gpu_mb(cfg.framework.name),
-    }
-
-
-def _peak_gpu_mb(framework: str) -> float | None:
-    try:
-        if framework == "pytorch":
-            import torch
-
-            return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
-        if framework == "jax":
-            import jax
-
-            device = jax.devices()[0]
-            stats = device.memory_stats() if device.platform == "gpu" else None
-            return stats["peak_bytes_in_use"] / 2**20 if stats else None
-        if framework == "tensorflow":
-            import tensorflow as tf
-
-            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if tf.config.list_logical_devices("GPU") else None
-    except (ImportError, RuntimeError, KeyError, ValueError):
-        return None
-    return None
+def run(invocation: Invocation) -> int:
+    cfg = invocation.cfg
+    results = run_bench(invocation.frameworks, cfg, invocation.overrides, invocation.config_files)
+    print(f"bench: {write_results(results, Path(cfg.bench.out))}")
+    return EXIT_OK
 
 
 # ---- the suite: fresh processes, repeats, summary --------------------------------------------------------
 
 
 def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
-    from reprocube.config import child_args
-
     user = child_args(overrides, config_files, PLACE_KEYS)
-    if cfg.bench.repeats < 1:
-        raise ConfigError("bench.repeats must be >= 1")
     reference = _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None  # before an hour of measuring
     results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": _machine(), "config": _bench_config(cfg), "frameworks": {}}
     for framework in frameworks:
@@ -148,7 +46,7 @@ def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: li
         # would otherwise pass for a cost of determinism.
         for repeat in range(cfg.bench.repeats):
             for deterministic in cfg.bench.deterministic:
-                record = _child(["--child", *user, f"framework={framework}", f"deterministic={str(deterministic).lower()}"])
+                record = _measure([*user, f"framework={framework}", f"deterministic={str(deterministic).lower()}"])
                 out(f"[{framework}] deterministic={deterministic} #{repeat + 1}: epoch {record['epoch_s']:.2f} s, "
                     f"{record['samples_per_s']:.0f} samples/s, first step {record['first_step_s']:.2f} s, "
                     f"checkpoint {record['checkpoint_write_s'] * 1000:.1f} ms")  # fmt: skip
@@ -164,20 +62,14 @@ def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: li
     return results
 
 
-def _child(args: list[str]) -> dict:
-    command = [sys.executable, "-m", "reprocube.bench", *args]
-    done = subprocess.run(command, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise ReprocubeError(f"bench measurement failed (exit {done.returncode}): {' '.join(command[2:])}: {_last_error(done.stderr)}")
-    return json.loads(lines[-1])
-
-
-def _last_error(stderr: str) -> str:
-    """A child's own error line (TensorFlow's C++ start-up lines come first), else its last line."""
-    lines = stderr.strip().splitlines()
-    errors = [line for line in lines if line.startswith("reprocube:")]
-    return (errors or lines or ["no output"])[-1]
+def _measure(args: list[str]) -> dict:
+    """One measurement in a fresh process (reprocube.commands.bench_measure)."""
+    with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
+        result, log = Path(scratch) / "result.json", Path(scratch) / "measure.log"
+        status = run_child(python_module_command("reprocube.commands.bench_measure", "--result", str(result), *args), log)
+        if status != 0 or not result.exists():
+            raise ReprocubeError(f"bench measurement failed (exit {status}): {' '.join(args)}: {last_error_line(log)}")
+        return json.loads(result.read_text())
 
 
 def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
@@ -189,11 +81,12 @@ def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
             ("train_s", ["train", *user, f"framework={framework}", epochs, f"output_dir={scratch}/train"]),
             ("verify_s", ["verify", *user, f"framework={framework}", epochs, f"output_dir={scratch}/verify"]),
         ):
+            log = Path(scratch) / f"{command[0]}.log"
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "reprocube", *command], capture_output=True, text=True)
+            status = run_child(reprocube_command(*command), log)
             timings[name] = time.perf_counter() - started
-            if done.returncode != 0:
-                raise ReprocubeError(f"bench: {command[0]} for {framework} exited {done.returncode}: {_last_error(done.stderr)}")
+            if status != 0:
+                raise ReprocubeError(f"bench: {command[0]} for {framework} exited {status}: {last_error_line(log)}")
     timings.update(epochs=cfg.bench.verify_epochs, ratio=timings["verify_s"] / timings["train_s"])
     out(f"[{framework}] verify ({cfg.bench.verify_epochs} epochs): {timings['verify_s']:.1f} s = {timings['ratio']:.1f}x one training run ({timings['train_s']:.1f} s)")
     return timings
@@ -246,15 +139,11 @@ def _reference_ratios(path: Path, reference: dict, results: dict) -> dict:
 
 
 def _machine() -> dict:
-    from reprocube.env import collect_env
-
     env = collect_env({})
     return {k: env[k] for k in ("python", "platform", "hostname", "cpu", "packages", "container")}
 
 
 def _bench_config(cfg) -> dict:
-    from reprocube.config import to_plain
-
     plain = to_plain(cfg)
     return {"dataset": cfg.dataset.name} | {k: plain[k] for k in ("seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")}
 
@@ -315,36 +204,7 @@ def _pct(value: float | None) -> str:
 
 
 def write_results(results: dict, out_dir: Path) -> Path:
-    from reprocube.files import write_file_atomic
-
     out_dir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(out_dir / "bench.json", (json.dumps(results, indent=1) + "\n").encode())
     write_file_atomic(out_dir / "bench.md", markdown(results).encode())
     return out_dir / "bench.md"
-
-
-def _child_main(argv: list[str]) -> int:
-    """`python -m reprocube.bench --child [--config-file F] OVERRIDES`: one measurement, one JSON line."""
-    from reprocube.cli import main_guarded
-    from reprocube.config import load_config
-
-    config_files, overrides, args = [], [], list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--config-file":
-            config_files.append(args.pop(0))
-        else:
-            overrides.append(arg)
-
-    def run() -> int:
-        print(json.dumps(measure(load_config(overrides, config_files))), flush=True)
-        return 0
-
-    return main_guarded(run)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["--child"]:
-        sys.exit("usage: python -m reprocube.bench --child [--config-file F] KEY=VALUE ... (use `reprocube bench`)")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.exit(_child_main(sys.argv[2:]))

@@ -1,6 +1,6 @@
 """The Hydra app behind `reprocube study`: one job per study member, launched by Hydra multirun
 (`--multirun study.member=range(0,2N)`) with the basic launcher or hydra-submitit-launcher's SLURM
-launcher. Its config is written by reprocube.study into STUDY/hydra/config/study.yaml."""
+launcher. Its config is written by reprocube.commands.study into STUDY/hydra/config/study.yaml."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from reprocube.errors import EXIT_PREEMPTED
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def main(cfg) -> dict:
-    from reprocube.study import run_member
+    from reprocube.commands.study import run_member
 
     study = cfg.study
     record = run_member(Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)), study.cwd)

@@ -11,7 +11,7 @@ import numpy as np
 
 from reprocube.checkpoint import list_checkpoints, read_checkpoint
 from reprocube.config import flatten_keys
-from reprocube.errors import CheckpointError
+from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ReprocubeError
 from reprocube.files import write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
 
@@ -24,6 +24,25 @@ ENV_RELEVANCE = (
     "framework.cpu_affinity", "framework.cpu_capability", "framework.onednn", "cpu.isa", "cpu.model", "cpu.affinity",
     "env_vars.", "packages.", "container", "framework.", "python", "cpu.count", "machine", "platform", "hostname",
 )
+
+
+def run(args) -> int:
+    """`reprocube compare RUN_A RUN_B [--tolerance T] [--out DIR]`."""
+    if args.tolerance < 0:
+        raise ReprocubeError("--tolerance must be >= 0")
+    result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
+    out = args.out or args.run_a
+    out.mkdir(parents=True, exist_ok=True)
+    write_reports(result, out, "compare", compare_markdown(result))
+    print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
+    for row in result["checkpoints"]:
+        worst = worst_tensor(row["tensors"])
+        detail = "" if row["identical"] else f"  {worst['tensor']}: max abs {worst.get('max_abs')}, {worst.get('max_ulp')} ULP"
+        print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
+    for diff in result["env_differences"][:8]:
+        print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
+    print(f"written: {out / 'compare.json'}, {out / 'compare.md'}")
+    return EXIT_OK if result["passed"] else EXIT_DIFFERENT
 
 
 def float_ulp_distance(a: np.ndarray, b: np.ndarray) -> int:

@@ -1,0 +1,148 @@
+"""One `reprocube bench` measurement, in a fresh process: `python -m reprocube.commands.bench_measure
+--result FILE [--config-file F] KEY=VALUE ...` times one framework with one determinism setting and writes
+its figures to FILE as JSON. The suite around it (repeats, statistics, Markdown) is reprocube.commands.bench."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from reprocube.backend import create_backend
+from reprocube.checkpoint import read_checkpoint, write_checkpoint
+from reprocube.config import load_config
+from reprocube.data.sampler import EpochSampler
+from reprocube.data.store import load_dataset
+from reprocube.errors import exit_status_of
+from reprocube.files import write_file_atomic
+from reprocube.loop import Schedule
+from reprocube.metrics import MetricsHistory
+from reprocube.rng import seed_host_rng
+from reprocube.state import EpochTotals, Position, TrainState
+
+WARM_STEPS = 20  # after the first (compiling) step, before the timed epoch
+
+
+def measure(cfg) -> dict:
+    """Time one framework in this process. The timed epoch is epoch 1's full order, after the first step
+    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/last_loss)."""
+    dataset = load_dataset(cfg)
+    sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
+    seed_host_rng(cfg.seed)
+    started = time.perf_counter()
+    backend = create_backend(cfg, dataset)
+    build_s = time.perf_counter() - started
+
+    backend.begin_epoch(sampler.epoch_order(0))
+    backend.set_epoch_totals(EpochTotals())
+    started = time.perf_counter()
+    backend.train_steps(sampler.steps_bounds(0, 1), 0)
+    backend.last_loss()
+    first_step_s = time.perf_counter() - started
+    warm_end = min(1 + WARM_STEPS, sampler.steps_per_epoch)
+    backend.train_steps(sampler.steps_bounds(1, warm_end), 1)
+    backend.epoch_totals()
+
+    # The timed epoch, in the groups of steps the training loop uses without logging or signals.
+    backend.begin_epoch(sampler.epoch_order(1))
+    backend.set_epoch_totals(EpochTotals())
+    schedule = Schedule(sampler.steps_per_epoch, epochs=2)
+    position = Position(1, 0, sampler.steps_per_epoch)
+    started = time.perf_counter()
+    while position.step_in_epoch < sampler.steps_per_epoch:
+        step, end = position.step_in_epoch, schedule.group_end(position)
+        backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
+        position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
+    backend.epoch_totals()
+    epoch_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    backend.evaluate()
+    eval_first_s = time.perf_counter() - started
+    started = time.perf_counter()
+    evaluation = backend.evaluate()
+    eval_s = time.perf_counter() - started
+
+    with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
+        # What the training loop does at a checkpoint: capture the state, then write the files durably.
+        started = time.perf_counter()
+        state = TrainState.capture(Position(2, 0, position.global_step), backend, history=MetricsHistory())
+        content, manifest_fields = state.to_checkpoint({}, sampler.steps_per_epoch, {"framework": cfg.framework.name})
+        path = write_checkpoint(Path(scratch), "epoch-0002", content, manifest_fields)
+        checkpoint_write_s = time.perf_counter() - started
+        started = time.perf_counter()
+        TrainState.from_checkpoint(read_checkpoint(path), sampler.steps_per_epoch).restore(backend)
+        checkpoint_restore_s = time.perf_counter() - started
+        checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
+
+    return {
+        "framework": cfg.framework.name,
+        "pid": os.getpid(),
+        "deterministic": bool(cfg.deterministic),
+        "device": backend.info().get("device"),
+        "batch_size": cfg.batch_size,
+        "threads": cfg.threads,
+        "steps": sampler.steps_per_epoch,
+        "build_s": build_s,
+        "first_step_s": first_step_s,
+        "epoch_s": epoch_s,
+        "samples_per_s": sampler.num_examples / epoch_s,
+        "eval_first_s": eval_first_s,
+        "eval_s": eval_s,
+        "test_accuracy": evaluation["test_accuracy"],
+        "checkpoint_write_s": checkpoint_write_s,
+        "checkpoint_restore_s": checkpoint_restore_s,
+        "checkpoint_bytes": checkpoint_bytes,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_gpu_mb": _peak_gpu_mb(cfg.framework.name),
+    }
+
+
+def _peak_gpu_mb(framework: str) -> float | None:
+    try:
+        if framework == "pytorch":
+            import torch
+
+            return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+        if framework == "jax":
+            import jax
+
+            device = jax.devices()[0]
+            stats = device.memory_stats() if device.platform == "gpu" else None
+            return stats["peak_bytes_in_use"] / 2**20 if stats else None
+        if framework == "tensorflow":
+            import tensorflow as tf
+
+            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if tf.config.list_logical_devices("GPU") else None
+    except (ImportError, RuntimeError, KeyError, ValueError):
+        return None
+    return None
+
+
+def main(argv: list[str]) -> int:
+    config_files, overrides, result, args = [], [], None, list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--config-file" and args:
+            config_files.append(args.pop(0))
+        elif arg == "--result" and args:
+            result = Path(args.pop(0))
+        else:
+            overrides.append(arg)
+    if result is None:
+        sys.exit("usage: python -m reprocube.commands.bench_measure --result FILE [--config-file F] KEY=VALUE ... (use `reprocube bench`)")
+
+    def run() -> int:
+        write_file_atomic(result, json.dumps(measure(load_config(overrides, config_files))).encode())
+        return 0
+
+    return exit_status_of(run)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.exit(main(sys.argv[1:]))

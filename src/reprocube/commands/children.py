@@ -1,0 +1,58 @@
+"""Child processes: every command that runs reprocube again (verify's runs, bench's measurements, the
+study's runs and its Hydra launcher) builds, runs and reads them here, one way."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+MAX_ERROR_LINE = 300
+
+
+def child_args(overrides: list[str], config_files: list[str], place_keys: tuple[str, ...]) -> list[str]:
+    """The user's config files (absolute: a child may run elsewhere, e.g. a SLURM job) and overrides for
+    a child `reprocube` process, without the overrides the caller sets itself (those starting with
+    place_keys)."""
+    files = [arg for path in config_files for arg in ("--config-file", str(Path(path).resolve()))]
+    return files + [o for o in overrides if not o.startswith(place_keys)]
+
+
+def reprocube_command(*args: str) -> list[str]:
+    """`python -m reprocube ARGS` with this interpreter (the venv or image the parent runs in)."""
+    return python_module_command("reprocube", *args)
+
+
+def python_module_command(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def run_child(command: list[str], log: Path, cwd: str | Path | None = None, echo: Callable[[str], None] | None = None) -> int:
+    """Run `command`, appending a `$ command` line and then its stdout and stderr to `log`; `echo`, if
+    given, receives each output line as it comes. Returns the exit status."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        out.write(f"$ {shlex.join(command)}\n")
+        out.flush()
+        if echo is None:
+            return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd) as child:
+            for line in child.stdout:
+                out.write(line)
+                out.flush()
+                echo(line.rstrip("\n"))
+        return child.returncode
+
+
+def last_error_line(log: Path) -> str:
+    """What a failed child said: its last `reprocube:` line (TensorFlow's C++ start-up lines come
+    first), else the last line naming an error (a traceback's), else its last line."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip() and not line.startswith("$ ")]
+    except OSError:
+        return f"no log at {log}"
+    own = [line for line in lines if line.startswith("reprocube:")]
+    errors = [line for line in lines if "Error" in line]
+    return (own or errors or lines or ["no output"])[-1][:MAX_ERROR_LINE]

@@ -1,0 +1,165 @@
+"""The variance study's results: every member's recorded result collected, the groups' statistics (the
+same-seed std against the different-seed std), study.json, study.md and the box plot; what `reprocube
+report` reads back from a study directory. The driver that produces them is reprocube.commands.study."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprocube.errors import ReprocubeError
+from reprocube.files import write_file_atomic
+
+GROUPS = ("same_seed", "different_seeds")
+STUDY_RESULT = "study.json"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One run of the study: member k < N is same-seed run k, member N + k is different-seed run k."""
+
+    index: int
+    group: str
+    seed: int
+    run_name: str
+
+
+def members(runs: int, seed: int) -> list[Member]:
+    same = [Member(k, GROUPS[0], seed, f"same-seed-{k:02d}") for k in range(runs)]
+    different = [Member(runs + k, GROUPS[1], (seed + 1 + k) % 2**32, f"different-seed-{k:02d}") for k in range(runs)]
+    return same + different
+
+
+def study_paths(study_dir: Path) -> dict[str, Path]:
+    return {name: study_dir / name for name in ("runs", "logs", "results", "hydra", "slurm")}
+
+
+def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> dict:
+    """Every member's recorded result; a member without one is listed as failed, with its logs."""
+    paths = study_paths(study_dir)
+    records, failures = [], []
+    for member in members(runs, seed):
+        path = paths["results"] / f"{member.run_name}.json"
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            logs = [str(paths["logs"] / f"{member.run_name}.log")] + ([_slurm_folder(paths["slurm"], member.index)] if launcher == "slurm" else [])
+            record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed",
+                      "error": "no result recorded (the job did not finish)", "log": " and ".join(logs)}  # fmt: skip
+        except (OSError, ValueError) as exc:
+            record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed", "error": f"unreadable {path}: {exc}"}
+        (records if record.get("status") == "ok" else failures).append(record)
+    groups = {group: _group_summary([r for r in records if r["group"] == group]) for group in GROUPS}
+    same, different = groups[GROUPS[0]], groups[GROUPS[1]]
+    result = {
+        "study_dir": str(study_dir),
+        "runs_per_group": runs,
+        "seed": seed,
+        "groups": groups,
+        "runs": records,
+        "failures": failures,
+        # Morin & Willetts' figure: the same-seed std as a share of the different-seed std.
+        "nondeterminism_std_ratio": _ratio(same["test_accuracy"]["std"], different["test_accuracy"]["std"]),
+        "nondeterminism_variance_ratio": _ratio(_square(same["test_accuracy"]["std"]), _square(different["test_accuracy"]["std"])),
+    }
+    return result
+
+
+def _slurm_folder(slurm_dir: Path, index: int) -> str:
+    """submitit's folder for a member's job (JOBID_INDEX; the newest, if the study ran more than once)."""
+    folders = sorted(slurm_dir.glob(f"*_{index}"), key=lambda p: p.stat().st_mtime) if slurm_dir.is_dir() else []
+    return str(folders[-1]) if folders else str(slurm_dir)
+
+
+def _group_summary(records: list[dict]) -> dict:
+    summary = {"runs": len(records), "distinct_weights_digests": len({r["weights_digest"] for r in records})}
+    for key in ("test_accuracy", "test_loss"):
+        values = [float(r[key]) for r in records]
+        summary[key] = {
+            "mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else None,  # sample std (n - 1)
+            "min": min(values, default=None),
+            "max": max(values, default=None),
+        }
+    return summary
+
+
+def _ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def _square(value):
+    return None if value is None else value * value
+
+
+def summary_lines(result: dict) -> list[str]:
+    lines = []
+    for group, summary in result["groups"].items():
+        acc, loss = summary["test_accuracy"], summary["test_loss"]
+        lines.append(f"{group}: {summary['runs']} runs, test accuracy mean {_fmt(acc['mean'])} std {_fmt(acc['std'])}, "
+                     f"test loss mean {_fmt(loss['mean'])} std {_fmt(loss['std'])}, {summary['distinct_weights_digests']} distinct weights_digest")  # fmt: skip
+    lines.append(f"non-determinism: same-seed std / different-seed std = {_fmt(result['nondeterminism_std_ratio'])} "
+                 f"(variance ratio {_fmt(result['nondeterminism_variance_ratio'])}; Morin & Willetts: 0.020 / 0.027 = 0.74)")  # fmt: skip
+    for failure in result["failures"]:
+        lines.append(f"FAILED run {failure['member']} ({failure['group']}, seed {failure['seed']}): {failure['error']}; log: {failure.get('log')}")
+    if result.get("launcher_error"):
+        lines.append(f"launcher: {result['launcher_error']}")
+    return lines
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.6g}"
+
+
+def write_study(result: dict, study_dir: Path) -> None:
+    write_file_atomic(study_dir / STUDY_RESULT, json.dumps(result, indent=2).encode())
+    write_file_atomic(study_dir / "study.png", box_plot(result))
+    write_file_atomic(study_dir / "study.md", study_markdown(result).encode())
+
+
+def read_study(path: Path) -> dict:
+    """A study directory's study.json, as `reprocube report` shows it."""
+    try:
+        study = json.loads((path / STUDY_RESULT).read_text())
+    except (OSError, ValueError) as exc:
+        raise ReprocubeError(f"{path / STUDY_RESULT}: not a readable study result ({exc})") from None
+    if not (isinstance(study, dict) and isinstance(study.get("groups"), dict) and isinstance(study.get("runs"), list)):
+        raise ReprocubeError(f"{path / STUDY_RESULT}: not a study result (no groups and runs)")
+    return study
+
+
+def study_markdown(result: dict) -> str:
+    rows = ["| group | runs | test accuracy mean | std | test loss mean | std | distinct weights_digest |", "|---|---|---|---|---|---|---|"]
+    for group, s in result["groups"].items():
+        rows.append(f"| {group} | {s['runs']} | {_fmt(s['test_accuracy']['mean'])} | {_fmt(s['test_accuracy']['std'])} | "
+                    f"{_fmt(s['test_loss']['mean'])} | {_fmt(s['test_loss']['std'])} | {s['distinct_weights_digests']} |")  # fmt: skip
+    text = ["# Variance study", "", f"Study directory: `{result['study_dir']}`; {result['runs_per_group']} runs per group, seed {result['seed']}.", "",
+            *rows, "", *[f"- {line}" for line in summary_lines(result)[2:]],
+            f"- Same-seed std / different-seed std: {_fmt(result['nondeterminism_std_ratio'])} (Morin & Willetts: 0.74).", "",
+            "![box plot](study.png)", ""]  # fmt: skip
+    return "\n".join(text)
+
+
+def box_plot(result: dict) -> bytes:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4), layout="constrained")
+    for ax, key in zip(axes, ("test_accuracy", "test_loss")):
+        data = [[float(r[key]) for r in result["runs"] if r["group"] == group] for group in GROUPS]
+        ax.boxplot([d or [float("nan")] for d in data], tick_labels=[f"{g}\n({len(d)} runs)" for g, d in zip(GROUPS, data)])
+        for position, values in enumerate(data, start=1):
+            ax.scatter([position] * len(values), values, s=14, alpha=0.7, zorder=3)
+        ax.set_title(key.replace("_", " "))
+        ax.grid(alpha=0.3)
+    fig.suptitle("final test metrics: same seed vs different seeds")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
