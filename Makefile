@@ -1,6 +1,7 @@
 # Set-up and the two commands of README.md. Everything installs into .venv from the hash-locked files.
 #   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
-#   make test    set up (Docker and the CPU image included) and run every test
+#   make test    set up (Docker and the CPU image included), lint, and run every test
+#   make lint    ruff format --check and ruff check
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
 PYTHON ?= python3
@@ -14,7 +15,7 @@ PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --ret
 CONTAINERS ?= 1
 SLURM ?= 1
 
-.PHONY: setup system-packages container-setup slurm-setup train test clean
+.PHONY: setup system-packages container-setup slurm-setup train lint test clean
 setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
@@ -54,8 +55,13 @@ SLURM_DIR ?= /tmp/reprocube-slurm
 slurm-setup:
 	$(SUDO) env SLURM_DIR=$(SLURM_DIR) scripts/slurm-setup.sh
 
+# ruff (pyproject.toml): formatting and lint, before any test runs.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check --diff .
+	$(VENV)/bin/ruff check .
+
 # Each enabled suite turns its missing prerequisites from a skip into a failure.
-TEST_DEPS := setup system-packages
+TEST_DEPS := setup system-packages lint
 TEST_ENV :=
 ifeq ($(CONTAINERS),1)
 TEST_DEPS += container-setup

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprocube.data.idx import encode_idx
+from reprocube.data.idx import UNSIGNED_BYTE
 
 FILE_KEYS = {
     "train_images": "train-images-idx3-ubyte",
@@ -98,3 +99,11 @@ def epoch_digests(run_dir: Path) -> dict[str, str]:
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """reprocube's own lines on stderr (TensorFlow's C++ runtime adds start-up lines we cannot silence)."""
     return [line for line in proc.stderr.splitlines() if line.startswith("reprocube:")]
+
+
+def encode_idx(array: np.ndarray) -> bytes:
+    """Serialize a uint8 array as IDX (the tests' writer of the format reprocube.data.idx reads)."""
+    if array.dtype != np.uint8:
+        raise ValueError("only uint8 arrays can be written as IDX here")
+    header = bytes([0, 0, UNSIGNED_BYTE, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(array).tobytes()

@@ -14,9 +14,9 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-import tomllib
 from pathlib import Path
 
 import pytest

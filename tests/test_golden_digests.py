@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from reprocube.backend import FRAMEWORKS
+
 from conftest import reprocube
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -42,7 +44,7 @@ def fashion_data(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "jax"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_final_digest_matches_the_recorded_one(fashion_data, framework):
     key = machine_key(framework)
     recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}

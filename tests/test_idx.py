@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from reprocube.data.idx import encode_idx, parse_idx
+from reprocube.data.idx import parse_idx
 from reprocube.errors import DataError
+
+from conftest import encode_idx
 
 
 def test_round_trip():

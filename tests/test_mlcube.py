@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reprocube.backend import FRAMEWORKS
+
 from conftest import error_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +86,7 @@ def test_every_task_declares_what_run_sh_expects():
     """mlcube passes one --name per declared parameter; run.sh refuses any other set. Checked by
     calling run.sh with exactly the declared names: only a missing file or data error may follow."""
     cube = yaml.safe_load((REPO / "mlcube.yaml").read_text())
-    assert set(cube["tasks"]) == {"download", "pytorch", "tensorflow", "jax", "verify", "compare", "report", "bench", "study"}
+    assert set(cube["tasks"]) == {"download", *FRAMEWORKS, "verify", "compare", "report", "bench", "study"}
     script = RUN_SH.read_text()
     for task, spec in cube["tasks"].items():
         names = [*spec["parameters"]["inputs"], *spec["parameters"]["outputs"]]
@@ -96,14 +98,14 @@ def test_every_task_declares_what_run_sh_expects():
 
 
 def test_the_workspace_parameter_files_are_valid_configs(tmp_path):
-    from reprocube.config import config_files_overrides, load_config
     from reprocube.commands.invocation import frameworks_from
+    from reprocube.config import config_files_overrides, load_config
 
     train, verify = str(REPO / "workspace" / "train.yaml"), str(REPO / "workspace" / "verify.yaml")
     cfg = load_config(["framework=jax"], [train])
     assert (cfg.framework.name, cfg.deterministic) == ("jax", True)
     frameworks, _ = frameworks_from([], config_files_overrides([train, verify]))
-    assert frameworks == ["pytorch", "tensorflow", "jax"]
+    assert frameworks == list(FRAMEWORKS)
     assert load_config(["framework=pytorch"], [train, verify]).verify.mid_epoch is True
     study = load_config([], [train, str(REPO / "workspace" / "study.yaml")])
     assert (study.framework.name, study.study.runs, study.epochs) == ("pytorch", 3, 4)

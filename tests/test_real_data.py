@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from reprocube.backend import FRAMEWORKS
+
 from conftest import reprocube
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "jax"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_one_epoch_of_fashion_mnist_learns(tmp_path, framework):
     if not DEBIAN_FASHION_MNIST.is_dir():
         pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")

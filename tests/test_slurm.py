@@ -84,7 +84,7 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         _wait_for(lambda: "requeueing job" in (log.read_text() if log.exists() else ""), 180, "the first requeue", log)
         requeued_after = time.monotonic() - started
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True)
-        _wait_for(lambda: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 300, "the job to end", log)
+        _wait_for(lambda job_id=job_id: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 300, "the job to end", log)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     total = time.monotonic() - started
@@ -146,7 +146,7 @@ def test_a_study_job_killed_on_slurm_is_listed_and_the_others_are_reported(slurm
     assert folder.parent == study / "slurm" and folder.name.endswith("_1") and folder.is_dir()
     assert sorted(r["member"] for r in result["runs"]) == [0, 2, 3]
     assert result["groups"]["different_seeds"]["distinct_weights_digests"] == 2
-    assert "launcher" in result["launcher_error"] and f"FAILED run 1 (same_seed, seed 0)" in done.stdout
+    assert "launcher" in result["launcher_error"] and "FAILED run 1 (same_seed, seed 0)" in done.stdout
 
 
 def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
@@ -166,7 +166,7 @@ def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
         jobs[name] = submitted.stdout.strip().split(";")[0]
     try:
         for name, job_id in jobs.items():
-            _wait_for(lambda: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 400, f"the {name} job", tmp_path / f"{name}.log")
+            _wait_for(lambda job_id=job_id: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 400, f"the {name} job", tmp_path / f"{name}.log")
     finally:
         subprocess.run(["scancel", *jobs.values()], capture_output=True)
     for name, job_id in jobs.items():

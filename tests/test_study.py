@@ -63,7 +63,7 @@ def test_a_failed_run_is_listed_and_the_others_are_kept(generated, tmp_path):
     failure = result["failures"][0]
     assert failure["log"] == str(study / "logs" / "different-seed-01.log") and Path(failure["log"]).exists()
     assert "reprocube train exited" in failure["error"]
-    assert f"FAILED run 3 (different_seeds, seed 2)" in again.stdout and failure["log"] in again.stdout
+    assert "FAILED run 3 (different_seeds, seed 2)" in again.stdout and failure["log"] in again.stdout
     # The three other runs were finished already: kept, not retrained, reported with the same digests.
     kept = {r["member"]: r["weights_digest"] for r in result["runs"]}
     assert kept == {r["member"]: r["weights_digest"] for r in first["runs"] if r["member"] != 3}

@@ -15,9 +15,10 @@ import time
 
 import pytest
 
-from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, reprocube
 from reprocube.backend import BACKENDS as BACKEND_CLASS
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
+
+from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, reprocube
 
 EPOCHS = 3
 # What env.json must say about determinism and threads (threads=2 by default).
@@ -101,7 +102,7 @@ def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdi
 def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(copy_of_reference, train, tmp_path, framework):
     """state.json version 1 (before issue 14: no "version", and a "framework" mapping of scalars) is still
     read: rewrite a checkpoint into that layout, re-sign it, resume from it."""
-    from reprocube.checkpoint import _manifest_self_digest
+    from reprocube.checkpoint import manifest_self_digest
 
     checkpoint = copy_of_reference / "checkpoints" / "epoch-0001"
     state = json.loads((checkpoint / "state.json").read_text())
@@ -111,7 +112,7 @@ def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(copy_
     (checkpoint / "state.json").write_bytes(blob)
     edited = manifest(checkpoint)
     edited["files"]["state.json"] = hashlib.sha256(blob).hexdigest()
-    edited["manifest_sha256"] = _manifest_self_digest(edited)
+    edited["manifest_sha256"] = manifest_self_digest(edited)
     (checkpoint / "manifest.json").write_text(json.dumps(edited))
     train(f"resume={checkpoint}", "run_name=from-version-1", f"output_dir={tmp_path / 'runs'}")
     assert epoch_digests(tmp_path / "runs" / "from-version-1") == {n: d for n, d in epoch_digests(copy_of_reference).items() if n != "epoch-0001"}
@@ -357,12 +358,12 @@ def test_a_run_directory_in_use_is_refused(reference, train):
 
 
 def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path, framework):
-    from reprocube.checkpoint import _manifest_self_digest
+    from reprocube.checkpoint import manifest_self_digest
 
     path = copy_of_reference / "checkpoints" / "epoch-0002" / "manifest.json"
     edited = json.loads(path.read_text())
     edited["framework_info"][VERSION_KEY[framework]] = "2.99.0"  # as if written by another version, consistently re-hashed
-    edited["manifest_sha256"] = _manifest_self_digest(edited)
+    edited["manifest_sha256"] = manifest_self_digest(edited)
     path.write_text(json.dumps(edited))
     proc = train(f"resume={path.parent}", "run_name=elsewhere", f"output_dir={tmp_path / 'runs'}")
     assert "note: resuming in a different environment" in proc.stdout and f"{VERSION_KEY[framework]}: 2.99.0 -> " in proc.stdout

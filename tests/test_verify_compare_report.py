@@ -7,6 +7,8 @@ import shutil
 
 import pytest
 
+from reprocube.backend import FRAMEWORKS
+
 from conftest import error_lines, reprocube
 
 SMALL = ["epochs=3", "log.every_steps=5"]
@@ -15,7 +17,7 @@ SMALL = ["epochs=3", "log.every_steps=5"]
 def test_verify_all_frameworks_passes(generated, tmp_path):
     proc = reprocube("verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path, timeout=900)
     assert "verdict: all bit-identical" in proc.stdout
-    for framework in ("pytorch", "tensorflow", "jax"):
+    for framework in FRAMEWORKS:
         result = json.loads((tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.json").read_text())
         assert result["passed"] is True
         checks = {c["check"]: c for c in result["checks"]}

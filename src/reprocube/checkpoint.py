@@ -80,7 +80,9 @@ def _canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode()
 
 
-def _manifest_self_digest(manifest: dict) -> str:
+def manifest_self_digest(manifest: dict) -> str:
+    """The sha256 a manifest holds of itself: it detects damage and careless edits, not forgery (anyone
+    can recompute it; the tests do, to make consistent edits)."""
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     return hashlib.sha256(_canonical_json(body)).hexdigest()
 
@@ -110,7 +112,7 @@ def write_checkpoint(checkpoints_dir: Path, name: str, content: CheckpointConten
             "files": {fname: hashlib.sha256(blob).hexdigest() for fname, blob in sorted(blobs.items())},
             "created_unix": time.time(),
         }
-        manifest["manifest_sha256"] = _manifest_self_digest(manifest)
+        manifest["manifest_sha256"] = manifest_self_digest(manifest)
         blobs[MANIFEST] = _canonical_json(manifest)
         for fname, blob in blobs.items():
             with open(tmp / fname, "wb") as f:
@@ -140,7 +142,7 @@ def read_manifest(path: Path) -> dict:
         raise CheckpointError(f"{manifest_path} is not a JSON object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} (this reprocube reads {FORMAT_VERSION})")
-    if manifest.get("manifest_sha256") != _manifest_self_digest(manifest):
+    if manifest.get("manifest_sha256") != manifest_self_digest(manifest):
         raise CheckpointError(f"{manifest_path} was modified: its manifest_sha256 does not match its content")
     return manifest
 

@@ -21,7 +21,7 @@ class MetricsHistory:
         self.steps = list(steps or [])
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "MetricsHistory":
+    def from_manifest(cls, manifest: dict) -> MetricsHistory:
         metrics = manifest.get("metrics")
         if not (isinstance(metrics, dict) and isinstance(metrics.get("epochs"), list) and isinstance(metrics.get("steps"), list)):
             raise CheckpointError("checkpoint manifest holds no valid metrics history")

@@ -24,7 +24,7 @@ class StopRequest:
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C twice: abort now
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

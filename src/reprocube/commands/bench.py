@@ -11,7 +11,7 @@ import json
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from reprocube.commands.children import child_args, last_error_line, python_module_command, reprocube_command, run_child
@@ -39,7 +39,7 @@ def run(invocation: Invocation) -> int:
 def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
     user = child_args(overrides, config_files, PLACE_KEYS)
     reference = _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None  # before an hour of measuring
-    results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": _machine(), "config": _bench_config(cfg), "frameworks": {}}
+    results = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": _machine(), "config": _bench_config(cfg), "frameworks": {}}
     for framework in frameworks:
         entry = {"runs": [], "summary": {}}
         # Settings alternate (on, off, on, off, ...): this VM's speed drifts by ~10% over minutes, which

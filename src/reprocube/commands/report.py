@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from reprocube.commands.compare import compare_runs, load_run, summary_line  # noqa: E402
 from reprocube.commands.study_results import STUDY_RESULT, box_plot, read_study, summary_lines  # noqa: E402
 from reprocube.config import flatten_keys  # noqa: E402
-from reprocube.errors import EXIT_OK, ReprocubeError  # noqa: E402
+from reprocube.errors import EXIT_OK  # noqa: E402
 from reprocube.files import write_file_atomic  # noqa: E402
 
 ENV_ROWS = ("python", "framework.name", "framework.torch", "framework.tensorflow", "framework.jax", "framework.device", "framework.gpu",
@@ -68,7 +68,7 @@ def _png(fig) -> bytes:
 
 def _curves(runs, labels) -> bytes:
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for run, label in zip(runs, labels):
+    for run, label in zip(runs, labels, strict=True):
         epochs = [r for r in run["metrics"] if r.get("kind") == "epoch"]
         x = [r["epoch"] for r in epochs]
         loss_ax.plot(x, [r["train_loss"] for r in epochs], marker="o", label=f"{label} train")
@@ -86,7 +86,7 @@ def _curves(runs, labels) -> bytes:
 def _divergence_map(comparisons, labels) -> bytes:
     height = sum(2.2 + 0.4 * len(c["checkpoints"]) for c in comparisons)  # room for each panel's tensor names
     fig, axes = plt.subplots(len(comparisons), 1, figsize=(9, height), squeeze=False, layout="constrained")
-    for ax, comparison, label in zip(axes[:, 0], comparisons, labels[1:]):
+    for ax, comparison, label in zip(axes[:, 0], comparisons, labels[1:], strict=True):
         tensors = sorted({t["tensor"] for c in comparison["checkpoints"] for t in c["tensors"]}) or ["(none)"]
         grid = np.zeros((max(len(comparison["checkpoints"]), 1), len(tensors)))
         for i, c in enumerate(comparison["checkpoints"]):
@@ -131,10 +131,10 @@ def _html(runs, labels, comparisons, figures, studies=()) -> str:
         if name.startswith("study-"):
             parts.append(_study_html(studies[int(name[6:-4]) - 1]))
     parts.append("<h2>Verdicts</h2><table><tr><th>what</th><th>verdict</th></tr>")
-    for comparison, label in zip(comparisons, labels[1:]):
+    for comparison, label in zip(comparisons, labels[1:], strict=True):
         cls = "ok" if comparison["identical"] else "bad"
         parts.append(f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td><td class='{cls}'>{esc(summary_line(comparison))}</td></tr>")
-    for run, label in zip(runs, labels):
+    for run, label in zip(runs, labels, strict=True):
         verify_file = run["path"] / "verify.json"
         if verify_file.exists():
             verdict = json.loads(verify_file.read_text())
@@ -148,7 +148,7 @@ def _html(runs, labels, comparisons, figures, studies=()) -> str:
         if any(values):
             cls = "" if len(set(values)) == 1 else " class='bad'"
             parts.append(f"<tr{cls}><td>{esc(key)}</td>" + "".join(f"<td>{esc(v)}</td>" for v in values) + "</tr>")
-    for comparison, label in zip(comparisons, labels[1:]):
+    for comparison, label in zip(comparisons, labels[1:], strict=True):
         if comparison["env_differences"]:
             parts.append(f"</table><h3>{esc(label)} vs {esc(labels[0])}: environment differences, likeliest causes first</h3><table><tr><th>key</th><th>A</th><th>B</th></tr>")
             parts += [f"<tr><td>{esc(d['key'])}</td><td>{esc(str(d['a']))}</td><td>{esc(str(d['b']))}</td></tr>" for d in comparison["env_differences"][:30]]

@@ -10,8 +10,9 @@ import os
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from omegaconf import DictConfig
 

@@ -35,11 +35,3 @@ def parse_idx(payload: bytes, source: str = "IDX data") -> np.ndarray:
         kind = "truncated" if len(payload) < expected else "malformed"
         raise DataError(f"{source}: {kind} IDX file: shape {shape} needs {expected} bytes, file has {len(payload)}")
     return np.frombuffer(payload, dtype=np.uint8, offset=header_size).reshape(shape)
-
-
-def encode_idx(array: np.ndarray) -> bytes:
-    """Serialize a uint8 array as IDX."""
-    if array.dtype != np.uint8:
-        raise ValueError("only uint8 arrays can be written as IDX here")
-    header = bytes([0, 0, UNSIGNED_BYTE, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    return header + np.ascontiguousarray(array).tobytes()

@@ -186,7 +186,7 @@ class JaxBackend:
         self.params = traverse_util.unflatten_dict({path: jnp.asarray(state.weights[".".join(path)]) for path in params})
         leaves, treedef = jax.tree_util.tree_flatten_with_path(self.opt_state)
         names = [_path_name(path) for path, _ in leaves]
-        check_arrays("optimizer tensors", state.optimizer, {name: (leaf.shape, leaf.dtype) for name, (_, leaf) in zip(names, leaves)})
+        check_arrays("optimizer tensors", state.optimizer, {name: (leaf.shape, leaf.dtype) for name, (_, leaf) in zip(names, leaves, strict=True)})
         self.opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(state.optimizer[name]) for name in names])
 
 

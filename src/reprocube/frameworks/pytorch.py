@@ -17,7 +17,6 @@ from reprocube.backend import check_arrays  # noqa: E402
 from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
 
-
 MOMENTUM_PREFIX = "momentum_buffer."
 CPU_GENERATOR = "torch.cpu"
 CUDA_GENERATOR_PREFIX = "torch.cuda."

@@ -120,7 +120,7 @@ class TensorflowBackend:
             logits = self.model(images, training=True)
             loss = self._nll_sum(logits, one_hot) / batch
         grads = tape.gradient(loss, self.model.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
         self._last_loss.assign(loss)
         self._loss_sum.assign_add(loss * batch)
         self._correct.assign_add(self._count_correct(logits, one_hot))
