@@ -62,8 +62,22 @@ DEFAULT_DATA = Path("/usr/share/datasets/fashion-mnist")
 DEFAULT_WHEELS = Path("/opt/wheels")
 TUTORIAL_FILES = ["mnist_pytorch.py", "mnist_tensorflow.py", "mnist_jax.py", "workspace/train.yaml"]
 FRAMEWORKS = {"pytorch": "mnist_pytorch.py", "tensorflow": "mnist_tensorflow.py", "jax": "mnist_jax.py"}
-VERSION_PACKAGES = ["torch", "tensorflow", "tf-keras", "keras", "jax", "jaxlib", "flax", "optax",
-                    "orbax-checkpoint", "hydra-core", "omegaconf", "ml-collections", "pillow", "numpy"]
+VERSION_PACKAGES = [
+    "torch",
+    "tensorflow",
+    "tf-keras",
+    "keras",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "hydra-core",
+    "omegaconf",
+    "ml-collections",
+    "pillow",
+    "numpy",
+]
 MARK = "# [reference_tutorial.py edit]"
 
 
@@ -74,6 +88,7 @@ class Failure(Exception):
 @dataclass
 class Change:
     """One difference from running the tutorial as published."""
+
     applies_to: list[str]  # frameworks
     kind: str  # source (exact replacement in the script), shim, env, cli or data
     file: str
@@ -85,44 +100,78 @@ class Change:
 
 SOURCE_EDITS = [
     Change(
-        ["tensorflow"], "source", "mnist_tensorflow.py",
+        ["tensorflow"],
+        "source",
+        "mnist_tensorflow.py",
         "mnist.load_data(path=.../mnist.npz) replaced by the np.load of that npz that load_data does",
         "load_data checks MNIST's sha256 and re-downloads on a mismatch; offline, with Fashion-MNIST in the npz, that fails",
-        old='''    (x_train, y_train), (x_test, y_test) = mnist.load_data(
+        old="""    (x_train, y_train), (x_test, y_test) = mnist.load_data(
         path=os.path.join(cfg.output.data_path, "mnist.npz")
     )
-''',
-        new=f'''    {MARK} load_data without its MNIST hash check and download
+""",
+        new=f"""    {MARK} load_data without its MNIST hash check and download
     import numpy as np
     with np.load(os.path.join(cfg.output.data_path, "mnist.npz"), allow_pickle=True) as f:
         (x_train, y_train), (x_test, y_test) = (f["x_train"], f["y_train"]), (f["x_test"], f["y_test"])
-'''),
+""",
+    ),
     Change(
-        ["jax"], "source", "mnist_jax.py",
-        "checkpoint directory made absolute: os.path.abspath(os.path.join(\"jax_checkpoints_{}\"...))",
+        ["jax"],
+        "source",
+        "mnist_jax.py",
+        'checkpoint directory made absolute: os.path.abspath(os.path.join("jax_checkpoints_{}"...))',
         "current orbax raises 'Checkpoint path should be absolute' after epoch 1",
         old='ckpt_dir=os.path.join("jax_checkpoints_{}".format(epoch)),',
-        new=f'ckpt_dir=os.path.abspath(os.path.join("jax_checkpoints_{{}}".format(epoch))),  {MARK}'),
+        new=f'ckpt_dir=os.path.abspath(os.path.join("jax_checkpoints_{{}}".format(epoch))),  {MARK}',
+    ),
 ]
 
 
 def fixed_changes(epochs: int, data_dir: Path) -> list[Change]:
     """The changes that are not source edits: shim, environment, command line, data."""
     return [
-        Change(["pytorch", "jax"], "shim", "torchvision/ (next to the scripts)",
-               "stand-in torchvision package from benchmarks/reference/standin: datasets.MNIST, transforms.Compose/ToTensor/Normalize",
-               "torchvision cannot import against CPU torch here; the stand-in keeps the per-sample PIL image -> ToTensor -> Normalize path"),
-        Change(["tensorflow"], "env", "-", "TF_USE_LEGACY_KERAS=1 (tf_keras 2.21 installed)",
-               "with Keras 3 the script fails: 'Mean' object has no attribute 'reset_states'"),
-        Change(list(FRAMEWORKS), "env", "-", "WORKSPACE_PATH=<work dir>/<framework>",
-               "train.yaml reads ${oc.env:WORKSPACE_PATH}; their run.sh sets it the same way"),
-        Change(list(FRAMEWORKS), "cli", "-", "--config-path <work dir>/conf --config-name train (their train.yaml, unchanged)",
-               "@hydra.main points at /mlcube/workspace, the MLCube container's mount"),
-        Change(list(FRAMEWORKS), "cli", "-", f"params.n_epochs={epochs}",
-               "train.yaml says 4 epochs; the number of epochs to time is chosen here"),
-        Change(list(FRAMEWORKS), "data", "-",
-               f"Fashion-MNIST ({data_dir}) in MNIST's place: IDX files in data/MNIST/raw, data/mnist.npz for TF",
-               "MNIST needs the internet; Fashion-MNIST has the same format, shapes and sizes"),
+        Change(
+            ["pytorch", "jax"],
+            "shim",
+            "torchvision/ (next to the scripts)",
+            "stand-in torchvision package from benchmarks/reference/standin: datasets.MNIST, transforms.Compose/ToTensor/Normalize",
+            "torchvision cannot import against CPU torch here; the stand-in keeps the per-sample PIL image -> ToTensor -> Normalize path",
+        ),
+        Change(
+            ["tensorflow"],
+            "env",
+            "-",
+            "TF_USE_LEGACY_KERAS=1 (tf_keras 2.21 installed)",
+            "with Keras 3 the script fails: 'Mean' object has no attribute 'reset_states'",
+        ),
+        Change(
+            list(FRAMEWORKS),
+            "env",
+            "-",
+            "WORKSPACE_PATH=<work dir>/<framework>",
+            "train.yaml reads ${oc.env:WORKSPACE_PATH}; their run.sh sets it the same way",
+        ),
+        Change(
+            list(FRAMEWORKS),
+            "cli",
+            "-",
+            "--config-path <work dir>/conf --config-name train (their train.yaml, unchanged)",
+            "@hydra.main points at /mlcube/workspace, the MLCube container's mount",
+        ),
+        Change(
+            list(FRAMEWORKS),
+            "cli",
+            "-",
+            f"params.n_epochs={epochs}",
+            "train.yaml says 4 epochs; the number of epochs to time is chosen here",
+        ),
+        Change(
+            list(FRAMEWORKS),
+            "data",
+            "-",
+            f"Fashion-MNIST ({data_dir}) in MNIST's place: IDX files in data/MNIST/raw, data/mnist.npz for TF",
+            "MNIST needs the internet; Fashion-MNIST has the same format, shapes and sizes",
+        ),
     ]
 
 
@@ -130,12 +179,26 @@ def option_changes(train_limit: int | None, test_limit: int | None, torch_thread
     """The changes made only when asked for: shorter data, a torch thread count."""
     changes = []
     if torch_threads is not None:
-        changes.append(Change(["pytorch"], "env", "-", f"OMP_NUM_THREADS={torch_threads} (--torch-threads)",
-                              "torch's intra-op threads, by default one per core, slow down badly on a loaded machine"))
+        changes.append(
+            Change(
+                ["pytorch"],
+                "env",
+                "-",
+                f"OMP_NUM_THREADS={torch_threads} (--torch-threads)",
+                "torch's intra-op threads, by default one per core, slow down badly on a loaded machine",
+            )
+        )
     for name, limit in (("training", train_limit), ("test", test_limit)):
         if limit is not None:
-            changes.append(Change(list(FRAMEWORKS), "data", "-", f"{name} set cut to its first {limit} samples",
-                                  "--train-limit/--test-limit: short runs for development, not for timing"))
+            changes.append(
+                Change(
+                    list(FRAMEWORKS),
+                    "data",
+                    "-",
+                    f"{name} set cut to its first {limit} samples",
+                    "--train-limit/--test-limit: short runs for development, not for timing",
+                )
+            )
     return changes
 
 
@@ -168,7 +231,9 @@ def apply_edits(name: str, text: str, edits: list[Change]) -> str:
     for edit in edits:
         count = text.count(edit.old)
         if count != 1:
-            raise Failure(f"edit no longer applies to {name} (expected text found {count} times, not once): {edit.what}")
+            raise Failure(
+                f"edit no longer applies to {name} (expected text found {count} times, not once): {edit.what}"
+            )
         text = text.replace(edit.old, edit.new)
     return text
 
@@ -184,11 +249,17 @@ def read_idx_gz(path: Path) -> np.ndarray:
 
 
 def load_fashion(data_dir: Path, train_limit: int | None, test_limit: int | None) -> dict[str, np.ndarray]:
-    names = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-ubyte.gz",
-             "x_test": "t10k-images-idx3-ubyte.gz", "y_test": "t10k-labels-idx1-ubyte.gz"}
+    names = {
+        "x_train": "train-images-idx3-ubyte.gz",
+        "y_train": "train-labels-idx1-ubyte.gz",
+        "x_test": "t10k-images-idx3-ubyte.gz",
+        "y_test": "t10k-labels-idx1-ubyte.gz",
+    }
     missing = [n for n in names.values() if not (data_dir / n).is_file()]
     if missing:
-        raise Failure(f"{data_dir} lacks {', '.join(missing)} (Fashion-MNIST IDX files; apt package dataset-fashion-mnist)")
+        raise Failure(
+            f"{data_dir} lacks {', '.join(missing)} (Fashion-MNIST IDX files; apt package dataset-fashion-mnist)"
+        )
     arrays = {key: read_idx_gz(data_dir / name) for key, name in names.items()}
     for split, limit in (("train", train_limit), ("test", test_limit)):
         if limit is not None:
@@ -212,8 +283,12 @@ def write_data(framework: str, workspace: Path, arrays: dict[str, np.ndarray]) -
         return
     raw = data / "MNIST" / "raw"
     raw.mkdir(parents=True)
-    for key, stem in (("x_train", "train-images-idx3-ubyte"), ("y_train", "train-labels-idx1-ubyte"),
-                      ("x_test", "t10k-images-idx3-ubyte"), ("y_test", "t10k-labels-idx1-ubyte")):
+    for key, stem in (
+        ("x_train", "train-images-idx3-ubyte"),
+        ("y_train", "train-labels-idx1-ubyte"),
+        ("x_test", "t10k-images-idx3-ubyte"),
+        ("y_test", "t10k-labels-idx1-ubyte"),
+    ):
         write_idx(raw / stem, arrays[key])
 
 
@@ -258,8 +333,9 @@ def failure_reason(returncode: int, log: str, epochs: int, train: list, test: li
     return None
 
 
-def run_framework(framework: str, python: Path, work: Path, arrays: dict, epochs: int, threads: str,
-                  torch_threads: int | None) -> dict:
+def run_framework(
+    framework: str, python: Path, work: Path, arrays: dict, epochs: int, threads: str, torch_threads: int | None
+) -> dict:
     """Runs one script in its own workspace and parses the epoch times from its log."""
     workspace = work / framework
     write_data(framework, workspace, arrays)
@@ -269,8 +345,15 @@ def run_framework(framework: str, python: Path, work: Path, arrays: dict, epochs
         env["TF_USE_LEGACY_KERAS"] = env_shown["TF_USE_LEGACY_KERAS"] = "1"
     if framework == "pytorch" and torch_threads is not None:
         env["OMP_NUM_THREADS"] = env_shown["OMP_NUM_THREADS"] = str(torch_threads)
-    command = [str(python), str(work / "src" / FRAMEWORKS[framework]), "--config-path", str(work / "conf"),
-               "--config-name", "train", f"params.n_epochs={epochs}"]
+    command = [
+        str(python),
+        str(work / "src" / FRAMEWORKS[framework]),
+        "--config-path",
+        str(work / "conf"),
+        "--config-name",
+        "train",
+        f"params.n_epochs={epochs}",
+    ]
     log_path = work / f"{framework}.log"
     print(f"running {framework} ({epochs} epochs, log {log_path}) ...", flush=True)
     load_before = os.getloadavg()
@@ -311,16 +394,21 @@ def setup_venv(python: Path, wheels: Path) -> None:
     venv = python.parent.parent
     if not python.exists():
         subprocess.run([uv, "venv", "--python", "3.11", str(venv)], check=True)
-    subprocess.run([uv, "pip", "install", "--python", str(python), "--find-links", str(wheels), "-r", str(REQUIREMENTS)], check=True)
+    subprocess.run(
+        [uv, "pip", "install", "--python", str(python), "--find-links", str(wheels), "-r", str(REQUIREMENTS)],
+        check=True,
+    )
 
 
 def venv_versions(python: Path) -> dict:
-    code = ("import importlib.metadata as m, json, platform\n"
-            f"names = {VERSION_PACKAGES!r}\n"
-            "def version(n):\n"
-            "    try:\n        return m.version(n)\n"
-            "    except m.PackageNotFoundError:\n        return None\n"
-            "print(json.dumps({'python': platform.python_version(), 'packages': {n: version(n) for n in names}}))\n")
+    code = (
+        "import importlib.metadata as m, json, platform\n"
+        f"names = {VERSION_PACKAGES!r}\n"
+        "def version(n):\n"
+        "    try:\n        return m.version(n)\n"
+        "    except m.PackageNotFoundError:\n        return None\n"
+        "print(json.dumps({'python': platform.python_version(), 'packages': {n: version(n) for n in names}}))\n"
+    )
     result = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
     if result.returncode != 0:
         raise Failure(f"{python} cannot run: {result.stderr.strip().splitlines()[-1:]}")
@@ -328,8 +416,14 @@ def venv_versions(python: Path) -> dict:
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()}
 
 
@@ -360,13 +454,17 @@ def fmt(values: list[float]) -> str:
 
 
 def print_table(results: dict, epochs: int, batch: str | None) -> None:
-    print("\n| framework | epochs | train s per epoch | test s per epoch | median train s (epochs >= 2) | batch | threads | exit |")
+    print(
+        "\n| framework | epochs | train s per epoch | test s per epoch | median train s (epochs >= 2) | batch | threads | exit |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for framework, r in results.items():
         later = r["train_epoch_s"][1:]
         median = f"{statistics.median(later):.2f}" if later else "-"
-        print(f"| {framework} | {epochs} | {fmt(r['train_epoch_s'])} | {fmt(r['test_epoch_s'])} | {median} | {batch} | "
-              f"{r['threads']} | {r['exit_status']}{'' if r['ok'] else ' FAILED'} |")
+        print(
+            f"| {framework} | {epochs} | {fmt(r['train_epoch_s'])} | {fmt(r['test_epoch_s'])} | {median} | {batch} | "
+            f"{r['threads']} | {r['exit_status']}{'' if r['ok'] else ' FAILED'} |"
+        )
     print("\nCommands (cwd = the framework's workspace):")
     for framework, r in results.items():
         print(f"  {framework}: {r['command']}")
@@ -384,12 +482,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--train-limit", type=int, help="use only the first N training samples (development)")
     parser.add_argument("--test-limit", type=int, help="use only the first N test samples (development)")
-    parser.add_argument("--torch-threads", type=int, help="set OMP_NUM_THREADS for mnist_pytorch.py (listed as a change)")
+    parser.add_argument(
+        "--torch-threads", type=int, help="set OMP_NUM_THREADS for mnist_pytorch.py (listed as a change)"
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Fashion-MNIST IDX .gz directory")
     parser.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="python of the reference venv")
     parser.add_argument("--out", type=Path, default=Path("reference-results.json"))
-    parser.add_argument("--setup", action="store_true", help="create/update the reference venv from requirements.in with uv")
-    parser.add_argument("--wheels", type=Path, default=DEFAULT_WHEELS, help="--setup: directory with the torch CPU wheel")
+    parser.add_argument(
+        "--setup", action="store_true", help="create/update the reference venv from requirements.in with uv"
+    )
+    parser.add_argument(
+        "--wheels", type=Path, default=DEFAULT_WHEELS, help="--setup: directory with the torch CPU wheel"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary work dir")
     return parser.parse_args()
 
@@ -432,7 +536,11 @@ def run(args: argparse.Namespace) -> int:
         commit = git_commit(args.tutorial / ".git") if (args.tutorial / ".git").exists() else None
     versions = venv_versions(args.python)
     arrays = load_fashion(args.data, args.train_limit, args.test_limit)
-    changes = SOURCE_EDITS + fixed_changes(args.epochs, args.data) + option_changes(args.train_limit, args.test_limit, args.torch_threads)
+    changes = (
+        SOURCE_EDITS
+        + fixed_changes(args.epochs, args.data)
+        + option_changes(args.train_limit, args.test_limit, args.torch_threads)
+    )
     work = Path(tempfile.mkdtemp(prefix="reference-tutorial-"))
     try:
         prepare_work(work, sources, frameworks)
@@ -441,7 +549,9 @@ def run(args: argparse.Namespace) -> int:
         workers = yaml_param(sources["workspace/train.yaml"], "num_workers")
         for framework in frameworks:
             threads = threads_setting(framework, workers, args.torch_threads)
-            results[framework] = run_framework(framework, args.python, work, arrays, args.epochs, threads, args.torch_threads)
+            results[framework] = run_framework(
+                framework, args.python, work, arrays, args.epochs, threads, args.torch_threads
+            )
     finally:
         if args.keep:
             print(f"work dir kept: {work}")
@@ -454,11 +564,18 @@ def run(args: argparse.Namespace) -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "venv": {"python_path": str(args.python), **versions},
-        "tutorial": {"repository": "github.com/WolodjaZ/reproduc-ml-tutorial", "commit": commit,
-                     "source": str(args.tutorial_git or args.tutorial),
-                     "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sources.items()}},
-        "data": {"dataset": "Fashion-MNIST in MNIST's place", "dir": str(args.data),
-                 "train_samples": len(arrays["y_train"]), "test_samples": len(arrays["y_test"])},
+        "tutorial": {
+            "repository": "github.com/WolodjaZ/reproduc-ml-tutorial",
+            "commit": commit,
+            "source": str(args.tutorial_git or args.tutorial),
+            "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sources.items()},
+        },
+        "data": {
+            "dataset": "Fashion-MNIST in MNIST's place",
+            "dir": str(args.data),
+            "train_samples": len(arrays["y_train"]),
+            "test_samples": len(arrays["y_test"]),
+        },
         "epochs": args.epochs,
         "batch_size_train": int(yaml_param(yaml_text, "batch_size_train")),
         "batch_size_test": int(yaml_param(yaml_text, "batch_size_test")),

@@ -81,9 +81,13 @@ def generated(tmp_path_factory) -> GeneratedDataset:
 def reprocube(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh Python process (what bit-exact resume must survive)."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    proc = subprocess.run([sys.executable, "-m", "reprocube", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "reprocube", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"reprocube {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        raise AssertionError(
+            f"reprocube {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
     return proc
 
 

@@ -9,7 +9,15 @@ import pytest
 
 from conftest import error_lines, reprocube
 
-FIGURES = ("first_step_s", "epoch_s", "samples_per_s", "eval_s", "checkpoint_write_s", "checkpoint_restore_s", "peak_rss_mb")
+FIGURES = (
+    "first_step_s",
+    "epoch_s",
+    "samples_per_s",
+    "eval_s",
+    "checkpoint_write_s",
+    "checkpoint_restore_s",
+    "peak_rss_mb",
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +25,11 @@ def pytorch_bench(generated, tmp_path_factory):
     """Both determinism settings, 2 repeats, verify's cost over 1 epoch, and a reference file."""
     out = tmp_path_factory.mktemp("bench")
     reference = out / "reference.json"
-    epochs = {"train_epoch_s": [9.0, 3.0, 6.0], "median_train_s_after_first_epoch": None, "threads": "2"}  # as reference_tutorial.py writes
+    epochs = {
+        "train_epoch_s": [9.0, 3.0, 6.0],
+        "median_train_s_after_first_epoch": None,
+        "threads": "2",
+    }  # as reference_tutorial.py writes
     reference.write_text(json.dumps({"date": "2026-11-01", "batch_size_train": 32, "results": {"pytorch": epochs}}))
     proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=2", "bench.verify_epochs=1",
                      f"bench.reference={reference}", f"bench.out={out}", cwd=out, timeout=600)  # fmt: skip
@@ -45,7 +57,9 @@ def test_bench_derives_costs_and_reference_ratios_from_its_medians(pytorch_bench
     on, off = entry["summary"]["on"], entry["summary"]["off"]
     derived = entry["derived"]
     assert derived["determinism_cost"] == pytest.approx(on["epoch_s"]["median"] / off["epoch_s"]["median"] - 1)
-    assert derived["checkpoint_share_of_epoch"] == pytest.approx(on["checkpoint_write_s"]["median"] / on["epoch_s"]["median"])
+    assert derived["checkpoint_share_of_epoch"] == pytest.approx(
+        on["checkpoint_write_s"]["median"] / on["epoch_s"]["median"]
+    )
     verify = entry["verify"]
     assert verify["epochs"] == 1 and verify["verify_s"] > verify["train_s"] > 0  # verify trains several runs
     ratio = results["reference"]["frameworks"]["pytorch"]
@@ -63,14 +77,20 @@ def test_bench_runs_for_the_other_frameworks(generated, tmp_path, framework):
     results = json.loads((tmp_path / "bench.json").read_text())
     (run,) = results["frameworks"][framework]["runs"]
     assert run["framework"] == framework and all(run[figure] > 0 for figure in FIGURES)
-    assert "verify" not in results["frameworks"][framework] and "determinism_cost" not in results["frameworks"][framework]["derived"]
+    assert (
+        "verify" not in results["frameworks"][framework]
+        and "determinism_cost" not in results["frameworks"][framework]["derived"]
+    )
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
         ("bench.repeats=0", "reprocube: error: bench.repeats must be an integer >= 1, got 0"),
-        ("bench.deterministic=[true,true]", "reprocube: error: bench.deterministic must be a list of distinct true/false values, e.g. [true,false], got [True, True]"),
+        (
+            "bench.deterministic=[true,true]",
+            "reprocube: error: bench.deterministic must be a list of distinct true/false values, e.g. [true,false], got [True, True]",
+        ),
         ("framework=caffe", "reprocube: error: framework must be all or one of pytorch, tensorflow, jax, got 'caffe'"),
     ],
 )

@@ -48,7 +48,9 @@ def test_weights_digest_sees_every_bit_name_and_shape():
     assert weights_digest(dict(reversed(list(weights.items())))) == base  # order-independent
 
 
-@pytest.mark.parametrize("name", ["weights.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.json"])
+@pytest.mark.parametrize(
+    "name", ["weights.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.json"]
+)
 def test_a_changed_byte_is_refused(checkpoint, name):
     path = checkpoint / name
     data = bytearray(path.read_bytes())

@@ -33,11 +33,31 @@ def test_print_config_shows_the_resolved_config(tmp_path):
         (["train", "--no-such-flag"], 2, "reprocube: error: unrecognized arguments: --no-such-flag"),
         (["train", "epochs=zero"], 2, "reprocube: error: epochs must be an integer >= 1, got 'zero'"),
         (["train", "no_such_key=1"], 2, "reprocube: error: invalid configuration: Could not override 'no_such_key'."),
-        (["train", "framework=caffe"], 2, "reprocube: error: invalid configuration: In 'config': Could not find 'framework/caffe'"),
-        (["train", "data_dir=nowhere"], 3, "reprocube: error: dataset fashion_mnist not found in nowhere/fashion_mnist; fetch it first with `reprocube download dataset=fashion_mnist data_dir=nowhere`"),
-        (["train", "resume=latest"], 4, "reprocube: error: resume=latest: no checkpoint in runs/pytorch-seed0/checkpoints"),
-        (["train", "resume=/no/such/checkpoint"], 4, "reprocube: error: resume=/no/such/checkpoint: not a checkpoint directory (no manifest.json) nor a run directory"),
-        (["download", "data.source_dir=/no/such/dir"], 3, "reprocube: error: data.source_dir /no/such/dir is not a directory"),
+        (
+            ["train", "framework=caffe"],
+            2,
+            "reprocube: error: invalid configuration: In 'config': Could not find 'framework/caffe'",
+        ),
+        (
+            ["train", "data_dir=nowhere"],
+            3,
+            "reprocube: error: dataset fashion_mnist not found in nowhere/fashion_mnist; fetch it first with `reprocube download dataset=fashion_mnist data_dir=nowhere`",
+        ),
+        (
+            ["train", "resume=latest"],
+            4,
+            "reprocube: error: resume=latest: no checkpoint in runs/pytorch-seed0/checkpoints",
+        ),
+        (
+            ["train", "resume=/no/such/checkpoint"],
+            4,
+            "reprocube: error: resume=/no/such/checkpoint: not a checkpoint directory (no manifest.json) nor a run directory",
+        ),
+        (
+            ["download", "data.source_dir=/no/such/dir"],
+            3,
+            "reprocube: error: data.source_dir /no/such/dir is not a directory",
+        ),
     ],
 )
 def test_bad_input_ends_in_one_line_and_a_status(tmp_path, args, status, message):
@@ -52,4 +72,6 @@ def test_a_config_file_with_a_typo_is_refused(tmp_path):
     user.write_text("optimizer:\n  lr: 0.1\n  momentun: 0.9\n")
     proc = reprocube("train", "--config-file", str(user), cwd=tmp_path, check=False)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["reprocube: error: invalid configuration: Could not override 'optimizer.momentun'. There is no such key (see --print-config for every key)."]
+    assert proc.stderr.strip().splitlines() == [
+        "reprocube: error: invalid configuration: Could not override 'optimizer.momentun'. There is no such key (see --print-config for every key)."
+    ]

@@ -19,9 +19,15 @@ def test_overrides_use_hydra_grammar():
 
 def test_user_yaml_is_merged_under_the_command_line(tmp_path):
     user = tmp_path / "train.yaml"
-    user.write_text("epochs: 7\nseed: 3\ndataset: mnist\noptimizer:\n  lr: 0.05\nrun_name: \"it's mine\"\n")
+    user.write_text('epochs: 7\nseed: 3\ndataset: mnist\noptimizer:\n  lr: 0.05\nrun_name: "it\'s mine"\n')
     cfg = load_config(["seed=5"], [str(user)])
-    assert (cfg.epochs, cfg.seed, cfg.optimizer.lr, cfg.dataset.name, cfg.run_name) == (7, 5, 0.05, "mnist", "it's mine")
+    assert (cfg.epochs, cfg.seed, cfg.optimizer.lr, cfg.dataset.name, cfg.run_name) == (
+        7,
+        5,
+        0.05,
+        "mnist",
+        "it's mine",
+    )
 
 
 def test_later_config_files_override_earlier_ones(tmp_path):
@@ -82,7 +88,10 @@ def test_bad_values_are_refused(override, message):
 
 
 def test_number_types_are_normalised():
-    integer, real = load_config(["optimizer.momentum=0", "optimizer.lr=1"]), load_config(["optimizer.momentum=0.0", "optimizer.lr=1.0"])
+    integer, real = (
+        load_config(["optimizer.momentum=0", "optimizer.lr=1"]),
+        load_config(["optimizer.momentum=0.0", "optimizer.lr=1.0"]),
+    )
     assert config_hash(to_plain(integer)) == config_hash(to_plain(real))
     assert load_config(["run_name=123"]).run_name == "123"
 
@@ -97,7 +106,17 @@ def test_user_yaml_strings_survive_quoting(tmp_path):
 def test_config_hash_ignores_places_cadences_and_epochs_only():
     base = to_plain(load_config([]))
     same = to_plain(
-        load_config(["epochs=9", "output_dir=/elsewhere", "run_name=x", "data_dir=/d", "resume=latest", "checkpoint.every_steps=5", "log.every_steps=1"])
+        load_config(
+            [
+                "epochs=9",
+                "output_dir=/elsewhere",
+                "run_name=x",
+                "data_dir=/d",
+                "resume=latest",
+                "checkpoint.every_steps=5",
+                "log.every_steps=1",
+            ]
+        )
     )
     assert config_hash(base) == config_hash(same)
     for override in ("seed=1", "threads=1", "optimizer.lr=0.02", "data.train_limit=10", "deterministic=false"):

@@ -32,7 +32,13 @@ IMAGE = f"reprocube/reprocube:{VERSION}-cpu"
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 # The README's CPU command line: the CPU image, no GPU arguments.
 CPU = [f"-Pdocker.image={IMAGE}", "-Pplatform.accelerator_count=0", "-Pdocker.build_args.VARIANT=cpu"]
-TRAIN = {"dataset": "fashion_mnist", "seed": 0, "epochs": 2, "threads": 2, "data": {"train_limit": 640, "test_limit": 320}}
+TRAIN = {
+    "dataset": "fashion_mnist",
+    "seed": 0,
+    "epochs": 2,
+    "threads": 2,
+    "data": {"train_limit": 640, "test_limit": 320},
+}
 
 
 def _not_ready() -> str | None:
@@ -94,18 +100,32 @@ class Cube:
             os.chown(path, self.uid, self.gid)
 
     def popen(self, task: str, *params: str) -> subprocess.Popen:
-        command = [str(self.mlcube), "run", f"--mlcube={REPO}", "--platform=docker", f"--task={task}", f"--workspace={self.workspace}", *params, "--", *CPU]
+        command = [
+            str(self.mlcube),
+            "run",
+            f"--mlcube={REPO}",
+            "--platform=docker",
+            f"--task={task}",
+            f"--workspace={self.workspace}",
+            *params,
+            "--",
+            *CPU,
+        ]
         as_user = {}
         if os.geteuid() == 0:  # the docker socket's group, as a user in the docker group would have it
             as_user = {"user": self.uid, "group": self.gid, "extra_groups": [os.stat("/var/run/docker.sock").st_gid]}
         env = {"PATH": os.environ["PATH"], "HOME": str(self.home), "LANG": "C.UTF-8"}
-        return subprocess.Popen(command, cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **as_user)
+        return subprocess.Popen(
+            command, cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **as_user
+        )
 
     def run(self, task: str, *params: str, timeout: float = 900) -> subprocess.CompletedProcess:
         started = time.perf_counter()
         process = self.popen(task, *params)
         output, _ = process.communicate(timeout=timeout)
-        print(f"mlcube --task={task} {' '.join(params)}: exit {process.returncode} in {time.perf_counter() - started:.1f} s")
+        print(
+            f"mlcube --task={task} {' '.join(params)}: exit {process.returncode} in {time.perf_counter() - started:.1f} s"
+        )
         result = subprocess.CompletedProcess(process.args, process.returncode, output, "")
         self.results[" ".join((task, *params))] = result
         return result
@@ -151,7 +171,9 @@ def test_verify_task_passes_for_all_three_frameworks(cube):
         result = json.loads((cube.workspace / "runs" / f"verify-{framework}" / "reference" / "verify.json").read_text())
         assert result["passed"] is True, framework
         names = {check["check"] for check in result["checks"]}
-        assert any(name.startswith("SIGTERM at step") for name in names), names  # the mid-epoch drill ran in the container
+        assert any(name.startswith("SIGTERM at step") for name in names), (
+            names
+        )  # the mid-epoch drill ran in the container
     assert "verdict: all bit-identical" in cube.results["verify"].stdout
 
 
@@ -167,12 +189,18 @@ def test_study_task_runs_the_variance_study_in_the_container(cube):
     assert (same["runs"], same["distinct_weights_digests"], same["test_accuracy"]["std"]) == (2, 1, 0.0)
     assert (different["runs"], different["distinct_weights_digests"]) == (2, 2)
     # Its same-seed runs are the pytorch task's run (same train.yaml, seed 0), bit for bit.
-    assert {r["weights_digest"] for r in result["runs"] if r["group"] == "same_seed"} == {final_digests(cube.workspace / "runs" / "pytorch-seed0")[-1]}
+    assert {r["weights_digest"] for r in result["runs"] if r["group"] == "same_seed"} == {
+        final_digests(cube.workspace / "runs" / "pytorch-seed0")[-1]
+    }
     assert (cube.workspace / "study" / "study.png").stat().st_size > 1000
 
 
 def test_everything_in_the_workspace_belongs_to_the_invoking_user(cube):
-    foreign = [str(p) for p in [cube.workspace, *cube.workspace.rglob("*")] if (p.lstat().st_uid, p.lstat().st_gid) != (cube.uid, cube.gid)]
+    foreign = [
+        str(p)
+        for p in [cube.workspace, *cube.workspace.rglob("*")]
+        if (p.lstat().st_uid, p.lstat().st_gid) != (cube.uid, cube.gid)
+    ]
     assert foreign == []
     assert (cube.workspace / "runs" / "pytorch-seed0" / "checkpoints" / "epoch-0002").is_dir()
 
@@ -186,7 +214,9 @@ def test_a_native_run_gives_the_container_runs_bits(cube, framework, tmp_path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert native.returncode == 0, native.stderr
-    assert final_digests(tmp_path / f"{framework}-seed0") == final_digests(cube.workspace / "runs" / f"{framework}-seed0")
+    assert final_digests(tmp_path / f"{framework}-seed0") == final_digests(
+        cube.workspace / "runs" / f"{framework}-seed0"
+    )
 
 
 def test_docker_stop_mid_epoch_checkpoints_and_the_resumed_run_is_bit_exact(cube, tmp_path):
@@ -197,9 +227,13 @@ def test_docker_stop_mid_epoch_checkpoints_and_the_resumed_run_is_bit_exact(cube
     run = cube.workspace / "runs" / "stopped"
     deadline = time.monotonic() + 300
     while not (run / "checkpoints" / "epoch-0001").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended or stalled before its first checkpoint"
+        assert process.poll() is None and time.monotonic() < deadline, (
+            "the run ended or stalled before its first checkpoint"
+        )
         time.sleep(0.05)
-    containers = subprocess.run(["docker", "ps", "-q", "--filter", f"ancestor={IMAGE}"], capture_output=True, text=True, check=True).stdout.split()
+    containers = subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"ancestor={IMAGE}"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert len(containers) == 1
     subprocess.run(["docker", "kill", "--signal=TERM", containers[0]], check=True, capture_output=True)
     output, _ = process.communicate(timeout=300)
@@ -225,7 +259,9 @@ def test_docker_stop_mid_epoch_checkpoints_and_the_resumed_run_is_bit_exact(cube
 def _bridge_gateway() -> str:
     """The host's address on Docker's default bridge (docker0): the subnet's gateway, or else its first host,
     which is what dockerd assigns docker0 (20.10 reports only the subnet)."""
-    inspected = subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True, text=True, check=True).stdout
+    inspected = subprocess.run(
+        ["docker", "network", "inspect", "bridge"], capture_output=True, text=True, check=True
+    ).stdout
     config = json.loads(inspected)[0]["IPAM"]["Config"][0]
     return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
 
@@ -238,7 +274,9 @@ def test_download_task_reaches_a_mirror_only_with_network_bridge(cube):
     server = ThreadingHTTPServer((gateway, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        cube.write("mirror.yaml", {"dataset": {"mirrors": [f"http://{gateway}:{server.server_port}/"]}})  # Fashion-MNIST is the default
+        cube.write(
+            "mirror.yaml", {"dataset": {"mirrors": [f"http://{gateway}:{server.server_port}/"]}}
+        )  # Fashion-MNIST is the default
         params = ("parameters_file=mirror.yaml", "source_dir=no-source", "data_dir=mirrored")
         offline = cube.run("download", *params)
         assert offline.returncode != 0
@@ -247,6 +285,8 @@ def test_download_task_reaches_a_mirror_only_with_network_bridge(cube):
 
         online = cube.run("download", "--network=bridge", *params)
         assert online.returncode == 0, [line for line in online.stdout.splitlines() if "reprocube" in line]
-        assert sorted(p.name for p in (cube.workspace / "mirrored" / "fashion_mnist").iterdir()) == sorted(p.name.removesuffix(".gz") for p in FASHION_MNIST.glob("*.gz"))
+        assert sorted(p.name for p in (cube.workspace / "mirrored" / "fashion_mnist").iterdir()) == sorted(
+            p.name.removesuffix(".gz") for p in FASHION_MNIST.glob("*.gz")
+        )
     finally:
         server.shutdown()

@@ -97,7 +97,9 @@ def test_all_mirrors_failing_names_each_reason(tmp_path, server, payloads):
     _, url = server
     dataset = _dataset(tmp_path, payloads)
     closed = f"http://127.0.0.1:{_closed_port()}/"
-    proc = reprocube("download", *dataset.overrides(), f"dataset.mirrors=[{url}/nothing/,{closed}]", cwd=tmp_path, check=False)
+    proc = reprocube(
+        "download", *dataset.overrides(), f"dataset.mirrors=[{url}/nothing/,{closed}]", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 3
     assert proc.stderr.startswith("reprocube: error: could not fetch train-images-idx3-ubyte: ")
     assert f"{url}/nothing/train-images-idx3-ubyte.gz: HTTP 404" in proc.stderr
@@ -106,7 +108,13 @@ def test_all_mirrors_failing_names_each_reason(tmp_path, server, payloads):
 
 def test_a_source_dir_without_the_files_says_so(tmp_path, payloads):
     (tmp_path / "empty").mkdir()
-    proc = reprocube("download", *_dataset(tmp_path, payloads).overrides(), f"data.source_dir={tmp_path / 'empty'}", cwd=tmp_path, check=False)
+    proc = reprocube(
+        "download",
+        *_dataset(tmp_path, payloads).overrides(),
+        f"data.source_dir={tmp_path / 'empty'}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 3
     assert f"{tmp_path / 'empty'}/train-images-idx3-ubyte[.gz]: not found" in proc.stderr
 

@@ -22,8 +22,19 @@ from conftest import reprocube
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 GOLDEN = Path(__file__).with_name("golden_digests.json")
-CONFIG = ("dataset=fashion_mnist", "data.train_limit=2048", "data.test_limit=512", "epochs=2", "seed=0", "log.progress=false")
-VERSIONED = {"pytorch": ("torch",), "tensorflow": ("tensorflow", "tensorflow-cpu", "keras"), "jax": ("jax", "jaxlib", "flax", "optax")}
+CONFIG = (
+    "dataset=fashion_mnist",
+    "data.train_limit=2048",
+    "data.test_limit=512",
+    "epochs=2",
+    "seed=0",
+    "log.progress=false",
+)
+VERSIONED = {
+    "pytorch": ("torch",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "keras"),
+    "jax": ("jax", "jaxlib", "flax", "optax"),
+}
 
 
 def machine_key(framework: str) -> str:
@@ -52,7 +63,9 @@ def test_final_digest_matches_the_recorded_one(fashion_data, framework):
         pytest.skip(f"no digest recorded for {framework} on {key}; record with REPROCUBE_RECORD_GOLDEN=1")
     run_name = f"golden-{framework}"
     reprocube("train", f"framework={framework}", *CONFIG, "data_dir=data", f"run_name={run_name}", cwd=fashion_data)
-    manifest = json.loads((fashion_data / "runs" / run_name / "checkpoints" / "epoch-0002" / "manifest.json").read_text())
+    manifest = json.loads(
+        (fashion_data / "runs" / run_name / "checkpoints" / "epoch-0002" / "manifest.json").read_text()
+    )
     digest = manifest["weights_digest"]
     if os.environ.get("REPROCUBE_RECORD_GOLDEN"):
         recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}  # the other frameworks' records

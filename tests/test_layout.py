@@ -47,8 +47,15 @@ def test_no_import_cycles():
 
 
 def test_the_engine_never_imports_the_commands_or_the_cli():
-    engine = {m: targets for m, targets in import_graph().items() if not m.startswith(("reprocube.commands", "reprocube.cli", "reprocube.__main__"))}
-    offending = {m: sorted(t for t in targets if t.startswith(("reprocube.commands", "reprocube.cli"))) for m, targets in engine.items()}
+    engine = {
+        m: targets
+        for m, targets in import_graph().items()
+        if not m.startswith(("reprocube.commands", "reprocube.cli", "reprocube.__main__"))
+    }
+    offending = {
+        m: sorted(t for t in targets if t.startswith(("reprocube.commands", "reprocube.cli")))
+        for m, targets in engine.items()
+    }
     assert not {m: t for m, t in offending.items() if t}
 
 

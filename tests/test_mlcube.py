@@ -36,9 +36,18 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((), "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare report bench study"),
-        (("train",), "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare report bench study"),
-        (("pytorch", "--parameters_file=p.yaml", "--data_dir=d"), "run.sh: error: task pytorch: missing parameter --runs_dir"),
+        (
+            (),
+            "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare report bench study",
+        ),
+        (
+            ("train",),
+            "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare report bench study",
+        ),
+        (
+            ("pytorch", "--parameters_file=p.yaml", "--data_dir=d"),
+            "run.sh: error: task pytorch: missing parameter --runs_dir",
+        ),
         (
             ("pytorch", "--parameters_file=p.yaml", "--data_dir=d", "--runs_dir=r", "--seed=3"),
             "run.sh: error: task pytorch: unknown parameter --seed (this task takes: parameters_file data_dir runs_dir)",
@@ -49,7 +58,10 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
             ("tensorflow", "--parameters_file=absent.yaml", "--data_dir=d", "--runs_dir=r"),
             "run.sh: error: task tensorflow: parameters file absent.yaml not found (check the parameters_file/verify_file/study_file parameter)",
         ),
-        (("report", "--runs_dir=empty", "--report_dir=out"), "run.sh: error: task report: no runs in empty (run a training task first)"),
+        (
+            ("report", "--runs_dir=empty", "--report_dir=out"),
+            "run.sh: error: task report: no runs in empty (run a training task first)",
+        ),
     ],
 )
 def test_run_sh_refuses_bad_invocations_with_one_line(tmp_path, args, message):
@@ -76,7 +88,9 @@ def test_image_names_and_versions_agree_across_files():
     assert cube["singularity"]["image"] == f"reprocube-{VERSION}-gpu.sif"
     dockerfile = (REPO / "Dockerfile").read_text()
     assert f"REPROCUBE_IMAGE=reprocube/reprocube:{VERSION}-${{VARIANT}}" in dockerfile
-    assert re.search(r"^ARG BASE_IMAGE=\S+@sha256:[0-9a-f]{64}$", dockerfile, re.M), "the base image must be pinned by digest"
+    assert re.search(r"^ARG BASE_IMAGE=\S+@sha256:[0-9a-f]{64}$", dockerfile, re.M), (
+        "the base image must be pinned by digest"
+    )
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/reprocube/run.sh"]' in dockerfile
     recipe = (REPO / "Singularity.recipe").read_text()
     assert f"From: {cube['docker']['image']}" in recipe
@@ -176,15 +190,25 @@ def generated_dataset_config(generated) -> dict:
     return config
 
 
-def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_nv(tmp_path, singularity_stub, generated):
+def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_nv(
+    tmp_path, singularity_stub, generated
+):
     stub_dir, log = singularity_stub
     workspace, image_dir = tmp_path / "workspace", tmp_path / "image"
     workspace.mkdir()
     # The generated dataset, imported by the download task from workspace/source.
     generated.write_gz(workspace / "source")
-    (workspace / "train.yaml").write_text(yaml.safe_dump({**generated_dataset_config(generated), "epochs": 1, "threads": 1}))
+    (workspace / "train.yaml").write_text(
+        yaml.safe_dump({**generated_dataset_config(generated), "epochs": 1, "threads": 1})
+    )
 
-    common = [f"--mlcube={REPO}", "--platform=singularity", f"--workspace={workspace}", "--", f"-Psingularity.image_dir={image_dir}"]
+    common = [
+        f"--mlcube={REPO}",
+        "--platform=singularity",
+        f"--workspace={workspace}",
+        "--",
+        f"-Psingularity.image_dir={image_dir}",
+    ]
     download = mlcube("run", "--task=download", *common, path_prefix=stub_dir, cwd=tmp_path)
     assert download.returncode == 0, download.stdout + download.stderr
     train = mlcube("run", "--task=pytorch", *common, path_prefix=stub_dir, cwd=tmp_path)
@@ -194,7 +218,9 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
     builds = [c for c in calls if c["argv"][:1] == ["build"]]
     runs = [c for c in calls if c["argv"][:1] == ["run"]]
     sif = str(image_dir / f"reprocube-{VERSION}-gpu.sif")
-    assert builds == [{"argv": ["build", "--fakeroot", sif, "Singularity.recipe"], "cwd": str(REPO)}], "built exactly once, from the recipe"
+    assert builds == [{"argv": ["build", "--fakeroot", sif, "Singularity.recipe"], "cwd": str(REPO)}], (
+        "built exactly once, from the recipe"
+    )
     ws = str(workspace)
     assert [r["argv"] for r in runs] == [
         [
@@ -225,7 +251,11 @@ def test_singularity_recipe_parses_and_runs_the_entrypoint():
         print(json.dumps({"from": recipe.fromHeader, "environ": recipe.environ, "runscript": recipe.cmd, "labels": recipe.labels}))
         """
     )
-    result = subprocess.run([str(MLCUBE_VENV / "bin" / "python"), "-c", code, str(REPO / "Singularity.recipe")], capture_output=True, text=True)
+    result = subprocess.run(
+        [str(MLCUBE_VENV / "bin" / "python"), "-c", code, str(REPO / "Singularity.recipe")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     parsed = json.loads(result.stdout)
     assert parsed["from"] == f"reprocube/reprocube:{VERSION}-gpu"

@@ -19,7 +19,9 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 def test_one_epoch_of_fashion_mnist_learns(tmp_path, framework):
     if not DEBIAN_FASHION_MNIST.is_dir():
         pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")
-    reprocube("download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=tmp_path)
+    reprocube(
+        "download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=tmp_path
+    )
     reprocube("train", f"framework={framework}", "dataset=fashion_mnist", "data_dir=data", "epochs=1", cwd=tmp_path)
     metrics = (tmp_path / f"runs/{framework}-seed0/metrics.jsonl").read_text().splitlines()
     [epoch] = [r for r in map(json.loads, metrics) if r["kind"] == "epoch"]

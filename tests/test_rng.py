@@ -18,6 +18,10 @@ def test_host_rng_round_trip_without_pickle():
 
 
 def test_split_separates_the_host_generators_from_the_frameworks():
-    arrays = {"python.mt19937": np.zeros(625, np.uint32), "numpy.mt19937": np.zeros(624, np.uint32), "torch.cpu": np.zeros(8, np.uint8)}
+    arrays = {
+        "python.mt19937": np.zeros(625, np.uint32),
+        "numpy.mt19937": np.zeros(624, np.uint32),
+        "torch.cpu": np.zeros(8, np.uint8),
+    }
     host, framework = HostRng.split(arrays)
     assert sorted(host) == ["numpy.mt19937", "python.mt19937"] and list(framework) == ["torch.cpu"]

@@ -63,7 +63,9 @@ def _wait_for(predicate, timeout: float, what: str, log: Path):
         if value:
             return value
         time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; job log:\n{log.read_text() if log.exists() else '(none)'}")
+    raise AssertionError(
+        f"timed out after {timeout:.0f} s waiting for {what}; job log:\n{log.read_text() if log.exists() else '(none)'}"
+    )
 
 
 def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(slurm, dataset, tmp_path):
@@ -71,9 +73,21 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
     15-45 s in (it checks time limits every 30 s; earlier could hit Python's start-up, before reprocube
     handles the signal), reprocube writes a mid-epoch checkpoint and the job is requeued. After the first requeue the test raises the limit, so that the rest finishes in one more
     start instead of an unbounded number of warned minutes."""
-    run = ["framework=pytorch", "epochs=30", "threads=2", *dataset.overrides(), f"output_dir={tmp_path}/runs", "run_name=slurm"]
+    run = [
+        "framework=pytorch",
+        "epochs=30",
+        "threads=2",
+        *dataset.overrides(),
+        f"output_dir={tmp_path}/runs",
+        "run_name=slurm",
+    ]
     log = tmp_path / "job.log"
-    env = {**os.environ, "REPROCUBE": f"{sys.executable} -m reprocube", "REPROCUBE_HOME": str(REPO), "PYTHONHASHSEED": "0"}
+    env = {
+        **os.environ,
+        "REPROCUBE": f"{sys.executable} -m reprocube",
+        "REPROCUBE_HOME": str(REPO),
+        "PYTHONHASHSEED": "0",
+    }
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--time=1", "--signal=B:USR1@45", f"--output={log}", f"--chdir={tmp_path}", str(REPO / "hpc" / "train.sbatch"), *run],
         capture_output=True, text=True, env=env, check=True,
@@ -84,7 +98,12 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         _wait_for(lambda: "requeueing job" in (log.read_text() if log.exists() else ""), 180, "the first requeue", log)
         requeued_after = time.monotonic() - started
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True)
-        _wait_for(lambda job_id=job_id: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 300, "the job to end", log)
+        _wait_for(
+            lambda job_id=job_id: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+            300,
+            "the job to end",
+            log,
+        )
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     total = time.monotonic() - started
@@ -101,7 +120,15 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
     print(f"\nSLURM job {job_id}: warned and requeued after {requeued_after:.0f} s, finished after {total:.0f} s")
 
     # The uninterrupted run, natively: the same digest at every epoch.
-    reprocube("train", *run[:-2], f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false", cwd=tmp_path, timeout=600)
+    reprocube(
+        "train",
+        *run[:-2],
+        f"output_dir={tmp_path}/plain",
+        "run_name=plain",
+        "log.progress=false",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert epoch_digests(tmp_path / "runs" / "slurm") == epoch_digests(tmp_path / "plain" / "plain")
 
 
@@ -113,7 +140,12 @@ def test_study_through_the_submitit_slurm_launcher_one_job_per_run(slurm, datase
     result = json.loads((study / "study.json").read_text())
     same, different = result["groups"]["same_seed"], result["groups"]["different_seeds"]
     assert result["failures"] == [] and "launcher_error" not in result, done.stdout
-    assert (same["runs"], same["distinct_weights_digests"], same["test_accuracy"]["std"], same["test_loss"]["std"]) == (2, 1, 0.0, 0.0)
+    assert (same["runs"], same["distinct_weights_digests"], same["test_accuracy"]["std"], same["test_loss"]["std"]) == (
+        2,
+        1,
+        0.0,
+        0.0,
+    )
     assert (different["runs"], different["distinct_weights_digests"]) == (2, 2)
     job_ids = [r["slurm_job_id"] for r in result["runs"]]
     assert None not in job_ids and len(set(job_ids)) == 4, job_ids  # each run was its own SLURM job
@@ -156,7 +188,12 @@ def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
 
     data = GeneratedDataset(tmp_path / "data", make_payloads(train=650, test=200))
     data.write_raw()
-    env = {**os.environ, "REPROCUBE": f"{sys.executable} -m reprocube", "REPROCUBE_HOME": str(REPO), "PYTHONHASHSEED": "0"}
+    env = {
+        **os.environ,
+        "REPROCUBE": f"{sys.executable} -m reprocube",
+        "REPROCUBE_HOME": str(REPO),
+        "PYTHONHASHSEED": "0",
+    }
     common = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={tmp_path}"]
     jobs = {}
     for name, args in (("verify", ["framework=pytorch", "epochs=2", "threads=1"]),
@@ -166,13 +203,25 @@ def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
         jobs[name] = submitted.stdout.strip().split(";")[0]
     try:
         for name, job_id in jobs.items():
-            _wait_for(lambda job_id=job_id: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 400, f"the {name} job", tmp_path / f"{name}.log")
+            _wait_for(
+                lambda job_id=job_id: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                400,
+                f"the {name} job",
+                tmp_path / f"{name}.log",
+            )
     finally:
         subprocess.run(["scancel", *jobs.values()], capture_output=True)
     for name, job_id in jobs.items():
         assert _job(job_id)["JobState"] == "COMPLETED", (tmp_path / f"{name}.log").read_text()
-    verdict = json.loads((tmp_path / f"verify-{jobs['verify']}" / "attempt-0" / "verify-pytorch" / "reference" / "verify.json").read_text())
+    verdict = json.loads(
+        (
+            tmp_path / f"verify-{jobs['verify']}" / "attempt-0" / "verify-pytorch" / "reference" / "verify.json"
+        ).read_text()
+    )
     assert verdict["passed"] is True
     study = json.loads((tmp_path / "study" / "study.json").read_text())
-    assert (study["groups"]["same_seed"]["distinct_weights_digests"], study["groups"]["different_seeds"]["distinct_weights_digests"]) == (1, 2)
+    assert (
+        study["groups"]["same_seed"]["distinct_weights_digests"],
+        study["groups"]["different_seeds"]["distinct_weights_digests"],
+    ) == (1, 2)
     assert all(r["slurm_job_id"] == jobs["study"] for r in study["runs"])  # all in the one allocation

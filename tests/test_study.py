@@ -23,16 +23,31 @@ SMALL = ["epochs=1", "threads=1", "data.train_limit=320", "data.test_limit=100"]
 
 def test_study_same_seed_runs_agree_bit_for_bit_and_different_seeds_do_not(generated, tmp_path):
     study = tmp_path / "study"
-    done = reprocube("study", "framework=pytorch", "runs=2", *SMALL, *generated.overrides(), f"study.dir={study}", cwd=tmp_path)
+    done = reprocube(
+        "study", "framework=pytorch", "runs=2", *SMALL, *generated.overrides(), f"study.dir={study}", cwd=tmp_path
+    )
     result = json.loads((study / "study.json").read_text())
     same, different = result["groups"]["same_seed"], result["groups"]["different_seeds"]
     assert (same["runs"], different["runs"], result["failures"]) == (2, 2, [])
-    assert same["distinct_weights_digests"] == 1 and same["test_accuracy"]["std"] == 0.0 and same["test_loss"]["std"] == 0.0
+    assert (
+        same["distinct_weights_digests"] == 1
+        and same["test_accuracy"]["std"] == 0.0
+        and same["test_loss"]["std"] == 0.0
+    )
     assert different["distinct_weights_digests"] == 2
     assert result["nondeterminism_std_ratio"] == 0.0 or different["test_accuracy"]["std"] == 0.0
     assert sorted(r["seed"] for r in result["runs"]) == [0, 0, 1, 2]
     # Each run is a plain reprocube run: the same-seed digest is that of `reprocube train seed=0`.
-    reprocube("train", "framework=pytorch", "seed=0", *SMALL, *generated.overrides(), f"output_dir={tmp_path}/plain", "run_name=p", cwd=tmp_path)
+    reprocube(
+        "train",
+        "framework=pytorch",
+        "seed=0",
+        *SMALL,
+        *generated.overrides(),
+        f"output_dir={tmp_path}/plain",
+        "run_name=p",
+        cwd=tmp_path,
+    )
     plain = epoch_digests(tmp_path / "plain" / "p")["epoch-0001"]
     assert {r["weights_digest"] for r in result["runs"] if r["group"] == "same_seed"} == {plain}
     assert "[HYDRA] Launching 4 jobs locally" in done.stdout  # through Hydra multirun
@@ -68,7 +83,10 @@ def test_a_failed_run_is_listed_and_the_others_are_kept(generated, tmp_path):
     kept = {r["member"]: r["weights_digest"] for r in result["runs"]}
     assert kept == {r["member"]: r["weights_digest"] for r in first["runs"] if r["member"] != 3}
     assert "nothing to do" in (study / "logs" / "same-seed-00.log").read_text()
-    assert result["groups"]["different_seeds"]["runs"] == 1 and result["groups"]["different_seeds"]["test_accuracy"]["std"] is None
+    assert (
+        result["groups"]["different_seeds"]["runs"] == 1
+        and result["groups"]["different_seeds"]["test_accuracy"]["std"] is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,11 +110,15 @@ def test_study_refuses_a_directory_holding_another_study(generated, tmp_path):
     (study / "study-request.json").write_text(json.dumps({"framework": "jax", "runs": 2, "seed": 0, "train_args": []}))
     done = reprocube("study", "framework=pytorch", "runs=2", f"study.dir={study}", cwd=tmp_path, check=False)
     assert done.returncode == 2
-    assert error_lines(done) == [f"reprocube: error: study.dir={study} holds another study (its framework, train_args differ); choose another study.dir"]
+    assert error_lines(done) == [
+        f"reprocube: error: study.dir={study} holds another study (its framework, train_args differ); choose another study.dir"
+    ]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine\n")
     done = reprocube("study", f"study.dir={tmp_path}/other", cwd=tmp_path, check=False)
-    assert error_lines(done) == [f"reprocube: error: study.dir={tmp_path}/other exists and is not a study; choose another study.dir"]
+    assert error_lines(done) == [
+        f"reprocube: error: study.dir={tmp_path}/other exists and is not a study; choose another study.dir"
+    ]
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine\n"
 
 
@@ -109,14 +131,23 @@ def test_slurm_launcher_without_a_reachable_slurm_fails_in_one_line(tmp_path):
     command = [sys.executable, "-m", "reprocube", "study", "study.launcher=slurm", f"study.dir={tmp_path}/s"]
     if not any(Path(d, "sbatch").exists() for d in env_path.split(":")):
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert error_lines(done) == ["reprocube: error: study.launcher=slurm: sbatch not found on PATH (is this a SLURM login node?)"]
+        assert error_lines(done) == [
+            "reprocube: error: study.launcher=slurm: sbatch not found on PATH (is this a SLURM login node?)"
+        ]
     # sbatch and sinfo present, but no controller answers (sinfo's own message is named).
-    for name, body in (("sbatch", "exit 1"), ("sinfo", 'echo "sinfo: error: Unable to contact slurm controller (connect failure)" >&2; exit 1')):
+    for name, body in (
+        ("sbatch", "exit 1"),
+        ("sinfo", 'echo "sinfo: error: Unable to contact slurm controller (connect failure)" >&2; exit 1'),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    done = subprocess.run(command, cwd=tmp_path, env={**env, "PATH": f"{bin_dir}:{python_bin}:{env_path}"}, capture_output=True, text=True)
+    done = subprocess.run(
+        command, cwd=tmp_path, env={**env, "PATH": f"{bin_dir}:{python_bin}:{env_path}"}, capture_output=True, text=True
+    )
     assert done.returncode == 1
-    assert error_lines(done) == ["reprocube: error: study.launcher=slurm: SLURM is not reachable: sinfo: error: Unable to contact slurm controller (connect failure)"]
+    assert error_lines(done) == [
+        "reprocube: error: study.launcher=slurm: SLURM is not reachable: sinfo: error: Unable to contact slurm controller (connect failure)"
+    ]
     assert not (tmp_path / "s").exists()
 
 
@@ -127,20 +158,30 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     """USR1 to the batch shell (what `--signal=B:USR1@N` does) -> reprocube checkpoints mid-epoch and
     exits 75; without SLURM_JOB_ID nothing is requeued. Run again, resume=auto finishes the run with the
     uninterrupted run's digest."""
-    run = ["framework=pytorch", "epochs=3", "threads=1", *generated.overrides(), f"output_dir={tmp_path}/runs", "run_name=r", "log.progress=false"]
+    run = [
+        "framework=pytorch",
+        "epochs=3",
+        "threads=1",
+        *generated.overrides(),
+        f"output_dir={tmp_path}/runs",
+        "run_name=r",
+        "log.progress=false",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(REPROCUBE=f"{sys.executable} -m reprocube", PYTHONHASHSEED="0")
     # Slow every step down, so that the signal lands mid-run: a hook module run at start-up.
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent("""\
+    (hook / "sitecustomize.py").write_text(
+        textwrap.dedent("""\
         import time, reprocube.loop as loop
         original = loop.Schedule.group_end
         def slow(self, *args, **kwargs):
             time.sleep(0.05)
             return original(self, *args, **kwargs)
         loop.Schedule.group_end = slow
-        """))
+        """)
+    )
     slow_env = {**env, "PYTHONPATH": f"{hook}:{env.get('PYTHONPATH', '')}"}
     shell = subprocess.Popen(["bash", str(PREEMPTIBLE), "train", "resume=auto", *run, "log.every_steps=1", "checkpoint.every_epochs=1"],
                              cwd=tmp_path, env=slow_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -151,10 +192,14 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     shell.send_signal(signal.SIGUSR1)
     output, _ = shell.communicate(timeout=120)
     assert shell.returncode == 75, output
-    assert "reprocube-slurm: received SIGUSR1" in output and "stopped by SIGUSR1" in output and "requeueing" not in output
+    assert (
+        "reprocube-slurm: received SIGUSR1" in output and "stopped by SIGUSR1" in output and "requeueing" not in output
+    )
     assert [p.name for p in sorted(checkpoints.glob("step-*"))], "no mid-epoch checkpoint"
 
-    resumed = subprocess.run(["bash", str(PREEMPTIBLE), "train", "resume=auto", *run], cwd=tmp_path, env=env, capture_output=True, text=True)
+    resumed = subprocess.run(
+        ["bash", str(PREEMPTIBLE), "train", "resume=auto", *run], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr
     reprocube("train", *run[:-3], f"output_dir={tmp_path}/plain", "run_name=p", cwd=tmp_path)
     assert epoch_digests(tmp_path / "runs" / "r")["epoch-0003"] == epoch_digests(tmp_path / "plain" / "p")["epoch-0003"]
@@ -166,20 +211,30 @@ def test_preemptible_runs_the_singularity_image_when_given(generated, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "singularity.argv"
-    (bin_dir / "singularity").write_text(textwrap.dedent(f"""\
+    (bin_dir / "singularity").write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         echo "$@" >> {log}
         [ "$1" = exec ] && [ "$2" = --nv ] || exit 99
         shift 3
         [ "$1" = reprocube ] && shift
         exec {sys.executable} -m reprocube "$@"
-        """))
+        """)
+    )
     (bin_dir / "singularity").chmod(0o755)
     sif = tmp_path / "reprocube.sif"
     sif.write_text("stub image\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", REPROCUBE_SIF=str(sif))
-    args = ["train", "resume=auto", "framework=pytorch", "epochs=1", *generated.overrides(), f"output_dir={tmp_path}/runs", "run_name=s"]
+    args = [
+        "train",
+        "resume=auto",
+        "framework=pytorch",
+        "epochs=1",
+        *generated.overrides(),
+        f"output_dir={tmp_path}/runs",
+        "run_name=s",
+    ]
     done = subprocess.run(["bash", str(PREEMPTIBLE), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert log.read_text().split() == ["exec", "--nv", str(sif), "reprocube", *args]
@@ -187,7 +242,9 @@ def test_preemptible_runs_the_singularity_image_when_given(generated, tmp_path):
     missing = subprocess.run(["bash", str(PREEMPTIBLE), *args], cwd=tmp_path, env={**env, "REPROCUBE_SIF": str(tmp_path / "absent.sif")},
                              capture_output=True, text=True)  # fmt: skip
     assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [f"reprocube-slurm: REPROCUBE_SIF={tmp_path}/absent.sif: no such image"]
+    assert missing.stderr.strip().splitlines() == [
+        f"reprocube-slurm: REPROCUBE_SIF={tmp_path}/absent.sif: no such image"
+    ]
 
 
 def test_report_refuses_a_broken_study_result_in_one_line(tmp_path):
@@ -206,9 +263,27 @@ def test_a_warning_during_start_up_is_not_lost_and_does_not_kill_reprocube(gener
     every 5 s until reprocube, now handling it, checkpoints and exits 75)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(REPROCUBE=f"{sys.executable} -m reprocube", PYTHONHASHSEED="0")
-    args = ["train", "resume=auto", "framework=pytorch", "epochs=200", "threads=1", *generated.overrides(), f"output_dir={tmp_path}/runs", "run_name=early"]
-    shell = subprocess.Popen(["bash", str(PREEMPTIBLE), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(0.1)  # the batch shell has its traps; Python is still starting (measured: killed at 0.15 s without the ignore)
+    args = [
+        "train",
+        "resume=auto",
+        "framework=pytorch",
+        "epochs=200",
+        "threads=1",
+        *generated.overrides(),
+        f"output_dir={tmp_path}/runs",
+        "run_name=early",
+    ]
+    shell = subprocess.Popen(
+        ["bash", str(PREEMPTIBLE), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(
+        0.1
+    )  # the batch shell has its traps; Python is still starting (measured: killed at 0.15 s without the ignore)
     shell.send_signal(signal.SIGUSR1)
     output, _ = shell.communicate(timeout=120)
     assert shell.returncode == 75, output

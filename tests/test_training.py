@@ -25,7 +25,12 @@ EPOCHS = 3
 EXPECTED_INFO = {
     "pytorch": {"deterministic_algorithms": True, "num_threads": 2},
     "tensorflow": {"op_determinism": True, "intra_op_threads": 2, "inter_op_threads": 1, "jit_compile": False},
-    "jax": {"backend": "cpu", "prng_impl": "threefry2x32", "cpu_affinity": 2, "xla_flags": "--xla_gpu_deterministic_ops=true"},
+    "jax": {
+        "backend": "cpu",
+        "prng_impl": "threefry2x32",
+        "cpu_affinity": 2,
+        "xla_flags": "--xla_gpu_deterministic_ops=true",
+    },
 }
 VERSION_KEY = {"pytorch": "torch", "tensorflow": "tensorflow", "jax": "jax"}
 
@@ -37,7 +42,9 @@ def framework(request):
 
 def deterministic_metrics(run_dir):
     records = read_metrics(run_dir / "metrics.jsonl")
-    epochs = [{k: r[k] for k in (*DETERMINISTIC_EPOCH_FIELDS, "weights_digest")} for r in records if r["kind"] == "epoch"]
+    epochs = [
+        {k: r[k] for k in (*DETERMINISTIC_EPOCH_FIELDS, "weights_digest")} for r in records if r["kind"] == "epoch"
+    ]
     steps = [r for r in records if r["kind"] == "step"]
     return epochs, steps
 
@@ -50,7 +57,16 @@ def workdir(tmp_path_factory, framework):
 @pytest.fixture(scope="module")
 def train(generated, workdir, framework):
     def run(*overrides, check=True):
-        return reprocube("train", f"framework={framework}", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides, cwd=workdir, check=check)
+        return reprocube(
+            "train",
+            f"framework={framework}",
+            *generated.overrides(),
+            f"epochs={EPOCHS}",
+            "log.every_steps=5",
+            *overrides,
+            cwd=workdir,
+            check=check,
+        )
 
     return run
 
@@ -62,7 +78,13 @@ def reference(train, workdir):
 
 
 def test_run_directory_layout(reference, framework):
-    assert {p.name for p in reference.iterdir()} == {"config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "checkpoints"}
+    assert {p.name for p in reference.iterdir()} == {
+        "config.yaml",
+        "env.json",
+        "sessions.jsonl",
+        "metrics.jsonl",
+        "checkpoints",
+    }
     assert sorted(p.name for p in (reference / "checkpoints").iterdir()) == ["epoch-0001", "epoch-0002", "epoch-0003"]
     env = json.loads((reference / "env.json").read_text())
     assert {k: env["framework"][k] for k in EXPECTED_INFO[framework]} == EXPECTED_INFO[framework]
@@ -99,7 +121,9 @@ def test_resume_from_each_epoch_checkpoint_is_bit_exact(reference, train, workdi
     assert session["position"] == {"epoch": k, "step_in_epoch": 0, "global_step": 21 * k}
 
 
-def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(copy_of_reference, train, tmp_path, framework):
+def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(
+    copy_of_reference, train, tmp_path, framework
+):
     """state.json version 1 (before issue 14: no "version", and a "framework" mapping of scalars) is still
     read: rewrite a checkpoint into that layout, re-sign it, resume from it."""
     from reprocube.checkpoint import manifest_self_digest
@@ -107,7 +131,9 @@ def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(copy_
     checkpoint = copy_of_reference / "checkpoints" / "epoch-0001"
     state = json.loads((checkpoint / "state.json").read_text())
     assert state.pop("version") == 2
-    state["framework"] = {"pytorch": {"cuda_generators": 0}, "tensorflow": {}, "jax": {"prng_impl": "threefry2x32"}}[framework]
+    state["framework"] = {"pytorch": {"cuda_generators": 0}, "tensorflow": {}, "jax": {"prng_impl": "threefry2x32"}}[
+        framework
+    ]
     blob = json.dumps(state, sort_keys=True, indent=1).encode()
     (checkpoint / "state.json").write_bytes(blob)
     edited = manifest(checkpoint)
@@ -115,7 +141,9 @@ def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(copy_
     edited["manifest_sha256"] = manifest_self_digest(edited)
     (checkpoint / "manifest.json").write_text(json.dumps(edited))
     train(f"resume={checkpoint}", "run_name=from-version-1", f"output_dir={tmp_path / 'runs'}")
-    assert epoch_digests(tmp_path / "runs" / "from-version-1") == {n: d for n, d in epoch_digests(copy_of_reference).items() if n != "epoch-0001"}
+    assert epoch_digests(tmp_path / "runs" / "from-version-1") == {
+        n: d for n, d in epoch_digests(copy_of_reference).items() if n != "epoch-0001"
+    }
 
 
 def test_extending_a_run_with_more_epochs_is_bit_exact(reference, train, workdir):
@@ -171,7 +199,13 @@ def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, larger_referen
     args = [f"framework={framework}", *larger.overrides(), *LARGER_ARGS]
 
     run_dir = tmp_path / "runs" / "preempted"
-    proc = subprocess.Popen([sys.executable, "-m", "reprocube", "train", *args, "run_name=preempted"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reprocube", "train", *args, "run_name=preempted"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_global_step(run_dir / "metrics.jsonl", 250, proc)  # inside epoch 2 (steps 201-400)
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
@@ -179,7 +213,11 @@ def test_signal_mid_epoch_then_resume_latest_is_bit_exact(larger, larger_referen
     assert f"stopped by {signal.Signals(signum).name}" in stdout
     [checkpoint] = (run_dir / "checkpoints").glob("step-*")
     stopped = manifest(checkpoint)
-    assert stopped["epoch"] == 1 and 0 < stopped["step_in_epoch"] < 200 and stopped["reason"] == signal.Signals(signum).name
+    assert (
+        stopped["epoch"] == 1
+        and 0 < stopped["step_in_epoch"] < 200
+        and stopped["reason"] == signal.Signals(signum).name
+    )
 
     resumed = reprocube("train", *args, "run_name=preempted", "resume=latest", cwd=tmp_path)
     assert f"resumed from {checkpoint.relative_to(tmp_path)} at epoch 1" in resumed.stdout
@@ -217,7 +255,9 @@ def test_a_checkpoint_with_a_changed_byte_is_refused(copy_of_reference, train, t
     weights.write_bytes(bytes(data))
     proc = train(f"resume={weights.parent}", "run_name=tampered", f"output_dir={tmp_path / 'runs'}", check=False)
     assert proc.returncode == 4
-    assert error_lines(proc) == [f"reprocube: error: checkpoint {weights.parent}: weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"]
+    assert error_lines(proc) == [
+        f"reprocube: error: checkpoint {weights.parent}: weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"
+    ]
     assert not (tmp_path / "runs" / "tampered").exists()
 
 
@@ -229,7 +269,9 @@ def test_a_checkpoint_with_a_missing_file_is_refused(copy_of_reference, train, t
 
 
 def test_a_checkpoint_from_a_different_config_is_refused(reference, train, tmp_path):
-    proc = train(f"resume={reference}/checkpoints/epoch-0001", "optimizer.lr=0.02", "threads=1", "run_name=other", check=False)
+    proc = train(
+        f"resume={reference}/checkpoints/epoch-0001", "optimizer.lr=0.02", "threads=1", "run_name=other", check=False
+    )
     assert proc.returncode == 4
     assert "was made with a different config: optimizer.lr: 0.01 -> 0.02; threads: 2 -> 1" in proc.stderr
 
@@ -243,7 +285,12 @@ def test_a_fresh_run_never_overwrites_an_earlier_one(reference, train):
 
 
 def test_resuming_an_earlier_checkpoint_into_its_own_run_is_refused(copy_of_reference, train, tmp_path):
-    proc = train(f"resume={copy_of_reference}/checkpoints/epoch-0001", "run_name=copy", f"output_dir={tmp_path / 'runs'}", check=False)
+    proc = train(
+        f"resume={copy_of_reference}/checkpoints/epoch-0001",
+        "run_name=copy",
+        f"output_dir={tmp_path / 'runs'}",
+        check=False,
+    )
     assert proc.returncode == 2
     assert "would overwrite later checkpoints" in proc.stderr
 
@@ -283,8 +330,21 @@ sys.exit(main(argv))
 
 
 def _hooked_train(action, target, call, framework, generated, cwd, *overrides):
-    args = ["train", f"framework={framework}", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", *overrides]
-    return subprocess.run([sys.executable, "-c", HOOKED_RUN, action, target, str(call), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    args = [
+        "train",
+        f"framework={framework}",
+        *generated.overrides(),
+        f"epochs={EPOCHS}",
+        "log.every_steps=5",
+        *overrides,
+    ]
+    return subprocess.run(
+        [sys.executable, "-c", HOOKED_RUN, action, target, str(call), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize(
@@ -295,22 +355,39 @@ def _hooked_train(action, target, call, framework, generated, cwd, *overrides):
         ("reprocube.loop:write_checkpoint", 1, "epoch-0002"),  # while writing the epoch-0002 checkpoint
     ],
 )
-def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(reference, generated, workdir, framework, method, call, stopped_at):
+def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(
+    reference, generated, workdir, framework, method, call, stopped_at
+):
     name = f"hooked-{stopped_at}"
     target = BACKEND_CLASS[framework] + method if method.startswith(".") else method
     # every_epochs=2: a signal during epoch 1's evaluation must still write epoch-0001
-    proc = _hooked_train("signal", target, call, framework, generated, workdir, f"run_name={name}", "checkpoint.every_epochs=2")
+    proc = _hooked_train(
+        "signal", target, call, framework, generated, workdir, f"run_name={name}", "checkpoint.every_epochs=2"
+    )
     assert proc.returncode == 75, proc.stderr
     run_dir = workdir / "runs" / name
-    latest = max((run_dir / "checkpoints").iterdir(), key=lambda p: (manifest(p)["global_step"], p.name.startswith("epoch")))
+    latest = max(
+        (run_dir / "checkpoints").iterdir(), key=lambda p: (manifest(p)["global_step"], p.name.startswith("epoch"))
+    )
     assert latest.name == stopped_at
-    reprocube("train", f"framework={framework}", *generated.overrides(), f"epochs={EPOCHS}", "log.every_steps=5", f"run_name={name}", "resume=latest", cwd=workdir)
+    reprocube(
+        "train",
+        f"framework={framework}",
+        *generated.overrides(),
+        f"epochs={EPOCHS}",
+        "log.every_steps=5",
+        f"run_name={name}",
+        "resume=latest",
+        cwd=workdir,
+    )
     assert epoch_digests(run_dir)["epoch-0003"] == epoch_digests(reference)["epoch-0003"]
     assert deterministic_metrics(run_dir) == deterministic_metrics(reference)
 
 
 def test_a_signal_during_the_last_evaluation_completes_the_run(reference, generated, workdir, framework):
-    proc = _hooked_train("signal", BACKEND_CLASS[framework] + ".evaluate", EPOCHS, framework, generated, workdir, "run_name=last-eval")
+    proc = _hooked_train(
+        "signal", BACKEND_CLASS[framework] + ".evaluate", EPOCHS, framework, generated, workdir, "run_name=last-eval"
+    )
     assert proc.returncode == 0, proc.stderr
     assert epoch_digests(workdir / "runs" / "last-eval") == epoch_digests(reference)
 
@@ -329,7 +406,16 @@ BREAK_DROPOUT_RNG = {
 
 def test_without_the_dropout_rng_state_a_resumed_run_differs(reference, generated, workdir, framework):
     action, target = BREAK_DROPOUT_RNG[framework]
-    proc = _hooked_train(action, target, 0, framework, generated, workdir, f"resume={reference}/checkpoints/epoch-0001", "run_name=no-rng")
+    proc = _hooked_train(
+        action,
+        target,
+        0,
+        framework,
+        generated,
+        workdir,
+        f"resume={reference}/checkpoints/epoch-0001",
+        "run_name=no-rng",
+    )
     assert proc.returncode == 0, proc.stderr
     resumed, expected = epoch_digests(workdir / "runs" / "no-rng"), epoch_digests(reference)
     assert resumed["epoch-0002"] != expected["epoch-0002"] and resumed["epoch-0003"] != expected["epoch-0003"]
@@ -354,7 +440,9 @@ def test_a_run_directory_in_use_is_refused(reference, train):
     finally:
         os.close(fd)
     assert proc.returncode == 2
-    assert error_lines(proc) == ["reprocube: error: run directory runs/reference is in use by another reprocube process"]
+    assert error_lines(proc) == [
+        "reprocube: error: run directory runs/reference is in use by another reprocube process"
+    ]
 
 
 def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path, framework):
@@ -362,8 +450,13 @@ def test_resuming_in_another_environment_is_reported(copy_of_reference, train, t
 
     path = copy_of_reference / "checkpoints" / "epoch-0002" / "manifest.json"
     edited = json.loads(path.read_text())
-    edited["framework_info"][VERSION_KEY[framework]] = "2.99.0"  # as if written by another version, consistently re-hashed
+    edited["framework_info"][VERSION_KEY[framework]] = (
+        "2.99.0"  # as if written by another version, consistently re-hashed
+    )
     edited["manifest_sha256"] = manifest_self_digest(edited)
     path.write_text(json.dumps(edited))
     proc = train(f"resume={path.parent}", "run_name=elsewhere", f"output_dir={tmp_path / 'runs'}")
-    assert "note: resuming in a different environment" in proc.stdout and f"{VERSION_KEY[framework]}: 2.99.0 -> " in proc.stdout
+    assert (
+        "note: resuming in a different environment" in proc.stdout
+        and f"{VERSION_KEY[framework]}: 2.99.0 -> " in proc.stdout
+    )

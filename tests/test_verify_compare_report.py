@@ -15,7 +15,9 @@ SMALL = ["epochs=3", "log.every_steps=5"]
 
 
 def test_verify_all_frameworks_passes(generated, tmp_path):
-    proc = reprocube("verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path, timeout=900)
+    proc = reprocube(
+        "verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path, timeout=900
+    )
     assert "verdict: all bit-identical" in proc.stdout
     for framework in FRAMEWORKS:
         result = json.loads((tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.json").read_text())
@@ -23,17 +25,24 @@ def test_verify_all_frameworks_passes(generated, tmp_path):
         checks = {c["check"]: c for c in result["checks"]}
         assert checks["restart (same seed, fresh process)"]["detail"]["identical"]
         assert not checks["negative control (another seed must differ)"]["detail"]["identical"]
-        assert [c for c in checks if c.startswith("resume from epoch")] == ["resume from epoch 1", "resume from epoch 2"]
+        assert [c for c in checks if c.startswith("resume from epoch")] == [
+            "resume from epoch 1",
+            "resume from epoch 2",
+        ]
         assert any(c.startswith("SIGTERM at step 31") for c in checks)  # middle of epoch 2 (21 steps an epoch)
-        assert (tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.md").read_text().startswith(f"# reprocube verify: {framework}")
+        assert (
+            (tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.md")
+            .read_text()
+            .startswith(f"# reprocube verify: {framework}")
+        )
 
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os, sys
 if os.environ.get("REPROCUBE_TEST_PERTURB_RESUME") and "resume=" in " ".join(sys.argv) and "resume=latest" not in sys.argv:
     import torch
     torch.set_rng_state = lambda state: None  # a resumed run keeps its freshly seeded dropout generator
-'''
+"""
 
 
 def test_verify_names_the_first_divergence_of_a_perturbed_resume(generated, tmp_path, monkeypatch):
@@ -42,7 +51,9 @@ def test_verify_names_the_first_divergence_of_a_perturbed_resume(generated, tmp_
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
     monkeypatch.setenv("PYTHONPATH", f"{hook}")
     monkeypatch.setenv("REPROCUBE_TEST_PERTURB_RESUME", "1")
-    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *SMALL, cwd=tmp_path, check=False, timeout=600)
+    proc = reprocube(
+        "verify", "framework=pytorch", *generated.overrides(), *SMALL, cwd=tmp_path, check=False, timeout=600
+    )
     assert proc.returncode == 6, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "runs" / "verify-pytorch" / "reference" / "verify.json").read_text())
     checks = {c["check"]: c for c in result["checks"]}
@@ -69,7 +80,9 @@ def test_compare_identical_runs(runs, tmp_path):
 
 
 def test_compare_different_thread_counts_names_the_env_difference(runs, tmp_path):
-    proc = reprocube("compare", str(runs / "a"), str(runs / "threads1"), "--out", str(tmp_path), cwd=tmp_path, check=False)
+    proc = reprocube(
+        "compare", str(runs / "a"), str(runs / "threads1"), "--out", str(tmp_path), cwd=tmp_path, check=False
+    )
     assert proc.returncode == 6
     result = json.loads((tmp_path / "compare.json").read_text())
     assert not result["identical"] and result["first_difference"]["checkpoint"] == "epoch-0001"
@@ -92,7 +105,15 @@ def test_compare_refuses_a_tampered_run_in_one_line(runs, tmp_path):
 
 
 def test_report_has_its_plots(runs, tmp_path):
-    reprocube("report", str(runs / "a"), str(runs / "b"), str(runs / "threads1"), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    reprocube(
+        "report",
+        str(runs / "a"),
+        str(runs / "b"),
+        str(runs / "threads1"),
+        "--out",
+        str(tmp_path / "report"),
+        cwd=tmp_path,
+    )
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert page.count("data:image/png;base64,") == 2 and "framework.num_threads" in page
@@ -105,7 +126,10 @@ def test_report_has_its_plots(runs, tmp_path):
     "breakage, message",
     [
         (lambda run: (run / "metrics.jsonl").write_text("{not json\n"), "metrics.jsonl is not valid JSON lines"),
-        (lambda run: (run / "metrics.jsonl").write_text('{"kind": "epoch", "epoch": 1}\n'), "metrics.jsonl holds a malformed record"),
+        (
+            lambda run: (run / "metrics.jsonl").write_text('{"kind": "epoch", "epoch": 1}\n'),
+            "metrics.jsonl holds a malformed record",
+        ),
         (lambda run: (run / "env.json").write_text("[1,"), "env.json is not valid JSON"),
         (lambda run: (run / "checkpoints" / "epoch-0001" / "manifest.json").unlink(), "manifest.json is missing"),
     ],
@@ -143,4 +167,6 @@ def test_verify_never_reuses_an_earlier_verify_directory(generated, tmp_path):
     earlier.mkdir(parents=True)
     proc = reprocube("verify", "framework=pytorch", *generated.overrides(), cwd=tmp_path, check=False)
     assert proc.returncode == 2
-    assert error_lines(proc) == ["reprocube: error: runs/verify-pytorch holds an earlier verify's runs; remove it or choose another output_dir="]
+    assert error_lines(proc) == [
+        "reprocube: error: runs/verify-pytorch holds an earlier verify's runs; remove it or choose another output_dir="
+    ]

@@ -70,7 +70,9 @@ def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:
     """Import the framework's module only now: each framework is an optional, heavy dependency."""
     target = BACKENDS.get(cfg.framework.name)
     if target is None:
-        raise ConfigError(f"framework={cfg.framework.name} is not available (choose from {', '.join(sorted(BACKENDS))})")
+        raise ConfigError(
+            f"framework={cfg.framework.name} is not available (choose from {', '.join(sorted(BACKENDS))})"
+        )
     module_name, class_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -87,4 +89,6 @@ def check_arrays(what: str, arrays: dict[str, np.ndarray], expected: dict[str, t
     for name, (shape, dtype) in expected.items():
         array, dtype = arrays[name], np.dtype(dtype)
         if tuple(array.shape) != tuple(shape) or array.dtype != dtype:
-            raise CheckpointError(f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {dtype}{list(shape)}")
+            raise CheckpointError(
+                f"checkpoint tensor {name} is {array.dtype}{list(array.shape)}, the model needs {dtype}{list(shape)}"
+            )

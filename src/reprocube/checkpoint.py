@@ -141,7 +141,9 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{manifest_path} is not a JSON object")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} (this reprocube reads {FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} (this reprocube reads {FORMAT_VERSION})"
+        )
     if manifest.get("manifest_sha256") != manifest_self_digest(manifest):
         raise CheckpointError(f"{manifest_path} was modified: its manifest_sha256 does not match its content")
     return manifest
@@ -166,7 +168,9 @@ def read_checkpoint(path: Path) -> Checkpoint:
     for fname, digest in sorted(expected.items()):
         blob = (path / fname).read_bytes()
         if hashlib.sha256(blob).hexdigest() != digest:
-            raise CheckpointError(f"checkpoint {path}: {fname} does not match its sha256 in the manifest (corrupted or modified)")
+            raise CheckpointError(
+                f"checkpoint {path}: {fname} does not match its sha256 in the manifest (corrupted or modified)"
+            )
         blobs[fname] = blob
     try:
         tensors = {n: load_safetensors(blobs[f"{n}.safetensors"]) for n in TENSOR_FILES}

@@ -23,15 +23,38 @@ class Command:
 
 
 COMMANDS = {
-    "train": Command("train (or resume) a model: reprocube train framework=pytorch epochs=4 seed=1", "reprocube.commands.train:run"),
-    "download": Command("fetch and verify a dataset: reprocube download dataset=fashion_mnist data_dir=data", "reprocube.commands.download:run"),
-    "verify": Command("prove bit-exact restart and resume: reprocube verify framework=all epochs=3", "reprocube.commands.verify:run", all_frameworks_default="pytorch"),
-    "bench": Command("time each trainer, determinism on/off, checkpoints, verify: reprocube bench bench.repeats=3", "reprocube.commands.bench:run", all_frameworks_default="all"),
-    "study": Command(
-        "same seed vs different seeds, through Hydra multirun: reprocube study framework=jax runs=5 epochs=3", "reprocube.commands.study:run", aliases={"runs": "study.runs"}
+    "train": Command(
+        "train (or resume) a model: reprocube train framework=pytorch epochs=4 seed=1", "reprocube.commands.train:run"
     ),
-    "compare": Command("compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B", "reprocube.commands.compare:run", takes_config=False),
-    "report": Command("HTML report with curves, divergence map, verdicts: reprocube report RUN...", "reprocube.commands.report:run", takes_config=False),
+    "download": Command(
+        "fetch and verify a dataset: reprocube download dataset=fashion_mnist data_dir=data",
+        "reprocube.commands.download:run",
+    ),
+    "verify": Command(
+        "prove bit-exact restart and resume: reprocube verify framework=all epochs=3",
+        "reprocube.commands.verify:run",
+        all_frameworks_default="pytorch",
+    ),
+    "bench": Command(
+        "time each trainer, determinism on/off, checkpoints, verify: reprocube bench bench.repeats=3",
+        "reprocube.commands.bench:run",
+        all_frameworks_default="all",
+    ),
+    "study": Command(
+        "same seed vs different seeds, through Hydra multirun: reprocube study framework=jax runs=5 epochs=3",
+        "reprocube.commands.study:run",
+        aliases={"runs": "study.runs"},
+    ),
+    "compare": Command(
+        "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B",
+        "reprocube.commands.compare:run",
+        takes_config=False,
+    ),
+    "report": Command(
+        "HTML report with curves, divergence map, verdicts: reprocube report RUN...",
+        "reprocube.commands.report:run",
+        takes_config=False,
+    ),
 }
 
 
@@ -59,7 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     compare = subparsers.choices["compare"]
     compare.add_argument("run_a", type=Path)
     compare.add_argument("run_b", type=Path)
-    compare.add_argument("--tolerance", type=float, default=0.0, help="pass when every weight differs by at most this (default 0: bit-exact)")
+    compare.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        help="pass when every weight differs by at most this (default 0: bit-exact)",
+    )
     compare.add_argument("--out", type=Path, help="directory for compare.json and compare.md (default: RUN_A)")
     report = subparsers.choices["report"]
     report.add_argument("runs", type=Path, nargs="+")

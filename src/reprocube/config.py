@@ -51,7 +51,9 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
     all_overrides = config_files_overrides(config_files) + list(overrides)
     for override in all_overrides:
         if override.startswith(("+", "~")):
-            raise ConfigError(f"{override}: adding or deleting keys is not supported (the config schema is fixed); see --print-config")
+            raise ConfigError(
+                f"{override}: adding or deleting keys is not supported (the config schema is fixed); see --print-config"
+            )
     try:
         with initialize_config_module(config_module="reprocube.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=all_overrides)
@@ -145,7 +147,12 @@ def validate(cfg: DictConfig) -> None:
     integer("bench.repeats", 1)
     integer("bench.verify_epochs", 0)
     modes = OmegaConf.select(cfg, "bench.deterministic")
-    if not (OmegaConf.is_list(modes) and len(modes) > 0 and all(isinstance(m, bool) for m in modes) and len(set(modes)) == len(modes)):
+    if not (
+        OmegaConf.is_list(modes)
+        and len(modes) > 0
+        and all(isinstance(m, bool) for m in modes)
+        and len(set(modes)) == len(modes)
+    ):
         fail("bench.deterministic", "a list of distinct true/false values, e.g. [true,false]")
     text("bench.reference", allow_none=True)
     text("bench.out")
@@ -215,7 +222,9 @@ def to_plain(cfg: DictConfig) -> dict:
 
 def result_config(config: dict) -> dict:
     """The part of a plain config that determines the computation (all but NON_RESULT_KEYS)."""
-    return {k: v for k, v in flatten_keys(config).items() if k not in NON_RESULT_KEYS and not _under(k, NON_RESULT_KEYS)}
+    return {
+        k: v for k, v in flatten_keys(config).items() if k not in NON_RESULT_KEYS and not _under(k, NON_RESULT_KEYS)
+    }
 
 
 def config_hash(config: dict) -> str:

@@ -9,11 +9,45 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("reprocube", "numpy", "hydra-core", "omegaconf", "safetensors", "torch", "tensorflow", "tensorflow-cpu", "keras", "jax", "jaxlib", "flax", "optax")
-ENV_VARS = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE")
+PACKAGES = (
+    "reprocube",
+    "numpy",
+    "hydra-core",
+    "omegaconf",
+    "safetensors",
+    "torch",
+    "tensorflow",
+    "tensorflow-cpu",
+    "keras",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+)
+ENV_VARS = (
+    "PYTHONHASHSEED",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "XLA_FLAGS",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_TF32_OVERRIDE",
+)
 ENV_PREFIXES = ("TF_", "JAX_", "KERAS_")
 # ISA extensions that change which CPU kernels run (and so the rounding of reductions).
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+)
 
 
 def collect_env(framework_info: dict) -> dict:
@@ -31,7 +65,12 @@ def collect_env(framework_info: dict) -> dict:
 
 
 def _cpu_info() -> dict:
-    info = {"count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None, "model": platform.processor() or None, "isa": []}
+    info = {
+        "count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "model": platform.processor() or None,
+        "isa": [],
+    }
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -63,7 +102,10 @@ def _container() -> dict | None:
     described by the build record REPROCUBE_IMAGE_INFO points at (variant, base image, lock and installed
     package hashes): an image cannot know its own registry digest."""
     if os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER"):
-        info = {"runtime": "singularity", "image": os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER")}
+        info = {
+            "runtime": "singularity",
+            "image": os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER"),
+        }
     elif Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
         info = {"runtime": "docker", "image": os.environ.get("REPROCUBE_IMAGE")}
     else:

@@ -41,7 +41,14 @@ class Schedule:
 
     @classmethod
     def from_config(cls, cfg, steps_per_epoch: int) -> Schedule:
-        return cls(steps_per_epoch, cfg.epochs, cfg.log.every_steps, cfg.checkpoint.every_steps, cfg.checkpoint.every_epochs, cfg.preempt_at_step)
+        return cls(
+            steps_per_epoch,
+            cfg.epochs,
+            cfg.log.every_steps,
+            cfg.checkpoint.every_steps,
+            cfg.checkpoint.every_epochs,
+            cfg.preempt_at_step,
+        )
 
     def group_end(self, position: Position) -> int:
         """The end (a step in the epoch) of the next group of steps: the first step after which the loop
@@ -87,7 +94,13 @@ def train(cfg, out=print) -> int:
             if checkpoint:
                 loop.restore(checkpoint)
             # Only now, with data, trainer and checkpoint all accepted, is the run directory written.
-            run.initialize(config, loop.history, collect_env(loop.framework_info), checkpoint.path if checkpoint else None, loop.position.as_dict())
+            run.initialize(
+                config,
+                loop.history,
+                collect_env(loop.framework_info),
+                checkpoint.path if checkpoint else None,
+                loop.position.as_dict(),
+            )
             return loop.run(stop)
 
 
@@ -95,7 +108,14 @@ class TrainingLoop:
     """One process's training of a run: from a fresh start or a checkpoint, to the last epoch or a stop."""
 
     def __init__(self, cfg, config: dict, run: RunDirectory, sampler: EpochSampler, backend: Backend, out):
-        self.cfg, self.config, self.run_dir, self.sampler, self.backend, self.out = cfg, config, run, sampler, backend, out
+        self.cfg, self.config, self.run_dir, self.sampler, self.backend, self.out = (
+            cfg,
+            config,
+            run,
+            sampler,
+            backend,
+            out,
+        )
         self.schedule = Schedule.from_config(cfg, sampler.steps_per_epoch)
         self.position = Position()
         self.history = MetricsHistory()
@@ -106,7 +126,9 @@ class TrainingLoop:
     def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
         state = TrainState.capture(self.position, self.backend, self.history, framework)
         if not math.isfinite(state.epoch_totals.loss_sum):
-            raise TrainingError(f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr")
+            raise TrainingError(
+                f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
+            )
         run_fields = {
             "framework": self.cfg.framework.name,
             "framework_info": self.framework_info,
@@ -122,10 +144,14 @@ class TrainingLoop:
         try:
             state.restore(self.backend)
         except (RuntimeError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})") from None
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
+            ) from None
         self.position, self.history = state.position, state.history
         p = self.position
-        self.out(f"resumed from {checkpoint.path} at epoch {p.epoch}, step {p.step_in_epoch} (global step {p.global_step})")
+        self.out(
+            f"resumed from {checkpoint.path} at epoch {p.epoch}, step {p.step_in_epoch} (global step {p.global_step})"
+        )
         self._note_environment_change(checkpoint)
 
     def _note_environment_change(self, checkpoint: Checkpoint) -> None:
@@ -134,9 +160,16 @@ class TrainingLoop:
         saved = checkpoint.manifest.get("framework_info")
         if not isinstance(saved, dict):
             return
-        changed = [f"{k}: {saved.get(k)} -> {self.framework_info.get(k)}" for k in sorted(set(saved) | set(self.framework_info)) if saved.get(k) != self.framework_info.get(k)]
+        changed = [
+            f"{k}: {saved.get(k)} -> {self.framework_info.get(k)}"
+            for k in sorted(set(saved) | set(self.framework_info))
+            if saved.get(k) != self.framework_info.get(k)
+        ]
         if changed:
-            self.out("note: resuming in a different environment (bit-exactness with the original machine is not expected): " + "; ".join(changed))
+            self.out(
+                "note: resuming in a different environment (bit-exactness with the original machine is not expected): "
+                + "; ".join(changed)
+            )
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop: StopRequest) -> int:
@@ -151,7 +184,14 @@ class TrainingLoop:
             if position.step_in_epoch == 0:
                 backend.set_epoch_totals(EpochTotals())
             first_step, started = position.step_in_epoch, time.perf_counter()
-            bar = tqdm(total=sampler.steps_per_epoch, initial=first_step, desc=f"epoch {position.epoch + 1}/{cfg.epochs}", disable=not show_progress, file=sys.stderr, leave=False)
+            bar = tqdm(
+                total=sampler.steps_per_epoch,
+                initial=first_step,
+                desc=f"epoch {position.epoch + 1}/{cfg.epochs}",
+                disable=not show_progress,
+                file=sys.stderr,
+                leave=False,
+            )
             while position.step_in_epoch < sampler.steps_per_epoch:
                 step, end = position.step_in_epoch, self.schedule.group_end(position)
                 backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
@@ -170,15 +210,23 @@ class TrainingLoop:
             bar.close()
             self._finish_epoch(started, position.step_in_epoch - first_step, stop)
             if stop.requested and self.position.epoch < cfg.epochs:
-                self.out(f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest")
+                self.out(
+                    f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest"
+                )
                 return EXIT_PREEMPTED
-        self.out(f"done: {self.run_dir.path} ({self.position.epoch} epochs, weights_digest {self.history.epochs[-1]['weights_digest']})")
+        self.out(
+            f"done: {self.run_dir.path} ({self.position.epoch} epochs, weights_digest {self.history.epochs[-1]['weights_digest']})"
+        )
         return EXIT_OK
 
     def _log_step(self) -> None:
         if self.schedule.log_due(self.position.global_step):
             # `epoch` counts from 1 here, as in the epoch records and the progress bar.
-            record = {"epoch": self.position.epoch + 1, "global_step": self.position.global_step, "loss": self.backend.last_loss()}
+            record = {
+                "epoch": self.position.epoch + 1,
+                "global_step": self.position.global_step,
+                "loss": self.backend.last_loss(),
+            }
             self.history.steps.append(record)
             self.run_dir.metrics.append("step", record)
 

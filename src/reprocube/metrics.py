@@ -23,7 +23,11 @@ class MetricsHistory:
     @classmethod
     def from_manifest(cls, manifest: dict) -> MetricsHistory:
         metrics = manifest.get("metrics")
-        if not (isinstance(metrics, dict) and isinstance(metrics.get("epochs"), list) and isinstance(metrics.get("steps"), list)):
+        if not (
+            isinstance(metrics, dict)
+            and isinstance(metrics.get("epochs"), list)
+            and isinstance(metrics.get("steps"), list)
+        ):
             raise CheckpointError("checkpoint manifest holds no valid metrics history")
         return cls(metrics["epochs"], metrics["steps"])
 

@@ -31,10 +31,18 @@ class HostRng:
     def capture(cls) -> HostRng:
         version, internal, gauss_next = random.getstate()
         np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
-        arrays = {PYTHON_STATE: np.asarray(internal, dtype=np.uint32), NUMPY_STATE: np.asarray(np_keys, dtype=np.uint32)}
+        arrays = {
+            PYTHON_STATE: np.asarray(internal, dtype=np.uint32),
+            NUMPY_STATE: np.asarray(np_keys, dtype=np.uint32),
+        }
         meta = {
             "python": {"version": version, "gauss_next": gauss_next},
-            "numpy": {"kind": np_kind, "pos": int(np_pos), "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
+            "numpy": {
+                "kind": np_kind,
+                "pos": int(np_pos),
+                "has_gauss": int(np_has_gauss),
+                "cached_gaussian": float(np_cached),
+            },
         }
         return cls(arrays, meta)
 

@@ -37,7 +37,9 @@ class RunDirectory:
     def latest_checkpoint(self) -> Path | None:
         return latest_checkpoint(self.checkpoints)
 
-    def initialize(self, config: dict, history: MetricsHistory, env: dict, resumed_from: Path | None, position: dict) -> None:
+    def initialize(
+        self, config: dict, history: MetricsHistory, env: dict, resumed_from: Path | None, position: dict
+    ) -> None:
         """Write config.yaml (again on resume: epochs may grow), metrics.jsonl from the checkpoint's
         history, and the session. env.json describes the first process of the run (a fresh start
         replaces whatever a run without checkpoints left), sessions.jsonl every process."""
@@ -47,7 +49,12 @@ class RunDirectory:
         fresh = resumed_from is None
         if fresh or not (self.path / "env.json").exists():
             write_file_atomic(self.path / "env.json", (json.dumps(env, indent=1, sort_keys=True) + "\n").encode())
-        session = {"started_unix": time.time(), "resumed_from": None if fresh else str(resumed_from), "position": position, "env": env}
+        session = {
+            "started_unix": time.time(),
+            "resumed_from": None if fresh else str(resumed_from),
+            "position": position,
+            "env": env,
+        }
         with open(self.path / "sessions.jsonl", "w" if fresh else "a") as f:
             f.write(json.dumps(session, sort_keys=True) + "\n")
 
@@ -125,17 +132,23 @@ def _resume_source(cfg, run: RunDirectory) -> Path | None:
                 f"later checkpoints: choose another run_name= to branch from it"
             )
     elif own_latest:
-        raise ConfigError(f"run directory {run.path} already holds checkpoints; choose another run_name= to resume {given} into")
+        raise ConfigError(
+            f"run directory {run.path} already holds checkpoints; choose another run_name= to resume {given} into"
+        )
     return source
 
 
 def _check_compatible(checkpoint: Checkpoint, config: dict) -> None:
     saved = checkpoint.content.config
     if not isinstance(saved, dict) or checkpoint.manifest.get("config_hash") != config_hash(saved):
-        raise CheckpointError(f"checkpoint {checkpoint.path}: its manifest's config_hash does not match its config.json")
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path}: its manifest's config_hash does not match its config.json"
+        )
     differences = config_differences(saved, config)
     if differences:
-        raise CheckpointError(f"checkpoint {checkpoint.path} was made with a different config: " + "; ".join(differences))
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} was made with a different config: " + "; ".join(differences)
+        )
     done = checkpoint.manifest.get("epoch", 0)
     if done > config["epochs"]:
         raise ConfigError(f"checkpoint {checkpoint.path} is at epoch {done}, beyond epochs={config['epochs']}")

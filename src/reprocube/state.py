@@ -92,7 +92,9 @@ class TrainState:
     history: MetricsHistory
 
     @classmethod
-    def capture(cls, position: Position, backend, history: MetricsHistory, framework: FrameworkState | None = None) -> TrainState:
+    def capture(
+        cls, position: Position, backend, history: MetricsHistory, framework: FrameworkState | None = None
+    ) -> TrainState:
         """The state of this process now. `framework` may be passed when it was just exported."""
         return cls(
             position=Position(position.epoch, position.step_in_epoch, position.global_step),
@@ -119,7 +121,12 @@ class TrainState:
         }
         rng = {**self.host_rng.arrays, **self.framework.rng}
         content = CheckpointContent(self.framework.weights, self.framework.optimizer, rng, state_json, config)
-        manifest_fields = {**run_fields, **self.position.as_dict(), STEPS_PER_EPOCH: steps_per_epoch, METRICS: self.history.as_dict()}
+        manifest_fields = {
+            **run_fields,
+            **self.position.as_dict(),
+            STEPS_PER_EPOCH: steps_per_epoch,
+            METRICS: self.history.as_dict(),
+        }
         return content, manifest_fields
 
     @classmethod
@@ -131,15 +138,26 @@ class TrainState:
             raise CheckpointError(f"{where}: state.json is not a JSON object")
         version = state.get(VERSION, 1)
         if version not in READABLE_STATE_VERSIONS or isinstance(version, bool):
-            raise CheckpointError(f"{where}: state.json version {version!r} is not one this reprocube reads ({READABLE_STATE_VERSIONS})")
+            raise CheckpointError(
+                f"{where}: state.json version {version!r} is not one this reprocube reads ({READABLE_STATE_VERSIONS})"
+            )
         position_json = _mapping(state, POSITION, where)
-        position = Position(*(_count(position_json, key, f"{where}: state.json {POSITION}") for key in (EPOCH, STEP_IN_EPOCH, GLOBAL_STEP)))
+        position = Position(
+            *(
+                _count(position_json, key, f"{where}: state.json {POSITION}")
+                for key in (EPOCH, STEP_IN_EPOCH, GLOBAL_STEP)
+            )
+        )
         totals_json = _mapping(state, EPOCH_TOTALS, where)
         loss_sum = totals_json.get(LOSS_SUM)
         if not (isinstance(loss_sum, float) and math.isfinite(loss_sum)):
             raise CheckpointError(f"{where}: state.json {EPOCH_TOTALS}.{LOSS_SUM} is not a finite number")
         totals = EpochTotals(loss_sum, _count(totals_json, CORRECT, f"{where}: state.json {EPOCH_TOTALS}"))
-        if position.step_in_epoch > steps_per_epoch or manifest.get(GLOBAL_STEP) != position.global_step or manifest.get(STEPS_PER_EPOCH) != steps_per_epoch:
+        if (
+            position.step_in_epoch > steps_per_epoch
+            or manifest.get(GLOBAL_STEP) != position.global_step
+            or manifest.get(STEPS_PER_EPOCH) != steps_per_epoch
+        ):
             raise CheckpointError(f"{where}: its position does not match its manifest or this dataset")
         host_arrays, framework_rng = HostRng.split(checkpoint.content.rng)
         host_rng = HostRng(host_arrays, _mapping(state, HOST_RNG, where))

@@ -23,7 +23,16 @@ from reprocube.files import write_file_atomic
 
 # Overrides a measurement child must not inherit from the user (the child places its own run).
 PLACE_KEYS = ("framework=", "deterministic=", "output_dir=", "run_name=", "resume=", "epochs=", "bench.")
-FIGURES = ("first_step_s", "epoch_s", "samples_per_s", "eval_s", "checkpoint_write_s", "checkpoint_restore_s", "peak_rss_mb", "peak_gpu_mb")
+FIGURES = (
+    "first_step_s",
+    "epoch_s",
+    "samples_per_s",
+    "eval_s",
+    "checkpoint_write_s",
+    "checkpoint_restore_s",
+    "peak_rss_mb",
+    "peak_gpu_mb",
+)
 
 
 def run(invocation: Invocation) -> int:
@@ -38,8 +47,15 @@ def run(invocation: Invocation) -> int:
 
 def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
     user = child_args(overrides, config_files, PLACE_KEYS)
-    reference = _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None  # before an hour of measuring
-    results = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": _machine(), "config": _bench_config(cfg), "frameworks": {}}
+    reference = (
+        _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None
+    )  # before an hour of measuring
+    results = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "config": _bench_config(cfg),
+        "frameworks": {},
+    }
     for framework in frameworks:
         entry = {"runs": [], "summary": {}}
         # Settings alternate (on, off, on, off, ...): this VM's speed drifts by ~10% over minutes, which
@@ -52,7 +68,9 @@ def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: li
                     f"checkpoint {record['checkpoint_write_s'] * 1000:.1f} ms")  # fmt: skip
                 entry["runs"].append(record)
         for deterministic in cfg.bench.deterministic:
-            entry["summary"]["on" if deterministic else "off"] = _summarise([r for r in entry["runs"] if r["deterministic"] == deterministic])
+            entry["summary"]["on" if deterministic else "off"] = _summarise(
+                [r for r in entry["runs"] if r["deterministic"] == deterministic]
+            )
         if cfg.bench.verify_epochs:
             entry["verify"] = _verify_cost(framework, user, cfg, out)
         entry["derived"] = _derived(entry)
@@ -66,7 +84,9 @@ def _measure(args: list[str]) -> dict:
     """One measurement in a fresh process (reprocube.commands.bench_measure)."""
     with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
         result, log = Path(scratch) / "result.json", Path(scratch) / "measure.log"
-        status = run_child(python_module_command("reprocube.commands.bench_measure", "--result", str(result), *args), log)
+        status = run_child(
+            python_module_command("reprocube.commands.bench_measure", "--result", str(result), *args), log
+        )
         if status != 0 or not result.exists():
             raise ReprocubeError(f"bench measurement failed (exit {status}): {' '.join(args)}: {last_error_line(log)}")
         return json.loads(result.read_text())
@@ -88,7 +108,9 @@ def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
             if status != 0:
                 raise ReprocubeError(f"bench: {command[0]} for {framework} exited {status}: {last_error_line(log)}")
     timings.update(epochs=cfg.bench.verify_epochs, ratio=timings["verify_s"] / timings["train_s"])
-    out(f"[{framework}] verify ({cfg.bench.verify_epochs} epochs): {timings['verify_s']:.1f} s = {timings['ratio']:.1f}x one training run ({timings['train_s']:.1f} s)")
+    out(
+        f"[{framework}] verify ({cfg.bench.verify_epochs} epochs): {timings['verify_s']:.1f} s = {timings['ratio']:.1f}x one training run ({timings['train_s']:.1f} s)"
+    )
     return timings
 
 
@@ -97,7 +119,12 @@ def _summarise(runs: list[dict]) -> dict:
     for figure in FIGURES:
         values = [r[figure] for r in runs if r.get(figure) is not None]
         if values:
-            summary[figure] = {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+            summary[figure] = {
+                "min": min(values),
+                "median": statistics.median(values),
+                "max": max(values),
+                "n": len(values),
+            }
     return summary
 
 
@@ -119,7 +146,9 @@ def _read_reference(path: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"bench.reference={path}: cannot read it ({exc})") from None
     if not isinstance(reference, dict) or not isinstance(reference.get("results"), dict):
-        raise ConfigError(f"bench.reference={path}: not a benchmarks/reference_tutorial.py result (no 'results' mapping)")
+        raise ConfigError(
+            f"bench.reference={path}: not a benchmarks/reference_tutorial.py result (no 'results' mapping)"
+        )
     return reference
 
 
@@ -135,7 +164,13 @@ def _reference_ratios(path: Path, reference: dict, results: dict) -> dict:
         if reference_s and ours:
             ratios[framework] = {"reference_epoch_s": reference_s, "reprocube_epoch_s": ours, "speedup": reference_s / ours,
                                  "reference_threads": theirs.get("threads"), "reference_epochs": epochs}  # fmt: skip
-    return {"source": str(path), "date": reference.get("date"), "batch_size": reference.get("batch_size_train"), "edits": reference.get("edits"), "frameworks": ratios}
+    return {
+        "source": str(path),
+        "date": reference.get("date"),
+        "batch_size": reference.get("batch_size_train"),
+        "edits": reference.get("edits"),
+        "frameworks": ratios,
+    }
 
 
 def _machine() -> dict:
@@ -145,7 +180,9 @@ def _machine() -> dict:
 
 def _bench_config(cfg) -> dict:
     plain = to_plain(cfg)
-    return {"dataset": cfg.dataset.name} | {k: plain[k] for k in ("seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")}
+    return {"dataset": cfg.dataset.name} | {
+        k: plain[k] for k in ("seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")
+    }
 
 
 # ---- reports ---------------------------------------------------------------------------------------------
@@ -173,12 +210,20 @@ def markdown(results: dict) -> str:
                 f"{_mmm(summary, 'checkpoint_write_s', '.1f', scale=1000)} | {_mmm(summary, 'checkpoint_restore_s', '.1f', scale=1000, median_only=True)} | "
                 f"{_mmm(summary, 'peak_rss_mb', '.0f', median_only=True)} | {_mmm(summary, 'peak_gpu_mb', '.0f', median_only=True)} |"
             )
-    lines += ["", "| framework | determinism cost | checkpoint / epoch | restore / epoch | verify / one run |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| framework | determinism cost | checkpoint / epoch | restore / epoch | verify / one run |",
+        "|---|---|---|---|---|",
+    ]
     for framework, entry in results["frameworks"].items():
         d, verify = entry["derived"], entry.get("verify")
         lines.append(
             f"| {framework} | {_pct(d.get('determinism_cost'))} | {_pct(d.get('checkpoint_share_of_epoch'))} | {_pct(d.get('restore_share_of_epoch'))} | "
-            + (f"{verify['ratio']:.1f}x ({verify['verify_s']:.0f} s vs {verify['train_s']:.0f} s, {verify['epochs']} epochs) |" if verify else "n/a |")
+            + (
+                f"{verify['ratio']:.1f}x ({verify['verify_s']:.0f} s vs {verify['train_s']:.0f} s, {verify['epochs']} epochs) |"
+                if verify
+                else "n/a |"
+            )
         )
     reference = results.get("reference")
     if reference:
@@ -186,7 +231,9 @@ def markdown(results: dict) -> str:
                   "determinism on in both; the reference's own per-epoch training time:", "",
                   "| framework | reference epoch s | reference threads | reprocube epoch s | speed-up |", "|---|---|---|---|---|"]  # fmt: skip
         for framework, r in reference["frameworks"].items():
-            lines.append(f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | {r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |")
+            lines.append(
+                f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | {r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |"
+            )
     return "\n".join(lines) + "\n"
 
 

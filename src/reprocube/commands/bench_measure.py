@@ -117,7 +117,11 @@ def _peak_gpu_mb(framework: str) -> float | None:
         if framework == "tensorflow":
             import tensorflow as tf
 
-            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if tf.config.list_logical_devices("GPU") else None
+            return (
+                tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+                if tf.config.list_logical_devices("GPU")
+                else None
+            )
     except (ImportError, RuntimeError, KeyError, ValueError):
         return None
     return None
@@ -134,7 +138,9 @@ def main(argv: list[str]) -> int:
         else:
             overrides.append(arg)
     if result is None:
-        sys.exit("usage: python -m reprocube.commands.bench_measure --result FILE [--config-file F] KEY=VALUE ... (use `reprocube bench`)")
+        sys.exit(
+            "usage: python -m reprocube.commands.bench_measure --result FILE [--config-file F] KEY=VALUE ... (use `reprocube bench`)"
+        )
 
     def run() -> int:
         write_file_atomic(result, json.dumps(measure(load_config(overrides, config_files))).encode())

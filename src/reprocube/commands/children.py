@@ -29,7 +29,9 @@ def python_module_command(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def run_child(command: list[str], log: Path, cwd: str | Path | None = None, echo: Callable[[str], None] | None = None) -> int:
+def run_child(
+    command: list[str], log: Path, cwd: str | Path | None = None, echo: Callable[[str], None] | None = None
+) -> int:
     """Run `command`, appending a `$ command` line and then its stdout and stderr to `log`; `echo`, if
     given, receives each output line as it comes. Returns the exit status."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -50,7 +52,9 @@ def last_error_line(log: Path) -> str:
     """What a failed child said: its last `reprocube:` line (TensorFlow's C++ start-up lines come
     first), else the last line naming an error (a traceback's), else its last line."""
     try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip() and not line.startswith("$ ")]
+        lines = [
+            line for line in log.read_text(errors="replace").splitlines() if line.strip() and not line.startswith("$ ")
+        ]
     except OSError:
         return f"no log at {log}"
     own = [line for line in lines if line.startswith("reprocube:")]

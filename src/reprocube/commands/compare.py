@@ -17,12 +17,42 @@ from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
 
 # env.json keys, most likely first to explain a divergence (a prefix match on the flattened key).
 ENV_RELEVANCE = (
-    "framework.name", "framework.device", "framework.backend", "framework.gpu", "framework.torch", "framework.tensorflow",
-    "framework.keras", "framework.jax", "framework.jaxlib", "framework.cuda", "framework.cudnn", "framework.driver",
-    "framework.deterministic", "framework.op_determinism", "framework.cudnn_deterministic", "framework.xla_flags",
-    "framework.prng_impl", "framework.threefry", "framework.num_threads", "framework.intra_op", "framework.inter_op",
-    "framework.cpu_affinity", "framework.cpu_capability", "framework.onednn", "cpu.isa", "cpu.model", "cpu.affinity",
-    "env_vars.", "packages.", "container", "framework.", "python", "cpu.count", "machine", "platform", "hostname",
+    "framework.name",
+    "framework.device",
+    "framework.backend",
+    "framework.gpu",
+    "framework.torch",
+    "framework.tensorflow",
+    "framework.keras",
+    "framework.jax",
+    "framework.jaxlib",
+    "framework.cuda",
+    "framework.cudnn",
+    "framework.driver",
+    "framework.deterministic",
+    "framework.op_determinism",
+    "framework.cudnn_deterministic",
+    "framework.xla_flags",
+    "framework.prng_impl",
+    "framework.threefry",
+    "framework.num_threads",
+    "framework.intra_op",
+    "framework.inter_op",
+    "framework.cpu_affinity",
+    "framework.cpu_capability",
+    "framework.onednn",
+    "cpu.isa",
+    "cpu.model",
+    "cpu.affinity",
+    "env_vars.",
+    "packages.",
+    "container",
+    "framework.",
+    "python",
+    "cpu.count",
+    "machine",
+    "platform",
+    "hostname",
 )
 
 
@@ -37,7 +67,11 @@ def run(args) -> int:
     print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
     for row in result["checkpoints"]:
         worst = worst_tensor(row["tensors"])
-        detail = "" if row["identical"] else f"  {worst['tensor']}: max abs {worst.get('max_abs')}, {worst.get('max_ulp')} ULP"
+        detail = (
+            ""
+            if row["identical"]
+            else f"  {worst['tensor']}: max abs {worst.get('max_abs')}, {worst.get('max_ulp')} ULP"
+        )
         print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
     for diff in result["env_differences"][:8]:
         print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
@@ -50,9 +84,11 @@ def float_ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
     if a.dtype.kind != "f" or a.size == 0:
         return int(np.max(np.abs(a.astype(np.int64) - b.astype(np.int64)))) if a.size else 0
     int_type = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
+
     def ordered(x):  # map float bit patterns onto a monotonic integer line
         bits = x.view(int_type).astype(np.int64)
         return np.where(bits < 0, np.int64(np.iinfo(int_type).min) - bits, bits)
+
     return int(np.max(np.abs(ordered(a) - ordered(b))))
 
 
@@ -65,11 +101,20 @@ def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> li
             continue
         x, y = a[name], b[name]
         if x.shape != y.shape or x.dtype != y.dtype:
-            rows.append({"tensor": name, "identical": False, "problem": f"{x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"})
+            rows.append(
+                {"tensor": name, "identical": False, "problem": f"{x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"}
+            )
             continue
         identical = x.tobytes() == y.tobytes()
         max_abs = 0.0 if identical else float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
-        rows.append({"tensor": name, "identical": identical, "max_abs": max_abs, "max_ulp": 0 if identical else float_ulp_distance(x, y)})
+        rows.append(
+            {
+                "tensor": name,
+                "identical": identical,
+                "max_abs": max_abs,
+                "max_ulp": 0 if identical else float_ulp_distance(x, y),
+            }
+        )
     return rows
 
 
@@ -92,7 +137,9 @@ def load_run(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path / 'metrics.jsonl'} is not valid JSON lines ({exc})") from None
     for record in metrics:
-        complete = isinstance(record, dict) and (record.get("kind") != "epoch" or all(k in record for k in DETERMINISTIC_EPOCH_FIELDS))
+        complete = isinstance(record, dict) and (
+            record.get("kind") != "epoch" or all(k in record for k in DETERMINISTIC_EPOCH_FIELDS)
+        )
         if not complete:
             raise CheckpointError(f"{path / 'metrics.jsonl'} holds a malformed record: {str(record)[:80]}")
     return {"path": path, "checkpoints": checkpoints, "env": env if isinstance(env, dict) else {}, "metrics": metrics}
@@ -116,13 +163,27 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         same = ca.manifest["weights_digest"] == cb.manifest["weights_digest"]
         tensors = tensor_differences(ca.content.weights, cb.content.weights)
         within = same or all("problem" not in t and t["max_abs"] <= tolerance for t in tensors)
-        row = {"checkpoint": name, "global_step": ca.manifest.get("global_step"), "identical": same, "within_tolerance": within, "tensors": tensors}
+        row = {
+            "checkpoint": name,
+            "global_step": ca.manifest.get("global_step"),
+            "identical": same,
+            "within_tolerance": within,
+            "tensors": tensors,
+        }
         checkpoints.append(row)
         if not same and first is None:
             worst = worst_tensor(tensors)
-            first = {"checkpoint": name, "tensor": worst["tensor"], "max_abs": worst.get("max_abs"), "max_ulp": worst.get("max_ulp"), "problem": worst.get("problem")}
+            first = {
+                "checkpoint": name,
+                "tensor": worst["tensor"],
+                "max_abs": worst.get("max_abs"),
+                "max_ulp": worst.get("max_ulp"),
+                "problem": worst.get("problem"),
+            }
     metric_diffs = _metric_differences(a["metrics"], b["metrics"])
-    verdict_ok = bool(common) and all(c["within_tolerance"] for c in checkpoints) and (tolerance > 0 or not metric_diffs)
+    verdict_ok = (
+        bool(common) and all(c["within_tolerance"] for c in checkpoints) and (tolerance > 0 or not metric_diffs)
+    )
     return {
         "run_a": str(a["path"]),
         "run_b": str(b["path"]),
@@ -153,10 +214,16 @@ def env_differences(a: dict, b: dict) -> list[dict]:
     """Differing env.json entries, those most likely to explain a divergence first."""
     fa, fb = flatten_keys(a), flatten_keys(b)
     missing = "<absent>"
-    rows = [{"key": k, "a": fa.get(k, missing), "b": fb.get(k, missing)} for k in set(fa) | set(fb) if fa.get(k, missing) != fb.get(k, missing)]
+    rows = [
+        {"key": k, "a": fa.get(k, missing), "b": fb.get(k, missing)}
+        for k in set(fa) | set(fb)
+        if fa.get(k, missing) != fb.get(k, missing)
+    ]
 
     def rank(row):
-        return next((i for i, prefix in enumerate(ENV_RELEVANCE) if row["key"].startswith(prefix)), len(ENV_RELEVANCE)), row["key"]
+        return next(
+            (i for i, prefix in enumerate(ENV_RELEVANCE) if row["key"].startswith(prefix)), len(ENV_RELEVANCE)
+        ), row["key"]
 
     return sorted(rows, key=rank)
 
@@ -166,7 +233,9 @@ def summary_line(result: dict) -> str:
         return f"identical ({len(result['compared_checkpoints'])} checkpoints)"
     first = result["first_difference"]
     if first is None:
-        return "weights identical, metrics differ: " + ", ".join(f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3])
+        return "weights identical, metrics differ: " + ", ".join(
+            f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3]
+        )
     size = first["problem"] or f"max abs {first['max_abs']:.3g}, {first['max_ulp']} ULP"
     within = " (within tolerance)" if result["passed"] else ""
     return f"differs from {first['checkpoint']}: {first['tensor']} ({size}){within}"
@@ -178,13 +247,29 @@ def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> No
 
 
 def compare_markdown(result: dict) -> str:
-    lines = ["# reprocube compare", "", f"- A: `{result['run_a']}`", f"- B: `{result['run_b']}`", f"- verdict: **{summary_line(result)}**", ""]
+    lines = [
+        "# reprocube compare",
+        "",
+        f"- A: `{result['run_a']}`",
+        f"- B: `{result['run_b']}`",
+        f"- verdict: **{summary_line(result)}**",
+        "",
+    ]
     lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
     for c in result["checkpoints"]:
         worst = worst_tensor(c["tensors"])
-        lines.append(f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |")
+        lines.append(
+            f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |"
+        )
     if result["metric_differences"]:
-        lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]]
+        lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [
+            f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]
+        ]
     lines += ["", "## Environment differences (most likely causes first)", ""]
-    lines += ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in result["env_differences"]] if result["env_differences"] else ["none"]
+    lines += (
+        ["| key | A | B |", "|---|---|---|"]
+        + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in result["env_differences"]]
+        if result["env_differences"]
+        else ["none"]
+    )
     return "\n".join(lines) + "\n"

@@ -20,7 +20,9 @@ class Invocation:
     config_files: list[str]
 
 
-def load_invocation(overrides: list[str], config_files: list[str], all_frameworks_default: str | None = None) -> Invocation:
+def load_invocation(
+    overrides: list[str], config_files: list[str], all_frameworks_default: str | None = None
+) -> Invocation:
     """With `all_frameworks_default` (verify, bench), `framework=` may be `all` or one framework, and
     defaults to that value; otherwise the config names one framework."""
     if all_frameworks_default is None:
@@ -32,10 +34,14 @@ def load_invocation(overrides: list[str], config_files: list[str], all_framework
     return Invocation(cfg, frameworks, rest, list(config_files))
 
 
-def frameworks_from(overrides: list[str], file_overrides: list[str] = (), default: str = "pytorch") -> tuple[list[str], list[str]]:
+def frameworks_from(
+    overrides: list[str], file_overrides: list[str] = (), default: str = "pytorch"
+) -> tuple[list[str], list[str]]:
     """`framework=all` (or one framework), from the command line or else the config files; the rest of
     the command-line overrides unchanged."""
-    chosen = [o.split("=", 1)[1].strip("'\"") for o in [*file_overrides, *overrides] if o.startswith("framework=")]  # config files' values come quoted
+    chosen = [
+        o.split("=", 1)[1].strip("'\"") for o in [*file_overrides, *overrides] if o.startswith("framework=")
+    ]  # config files' values come quoted
     rest = [o for o in overrides if not o.startswith("framework=")]
     name = chosen[-1] if chosen else default
     if name == "all":

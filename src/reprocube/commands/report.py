@@ -23,8 +23,21 @@ from reprocube.config import flatten_keys  # noqa: E402
 from reprocube.errors import EXIT_OK  # noqa: E402
 from reprocube.files import write_file_atomic  # noqa: E402
 
-ENV_ROWS = ("python", "framework.name", "framework.torch", "framework.tensorflow", "framework.jax", "framework.device", "framework.gpu",
-            "framework.num_threads", "framework.intra_op_threads", "framework.cpu_affinity", "cpu.model", "cpu.isa", "container")
+ENV_ROWS = (
+    "python",
+    "framework.name",
+    "framework.torch",
+    "framework.tensorflow",
+    "framework.jax",
+    "framework.device",
+    "framework.gpu",
+    "framework.num_threads",
+    "framework.intra_op_threads",
+    "framework.cpu_affinity",
+    "cpu.model",
+    "cpu.isa",
+    "container",
+)
 
 
 def run(args) -> int:
@@ -91,9 +104,17 @@ def _divergence_map(comparisons, labels) -> bytes:
         grid = np.zeros((max(len(comparison["checkpoints"]), 1), len(tensors)))
         for i, c in enumerate(comparison["checkpoints"]):
             for t in c["tensors"]:
-                grid[i, tensors.index(t["tensor"])] = np.log10(1 + t.get("max_ulp", 0)) if "problem" not in t else np.nan
-        image = ax.imshow(grid, cmap="magma_r", vmin=0, vmax=max(10.0, float(np.nanmax(grid)) if grid.size else 10.0), aspect="auto")
-        ax.set_yticks(range(len(comparison["checkpoints"])), [c["checkpoint"] for c in comparison["checkpoints"]] or ["none"], fontsize=7)
+                grid[i, tensors.index(t["tensor"])] = (
+                    np.log10(1 + t.get("max_ulp", 0)) if "problem" not in t else np.nan
+                )
+        image = ax.imshow(
+            grid, cmap="magma_r", vmin=0, vmax=max(10.0, float(np.nanmax(grid)) if grid.size else 10.0), aspect="auto"
+        )
+        ax.set_yticks(
+            range(len(comparison["checkpoints"])),
+            [c["checkpoint"] for c in comparison["checkpoints"]] or ["none"],
+            fontsize=7,
+        )
         ax.set_xticks(range(len(tensors)), tensors, rotation=45, ha="right", fontsize=7)
         missing = " (white: tensor in one run only)" if np.isnan(grid).any() else ""
         ax.set_title(f"{label} vs {labels[0]}: {summary_line(comparison)}{missing}", fontsize=8)
@@ -111,9 +132,19 @@ def _figure_title(name: str) -> str:
 
 def _study_html(study: dict) -> str:
     esc = html.escape
-    rows = ["<table><tr><th>group</th><th>runs</th><th>test accuracy mean</th><th>std</th><th>test loss mean</th><th>std</th><th>distinct weights_digest</th></tr>"]
+    rows = [
+        "<table><tr><th>group</th><th>runs</th><th>test accuracy mean</th><th>std</th><th>test loss mean</th><th>std</th><th>distinct weights_digest</th></tr>"
+    ]
     for group, s in study["groups"].items():
-        cells = [group, s["runs"], s["test_accuracy"]["mean"], s["test_accuracy"]["std"], s["test_loss"]["mean"], s["test_loss"]["std"], s["distinct_weights_digests"]]
+        cells = [
+            group,
+            s["runs"],
+            s["test_accuracy"]["mean"],
+            s["test_accuracy"]["std"],
+            s["test_loss"]["mean"],
+            s["test_loss"]["std"],
+            s["distinct_weights_digests"],
+        ]
         rows.append("<tr>" + "".join(f"<td>{esc('n/a' if c is None else str(c))}</td>" for c in cells) + "</tr>")
     rows.append("</table><ul>" + "".join(f"<li>{esc(line)}</li>" for line in summary_lines(study)[2:]) + "</ul>")
     return f"<p>Study <code>{esc(str(study.get('study_dir')))}</code></p>" + "".join(rows)
@@ -121,27 +152,40 @@ def _study_html(study: dict) -> str:
 
 def _html(runs, labels, comparisons, figures, studies=()) -> str:
     esc = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>reprocube report</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.ok{color:#176317}.bad{color:#b00020;font-weight:bold}</style>",
-             "</head><body><h1>reprocube report</h1>", "<p>Runs: " + ", ".join(f"<code>{esc(str(r['path']))}</code>" for r in runs) + "</p>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>reprocube report</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.ok{color:#176317}.bad{color:#b00020;font-weight:bold}</style>",
+        "</head><body><h1>reprocube report</h1>",
+        "<p>Runs: " + ", ".join(f"<code>{esc(str(r['path']))}</code>" for r in runs) + "</p>",
+    ]
     for name, png in figures.items():
         parts.append(f"<h2>{_figure_title(name)}</h2>")
-        parts.append(f"<img alt='{name}' src='data:image/png;base64,{base64.b64encode(png).decode()}' style='max-width:100%'>")
+        parts.append(
+            f"<img alt='{name}' src='data:image/png;base64,{base64.b64encode(png).decode()}' style='max-width:100%'>"
+        )
         if name.startswith("study-"):
             parts.append(_study_html(studies[int(name[6:-4]) - 1]))
     parts.append("<h2>Verdicts</h2><table><tr><th>what</th><th>verdict</th></tr>")
     for comparison, label in zip(comparisons, labels[1:], strict=True):
         cls = "ok" if comparison["identical"] else "bad"
-        parts.append(f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td><td class='{cls}'>{esc(summary_line(comparison))}</td></tr>")
+        parts.append(
+            f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td><td class='{cls}'>{esc(summary_line(comparison))}</td></tr>"
+        )
     for run, label in zip(runs, labels, strict=True):
         verify_file = run["path"] / "verify.json"
         if verify_file.exists():
             verdict = json.loads(verify_file.read_text())
             for check in verdict.get("checks", []):
                 cls = "ok" if check.get("passed") else "bad"
-                parts.append(f"<tr><td>verify {esc(label)}: {esc(str(check.get('check')))}</td><td class='{cls}'>{esc(str(check.get('summary')))}</td></tr>")
-    parts.append("</table><h2>Environments</h2><table><tr><th>key</th>" + "".join(f"<th>{esc(label)}</th>" for label in labels) + "</tr>")
+                parts.append(
+                    f"<tr><td>verify {esc(label)}: {esc(str(check.get('check')))}</td><td class='{cls}'>{esc(str(check.get('summary')))}</td></tr>"
+                )
+    parts.append(
+        "</table><h2>Environments</h2><table><tr><th>key</th>"
+        + "".join(f"<th>{esc(label)}</th>" for label in labels)
+        + "</tr>"
+    )
     flat = [flatten_keys(r["env"]) for r in runs]
     for key in ENV_ROWS:
         values = [str(f.get(key, "")) for f in flat]
@@ -150,7 +194,12 @@ def _html(runs, labels, comparisons, figures, studies=()) -> str:
             parts.append(f"<tr{cls}><td>{esc(key)}</td>" + "".join(f"<td>{esc(v)}</td>" for v in values) + "</tr>")
     for comparison, label in zip(comparisons, labels[1:], strict=True):
         if comparison["env_differences"]:
-            parts.append(f"</table><h3>{esc(label)} vs {esc(labels[0])}: environment differences, likeliest causes first</h3><table><tr><th>key</th><th>A</th><th>B</th></tr>")
-            parts += [f"<tr><td>{esc(d['key'])}</td><td>{esc(str(d['a']))}</td><td>{esc(str(d['b']))}</td></tr>" for d in comparison["env_differences"][:30]]
+            parts.append(
+                f"</table><h3>{esc(label)} vs {esc(labels[0])}: environment differences, likeliest causes first</h3><table><tr><th>key</th><th>A</th><th>B</th></tr>"
+            )
+            parts += [
+                f"<tr><td>{esc(d['key'])}</td><td>{esc(str(d['a']))}</td><td>{esc(str(d['b']))}</td></tr>"
+                for d in comparison["env_differences"][:30]
+            ]
     parts.append("</table></body></html>")
     return "\n".join(parts)

@@ -57,8 +57,10 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
         check_slurm()  # before anything is written
     _claim(study_dir, request)
     plan = members(cfg.study.runs, cfg.seed)
-    out(f"study: {len(plan)} runs of {cfg.framework.name} ({cfg.study.runs} with seed {cfg.seed}, {cfg.study.runs} with seeds "
-        f"{plan[cfg.study.runs].seed}..{plan[-1].seed}) through Hydra multirun, launcher {cfg.study.launcher}, in {study_dir}")
+    out(
+        f"study: {len(plan)} runs of {cfg.framework.name} ({cfg.study.runs} with seed {cfg.seed}, {cfg.study.runs} with seeds "
+        f"{plan[cfg.study.runs].seed}..{plan[-1].seed}) through Hydra multirun, launcher {cfg.study.launcher}, in {study_dir}"
+    )
     launcher_error = _launch(study_dir, cfg, request, out)
     if launcher_error and cfg.study.launcher == "slurm":
         # submitit stops waiting at the first failed job: let the study's other jobs finish first.
@@ -81,10 +83,14 @@ def _claim(study_dir: Path, request: dict) -> None:
         try:
             earlier = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"study.dir={study_dir}: unreadable {REQUEST} ({exc}); choose another study.dir") from None
+            raise ConfigError(
+                f"study.dir={study_dir}: unreadable {REQUEST} ({exc}); choose another study.dir"
+            ) from None
         differing = sorted(k for k in request if k != "cwd" and earlier.get(k) != request[k])
         if differing:
-            raise ConfigError(f"study.dir={study_dir} holds another study (its {', '.join(differing)} differ); choose another study.dir")
+            raise ConfigError(
+                f"study.dir={study_dir} holds another study (its {', '.join(differing)} differ); choose another study.dir"
+            )
     elif study_dir.exists() and any(study_dir.iterdir()):
         raise ConfigError(f"study.dir={study_dir} exists and is not a study; choose another study.dir")
     for directory in study_paths(study_dir).values():
@@ -98,9 +104,13 @@ def check_slurm() -> None:
         if shutil.which(command) is None:
             raise ReprocubeError(f"study.launcher=slurm: {command} not found on PATH (is this a SLURM login node?)")
     try:
-        done = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=SLURM_CHECK_TIMEOUT_S)
+        done = subprocess.run(
+            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=SLURM_CHECK_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
-        raise ReprocubeError(f"study.launcher=slurm: SLURM is not reachable (sinfo gave no answer in {SLURM_CHECK_TIMEOUT_S} s)") from None
+        raise ReprocubeError(
+            f"study.launcher=slurm: SLURM is not reachable (sinfo gave no answer in {SLURM_CHECK_TIMEOUT_S} s)"
+        ) from None
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
         raise ReprocubeError(f"study.launcher=slurm: SLURM is not reachable: {lines[-1]}")
@@ -108,7 +118,9 @@ def check_slurm() -> None:
 
 def wait_for_slurm_jobs(study_dir: Path, timeout_s: float, out=print, poll_s: float = 3.0) -> None:
     """Until no job of this study (submitit's folders are named after the job ids) is in the queue."""
-    job_ids = sorted({entry.name.split("_")[0] for entry in (study_dir / "slurm").iterdir() if entry.name.split("_")[0].isdigit()})
+    job_ids = sorted(
+        {entry.name.split("_")[0] for entry in (study_dir / "slurm").iterdir() if entry.name.split("_")[0].isdigit()}
+    )
     if not job_ids:
         return
     deadline = time.monotonic() + timeout_s
@@ -118,7 +130,9 @@ def wait_for_slurm_jobs(study_dir: Path, timeout_s: float, out=print, poll_s: fl
             return
         out(f"study: waiting for the study's other SLURM jobs ({len(queued.stdout.split())} queued or running)")
         time.sleep(poll_s)
-    out(f"study: gave up waiting for SLURM jobs {', '.join(job_ids)} after {timeout_s:.0f} s; run the study again to collect them")
+    out(
+        f"study: gave up waiting for SLURM jobs {', '.join(job_ids)} after {timeout_s:.0f} s; run the study again to collect them"
+    )
 
 
 def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
@@ -156,12 +170,20 @@ def _job_config(study_dir: Path, cfg, request: dict) -> dict:
             "nodes": 1,
             "mem_gb": slurm.mem_gb,
             "partition": slurm.partition,
-            "additional_parameters": OmegaConf.to_container(slurm.additional_parameters) if slurm.additional_parameters else {},
+            "additional_parameters": OmegaConf.to_container(slurm.additional_parameters)
+            if slurm.additional_parameters
+            else {},
         }
     return {
         "defaults": [{"override hydra/launcher": launcher}, "_self_"],
-        "study": {"dir": str(study_dir), "runs": cfg.study.runs, "seed": cfg.seed, "member": None,
-                  "train_args": request["train_args"], "cwd": request["cwd"]},  # fmt: skip
+        "study": {
+            "dir": str(study_dir),
+            "runs": cfg.study.runs,
+            "seed": cfg.seed,
+            "member": None,
+            "train_args": request["train_args"],
+            "cwd": request["cwd"],
+        },  # fmt: skip
         "hydra": hydra,
     }
 
@@ -185,7 +207,10 @@ def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: li
         if final is None:
             record.update(status="failed", error="the run finished without an epoch record in metrics.jsonl")
         else:
-            record.update(status="ok", **{k: final[k] for k in ("epoch", "test_accuracy", "test_loss", "train_loss", "weights_digest")})
+            record.update(
+                status="ok",
+                **{k: final[k] for k in ("epoch", "test_accuracy", "test_loss", "train_loss", "weights_digest")},
+            )
     else:
         record.update(status="failed", error=f"reprocube train exited {status}: {last_error_line(log_path)}")
     write_file_atomic(paths["results"] / f"{member.run_name}.json", json.dumps(record, indent=2).encode())

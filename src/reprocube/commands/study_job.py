@@ -17,9 +17,17 @@ def main(cfg) -> dict:
     from reprocube.commands.study import run_member
 
     study = cfg.study
-    record = run_member(Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)), study.cwd)
-    print(f"study member {record['member']} ({record['group']}, seed {record['seed']}): {record['status']}"
-          + (f", test accuracy {record['test_accuracy']:.4f}, weights_digest {record['weights_digest'][:16]}" if record["status"] == "ok" else f": {record['error']}"))
+    record = run_member(
+        Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)), study.cwd
+    )
+    print(
+        f"study member {record['member']} ({record['group']}, seed {record['seed']}): {record['status']}"
+        + (
+            f", test accuracy {record['test_accuracy']:.4f}, weights_digest {record['weights_digest'][:16]}"
+            if record["status"] == "ok"
+            else f": {record['error']}"
+        )
+    )
     if record["exit_code"] == EXIT_PREEMPTED:
         # The run was stopped by a signal (the study's time is up): stop the sweep here, not start the
         # next run. Running the study again continues this run and the rest.

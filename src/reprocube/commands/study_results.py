@@ -45,11 +45,19 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError:
-            logs = [str(paths["logs"] / f"{member.run_name}.log")] + ([_slurm_folder(paths["slurm"], member.index)] if launcher == "slurm" else [])
+            logs = [str(paths["logs"] / f"{member.run_name}.log")] + (
+                [_slurm_folder(paths["slurm"], member.index)] if launcher == "slurm" else []
+            )
             record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed",
                       "error": "no result recorded (the job did not finish)", "log": " and ".join(logs)}  # fmt: skip
         except (OSError, ValueError) as exc:
-            record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed", "error": f"unreadable {path}: {exc}"}
+            record = {
+                "member": member.index,
+                "group": member.group,
+                "seed": member.seed,
+                "status": "failed",
+                "error": f"unreadable {path}: {exc}",
+            }
         (records if record.get("status") == "ok" else failures).append(record)
     groups = {group: _group_summary([r for r in records if r["group"] == group]) for group in GROUPS}
     same, different = groups[GROUPS[0]], groups[GROUPS[1]]
@@ -62,7 +70,9 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
         "failures": failures,
         # Morin & Willetts' figure: the same-seed std as a share of the different-seed std.
         "nondeterminism_std_ratio": _ratio(same["test_accuracy"]["std"], different["test_accuracy"]["std"]),
-        "nondeterminism_variance_ratio": _ratio(_square(same["test_accuracy"]["std"]), _square(different["test_accuracy"]["std"])),
+        "nondeterminism_variance_ratio": _ratio(
+            _square(same["test_accuracy"]["std"]), _square(different["test_accuracy"]["std"])
+        ),
     }
     return result
 
@@ -103,7 +113,9 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(f"non-determinism: same-seed std / different-seed std = {_fmt(result['nondeterminism_std_ratio'])} "
                  f"(variance ratio {_fmt(result['nondeterminism_variance_ratio'])}; Morin & Willetts: 0.020 / 0.027 = 0.74)")  # fmt: skip
     for failure in result["failures"]:
-        lines.append(f"FAILED run {failure['member']} ({failure['group']}, seed {failure['seed']}): {failure['error']}; log: {failure.get('log')}")
+        lines.append(
+            f"FAILED run {failure['member']} ({failure['group']}, seed {failure['seed']}): {failure['error']}; log: {failure.get('log')}"
+        )
     if result.get("launcher_error"):
         lines.append(f"launcher: {result['launcher_error']}")
     return lines
@@ -131,7 +143,10 @@ def read_study(path: Path) -> dict:
 
 
 def study_markdown(result: dict) -> str:
-    rows = ["| group | runs | test accuracy mean | std | test loss mean | std | distinct weights_digest |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| group | runs | test accuracy mean | std | test loss mean | std | distinct weights_digest |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for group, s in result["groups"].items():
         rows.append(f"| {group} | {s['runs']} | {_fmt(s['test_accuracy']['mean'])} | {_fmt(s['test_accuracy']['std'])} | "
                     f"{_fmt(s['test_loss']['mean'])} | {_fmt(s['test_loss']['std'])} | {s['distinct_weights_digests']} |")  # fmt: skip
@@ -153,7 +168,10 @@ def box_plot(result: dict) -> bytes:
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), layout="constrained")
     for ax, key in zip(axes, ("test_accuracy", "test_loss"), strict=True):
         data = [[float(r[key]) for r in result["runs"] if r["group"] == group] for group in GROUPS]
-        ax.boxplot([d or [float("nan")] for d in data], tick_labels=[f"{g}\n({len(d)} runs)" for g, d in zip(GROUPS, data, strict=True)])
+        ax.boxplot(
+            [d or [float("nan")] for d in data],
+            tick_labels=[f"{g}\n({len(d)} runs)" for g, d in zip(GROUPS, data, strict=True)],
+        )
         for position, values in enumerate(data, start=1):
             ax.scatter([position] * len(values), values, s=14, alpha=0.7, zorder=3)
         ax.set_title(key.replace("_", " "))

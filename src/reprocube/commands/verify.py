@@ -48,7 +48,9 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
 
     def train(name: str, *extra: str, expect: tuple[int, ...] = (0,)) -> Path:
-        command = reprocube_command("train", *user, f"framework={framework}", f"output_dir={base}", f"run_name={name}", *extra)
+        command = reprocube_command(
+            "train", *user, f"framework={framework}", f"output_dir={base}", f"run_name={name}", *extra
+        )
         out(f"[{framework}] {name}: reprocube train {' '.join(extra) or '(reference config)'}")
         log = logs / f"{name}.log"
         status = run_child(command, log)
@@ -75,7 +77,12 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         check("restart (same seed, fresh process)", restart["passed"], summary_line(restart), restart)
         other = compared(train("other-seed", f"seed={(cfg.seed + 1) % 2**32}"))
         differs = not other["identical"]
-        check("negative control (another seed must differ)", differs, "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless", other)
+        check(
+            "negative control (another seed must differ)",
+            differs,
+            "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless",
+            other,
+        )
         for k in range(1, cfg.epochs):
             source = reference / "checkpoints" / f"epoch-{k:04d}"
             if not source.is_dir():
@@ -90,7 +97,12 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
             sigterm = load_run(run)
             stopped = [name for name in sigterm["checkpoints"] if name.startswith("step-")]
             resumed = compare_runs(ref, sigterm, cfg.verify.tolerance)
-            check(f"SIGTERM at step {stop_at}, resume=latest", resumed["passed"] and bool(stopped), summary_line(resumed), resumed)
+            check(
+                f"SIGTERM at step {stop_at}, resume=latest",
+                resumed["passed"] and bool(stopped),
+                summary_line(resumed),
+                resumed,
+            )
     except _ChildFailed as exc:
         check("run", False, f"failed: {exc}")
     result = {
@@ -102,7 +114,9 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     }
     report_dir = reference if reference is not None and (reference / "checkpoints").is_dir() else base
     write_reports(result, report_dir, "verify", _markdown(result))
-    out(f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}")
+    out(
+        f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}"
+    )
     return result
 
 
@@ -113,11 +127,18 @@ class _ChildFailed(Exception):
 def _table(rows) -> str:
     widths = [max(len(str(r[i])) for r in rows + [("framework", "check", "result", "")]) for i in range(3)]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
-    return "\n".join([line(("framework", "check", "result")), line(["-" * w for w in widths])] + [line(r[:3]) + ("" if r[3] else "   <-- FAIL") for r in rows])
+    return "\n".join(
+        [line(("framework", "check", "result")), line(["-" * w for w in widths])]
+        + [line(r[:3]) + ("" if r[3] else "   <-- FAIL") for r in rows]
+    )
 
 
 def _markdown(result: dict) -> str:
-    lines = [f"# reprocube verify: {result['framework']}", "", f"Verdict: **{'passed: bit-identical' if result['passed'] else 'FAILED'}**"]
+    lines = [
+        f"# reprocube verify: {result['framework']}",
+        "",
+        f"Verdict: **{'passed: bit-identical' if result['passed'] else 'FAILED'}**",
+    ]
     if result["tolerance"]:
         lines.append(f"(explicit tolerance: max abs difference <= {result['tolerance']})")
     lines += ["", f"Wall-clock: {result['wall_s']} s", "", "| check | passed | result |", "|---|---|---|"]

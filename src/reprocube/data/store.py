@@ -58,7 +58,10 @@ def load_dataset(cfg: DictConfig) -> Dataset:
             f"`reprocube download dataset={cfg.dataset.name} data_dir={cfg.data_dir}`"
         )
     files = cfg.dataset.files
-    arrays = {key: parse_idx(read_verified(directory / spec.name, spec), str(directory / spec.name)) for key, spec in files.items()}
+    arrays = {
+        key: parse_idx(read_verified(directory / spec.name, spec), str(directory / spec.name))
+        for key, spec in files.items()
+    }
     train = _split(cfg, arrays["train_images"], arrays["train_labels"], cfg.data.train_limit, "train")
     test = _split(cfg, arrays["test_images"], arrays["test_labels"], cfg.data.test_limit, "test")
     return Dataset(cfg.dataset.name, train, test, cfg.dataset.num_classes)

@@ -173,20 +173,32 @@ class JaxBackend:
     # --- state ----------------------------------------------------------------------------------
     def export_state(self) -> FrameworkState:
         weights = {".".join(path): np.asarray(leaf) for path, leaf in _flat_params(self.params).items()}
-        optimizer = {_path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(self.opt_state)[0]}
+        optimizer = {
+            _path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(self.opt_state)[0]
+        }
         return FrameworkState(weights, optimizer, {RUN_KEY: np.asarray(jax.random.key_data(self.run_key))})
 
     def import_state(self, state: FrameworkState) -> None:
         run_key = np.asarray(jax.random.key_data(self.run_key))
         check_arrays("generator states", state.rng, {RUN_KEY: (run_key.shape, run_key.dtype)})
         if not np.array_equal(state.rng[RUN_KEY], run_key):
-            raise CheckpointError("checkpoint's JAX run key differs from the one this seed and PRNG implementation give")
+            raise CheckpointError(
+                "checkpoint's JAX run key differs from the one this seed and PRNG implementation give"
+            )
         params = _flat_params(self.params)
-        check_arrays("weights", state.weights, {".".join(path): (leaf.shape, leaf.dtype) for path, leaf in params.items()})
-        self.params = traverse_util.unflatten_dict({path: jnp.asarray(state.weights[".".join(path)]) for path in params})
+        check_arrays(
+            "weights", state.weights, {".".join(path): (leaf.shape, leaf.dtype) for path, leaf in params.items()}
+        )
+        self.params = traverse_util.unflatten_dict(
+            {path: jnp.asarray(state.weights[".".join(path)]) for path in params}
+        )
         leaves, treedef = jax.tree_util.tree_flatten_with_path(self.opt_state)
         names = [_path_name(path) for path, _ in leaves]
-        check_arrays("optimizer tensors", state.optimizer, {name: (leaf.shape, leaf.dtype) for name, (_, leaf) in zip(names, leaves, strict=True)})
+        check_arrays(
+            "optimizer tensors",
+            state.optimizer,
+            {name: (leaf.shape, leaf.dtype) for name, (_, leaf) in zip(names, leaves, strict=True)},
+        )
         self.opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(state.optimizer[name]) for name in names])
 
 

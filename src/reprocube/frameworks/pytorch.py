@@ -178,12 +178,16 @@ class PytorchBackend:
         self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.weights.items()})
         self.optimizer.state.clear()
         for key, array in state.optimizer.items():
-            self.optimizer.state[params[key.removeprefix(MOMENTUM_PREFIX)]]["momentum_buffer"] = torch.from_numpy(array.copy()).to(self.device)
+            self.optimizer.state[params[key.removeprefix(MOMENTUM_PREFIX)]]["momentum_buffer"] = torch.from_numpy(
+                array.copy()
+            ).to(self.device)
         cpu_state = state.rng.get(CPU_GENERATOR)
         if cpu_state is None:
             raise CheckpointError("checkpoint lacks the torch CPU generator state")
         torch.set_rng_state(torch.from_numpy(cpu_state.copy()))
-        cuda_keys = sorted((k for k in state.rng if k.startswith(CUDA_GENERATOR_PREFIX)), key=lambda k: int(k.rsplit(".", 1)[1]))
+        cuda_keys = sorted(
+            (k for k in state.rng if k.startswith(CUDA_GENERATOR_PREFIX)), key=lambda k: int(k.rsplit(".", 1)[1])
+        )
         cuda_states = [state.rng[k] for k in cuda_keys]
         if torch.cuda.is_available():
             # A checkpoint made on a CPU (or on fewer GPUs) leaves the other generators as seeded;
@@ -198,7 +202,12 @@ def _spec(tensor: torch.Tensor) -> tuple[tuple[int, ...], np.dtype]:
 
 def _nvidia_driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None

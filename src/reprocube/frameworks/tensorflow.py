@@ -68,10 +68,15 @@ class TensorflowBackend:
         self.model = build_model(dataset.num_classes, (int(seeds[0]), int(seeds[1])))
         self.optimizer = keras.optimizers.SGD(learning_rate=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
         self.optimizer.build(self.model.trainable_variables)
-        self.seed_generators = {layer.name: layer.seed_generator for layer in self.model.layers if hasattr(layer, "seed_generator")}
+        self.seed_generators = {
+            layer.name: layer.seed_generator for layer in self.model.layers if hasattr(layer, "seed_generator")
+        }
 
         to_nhwc = lambda images: np.ascontiguousarray(images.transpose(0, 2, 3, 1))  # noqa: E731
-        self.x_train, self.x_test = tf.constant(to_nhwc(dataset.train.images)), tf.constant(to_nhwc(dataset.test.images))
+        self.x_train, self.x_test = (
+            tf.constant(to_nhwc(dataset.train.images)),
+            tf.constant(to_nhwc(dataset.test.images)),
+        )
         self.y_train = tf.one_hot(dataset.train.labels, dataset.num_classes, dtype=tf.float32)
         self.y_test = tf.one_hot(dataset.test.labels, dataset.num_classes, dtype=tf.float32)
         self._order = tf.Variable(tf.zeros([len(dataset.train)], tf.int64), trainable=False)
@@ -81,7 +86,9 @@ class TensorflowBackend:
         span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
         # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
         # per step costs about as much as the step itself here.
-        self._train_steps = tf.function(self._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False)
+        self._train_steps = tf.function(
+            self._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False
+        )
         self._eval_step = tf.function(self._eval_step_graph, input_signature=span, jit_compile=False)
 
     def info(self) -> dict:
@@ -163,7 +170,9 @@ class TensorflowBackend:
     def export_state(self) -> FrameworkState:
         weights = {_name(v): v.numpy() for v in self.model.weights}
         optimizer = {_name(v): v.numpy() for v in self.optimizer.variables}
-        return FrameworkState(weights, optimizer, {name: variable.numpy() for name, variable in self._seed_states().items()})
+        return FrameworkState(
+            weights, optimizer, {name: variable.numpy() for name, variable in self._seed_states().items()}
+        )
 
     def import_state(self, state: FrameworkState) -> None:
         _assign_checked("weights", state.weights, {_name(v): v for v in self.model.weights})
