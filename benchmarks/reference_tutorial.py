@@ -561,7 +561,7 @@ def run(args: argparse.Namespace) -> int:
     batch = f"{yaml_param(yaml_text, 'batch_size_train')} train / {yaml_param(yaml_text, 'batch_size_test')} test"
     print_table(results, args.epochs, batch)
     report = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "venv": {"python_path": str(args.python), **versions},
         "tutorial": {

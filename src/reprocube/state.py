@@ -17,9 +17,9 @@ manifest before anything is parsed; from_checkpoint then checks each key's type 
 position agrees with the manifest and with this dataset's steps per epoch; the trainers check that the
 arrays match their model (backend.check_arrays). Only safetensors and JSON are read: no pickle.
 
-Versions of state.json: 1 (no "version" key) also held a "framework" mapping of scalars nobody read;
-2 drops it. Both are read; 2 is written. The checkpoint's file set (checkpoint.FORMAT_VERSION) is
-unchanged."""
+Versions of state.json: 1 (no "version" key) held a "framework" mapping of scalars nobody read; 2 writes
+it empty (reprocube before version 2 requires the key) and ignores it. Both are read; 2 is written. The
+checkpoint's file set (checkpoint.FORMAT_VERSION) is unchanged."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ EPOCH_TOTALS = "epoch_totals"
 LOSS_SUM = "loss_sum"
 CORRECT = "correct"
 HOST_RNG = "rng"
+LEGACY_FRAMEWORK = "framework"
 # manifest.json keys the state owns (the position's three keys are copied there too)
 STEPS_PER_EPOCH = "steps_per_epoch"
 METRICS = "metrics"
@@ -118,6 +119,7 @@ class TrainState:
             POSITION: self.position.as_dict(),
             EPOCH_TOTALS: self.epoch_totals.as_dict(),
             HOST_RNG: self.host_rng.meta,
+            LEGACY_FRAMEWORK: {},  # read (and ignored) by reprocube before state version 2: they can resume this
         }
         rng = {**self.host_rng.arrays, **self.framework.rng}
         content = CheckpointContent(self.framework.weights, self.framework.optimizer, rng, state_json, config)

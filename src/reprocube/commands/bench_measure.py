@@ -5,6 +5,7 @@ its figures to FILE as JSON. The suite around it (repeats, statistics, Markdown)
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -17,7 +18,7 @@ from reprocube.checkpoint import read_checkpoint, write_checkpoint
 from reprocube.config import load_config
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
-from reprocube.errors import exit_status_of
+from reprocube.errors import TrainingError, exit_status_of
 from reprocube.files import write_file_atomic
 from reprocube.loop import Schedule
 from reprocube.metrics import MetricsHistory
@@ -29,7 +30,9 @@ WARM_STEPS = 20  # after the first (compiling) step, before the timed epoch
 
 def measure(cfg) -> dict:
     """Time one framework in this process. The timed epoch is epoch 1's full order, after the first step
-    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/last_loss)."""
+    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/last_loss). The
+    checkpoint write and restore are what the training loop does: TrainState captured (a host sync of
+    the epoch totals included), written, read back, verified and restored (host generators included)."""
     dataset = load_dataset(cfg)
     sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
     seed_host_rng(cfg.seed)
@@ -71,6 +74,10 @@ def measure(cfg) -> dict:
         # What the training loop does at a checkpoint: capture the state, then write the files durably.
         started = time.perf_counter()
         state = TrainState.capture(Position(2, 0, position.global_step), backend, history=MetricsHistory())
+        if not math.isfinite(state.epoch_totals.loss_sum):  # as the loop refuses to checkpoint a diverged run
+            raise TrainingError(
+                f"the measured epoch diverged (loss sum {state.epoch_totals.loss_sum}); try a smaller optimizer.lr"
+            )
         content, manifest_fields = state.to_checkpoint({}, sampler.steps_per_epoch, {"framework": cfg.framework.name})
         path = write_checkpoint(Path(scratch), "epoch-0002", content, manifest_fields)
         checkpoint_write_s = time.perf_counter() - started

@@ -49,14 +49,15 @@ def run_child(
 
 
 def last_error_line(log: Path) -> str:
-    """What a failed child said: its last `reprocube:` line (TensorFlow's C++ start-up lines come
-    first), else the last line naming an error (a traceback's), else its last line."""
+    """What the last child run into `log` said (a log may hold earlier attempts, each after its `$ command`
+    line): its last `reprocube:` line (TensorFlow's C++ start-up lines come first), else the last line
+    naming an error (a traceback's), else its last line."""
     try:
-        lines = [
-            line for line in log.read_text(errors="replace").splitlines() if line.strip() and not line.startswith("$ ")
-        ]
+        text = log.read_text(errors="replace")
     except OSError:
         return f"no log at {log}"
+    last_attempt = ("\n" + text).rsplit("\n$ ", 1)[-1].split("\n", 1)[-1] if "$ " in text else text
+    lines = [line for line in last_attempt.splitlines() if line.strip()]
     own = [line for line in lines if line.startswith("reprocube:")]
     errors = [line for line in lines if "Error" in line]
     return (own or errors or lines or ["no output"])[-1][:MAX_ERROR_LINE]
