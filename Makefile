@@ -24,10 +24,13 @@ $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-# uv (from the test lock) because pip >= 24.1 refuses mlcube's omegaconf 2.1.0 metadata.
-$(MLCUBE_VENV)/.installed: requirements-mlcube.txt $(VENV)/.installed
+# uv (from the test lock) because pip >= 24.1 refuses mlcube's omegaconf 2.1.0 metadata. The noshell patch
+# (a .pth file and its module) makes this venv's mlcube run docker/singularity without a shell (issue 15);
+# --install fails unless the patch is active.
+$(MLCUBE_VENV)/.installed: requirements-mlcube.txt scripts/reprocube_mlcube_noshell.py $(VENV)/.installed
 	$(VENV)/bin/uv venv --quiet --allow-existing --python $(PYTHON) $(MLCUBE_VENV)
 	$(VENV)/bin/uv pip install --quiet --python $(MLCUBE_VENV)/bin/python --require-hashes -r requirements-mlcube.txt
+	$(MLCUBE_VENV)/bin/python scripts/reprocube_mlcube_noshell.py --install
 	touch $@
 
 # Fashion-MNIST from Debian (offline); needs root or sudo, and is skipped where it is already there.

@@ -100,6 +100,11 @@ def epoch_digests(run_dir: Path) -> dict[str, str]:
     return {p.name: manifest(p)["weights_digest"] for p in sorted((run_dir / "checkpoints").glob("epoch-*"))}
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """Every record of a metrics.jsonl, step and epoch (the tests compare them all)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """reprocube's own lines on stderr (TensorFlow's C++ runtime adds start-up lines we cannot silence)."""
     return [line for line in proc.stderr.splitlines() if line.startswith("reprocube:")]

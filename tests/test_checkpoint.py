@@ -10,6 +10,19 @@ import pytest
 from reprocube.checkpoint import CheckpointContent, latest_checkpoint, read_checkpoint, weights_digest, write_checkpoint
 from reprocube.errors import CheckpointError
 
+# What every manifest carries besides the files (reprocube.state writes them; read_manifest checks them).
+MANIFEST_FIELDS = {
+    "epoch": 1,
+    "step_in_epoch": 0,
+    "global_step": 5,
+    "steps_per_epoch": 5,
+    "metrics": {"epochs": [], "steps": []},
+}
+
+
+def _fields(**changes) -> dict:
+    return {**MANIFEST_FIELDS, **changes}
+
 
 def _content() -> CheckpointContent:
     rng = np.random.default_rng(0)
@@ -24,7 +37,7 @@ def _content() -> CheckpointContent:
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    return write_checkpoint(tmp_path / "checkpoints", "epoch-0001", _content(), {"global_step": 5, "epoch": 1})
+    return write_checkpoint(tmp_path / "checkpoints", "epoch-0001", _content(), MANIFEST_FIELDS)
 
 
 def test_round_trip(checkpoint):
@@ -85,15 +98,15 @@ def test_an_unlisted_file_is_refused(checkpoint):
 def test_an_existing_checkpoint_is_never_overwritten(checkpoint):
     before = (checkpoint / "weights.safetensors").read_bytes()
     with pytest.raises(CheckpointError, match="already exists"):
-        write_checkpoint(checkpoint.parent, "epoch-0001", _content(), {"global_step": 9})
+        write_checkpoint(checkpoint.parent, "epoch-0001", _content(), _fields(global_step=9))
     assert (checkpoint / "weights.safetensors").read_bytes() == before
 
 
 def test_latest_ignores_temporaries_and_prefers_the_epoch_checkpoint(tmp_path):
     directory = tmp_path / "checkpoints"
-    write_checkpoint(directory, "step-000005", _content(), {"global_step": 5})
-    write_checkpoint(directory, "epoch-0001", _content(), {"global_step": 5})
-    write_checkpoint(directory, "step-000003", _content(), {"global_step": 3})
+    write_checkpoint(directory, "step-000005", _content(), _fields(global_step=5))
+    write_checkpoint(directory, "epoch-0001", _content(), _fields(global_step=5))
+    write_checkpoint(directory, "step-000003", _content(), _fields(global_step=3))
     (directory / ".tmp-epoch-0002-123").mkdir()  # a write cut short by a crash
     assert latest_checkpoint(directory).name == "epoch-0001"
 
@@ -102,5 +115,5 @@ def test_scalars_keep_their_shape(tmp_path):
     content = _content()
     content.optimizer["iteration"] = np.array(7, dtype=np.int64)
     content.weights["scale"] = np.array(1.5, dtype=np.float32)
-    loaded = read_checkpoint(write_checkpoint(tmp_path, "epoch-0001", content, {"global_step": 1}))
+    loaded = read_checkpoint(write_checkpoint(tmp_path, "epoch-0001", content, _fields(global_step=1)))
     assert loaded.content.optimizer["iteration"].shape == () and loaded.content.weights["scale"].shape == ()

@@ -54,7 +54,7 @@ def test_bad_user_yaml_is_refused(tmp_path, content, message):
 
 
 def test_missing_user_yaml_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="absent.yaml is missing"):
         load_config([], [str(tmp_path / "absent.yaml")])
 
 

@@ -88,6 +88,11 @@ class Cube:
             subprocess.run([str(uv), "venv", "--quiet", "--python", "/usr/bin/python3", str(launcher)], check=True)
             subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(launcher / "bin" / "python"), "--require-hashes",
                             "-r", str(REPO / "requirements-mlcube.txt")], check=True)  # fmt: skip
+            # What `make setup` does: docker runs without a shell (scripts/reprocube_mlcube_noshell.py).
+            subprocess.run(
+                [str(launcher / "bin" / "python"), str(REPO / "scripts" / "reprocube_mlcube_noshell.py"), "--install"],
+                check=True,
+            )
             self.mlcube = launcher / "bin" / "mlcube"
             for path in [root, *root.rglob("*")]:
                 os.chown(path, self.uid, self.gid, follow_symlinks=False)

@@ -16,9 +16,9 @@ import time
 import pytest
 
 from reprocube.backend import BACKENDS as BACKEND_CLASS
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
+from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 
-from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, reprocube
+from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, read_metrics, reprocube
 
 EPOCHS = 3
 # What env.json must say about determinism and threads (threads=2 by default).
@@ -79,6 +79,7 @@ def reference(train, workdir):
 
 def test_run_directory_layout(reference, framework):
     assert {p.name for p in reference.iterdir()} == {
+        ".reprocube-run",
         "config.yaml",
         "env.json",
         "sessions.jsonl",

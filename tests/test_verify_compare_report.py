@@ -98,8 +98,10 @@ def test_compare_refuses_a_tampered_run_in_one_line(runs, tmp_path):
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     proc = reprocube("compare", str(runs / "a"), str(tampered), cwd=tmp_path, check=False)
-    assert proc.returncode == 4
-    assert error_lines(proc) == [proc.stderr.strip()] and "weights.safetensors does not match its sha256" in proc.stderr
+    assert proc.returncode == 6  # the tampered checkpoint is named and left out: not verified
+    [warning] = error_lines(proc)
+    assert warning.startswith("reprocube: warning:") and "weights.safetensors does not match its sha256" in warning
+    assert "not verified: unreadable checkpoints B:epoch-0002" in proc.stdout
     proc = reprocube("compare", str(runs / "a"), str(tmp_path / "nothing"), cwd=tmp_path, check=False)
     assert proc.returncode == 4 and "is not a reprocube run directory" in proc.stderr
 
@@ -125,13 +127,13 @@ def test_report_has_its_plots(runs, tmp_path):
 @pytest.mark.parametrize(
     "breakage, message",
     [
-        (lambda run: (run / "metrics.jsonl").write_text("{not json\n"), "metrics.jsonl is not valid JSON lines"),
+        (lambda run: (run / "metrics.jsonl").write_text("{not json\n"), "metrics.jsonl:1 is not valid JSON"),
         (
             lambda run: (run / "metrics.jsonl").write_text('{"kind": "epoch", "epoch": 1}\n'),
-            "metrics.jsonl holds a malformed record",
+            "metrics.jsonl:1: global_step must be an integer",
         ),
         (lambda run: (run / "env.json").write_text("[1,"), "env.json is not valid JSON"),
-        (lambda run: (run / "checkpoints" / "epoch-0001" / "manifest.json").unlink(), "manifest.json is missing"),
+        (lambda run: shutil.rmtree(run / "checkpoints"), "is not a reprocube run directory"),
     ],
 )
 def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, message):
@@ -143,6 +145,17 @@ def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, me
     breakage(broken)
     with pytest.raises(CheckpointError, match=message):
         load_run(broken)
+
+
+def test_a_checkpoint_without_its_manifest_is_named_and_left_out(runs, tmp_path, capsys):
+    from reprocube.commands.compare import load_run
+
+    broken = tmp_path / "broken"
+    shutil.copytree(runs / "a", broken)
+    (broken / "checkpoints" / "epoch-0001" / "manifest.json").unlink()
+    loaded = load_run(broken)
+    assert sorted(loaded["checkpoints"]) == ["epoch-0002"] and list(loaded["unreadable"]) == ["epoch-0001"]
+    assert "manifest.json is missing; left out of the comparison" in capsys.readouterr().err
 
 
 def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):

@@ -6,16 +6,20 @@ A checkpoint is a directory (checkpoints/epoch-0003/, checkpoints/step-000450/) 
   rng.safetensors        every generator's state as arrays
   state.json             position, epoch accumulators, host RNG scalars (reprocube.state)
   config.json            the resolved config of the run
-  manifest.json          format, position, config hash, seed, sha256 of every file, weights digest,
-                         metrics so far, and the sha256 of the manifest itself
-Only safetensors and JSON are read back: nothing in a checkpoint can execute code. This module knows
-files and digests; what the content means is reprocube.state's.
+  manifest.json          format, position, config hash, seed, sha256 and size of every file, weights
+                         digest, metrics so far, and the sha256 of the manifest itself
+Only safetensors and JSON are read back, through reprocube.untrusted (regular files of bounded size,
+strict JSON, safetensors headers checked before loading): nothing in a checkpoint can execute code, hang
+or exhaust memory. The sha256s detect accidents (a truncated copy, a flipped bit, a careless edit), not
+forgery: anyone can recompute them. This module knows files and digests; what the content means is
+reprocube.state's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -29,14 +33,34 @@ from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
 from reprocube import __version__
+from reprocube.config import config_hash
 from reprocube.errors import CheckpointError
 from reprocube.files import fsync_dir
+from reprocube.untrusted import Fields, parse_json, read_bytes
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TENSOR_FILES = ("weights", "optimizer", "rng")
 JSON_FILES = ("state", "config")
-MAX_JSON_BYTES = 64 << 20
+FILE_NAMES = tuple(f"{n}.safetensors" for n in TENSOR_FILES) + tuple(f"{n}.json" for n in JSON_FILES)
+MAX_MANIFEST_BYTES = 64 << 20  # the metrics history of a long run with per-step records
+MAX_FILE_BYTES = 2 << 30  # a manifest from before file sizes were recorded: a bound, not a size
+# safetensors dtypes NumPy can hold (BF16 and the F8 types are valid safetensors, but not ours).
+TENSOR_DTYPES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+}
+HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 NAME_PATTERN = re.compile(r"^(epoch-\d{4,}|step-\d{6,})$")
 
 
@@ -110,6 +134,7 @@ def write_checkpoint(checkpoints_dir: Path, name: str, content: CheckpointConten
             **manifest_fields,
             "weights_digest": weights_digest(content.weights),
             "files": {fname: hashlib.sha256(blob).hexdigest() for fname, blob in sorted(blobs.items())},
+            "file_bytes": {fname: len(blob) for fname, blob in sorted(blobs.items())},
             "created_unix": time.time(),
         }
         manifest["manifest_sha256"] = manifest_self_digest(manifest)
@@ -122,6 +147,9 @@ def write_checkpoint(checkpoints_dir: Path, name: str, content: CheckpointConten
         fsync_dir(tmp)
         os.rename(tmp, final)
         fsync_dir(checkpoints_dir)
+    except OSError as exc:  # disk full, permissions: name the checkpoint, not a temporary file
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(exc.errno, exc.strerror, str(final)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -133,19 +161,42 @@ def _contiguous(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def read_manifest(path: Path) -> dict:
-    """Parse and self-check a checkpoint's manifest (cheap: no tensor is read)."""
+    """Parse, type-check and self-check a checkpoint's manifest (cheap: no tensor is read)."""
     manifest_path = path / MANIFEST
-    if not path.is_dir():
+    if path.is_symlink() or not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
-    manifest = _read_json(manifest_path)
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{manifest_path} is not a JSON object")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    manifest = parse_json(
+        read_bytes(manifest_path, MAX_MANIFEST_BYTES, CheckpointError), str(manifest_path), CheckpointError
+    )
+    fields = Fields(manifest, str(manifest_path), CheckpointError)
+    if manifest.get("format_version") != FORMAT_VERSION or isinstance(manifest.get("format_version"), bool):
         raise CheckpointError(
             f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} (this reprocube reads {FORMAT_VERSION})"
         )
     if manifest.get("manifest_sha256") != manifest_self_digest(manifest):
         raise CheckpointError(f"{manifest_path} was modified: its manifest_sha256 does not match its content")
+    files = fields.mapping("files")
+    for name in files.value:
+        if name not in FILE_NAMES or not HEX_DIGEST.match(str(files.value[name])):
+            raise CheckpointError(
+                f"{manifest_path}: files lists {name!r}, which is not a checkpoint file with a sha256"
+            )
+    if fields.has("file_bytes"):
+        sizes = fields.mapping("file_bytes")
+        for name in files.value:
+            sizes.integer(name, 0, MAX_FILE_BYTES)
+    for key in ("epoch", "step_in_epoch", "global_step"):
+        fields.integer(key)
+    fields.integer("steps_per_epoch", 1)
+    if not HEX_DIGEST.match(fields.text("weights_digest")):
+        raise CheckpointError(f"{manifest_path}: weights_digest is not a sha256")
+    fields.mapping("metrics")
+    for key in ("framework", "reason", "config_hash", "reprocube_version"):
+        fields.text(key, optional=True)
+    if fields.has("seed"):
+        fields.integer("seed", 0, 2**32 - 1)
+    if fields.has("framework_info"):
+        fields.mapping("framework_info")
     return manifest
 
 
@@ -153,68 +204,90 @@ def read_checkpoint(path: Path) -> Checkpoint:
     """Verify every file of a checkpoint against its manifest, then load it."""
     path = Path(path)
     manifest = read_manifest(path)
-    expected = manifest.get("files")
-    if not isinstance(expected, dict):
-        raise CheckpointError(f"{path / MANIFEST} lists no files")
+    expected = manifest["files"]
     present = {p.name for p in path.iterdir()} - {MANIFEST}
-    wanted = {f"{n}.safetensors" for n in TENSOR_FILES} | {f"{n}.json" for n in JSON_FILES}
-    missing = sorted((set(expected) | wanted) - present)
+    missing = sorted((set(expected) | set(FILE_NAMES)) - present)
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
     unexpected = sorted(present - set(expected))
     if unexpected:
         raise CheckpointError(f"checkpoint {path} holds files its manifest does not list: {', '.join(unexpected)}")
+    sizes = manifest.get("file_bytes", {})
     blobs = {}
     for fname, digest in sorted(expected.items()):
-        blob = (path / fname).read_bytes()
+        blob = read_bytes(path / fname, sizes.get(fname, MAX_FILE_BYTES), CheckpointError)
         if hashlib.sha256(blob).hexdigest() != digest:
             raise CheckpointError(
                 f"checkpoint {path}: {fname} does not match its sha256 in the manifest (corrupted or modified)"
             )
         blobs[fname] = blob
-    try:
-        tensors = {n: load_safetensors(blobs[f"{n}.safetensors"]) for n in TENSOR_FILES}
-    except (SafetensorError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path}: unreadable safetensors file ({exc})") from None
-    state = _parse_json(blobs["state.json"], path / "state.json")
-    config = _parse_json(blobs["config.json"], path / "config.json")
+    tensors = {n: _load_tensors(blobs[f"{n}.safetensors"], path / f"{n}.safetensors") for n in TENSOR_FILES}
+    state = parse_json(blobs["state.json"], str(path / "state.json"), CheckpointError)
+    config = parse_json(blobs["config.json"], str(path / "config.json"), CheckpointError)
+    if not isinstance(config, dict) or ("config_hash" in manifest and manifest["config_hash"] != config_hash(config)):
+        raise CheckpointError(f"checkpoint {path}: config.json does not match the manifest's config_hash")
     content = CheckpointContent(tensors["weights"], tensors["optimizer"], tensors["rng"], state, config)
-    if weights_digest(content.weights) != manifest.get("weights_digest"):
+    if weights_digest(content.weights) != manifest["weights_digest"]:
         raise CheckpointError(f"checkpoint {path}: weights do not match the manifest's weights_digest")
     return Checkpoint(path, manifest, content)
 
 
-def _read_json(path: Path):
+def _load_tensors(blob: bytes, where: Path) -> dict[str, np.ndarray]:
+    """A safetensors file, its header checked first: dtypes NumPy holds, shapes and offsets that agree."""
+    if len(blob) < 8 or int.from_bytes(blob[:8], "little") > len(blob) - 8:
+        raise CheckpointError(f"{where}: not a safetensors file (truncated header)")
+    size = int.from_bytes(blob[:8], "little")
+    header = Fields(parse_json(blob[8 : 8 + size], str(where), CheckpointError), f"{where} header", CheckpointError)
+    for name in header.value:
+        if name == "__metadata__":
+            continue
+        entry = header.mapping(name)
+        dtype, shape, offsets = entry.value.get("dtype"), entry.value.get("shape"), entry.value.get("data_offsets")
+        if dtype not in TENSOR_DTYPES:
+            raise CheckpointError(
+                f"{where}: tensor {name} has dtype {dtype!r}; reprocube reads {', '.join(TENSOR_DTYPES)}"
+            )
+        shape_ok = isinstance(shape, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape
+        )
+        offsets_ok = (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        )
+        if not (shape_ok and offsets_ok and offsets[1] - offsets[0] == math.prod(shape) * TENSOR_DTYPES[dtype]):
+            raise CheckpointError(f"{where}: tensor {name} has an inconsistent shape or data_offsets")
     try:
-        with open(path, "rb") as f:
-            blob = f.read(MAX_JSON_BYTES + 1)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing: not a complete checkpoint") from None
-    if len(blob) > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_JSON_BYTES} bytes")
-    return _parse_json(blob, path)
+        return load_safetensors(blob)
+    except (SafetensorError, ValueError, KeyError, TypeError, OverflowError) as exc:
+        raise CheckpointError(f"{where}: unreadable safetensors file ({' '.join(str(exc).split())})") from None
 
 
-def _parse_json(blob: bytes, path: Path):
-    try:
-        return json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc})") from None
+def scan_checkpoints(checkpoints_dir: Path) -> tuple[list[Path], dict[Path, str]]:
+    """(completed checkpoint directories whose manifest reads, oldest first by (step, epoch-last);
+    {the others: why each is unreadable}). Temporaries (.tmp-*), set-aside ones (.unreadable-*) and
+    symbolic links are not checkpoints."""
+    if not checkpoints_dir.is_dir():
+        return [], {}
+    found, unreadable = [], {}
+    for path in checkpoints_dir.iterdir():
+        if NAME_PATTERN.match(path.name) and not path.is_symlink() and path.is_dir():
+            try:
+                step = read_manifest(path)["global_step"]
+            except CheckpointError as exc:
+                unreadable[path] = str(exc)
+                continue
+            # At equal global step, the epoch checkpoint (with evaluation) is the later one.
+            found.append(((step, path.name.startswith("epoch-")), path))
+    return [p for _, p in sorted(found)], unreadable
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Completed checkpoint directories (temporaries excluded), oldest first by (step, epoch-last)."""
-    if not checkpoints_dir.is_dir():
-        return []
-    found = []
-    for path in checkpoints_dir.iterdir():
-        if path.is_dir() and NAME_PATTERN.match(path.name):
-            step = read_manifest(path).get("global_step")
-            if not isinstance(step, int):
-                raise CheckpointError(f"{path / MANIFEST}: global_step is not an integer")
-            # At equal global step, the epoch checkpoint (with evaluation) is the later one.
-            found.append(((step, path.name.startswith("epoch-")), path))
-    return [p for _, p in sorted(found)]
+    """The completed checkpoints, oldest first; an unreadable one is an error."""
+    found, unreadable = scan_checkpoints(checkpoints_dir)
+    if unreadable:
+        raise CheckpointError(next(iter(unreadable.values())))
+    return found
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:

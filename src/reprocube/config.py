@@ -13,13 +13,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra import compose, initialize_config_module
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprocube.errors import ConfigError
+from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
+
+# More intra-op threads than any CPU has; more CPUs than this process may use is allowed (a config made
+# elsewhere must still run here) but reported by the trainers' env.json and warned about by train.
+MAX_THREADS = 1024
 
 # Keys that name places, cadences or presentation, not the computation: they may differ between a run
 # and its resumption (and `epochs`, which extends a run). Everything else is part of the config hash.
@@ -54,12 +58,17 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
             raise ConfigError(
                 f"{override}: adding or deleting keys is not supported (the config schema is fixed); see --print-config"
             )
+        if not override.partition("=")[0].strip():
+            raise ConfigError(f"{override!r}: an override is KEY=VALUE (see --print-config for every key)")
     try:
         with initialize_config_module(config_module="reprocube.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=all_overrides)
-        OmegaConf.resolve(cfg)
-    except (HydraException, OmegaConfBaseException) as exc:
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:  # ValueError: e.g. a group given 3
         raise ConfigError(f"invalid configuration: {_hydra_message(exc)}") from None
+    try:
+        OmegaConf.resolve(cfg)
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(f"invalid configuration: {_unresolvable_key(cfg)}{_hydra_message(exc)}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
@@ -71,13 +80,9 @@ def config_files_overrides(paths: list[str]) -> list[str]:
 
 def user_yaml_overrides(path: str) -> list[str]:
     """Flatten a user yaml mapping into Hydra override strings (`a.b=value`)."""
-    file = Path(path)
-    try:
-        loaded = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid yaml: {_one_line(exc)}") from None
+    loaded = parse_yaml(
+        read_bytes(Path(path), MAX_YAML_BYTES, ConfigError, follow_links=True), f"config file {path}", ConfigError
+    )
     if loaded is None:
         return []
     if not isinstance(loaded, dict):
@@ -133,12 +138,28 @@ def validate(cfg: DictConfig) -> None:
 
     def text(key: str, allow_none: bool = False) -> None:
         value = OmegaConf.select(cfg, key)
-        if not ((value is None and allow_none) or (isinstance(value, str) and value)):
-            fail(key, "a non-empty string")
+        if not ((value is None and allow_none) or _is_clean_text(value)):
+            fail(key, "a non-empty string without control characters or surrounding spaces")
+
+    for section in (
+        "data",
+        "optimizer",
+        "checkpoint",
+        "log",
+        "verify",
+        "bench",
+        "study",
+        "study.slurm",
+        "dataset",
+        "framework",
+    ):
+        if not OmegaConf.is_dict(OmegaConf.select(cfg, section)):
+            raise ConfigError(f"{section} must be a mapping of its keys, got {OmegaConf.select(cfg, section)!r}")
 
     integer("seed", 0, 2**32)
-    for key in ("epochs", "batch_size", "test_batch_size", "threads", "checkpoint.every_epochs"):
+    for key in ("epochs", "batch_size", "test_batch_size", "checkpoint.every_epochs"):
         integer(key, 1)
+    integer("threads", 1, MAX_THREADS + 1)
     for key in ("checkpoint.every_steps", "log.every_steps"):
         integer(key, 0)
     for key in ("data.train_limit", "data.test_limit", "preempt_at_step", "verify.mid_epoch_step"):
@@ -188,7 +209,7 @@ def validate(cfg: DictConfig) -> None:
     if _is_int(cfg.run_name):
         cfg.run_name = str(cfg.run_name)  # run_name=123 is a name, not a number
     name = cfg.run_name
-    if not (name is None or (isinstance(name, str) and name and "/" not in name and name not in (".", ".."))):
+    if not (name is None or (_is_clean_text(name) and "/" not in name and name not in (".", ".."))):
         fail("run_name", "a plain directory name")
     text("dataset.name")
     integer("dataset.num_classes", 2)
@@ -202,6 +223,17 @@ def validate(cfg: DictConfig) -> None:
         integer(f"dataset.files.{key}.bytes", 1)
         if not (isinstance(spec.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", spec.sha256)):
             fail(f"dataset.files.{key}.sha256", "a sha256 hex digest (64 lowercase hex digits)")
+
+
+def _is_clean_text(value) -> bool:
+    """A non-empty string a path or name can be made of: no control characters (a NUL would end it), no
+    leading or trailing spaces (invisible in every listing)."""
+    return (
+        isinstance(value, str)
+        and bool(value)
+        and value == value.strip()
+        and not any(ord(c) < 32 or ord(c) == 127 for c in value)
+    )
 
 
 def _is_int(value) -> bool:
@@ -260,9 +292,27 @@ def _under(key: str, prefixes: frozenset[str]) -> bool:
     return any(key.startswith(p + ".") for p in prefixes)
 
 
+def _unresolvable_key(cfg: DictConfig) -> str:
+    """The first interpolated key that does not resolve to a plain value, as "key: " (OmegaConf's error
+    does not always say)."""
+    for key, raw in flatten_keys(OmegaConf.to_container(cfg, resolve=False)).items():
+        if not (isinstance(raw, str) and "${" in raw):
+            continue
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except (OmegaConfBaseException, ValueError):
+            return f"{key}: "
+        if not (value is None or isinstance(value, (str, int, float, bool))):
+            return f"{key}: "
+    return ""
+
+
 def _hydra_message(exc: BaseException) -> str:
     """Hydra's message, minus its hints that do not apply here (adding keys, search paths)."""
     message = _one_line(exc)
+    key = getattr(exc, "full_key", None)  # OmegaConf's errors know the key they are about
+    if key and key not in message:
+        message = f"{key}: {message}"
     for tail in (" To append to your config use", " Config search path:", " See https://hydra.cc"):
         message = message.split(tail)[0]
     if message.startswith("Could not override"):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from reprocube.errors import ReprocubeError
+from reprocube.untrusted import parse_json, read_bytes
 
 PACKAGES = (
     "reprocube",
@@ -121,6 +123,6 @@ def _image_build_record() -> dict | None:
     if not path:
         return None
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        return {"unreadable": f"{path}: {exc}"}
+        return parse_json(read_bytes(Path(path), 1 << 20, ReprocubeError, follow_links=True), path, ReprocubeError)
+    except ReprocubeError as exc:
+        return {"unreadable": str(exc)}

@@ -1,12 +1,16 @@
-"""Small file-system helpers shared by the downloader, checkpoints and run directories:
-hashing, and writes that are never visible half-done (temp file or directory, fsync, rename)."""
+"""Small file-system helpers shared by the downloader, checkpoints and run directories: hashing, and
+writes that are never visible half-done (temp file or directory, fsync, rename) and never go through a
+symbolic link. Reading untrusted files is reprocube.untrusted's."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
 from pathlib import Path
+
+from reprocube.errors import ConfigError
 
 CHUNK = 1 << 20
 
@@ -41,16 +45,47 @@ def make_temp_file(directory: Path, final_name: str) -> tuple[int, Path]:
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part. The
+    rename replaces a symbolic link at `path` itself, never what it points to. An error names `path`."""
     path = Path(path)
-    fd, tmp = make_temp_file(path.parent, path.name)
+    try:
+        fd, tmp = make_temp_file(path.parent, path.name)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line (a log or metrics record) without following a symbolic link at `path`."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "is a symbolic link; reprocube does not write through links", str(path)) from None
+        raise
+    with os.fdopen(fd, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+
+
+def refuse_inside_checkpoints(out: Path) -> None:
+    """A report's output directory may be anywhere but inside a run's checkpoints/: a checkpoint holds
+    exactly the files its manifest lists, and one more would make it unreadable."""
+    resolved = Path(out).resolve()
+    for directory in (resolved, *resolved.parents):
+        if (directory / "manifest.json").is_file() or (
+            directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
+        ):
+            raise ConfigError(f"--out {out} is inside a run's checkpoints/ ({directory}); write reports elsewhere")

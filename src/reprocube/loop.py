@@ -82,6 +82,13 @@ def train(cfg, out=print) -> int:
     """Train (or resume) the run described by `cfg`; returns the exit status."""
     with StopRequest() as stop:  # from the start: a signal during set-up still ends in a checkpoint
         config = to_plain(cfg)
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if usable and cfg.threads > usable:
+            print(
+                f"reprocube: warning: threads={cfg.threads} but this process may use {usable} CPUs: "
+                "expect it to run much slower (threads is part of the config: results depend on it)",
+                file=sys.stderr,
+            )
         with open_run(cfg, config) as (run, checkpoint):
             dataset = load_dataset(cfg)
             try:

@@ -8,11 +8,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reprocube.errors import CheckpointError
-from reprocube.files import write_file_atomic
+from reprocube.errors import CheckpointError, ReprocubeError
+from reprocube.files import append_line, write_file_atomic
+from reprocube.untrusted import Fields, iter_json_lines
 
 # Fields that depend only on the computation; wall time and throughput do not.
 DETERMINISTIC_EPOCH_FIELDS = ("epoch", "global_step", "train_loss", "train_accuracy", "test_loss", "test_accuracy")
+MAX_METRICS_BYTES = 256 << 20  # read as a stream: the bound is on time, not memory
+
+
+def check_epoch_record(record: Fields) -> dict:
+    for key in ("epoch", "global_step"):
+        record.integer(key)
+    for key in DETERMINISTIC_EPOCH_FIELDS[2:]:
+        record.number(key)
+    record.text("weights_digest")
+    return record.value
+
+
+def check_step_record(record: Fields) -> dict:
+    for key in ("epoch", "global_step"):
+        record.integer(key)
+    record.number("loss")
+    return record.value
 
 
 class MetricsHistory:
@@ -21,15 +39,11 @@ class MetricsHistory:
         self.steps = list(steps or [])
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> MetricsHistory:
-        metrics = manifest.get("metrics")
-        if not (
-            isinstance(metrics, dict)
-            and isinstance(metrics.get("epochs"), list)
-            and isinstance(metrics.get("steps"), list)
-        ):
-            raise CheckpointError("checkpoint manifest holds no valid metrics history")
-        return cls(metrics["epochs"], metrics["steps"])
+    def from_manifest(cls, manifest: dict, where: str = "checkpoint manifest") -> MetricsHistory:
+        metrics = Fields(manifest, where, CheckpointError).mapping("metrics")
+        epochs = [check_epoch_record(record) for record in metrics.records("epochs")]
+        steps = [check_step_record(record) for record in metrics.records("steps")]
+        return cls(epochs, steps)
 
     def as_dict(self) -> dict:
         return {"epochs": self.epochs, "steps": self.steps}
@@ -47,10 +61,20 @@ class MetricsFile:
         write_file_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
     def append(self, kind: str, record: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"kind": kind, **record}) + "\n")
-            f.flush()
+        append_line(self.path, json.dumps({"kind": kind, **record}))
 
 
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_epoch_records(path: Path, error: type[ReprocubeError] = CheckpointError) -> list[dict]:
+    """The epoch records of a metrics.jsonl, every line type-checked on the way (streamed: the step
+    records, most of a long run's file, are checked and dropped)."""
+    epochs = []
+    for number, value in iter_json_lines(path, error, MAX_METRICS_BYTES):
+        record = Fields(value, f"{path}:{number}", error)
+        kind = record.text("kind")
+        if kind == "epoch":
+            epochs.append(check_epoch_record(record))
+        elif kind == "step":
+            check_step_record(record)
+        else:
+            raise error(f"{path}:{number}: kind must be step or epoch, got {kind!r}")
+    return epochs

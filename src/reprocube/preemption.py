@@ -20,7 +20,8 @@ class StopRequest:
         return self.signal_name is not None
 
     def _handle(self, signum, _frame) -> None:
-        self.signal_name = signal.Signals(signum).name
+        # The first signal names the stop (SLURM's USR1 warning, then its TERM, is a USR1 stop).
+        self.signal_name = self.signal_name or signal.Signals(signum).name
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C twice: abort now
 

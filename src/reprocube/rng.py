@@ -52,6 +52,35 @@ class HostRng:
         host = {k: v for k, v in arrays.items() if k.startswith(HOST_PREFIXES)}
         return host, {k: v for k, v in arrays.items() if k not in host}
 
+    def validate(self, where: str) -> None:
+        """Every array and scalar a capture makes, with its type and range; one CheckpointError otherwise."""
+        shapes = {PYTHON_STATE: (625,), NUMPY_STATE: (624,)}
+        if set(self.arrays) != set(shapes):
+            raise CheckpointError(f"{where}: host generator arrays {sorted(self.arrays)}, expected {sorted(shapes)}")
+        for name, shape in shapes.items():
+            if self.arrays[name].dtype != np.uint32 or self.arrays[name].shape != shape:
+                raise CheckpointError(
+                    f"{where}: {name} is {self.arrays[name].dtype}{list(self.arrays[name].shape)}, expected uint32{list(shape)}"
+                )
+        python, numpy_meta = self.meta.get("python"), self.meta.get("numpy")
+        python_ok = (
+            isinstance(python, dict)
+            and python.get("version") == 3
+            and (python.get("gauss_next") is None or _finite(python.get("gauss_next")))
+        )
+        position = int(self.arrays[PYTHON_STATE][-1])
+        numpy_ok = (
+            isinstance(numpy_meta, dict)
+            and numpy_meta.get("kind") == "MT19937"
+            and _integer(numpy_meta.get("pos"), 0, 624)
+            and _integer(numpy_meta.get("has_gauss"), 0, 1)
+            and _finite(numpy_meta.get("cached_gaussian"))
+        )
+        if not (python_ok and numpy_ok and 0 <= position <= 624):
+            raise CheckpointError(
+                f"{where}: the host generator scalars (state.json rng) are not a state Python and NumPy accept"
+            )
+
     def restore(self) -> None:
         try:
             python_meta, numpy_meta = self.meta["python"], self.meta["numpy"]
@@ -68,3 +97,11 @@ class HostRng:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint holds an unusable host RNG state ({exc})") from None
+
+
+def _integer(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _finite(value) -> bool:
+    return isinstance(value, float) and np.isfinite(value)

@@ -1,6 +1,11 @@
-"""Run directories: <output_dir>/<run_name>/ with config.yaml, env.json, sessions.jsonl,
+"""Run directories: <output_dir>/<run_name>/ with .reprocube-run, config.yaml, env.json, sessions.jsonl,
 metrics.jsonl and checkpoints/; which checkpoint, if any, a run starts from; and the lock that keeps
-two processes (say, a requeued SLURM job and its still-running predecessor) out of one run."""
+two processes (say, a requeued SLURM job and its still-running predecessor) out of one run.
+
+A directory is written only if it is empty or is a reprocube run (it holds the .reprocube-run marker or
+checkpoints/): a run_name that happens to name someone's directory is refused, never overwritten. A
+checkpoint whose files cannot be read is set aside (renamed .unreadable-NAME, never deleted) when
+resume=auto or latest looks for the newest usable one."""
 
 from __future__ import annotations
 
@@ -9,17 +14,21 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from reprocube.checkpoint import MANIFEST, Checkpoint, latest_checkpoint, read_checkpoint
-from reprocube.config import config_differences, config_hash, run_name
+from reprocube.checkpoint import MANIFEST, Checkpoint, read_checkpoint, scan_checkpoints
+from reprocube.config import config_differences, run_name
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import write_file_atomic
+from reprocube.files import append_line, write_file_atomic
 from reprocube.metrics import MetricsFile, MetricsHistory
+
+RUN_MARKER = ".reprocube-run"
+RUN_FILES = (RUN_MARKER, "config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "checkpoints")
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,8 @@ class RunDirectory:
     def metrics(self) -> MetricsFile:
         return MetricsFile(self.path / "metrics.jsonl")
 
-    def latest_checkpoint(self) -> Path | None:
-        return latest_checkpoint(self.checkpoints)
+    def is_run(self) -> bool:
+        return (self.path / RUN_MARKER).is_file() or self.checkpoints.is_dir()
 
     def initialize(
         self, config: dict, history: MetricsHistory, env: dict, resumed_from: Path | None, position: dict
@@ -44,6 +53,7 @@ class RunDirectory:
         history, and the session. env.json describes the first process of the run (a fresh start
         replaces whatever a run without checkpoints left), sessions.jsonl every process."""
         self.path.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(self.path / RUN_MARKER, b'{"reprocube_run": 1}\n')
         write_file_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
         self.metrics.rewrite(history)
         fresh = resumed_from is None
@@ -55,8 +65,11 @@ class RunDirectory:
             "position": position,
             "env": env,
         }
-        with open(self.path / "sessions.jsonl", "w" if fresh else "a") as f:
-            f.write(json.dumps(session, sort_keys=True) + "\n")
+        line = json.dumps(session, sort_keys=True)
+        if fresh:
+            write_file_atomic(self.path / "sessions.jsonl", (line + "\n").encode())
+        else:
+            append_line(self.path / "sessions.jsonl", line)
 
 
 @contextlib.contextmanager
@@ -69,9 +82,17 @@ def open_run(cfg, config: dict):
     run.path.mkdir(parents=True, exist_ok=True)
     try:
         with _exclusive_lock(run.path):
+            if not created and not run.is_run() and any(run.path.iterdir()):
+                held = ", ".join(sorted(p.name for p in run.path.iterdir())[:4])
+                raise ConfigError(
+                    f"{run.path} exists and is not a reprocube run (it holds {held}); "
+                    f"choose another run_name= or output_dir=, or empty it"
+                )
+            for name in RUN_FILES:
+                if (run.path / name).is_symlink():
+                    raise ConfigError(f"{run.path / name} is a symbolic link; reprocube does not write through links")
             _remove_interrupted_writes(run)
-            source = _resume_source(cfg, run)
-            checkpoint = read_checkpoint(source) if source else None
+            checkpoint = _resume_checkpoint(cfg, run)
             if checkpoint:
                 _check_compatible(checkpoint, config)
             yield run, checkpoint
@@ -101,49 +122,72 @@ def _remove_interrupted_writes(run: RunDirectory) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _resume_source(cfg, run: RunDirectory) -> Path | None:
-    own_latest = run.latest_checkpoint()
+def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:
+    """The verified checkpoint this run starts from, or None for a fresh start."""
+    own, unreadable = scan_checkpoints(run.checkpoints)
     if cfg.resume is None:
-        if own_latest:
+        if own or unreadable:
             raise ConfigError(
                 f"run directory {run.path} already holds checkpoints; pass resume=latest to continue it, "
                 f"or choose another run_name= or output_dir="
             )
         return None
-    if cfg.resume == "auto":  # a requeued batch job: continue this run if it has a checkpoint, else start it
-        return own_latest
-    if cfg.resume == "latest":
-        if own_latest is None:
-            raise CheckpointError(f"resume=latest: no checkpoint in {run.checkpoints}")
-        return own_latest
+    if cfg.resume in ("auto", "latest"):
+        checkpoint = _newest_usable(own, unreadable)
+        if checkpoint is None and cfg.resume == "latest":
+            raise CheckpointError(f"resume=latest: no usable checkpoint in {run.checkpoints}")
+        return checkpoint  # auto, a requeued batch job: continue this run if it has a checkpoint, else start it
     given = Path(cfg.resume)
     if (given / MANIFEST).exists():
         source = given
     elif (given / "checkpoints").is_dir():
-        source = latest_checkpoint(given / "checkpoints")
-        if source is None:
-            raise CheckpointError(f"resume={given}: the run holds no checkpoint")
+        found, _ = scan_checkpoints(given / "checkpoints")
+        if not found:
+            raise CheckpointError(f"resume={given}: the run holds no readable checkpoint")
+        source = found[-1]
     else:
         raise CheckpointError(f"resume={given}: not a checkpoint directory (no {MANIFEST}) nor a run directory")
     if source.parent.resolve() == run.checkpoints.resolve():
-        if source.resolve() != own_latest.resolve():
+        if source.resolve() != own[-1].resolve():
             raise ConfigError(
                 f"resume={given} is not the latest checkpoint of {run.path}; continuing it here would overwrite "
                 f"later checkpoints: choose another run_name= to branch from it"
             )
-    elif own_latest:
+    elif own or unreadable:
         raise ConfigError(
             f"run directory {run.path} already holds checkpoints; choose another run_name= to resume {given} into"
         )
-    return source
+    return read_checkpoint(source)
+
+
+def _newest_usable(own: list[Path], unreadable: dict[Path, str]) -> Checkpoint | None:
+    """The newest checkpoint that reads whole; every unreadable one newer than it is set aside (renamed
+    .unreadable-NAME beside it, never deleted) with a warning, so that a requeued job resumes instead of
+    failing on the same damaged file at every attempt."""
+    for path, reason in unreadable.items():
+        _set_aside(path, reason)
+    for path in reversed(own):
+        try:
+            return read_checkpoint(path)
+        except CheckpointError as exc:
+            _set_aside(path, str(exc))
+    return None
+
+
+def _set_aside(path: Path, reason: str) -> None:
+    target = path.with_name(f".unreadable-{path.name}")
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = path.with_name(f".unreadable-{path.name}-{suffix}")
+    os.rename(path, target)
+    print(f"reprocube: warning: {reason}; set aside as {target}", file=sys.stderr)
 
 
 def _check_compatible(checkpoint: Checkpoint, config: dict) -> None:
-    saved = checkpoint.content.config
-    if not isinstance(saved, dict) or checkpoint.manifest.get("config_hash") != config_hash(saved):
-        raise CheckpointError(
-            f"checkpoint {checkpoint.path}: its manifest's config_hash does not match its config.json"
-        )
+    saved = checkpoint.content.config  # read_checkpoint checked it against the manifest's config_hash
+    if "config_hash" not in checkpoint.manifest:
+        raise CheckpointError(f"checkpoint {checkpoint.path}: its manifest has no config_hash")
     differences = config_differences(saved, config)
     if differences:
         raise CheckpointError(

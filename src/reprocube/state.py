@@ -163,8 +163,20 @@ class TrainState:
             raise CheckpointError(f"{where}: its position does not match its manifest or this dataset")
         host_arrays, framework_rng = HostRng.split(checkpoint.content.rng)
         host_rng = HostRng(host_arrays, _mapping(state, HOST_RNG, where))
+        host_rng.validate(where)
+        for name, array in checkpoint.content.weights.items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise CheckpointError(
+                    f"{where}: weight {name} holds NaN or infinity (reprocube never saves such weights)"
+                )
         framework = FrameworkState(checkpoint.content.weights, checkpoint.content.optimizer, framework_rng)
-        return cls(position, totals, host_rng, framework, MetricsHistory.from_manifest(manifest))
+        return cls(
+            position,
+            totals,
+            host_rng,
+            framework,
+            MetricsHistory.from_manifest(manifest, f"{checkpoint.path}/manifest.json"),
+        )
 
 
 def _mapping(parent: dict, key: str, where: str) -> dict:

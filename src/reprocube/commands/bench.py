@@ -20,6 +20,7 @@ from reprocube.config import to_plain
 from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
 from reprocube.files import write_file_atomic
+from reprocube.untrusted import read_json
 
 # Overrides a measurement child must not inherit from the user (the child places its own run).
 PLACE_KEYS = ("framework=", "deterministic=", "output_dir=", "run_name=", "resume=", "epochs=", "bench.")
@@ -89,7 +90,7 @@ def _measure(args: list[str]) -> dict:
         )
         if status != 0 or not result.exists():
             raise ReprocubeError(f"bench measurement failed (exit {status}): {' '.join(args)}: {last_error_line(log)}")
-        return json.loads(result.read_text())
+        return read_json(result, ReprocubeError)
 
 
 def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
@@ -141,10 +142,7 @@ def _derived(entry: dict) -> dict:
 
 
 def _read_reference(path: Path) -> dict:
-    try:
-        reference = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"bench.reference={path}: cannot read it ({exc})") from None
+    reference = read_json(path, ConfigError)
     if not isinstance(reference, dict) or not isinstance(reference.get("results"), dict):
         raise ConfigError(
             f"bench.reference={path}: not a benchmarks/reference_tutorial.py result (no 'results' mapping)"

@@ -5,15 +5,20 @@ checkpoint verified against its manifest first): no framework is imported, nothi
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from reprocube.checkpoint import list_checkpoints, read_checkpoint
+from reprocube.checkpoint import read_checkpoint, scan_checkpoints
 from reprocube.config import flatten_keys
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ReprocubeError
-from reprocube.files import write_file_atomic
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_metrics
+from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ConfigError
+from reprocube.files import refuse_inside_checkpoints, write_file_atomic
+from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
+from reprocube.untrusted import read_json
+
+MAX_ENV_BYTES = 16 << 20
 
 # env.json keys, most likely first to explain a divergence (a prefix match on the flattened key).
 ENV_RELEVANCE = (
@@ -58,20 +63,17 @@ ENV_RELEVANCE = (
 
 def run(args) -> int:
     """`reprocube compare RUN_A RUN_B [--tolerance T] [--out DIR]`."""
-    if args.tolerance < 0:
-        raise ReprocubeError("--tolerance must be >= 0")
-    result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
+    if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
+        raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     out = args.out or args.run_a
+    refuse_inside_checkpoints(out)
+    result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
     out.mkdir(parents=True, exist_ok=True)
     write_reports(result, out, "compare", compare_markdown(result))
     print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
     for row in result["checkpoints"]:
         worst = worst_tensor(row["tensors"])
-        detail = (
-            ""
-            if row["identical"]
-            else f"  {worst['tensor']}: max abs {worst.get('max_abs')}, {worst.get('max_ulp')} ULP"
-        )
+        detail = "" if row["identical"] else f"  {worst['tensor']}: {_difference_size(worst)}"
         print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
     for diff in result["env_differences"][:8]:
         print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
@@ -124,34 +126,32 @@ def worst_tensor(tensors: list[dict]) -> dict | None:
 
 
 def load_run(path: Path) -> dict:
-    """A run directory's checkpoints (verified), metrics and environment; a clear error otherwise."""
+    """A run directory's checkpoints (each verified; an unreadable one is named, with a warning, and
+    left out), its epoch records and its environment; a clear error otherwise."""
     path = Path(path)
     if not (path / "checkpoints").is_dir():
         raise CheckpointError(f"{path} is not a reprocube run directory (no checkpoints/)")
-    checkpoints = {p.name: read_checkpoint(p) for p in list_checkpoints(path / "checkpoints")}
+    found, unreadable = scan_checkpoints(path / "checkpoints")
+    unreadable = {p.name: reason for p, reason in unreadable.items()}
+    checkpoints = {}
+    for checkpoint_path in found:
+        try:
+            checkpoints[checkpoint_path.name] = read_checkpoint(checkpoint_path)
+        except CheckpointError as exc:
+            unreadable[checkpoint_path.name] = str(exc)
+    for reason in unreadable.values():
+        print(f"reprocube: warning: {reason}; left out of the comparison", file=sys.stderr)
     if not checkpoints:
-        raise CheckpointError(f"{path} holds no checkpoint")
-    env = _read_json(path / "env.json")
-    try:
-        metrics = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path / 'metrics.jsonl'} is not valid JSON lines ({exc})") from None
-    for record in metrics:
-        complete = isinstance(record, dict) and (
-            record.get("kind") != "epoch" or all(k in record for k in DETERMINISTIC_EPOCH_FIELDS)
-        )
-        if not complete:
-            raise CheckpointError(f"{path / 'metrics.jsonl'} holds a malformed record: {str(record)[:80]}")
-    return {"path": path, "checkpoints": checkpoints, "env": env if isinstance(env, dict) else {}, "metrics": metrics}
-
-
-def _read_json(path: Path):
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc})") from None
+        raise CheckpointError(f"{path} holds no readable checkpoint")
+    env = read_json(path / "env.json", CheckpointError, MAX_ENV_BYTES) if (path / "env.json").exists() else {}
+    metrics = read_epoch_records(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
+    return {
+        "path": path,
+        "checkpoints": checkpoints,
+        "unreadable": unreadable,
+        "env": env if isinstance(env, dict) else {},
+        "metrics": metrics,
+    }
 
 
 def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
@@ -181,20 +181,25 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
                 "problem": worst.get("problem"),
             }
     metric_diffs = _metric_differences(a["metrics"], b["metrics"])
+    unreadable = {"a": sorted(a.get("unreadable", {})), "b": sorted(b.get("unreadable", {}))}
     verdict_ok = (
-        bool(common) and all(c["within_tolerance"] for c in checkpoints) and (tolerance > 0 or not metric_diffs)
+        bool(common)
+        and all(c["within_tolerance"] for c in checkpoints)
+        and (tolerance > 0 or not metric_diffs)
+        and not (unreadable["a"] or unreadable["b"])  # what could not be read was not shown to agree
     )
     return {
         "run_a": str(a["path"]),
         "run_b": str(b["path"]),
         "compared_checkpoints": common,
-        "identical": bool(common) and all(c["identical"] for c in checkpoints) and not metric_diffs,
+        "identical": bool(common) and all(c["identical"] for c in checkpoints) and not metric_diffs and verdict_ok,
         "passed": verdict_ok,
         "tolerance": tolerance,
         "first_difference": first,
         "checkpoints": checkpoints,
         "metric_differences": metric_diffs,
         "env_differences": env_differences(a["env"], b["env"]),
+        "unreadable_checkpoints": unreadable,
     }
 
 
@@ -229,6 +234,10 @@ def env_differences(a: dict, b: dict) -> list[dict]:
 
 
 def summary_line(result: dict) -> str:
+    unreadable = result.get("unreadable_checkpoints", {})
+    skipped = [f"{run.upper()}:{name}" for run in ("a", "b") for name in unreadable.get(run, [])]
+    if skipped and result["first_difference"] is None and not result["metric_differences"]:
+        return f"not verified: unreadable checkpoints {', '.join(skipped)} (the other {len(result['compared_checkpoints'])} agree)"
     if result["identical"]:
         return f"identical ({len(result['compared_checkpoints'])} checkpoints)"
     first = result["first_difference"]
@@ -236,9 +245,15 @@ def summary_line(result: dict) -> str:
         return "weights identical, metrics differ: " + ", ".join(
             f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3]
         )
-    size = first["problem"] or f"max abs {first['max_abs']:.3g}, {first['max_ulp']} ULP"
     within = " (within tolerance)" if result["passed"] else ""
-    return f"differs from {first['checkpoint']}: {first['tensor']} ({size}){within}"
+    return f"differs from {first['checkpoint']}: {first['tensor']} ({_difference_size(first)}){within}"
+
+
+def _difference_size(row: dict) -> str:
+    """A tensor row's difference: the problem (only in one run, reshaped), else max abs and max ULP."""
+    if row.get("problem"):
+        return row["problem"]
+    return f"max abs {row['max_abs']:.3g}, {row['max_ulp']} ULP"
 
 
 def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 
 import matplotlib
@@ -20,8 +19,9 @@ import numpy as np  # noqa: E402
 from reprocube.commands.compare import compare_runs, load_run, summary_line  # noqa: E402
 from reprocube.commands.study_results import STUDY_RESULT, box_plot, read_study, summary_lines  # noqa: E402
 from reprocube.config import flatten_keys  # noqa: E402
-from reprocube.errors import EXIT_OK  # noqa: E402
-from reprocube.files import write_file_atomic  # noqa: E402
+from reprocube.errors import EXIT_OK, CheckpointError  # noqa: E402
+from reprocube.files import refuse_inside_checkpoints, write_file_atomic  # noqa: E402
+from reprocube.untrusted import Fields, read_json  # noqa: E402
 
 ENV_ROWS = (
     "python",
@@ -42,6 +42,7 @@ ENV_ROWS = (
 
 def run(args) -> int:
     """`reprocube report RUN... [--out DIR]`."""
+    refuse_inside_checkpoints(args.out)
     print(f"report: {write_report(args.runs, args.out)}")
     return EXIT_OK
 
@@ -50,6 +51,8 @@ def write_report(paths: list[Path], out: Path) -> Path:
     studies = [read_study(p) for p in paths if (p / STUDY_RESULT).is_file()]
     run_paths = [p for p in paths if not (p / STUDY_RESULT).is_file()]
     runs = [load_run(p) for p in run_paths]  # verifies every checkpoint first
+    for run in runs:  # every input is read and checked before anything is written
+        run["verify_checks"] = read_verify_checks(run["path"])
     out.mkdir(parents=True, exist_ok=True)
     labels = [_label(r["path"], run_paths) for r in runs]
     figures = {"curves.png": _curves(runs, labels)} if runs else {}
@@ -63,6 +66,19 @@ def write_report(paths: list[Path], out: Path) -> Path:
     page = _html(runs, labels, comparisons, figures, studies)
     write_file_atomic(out / "report.html", page.encode())
     return out / "report.html"
+
+
+def read_verify_checks(run_path: Path) -> list[dict]:
+    """The checks of a run's verify.json (written by `reprocube verify` into its reference run), each
+    with a string check, a boolean passed and a string summary; none if there is no verify.json."""
+    path = run_path / "verify.json"
+    if not path.exists():
+        return []
+    verdict = Fields(read_json(path, CheckpointError), str(path), CheckpointError)
+    return [
+        {"check": c.text("check"), "passed": c.boolean("passed"), "summary": c.text("summary")}
+        for c in verdict.records("checks")
+    ]
 
 
 def _label(path: Path, all_paths: list[Path]) -> str:
@@ -173,14 +189,11 @@ def _html(runs, labels, comparisons, figures, studies=()) -> str:
             f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td><td class='{cls}'>{esc(summary_line(comparison))}</td></tr>"
         )
     for run, label in zip(runs, labels, strict=True):
-        verify_file = run["path"] / "verify.json"
-        if verify_file.exists():
-            verdict = json.loads(verify_file.read_text())
-            for check in verdict.get("checks", []):
-                cls = "ok" if check.get("passed") else "bad"
-                parts.append(
-                    f"<tr><td>verify {esc(label)}: {esc(str(check.get('check')))}</td><td class='{cls}'>{esc(str(check.get('summary')))}</td></tr>"
-                )
+        for check in run["verify_checks"]:
+            cls = "ok" if check["passed"] else "bad"
+            parts.append(
+                f"<tr><td>verify {esc(label)}: {esc(check['check'])}</td><td class='{cls}'>{esc(check['summary'])}</td></tr>"
+            )
     parts.append(
         "</table><h2>Environments</h2><table><tr><th>key</th>"
         + "".join(f"<th>{esc(label)}</th>" for label in labels)

@@ -28,6 +28,8 @@ from reprocube.commands.invocation import Invocation
 from reprocube.commands.study_results import collect, members, study_paths, summary_lines, write_study
 from reprocube.errors import EXIT_OK, EXIT_TRAINING, ConfigError, ReprocubeError
 from reprocube.files import write_file_atomic
+from reprocube.metrics import read_epoch_records
+from reprocube.untrusted import read_json
 
 # Overrides the study sets for each run; the user's own values for them are not passed on.
 PLACE_KEYS = ("seed=", "output_dir=", "run_name=", "resume=", "study.", "log.progress=")
@@ -80,12 +82,9 @@ def _claim(study_dir: Path, request: dict) -> None:
     """A study directory holds one study: running the same one again finishes it; another is refused."""
     path = study_dir / REQUEST
     if path.exists():
-        try:
-            earlier = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"study.dir={study_dir}: unreadable {REQUEST} ({exc}); choose another study.dir"
-            ) from None
+        earlier = read_json(path, ConfigError)
+        if not isinstance(earlier, dict):
+            raise ConfigError(f"study.dir={study_dir}: {REQUEST} is not a study request; choose another study.dir")
         differing = sorted(k for k in request if k != "cwd" and earlier.get(k) != request[k])
         if differing:
             raise ConfigError(
@@ -218,8 +217,6 @@ def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: li
 
 
 def _final_epoch(run_dir: Path) -> dict | None:
-    from reprocube.metrics import read_metrics
-
     path = run_dir / "metrics.jsonl"
-    epochs = [r for r in read_metrics(path) if r.get("kind") == "epoch"] if path.exists() else []
+    epochs = read_epoch_records(path) if path.exists() else []
     return epochs[-1] if epochs else None

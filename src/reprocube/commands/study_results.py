@@ -9,8 +9,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube.errors import ReprocubeError
+from reprocube.errors import CheckpointError, ReprocubeError
 from reprocube.files import write_file_atomic
+from reprocube.untrusted import Fields, read_json
 
 GROUPS = ("same_seed", "different_seeds")
 STUDY_RESULT = "study.json"
@@ -43,20 +44,20 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
     for member in members(runs, seed):
         path = paths["results"] / f"{member.run_name}.json"
         try:
-            record = json.loads(path.read_text())
+            record = _read_result(path)
         except FileNotFoundError:
             logs = [str(paths["logs"] / f"{member.run_name}.log")] + (
                 [_slurm_folder(paths["slurm"], member.index)] if launcher == "slurm" else []
             )
             record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed",
                       "error": "no result recorded (the job did not finish)", "log": " and ".join(logs)}  # fmt: skip
-        except (OSError, ValueError) as exc:
+        except (OSError, ReprocubeError) as exc:
             record = {
                 "member": member.index,
                 "group": member.group,
                 "seed": member.seed,
                 "status": "failed",
-                "error": f"unreadable {path}: {exc}",
+                "error": f"unreadable result: {exc}",
             }
         (records if record.get("status") == "ok" else failures).append(record)
     groups = {group: _group_summary([r for r in records if r["group"] == group]) for group in GROUPS}
@@ -75,6 +76,20 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
         ),
     }
     return result
+
+
+def _read_result(path: Path) -> dict:
+    """A member's result record (written by the study's driver in a job), with the fields collect uses."""
+    if not path.exists():
+        raise FileNotFoundError(path)
+    record = Fields(read_json(path, ReprocubeError), str(path), ReprocubeError)
+    if record.text("status") == "ok":
+        record.number("test_accuracy")
+        record.number("test_loss")
+        record.text("weights_digest")
+        if record.text("group") not in GROUPS:
+            raise ReprocubeError(f"{path}: group must be one of {', '.join(GROUPS)}")
+    return record.value
 
 
 def _slurm_folder(slurm_dir: Path, index: int) -> str:
@@ -132,14 +147,39 @@ def write_study(result: dict, study_dir: Path) -> None:
 
 
 def read_study(path: Path) -> dict:
-    """A study directory's study.json, as `reprocube report` shows it."""
-    try:
-        study = json.loads((path / STUDY_RESULT).read_text())
-    except (OSError, ValueError) as exc:
-        raise ReprocubeError(f"{path / STUDY_RESULT}: not a readable study result ({exc})") from None
-    if not (isinstance(study, dict) and isinstance(study.get("groups"), dict) and isinstance(study.get("runs"), list)):
-        raise ReprocubeError(f"{path / STUDY_RESULT}: not a study result (no groups and runs)")
-    return study
+    """A study directory's study.json, every field `reprocube report` shows type-checked."""
+    where = str(path / STUDY_RESULT)
+    study = Fields(read_json(path / STUDY_RESULT, CheckpointError), where, CheckpointError)
+    groups = study.mapping("groups")
+    for group in GROUPS:
+        summary = groups.mapping(group)
+        summary.integer("runs")
+        summary.integer("distinct_weights_digests")
+        for metric in ("test_accuracy", "test_loss"):
+            statistics_ = summary.mapping(metric)
+            for key in ("mean", "std", "min", "max"):
+                if statistics_.value.get(key) is not None:
+                    statistics_.number(key)
+    if set(groups.value) != set(GROUPS):
+        raise CheckpointError(f"{where}: groups must be exactly {', '.join(GROUPS)}")
+    for record in study.records("runs"):
+        if record.text("group") not in GROUPS:
+            raise CheckpointError(f"{record.where}: group must be one of {', '.join(GROUPS)}")
+        record.number("test_accuracy")
+        record.number("test_loss")
+    for failure in study.records("failures"):
+        failure.integer("member")
+        failure.integer("seed", 0, 2**32 - 1)
+        failure.text("group")
+        failure.text("error")
+    for key in ("nondeterminism_std_ratio", "nondeterminism_variance_ratio"):
+        if study.value.get(key) is not None:
+            study.number(key)
+    study.integer("runs_per_group")
+    study.integer("seed", 0, 2**32 - 1)
+    study.text("study_dir")
+    study.text("launcher_error", optional=True)
+    return study.value
 
 
 def study_markdown(result: dict) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from reprocube.checkpoint import read_checkpoint, scan_checkpoints
 from reprocube.commands.children import child_args, last_error_line, reprocube_command, run_child
 from reprocube.commands.compare import compare_runs, load_run, summary_line, write_reports
 from reprocube.commands.invocation import Invocation
+from reprocube.config import config_differences, to_plain
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, ConfigError
 
 PLACE_KEYS = ("framework=", "run_name=", "output_dir=", "resume=", "run=", "seed=", "preempt_at_step=")
@@ -27,6 +29,10 @@ def run(invocation: Invocation) -> int:
 
 def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=_print_now) -> bool:
     """Returns True only if every comparison of every framework passes."""
+    if cfg.run:
+        if len(frameworks) > 1:
+            raise ConfigError("run=PATH is one reference run: name its framework (framework=...), not framework=all")
+        _check_reference_config(Path(cfg.run), to_plain(cfg))
     user = child_args(overrides, config_files, PLACE_KEYS)
     rows, all_passed = [], True
     for framework in frameworks:
@@ -37,6 +43,20 @@ def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[
     out(_table(rows))
     out(f"verdict: {'all bit-identical' if all_passed else 'NOT reproducible (see above)'}")
     return all_passed
+
+
+def _check_reference_config(reference: Path, config: dict) -> None:
+    """A reused reference must have been trained under the config verify trains the others with: else
+    every check would fail for a reason no check names."""
+    found, _ = scan_checkpoints(reference / "checkpoints")
+    if not found:
+        raise ConfigError(f"run={reference} holds no readable checkpoint (not a reprocube run?)")
+    differences = config_differences(read_checkpoint(found[-1]).content.config, config)
+    if differences:
+        raise ConfigError(
+            f"run={reference} was trained with a different config ({'; '.join(differences)}); "
+            "give verify the same overrides, or drop run= to train a reference"
+        )
 
 
 def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:

@@ -7,6 +7,7 @@ import gzip
 import http.client
 import io
 import os
+import stat
 import urllib.error
 import urllib.request
 import zlib
@@ -78,9 +79,19 @@ def _local_sources(source_dir: str):
         if not candidates:
             yield f"{directory}/{name}[.gz]", _missing
         for candidate in candidates:
-            yield str(candidate), (lambda path=candidate: open(path, "rb"))
+            yield str(candidate), (lambda path=candidate: _open_local(path))
 
     return sources
+
+
+def _open_local(path: Path) -> BinaryIO:
+    """A local source file, only if it is a regular file (a FIFO or a device could block or never end)."""
+    file = open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))  # noqa: SIM115
+    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+        file.close()
+        raise DataError("not a regular file")
+    os.set_blocking(file.fileno(), True)
+    return file
 
 
 def _missing() -> BinaryIO:

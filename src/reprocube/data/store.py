@@ -12,6 +12,9 @@ from omegaconf import DictConfig
 
 from reprocube.data.idx import parse_idx
 from reprocube.errors import DataError
+from reprocube.untrusted import read_bytes
+
+IMAGE_SHAPE = (28, 28)  # what the CNN of all three trainers takes
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,9 @@ def dataset_dir(cfg: DictConfig) -> Path:
 
 
 def read_verified(path: Path, spec: DictConfig) -> bytes:
-    """Read a stored IDX file and check it against its pinned size and sha256."""
-    try:
-        payload = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path} is missing") from None
+    """Read a stored IDX file and check it against its pinned size and sha256 (a regular file, read up to
+    its pinned size: a link to a device or a directory is refused, not read)."""
+    payload = read_bytes(path, spec.bytes, DataError, follow_links=True)
     if len(payload) != spec.bytes:
         raise DataError(f"{path}: {len(payload)} bytes, expected {spec.bytes}")
     actual = hashlib.sha256(payload).hexdigest()
@@ -68,8 +69,11 @@ def load_dataset(cfg: DictConfig) -> Dataset:
 
 
 def _split(cfg: DictConfig, images: np.ndarray, labels: np.ndarray, limit: int | None, split: str) -> Split:
-    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise DataError(f"{split} split: images {images.shape} and labels {labels.shape} do not form a dataset")
+    if images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1 or len(images) != len(labels):
+        raise DataError(
+            f"{split} split: images {images.shape} and labels {labels.shape} do not form a dataset of "
+            f"{IMAGE_SHAPE[0]}x{IMAGE_SHAPE[1]} images (the model's input)"
+        )
     if limit is not None:
         if limit > len(labels):
             raise DataError(f"data.{split}_limit={limit} exceeds the {len(labels)} {split} examples")

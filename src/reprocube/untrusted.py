@@ -1,0 +1,225 @@
+"""Reading files that came from elsewhere. Runs, checkpoints, receipts and configs travel between machines
+and people, so every file reprocube reads goes through this module:
+- only regular files: a FIFO, a device, a socket or a directory is refused (nothing can hang or stream
+  forever), and inside runs a symbolic link is refused too (nothing is read from outside the run);
+- at most a stated number of bytes (the size a manifest records, else a bound per kind of file);
+- JSON strictly: UTF-8, no NaN or Infinity, no integer longer than MAX_INT_DIGITS digits, no duplicate
+  keys, nesting bounded by the interpreter's recursion limit (a RecursionError becomes an error line);
+- YAML with the safe loader and without aliases (an alias bomb is refused, not expanded);
+- every value through a typed accessor (Fields) that names the file and the key when it is wrong.
+Each failure is one exception of the caller's error class (ConfigError, DataError, CheckpointError, ...),
+so that the command ends with one line and its documented exit status."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+from reprocube.errors import ReprocubeError
+
+MAX_INT_DIGITS = 40  # a 128-bit integer has 39 digits; nothing reprocube writes is longer
+MAX_JSON_BYTES = 64 << 20  # a manifest with a long metrics history is a few MB
+MAX_YAML_BYTES = 1 << 20
+MAX_JSON_LINE_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def _open_regular(path: Path, max_bytes: int, error: type[ReprocubeError], follow_links: bool):
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    except FileNotFoundError:
+        raise error(f"{path} is missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise error(f"{path} is a symbolic link; only regular files are read here") from None
+        raise error(f"{path}: cannot read it ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path} is not a regular file")
+        if info.st_size > max_bytes:
+            raise error(f"{path} is {info.st_size} bytes, more than the {max_bytes} allowed")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as file:
+        yield file
+
+
+def read_bytes(path: Path, max_bytes: int, error: type[ReprocubeError], follow_links: bool = False) -> bytes:
+    """The content of a regular file of at most `max_bytes` bytes. With follow_links=False a symbolic link
+    is refused (run and checkpoint files); with True it is followed, but must lead to a regular file
+    (datasets and user configs, which may live anywhere)."""
+    with _open_regular(Path(path), max_bytes, error, follow_links) as file:
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew while being read
+        raise error(f"{path} is more than the {max_bytes} bytes allowed")
+    return data
+
+
+def is_regular_file(path: Path) -> bool:
+    """A regular file, not through a symbolic link (what read_bytes with follow_links=False accepts)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def parse_json(blob: bytes, where: str, error: type[ReprocubeError]):
+    """Strict JSON (see the module docstring)."""
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{where} is not UTF-8 text") from None
+    try:
+        return json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_keys,
+        )
+    except _Refused as exc:
+        raise error(f"{where}: {exc}") from None
+    except RecursionError:
+        raise error(f"{where} is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{where} is not valid JSON ({exc})") from None
+
+
+def read_json(path: Path, error: type[ReprocubeError], max_bytes: int = MAX_JSON_BYTES):
+    return parse_json(read_bytes(path, max_bytes, error), str(path), error)
+
+
+def iter_json_lines(path: Path, error: type[ReprocubeError], max_bytes: int) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-empty line of a JSON-lines file, read as a stream: a large file
+    costs its records, not a copy of its text."""
+    with _open_regular(Path(path), max_bytes, error, follow_links=False) as file:
+        for number, line in enumerate(file, start=1):
+            if len(line) > MAX_JSON_LINE_BYTES:
+                raise error(f"{path}:{number} is longer than {MAX_JSON_LINE_BYTES} bytes")
+            if line.strip():
+                yield number, parse_json(line, f"{path}:{number}", error)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """The safe loader, refusing aliases: a few lines of nested aliases expand to billions of nodes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(blob: bytes, where: str, error: type[ReprocubeError]):
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{where} is not UTF-8 text") from None
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506  (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        raise error(f"{where} is not valid yaml: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise error(f"{where} is nested too deeply") from None
+
+
+class Fields:
+    """Typed access to a JSON object read from `where`: each accessor checks the type and range of one
+    key and names it when it is wrong."""
+
+    def __init__(self, value, where: str, error: type[ReprocubeError]):
+        if not isinstance(value, dict):
+            raise error(f"{where} is not a JSON object")
+        self.value, self.where, self.error = value, where, error
+
+    def _fail(self, key: str, expected: str):
+        raise self.error(f"{self.where}: {key} must be {expected}, got {_shown(self.value.get(key, '<absent>'))}")
+
+    def has(self, key: str) -> bool:
+        return key in self.value
+
+    def integer(self, key: str, low: int = 0, high: int = 2**63 - 1) -> int:
+        value = self.value.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+            self._fail(key, f"an integer from {low} to {high}")
+        return value
+
+    def number(self, key: str) -> float:
+        value = self.value.get(key)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+            self._fail(key, "a finite number")
+        return float(value)
+
+    def text(self, key: str, optional: bool = False) -> str | None:
+        value = self.value.get(key)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            self._fail(key, "a string")
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.value.get(key)
+        if not isinstance(value, bool):
+            self._fail(key, "true or false")
+        return value
+
+    def mapping(self, key: str) -> Fields:
+        value = self.value.get(key)
+        if not isinstance(value, dict):
+            self._fail(key, "a JSON object")
+        return Fields(value, f"{self.where}: {key}", self.error)
+
+    def records(self, key: str) -> list[Fields]:
+        """A list of JSON objects."""
+        value = self.value.get(key)
+        if not isinstance(value, list):
+            self._fail(key, "a list")
+        return [Fields(item, f"{self.where}: {key}[{i}]", self.error) for i, item in enumerate(value)]
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) or value != "<absent>" else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _refuse_constant(name: str):
+    raise _Refused(f"{name} is not a number JSON allows")
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"{text[:20]} overflows to infinity")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused(f"the key {duplicate!r} appears twice")
+    return result
