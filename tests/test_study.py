@@ -252,8 +252,8 @@ def test_report_refuses_a_broken_study_result_in_one_line(tmp_path):
     study.mkdir()
     (study / "study.json").write_text("[]")
     done = reprocube("report", str(study), "--out", str(tmp_path / "report"), cwd=tmp_path, check=False)
-    assert done.returncode == 1
-    assert error_lines(done) == [f"reprocube: error: {study / 'study.json'}: not a study result (no groups and runs)"]
+    assert done.returncode == 4
+    assert error_lines(done) == [f"reprocube: error: {study / 'study.json'} is not a JSON object"]
     assert not (tmp_path / "report").exists()
 
 

@@ -139,6 +139,7 @@ def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(
     (checkpoint / "state.json").write_bytes(blob)
     edited = manifest(checkpoint)
     edited["files"]["state.json"] = hashlib.sha256(blob).hexdigest()
+    edited["file_bytes"]["state.json"] = len(blob)
     edited["manifest_sha256"] = manifest_self_digest(edited)
     (checkpoint / "manifest.json").write_text(json.dumps(edited))
     train(f"resume={checkpoint}", "run_name=from-version-1", f"output_dir={tmp_path / 'runs'}")
@@ -264,9 +265,23 @@ def test_a_checkpoint_with_a_changed_byte_is_refused(copy_of_reference, train, t
 
 def test_a_checkpoint_with_a_missing_file_is_refused(copy_of_reference, train, tmp_path):
     (copy_of_reference / "checkpoints" / "epoch-0003" / "rng.safetensors").unlink()
-    proc = train("epochs=4", "resume=latest", "run_name=copy", f"output_dir={tmp_path / 'runs'}", check=False)
+    proc = train(
+        f"resume={copy_of_reference}/checkpoints/epoch-0003",
+        "run_name=other",
+        f"output_dir={tmp_path / 'runs'}",
+        check=False,
+    )
     assert proc.returncode == 4
     assert "is incomplete: missing rng.safetensors" in proc.stderr
+
+
+def test_resume_latest_sets_a_damaged_newest_checkpoint_aside(copy_of_reference, reference, train, tmp_path):
+    (copy_of_reference / "checkpoints" / "epoch-0003" / "rng.safetensors").unlink()
+    proc = train("resume=latest", "run_name=copy", f"output_dir={tmp_path / 'runs'}")
+    [warning] = error_lines(proc)
+    assert warning.startswith("reprocube: warning:") and "is incomplete: missing rng.safetensors" in warning
+    assert (copy_of_reference / "checkpoints" / ".unreadable-epoch-0003" / "weights.safetensors").exists()  # kept
+    assert epoch_digests(copy_of_reference) == epoch_digests(reference)  # epoch 3 trained again, bit-identical
 
 
 def test_a_checkpoint_from_a_different_config_is_refused(reference, train, tmp_path):

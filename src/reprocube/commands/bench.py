@@ -142,7 +142,10 @@ def _derived(entry: dict) -> dict:
 
 
 def _read_reference(path: Path) -> dict:
-    reference = read_json(path, ConfigError)
+    try:
+        reference = read_json(path, ConfigError)
+    except ConfigError as exc:
+        raise ConfigError(f"bench.reference: {exc}") from None
     if not isinstance(reference, dict) or not isinstance(reference.get("results"), dict):
         raise ConfigError(
             f"bench.reference={path}: not a benchmarks/reference_tutorial.py result (no 'results' mapping)"
