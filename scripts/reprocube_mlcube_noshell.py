@@ -351,13 +351,20 @@ def docker_run(self) -> None:
         command = [*entry_words[1:], *task_args] if len(entry_words) > 1 else []
     else:
         command = task_args
+    _run_task(
+        self, [*docker, "run", *run_args, *env_args, *volumes, image, *command], f"image={image}, task_args={task_args}"
+    )
+
+
+def _run_task(runner, argv: list[str], what: str) -> None:
+    """Run a task's container command; a failure becomes mlcube's own run error, as unpatched."""
+    from mlcube.errors import ExecutionError
+
     try:
-        run_argv([*docker, "run", *run_args, *env_args, *volumes, image, *command])
+        run_argv(argv)
     except ExecutionError as err:
         raise ExecutionError.mlcube_run_error(
-            self.__class__.__name__,
-            f"Error occurred while running MLCube task (image={image}, task_args={task_args}).",
-            **err.context,
+            runner.__class__.__name__, f"Error occurred while running MLCube task ({what}).", **err.context
         ) from err
 
 
@@ -442,14 +449,7 @@ def singularity_run(self) -> None:
         argv = [*singularity, "exec", *run_args, *binds, str(image_file), *entry_words, *task_args[1:]]
     else:
         argv = [*singularity, "run", *run_args, *binds, str(image_file), *task_args]
-    try:
-        run_argv(argv)
-    except ExecutionError as err:
-        raise ExecutionError.mlcube_run_error(
-            self.__class__.__name__,
-            f"Error occurred while running MLCube task (task={self.task}). See context for more details.",
-            **err.context,
-        ) from err
+    _run_task(self, argv, f"task={self.task}")
 
 
 def patch_singularity(module) -> None:

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from reprocube.cli import _parser
 from reprocube.config import load_config
+from test_mlcube import generated_dataset_config
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "run.sh"
@@ -225,19 +226,6 @@ def test_run_sh_compare_with_an_option_as_a_run_does_not_print_help(tmp_path):
     assert result.returncode != 0, result.stdout
     assert "usage:" not in result.stdout + result.stderr
     assert "--help" in result.stderr  # reprocube reports the run directory it could not read
-
-
-def generated_dataset_config(generated) -> dict:
-    config: dict = {}
-    for override in generated.overrides():
-        key, value = override.split("=", 1)
-        if key.startswith("dataset."):
-            node = config
-            *parents, leaf = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = yaml.safe_load(value)
-    return config
 
 
 def test_run_sh_trains_into_a_directory_named_literally(tmp_path, generated):
