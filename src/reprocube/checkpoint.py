@@ -211,7 +211,9 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
     unexpected = sorted(present - set(expected))
     if unexpected:
-        raise CheckpointError(f"checkpoint {path} holds files its manifest does not list: {', '.join(unexpected)}")
+        raise CheckpointError(
+            f"checkpoint {path} holds files its manifest does not list: {', '.join(map(repr, unexpected))}"
+        )
     sizes = manifest.get("file_bytes", {})
     blobs = {}
     for fname, digest in sorted(expected.items()):
@@ -243,9 +245,9 @@ def _load_tensors(blob: bytes, where: Path) -> dict[str, np.ndarray]:
             continue
         entry = header.mapping(name)
         dtype, shape, offsets = entry.value.get("dtype"), entry.value.get("shape"), entry.value.get("data_offsets")
-        if dtype not in TENSOR_DTYPES:
+        if not isinstance(dtype, str) or dtype not in TENSOR_DTYPES:
             raise CheckpointError(
-                f"{where}: tensor {name} has dtype {dtype!r}; reprocube reads {', '.join(TENSOR_DTYPES)}"
+                f"{where}: tensor {name!r} has dtype {dtype!r}; reprocube reads {', '.join(TENSOR_DTYPES)}"
             )
         shape_ok = isinstance(shape, list) and all(
             isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape
@@ -256,7 +258,7 @@ def _load_tensors(blob: bytes, where: Path) -> dict[str, np.ndarray]:
             and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
         )
         if not (shape_ok and offsets_ok and offsets[1] - offsets[0] == math.prod(shape) * TENSOR_DTYPES[dtype]):
-            raise CheckpointError(f"{where}: tensor {name} has an inconsistent shape or data_offsets")
+            raise CheckpointError(f"{where}: tensor {name!r} has an inconsistent shape or data_offsets")
     try:
         return load_safetensors(blob)
     except (SafetensorError, ValueError, KeyError, TypeError, OverflowError) as exc:

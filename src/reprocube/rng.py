@@ -66,7 +66,8 @@ class HostRng:
         python_ok = (
             isinstance(python, dict)
             and python.get("version") == 3
-            and (python.get("gauss_next") is None or _finite(python.get("gauss_next")))
+            and "gauss_next" in python
+            and (python["gauss_next"] is None or _finite(python["gauss_next"]))
         )
         position = int(self.arrays[PYTHON_STATE][-1])
         numpy_ok = (

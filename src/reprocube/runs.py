@@ -116,10 +116,15 @@ def _exclusive_lock(directory: Path):
 
 
 def _remove_interrupted_writes(run: RunDirectory) -> None:
-    """Checkpoint temporaries of a process that was killed mid-write (safe: we hold the lock)."""
+    """Temporaries of a process that was killed mid-write (safe: we hold the lock): checkpoint
+    directories (.tmp-*) and the run's own files (.NAME.*.partial, files.write_file_atomic's)."""
     if run.checkpoints.is_dir():
         for tmp in run.checkpoints.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
+    for name in RUN_FILES:
+        for tmp in run.path.glob(f".{name}.*.partial"):
+            if tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink()
 
 
 def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:

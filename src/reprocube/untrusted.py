@@ -133,6 +133,11 @@ def parse_yaml(blob: bytes, where: str, error: type[ReprocubeError]):
         raise error(f"{where} is not valid yaml: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise error(f"{where} is nested too deeply") from None
+    except (ValueError, LookupError, TypeError, AttributeError, ArithmeticError) as exc:
+        # PyYAML's constructors for tagged or implicit values (!!int, !!timestamp, 2001-02-30, ...)
+        raise error(
+            f"{where}: a value yaml cannot construct ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+        ) from None
 
 
 class Fields:
