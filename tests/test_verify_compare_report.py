@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from reprocube.backend import FRAMEWORKS
@@ -167,12 +170,69 @@ def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):
     assert not compare_runs(load_run(runs / "a"), load_run(runs / "threads1"), tolerance=1e-12)["passed"]
 
 
-def test_verify_reuses_a_completed_run(generated, runs, tmp_path):
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_verify_reuses_a_completed_run_and_never_writes_into_it(generated, runs, tmp_path):
+    before = tree_digest(runs / "a")
     args = [*generated.overrides(), "epochs=2"]
     proc = reprocube("verify", "framework=pytorch", *args, f"run={runs / 'a'}", cwd=tmp_path)
     assert "verdict: all bit-identical" in proc.stdout
     assert not (tmp_path / "runs" / "verify-pytorch" / "reference").exists()  # not retrained
-    assert json.loads((runs / "a" / "verify.json").read_text())["passed"] is True
+    assert json.loads((tmp_path / "runs" / "verify-pytorch" / "verify.json").read_text())["passed"] is True
+    assert tree_digest(runs / "a") == before  # someone's published run: read, never written
+
+
+def test_compare_of_a_run_that_stopped_early_is_not_identical(generated, runs, tmp_path):
+    reprocube("train", *generated.overrides(), "epochs=1", "run_name=short", cwd=tmp_path)
+    before = tree_digest(runs / "a")
+    proc = reprocube("compare", str(runs / "a"), str(tmp_path / "runs" / "short"), cwd=tmp_path, check=False)
+    assert proc.returncode == 6
+    assert "not identical: B lacks epoch-0002" in proc.stdout
+    assert (tmp_path / "compare-a-vs-short" / "compare.json").exists()  # a new directory by default
+    assert tree_digest(runs / "a") == before
+
+
+def test_compare_names_a_config_difference_before_the_environment(runs, tmp_path):
+    proc = reprocube(
+        "compare", str(runs / "a"), str(runs / "threads1"), "--out", str(tmp_path), cwd=tmp_path, check=False
+    )
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert result["config_differences"] == [{"key": "threads", "a": "2", "b": "1"}]
+    lines = proc.stdout.splitlines()
+    config_line = next(i for i, line in enumerate(lines) if line.strip().startswith("config threads: 2 -> 1"))
+    assert all(i > config_line for i, line in enumerate(lines) if line.strip().startswith("env "))
+    overall = max(t.get("max_abs", 0) for c in result["checkpoints"] for t in c["tensors"])
+    assert result["max_abs"] == overall > 0
+
+
+def test_ulp_statistics_count_sign_flips_apart():
+    from reprocube.commands.compare import ulp_statistics
+
+    a = np.array([1.0, 2.0, 1e-30, 5.0], np.float32)
+    b = np.array([1.0, np.nextafter(np.float32(2.0), np.float32(3.0)), -1e-30, 5.0], np.float32)
+    stats = ulp_statistics(a, b)
+    assert (stats["values_differing"], stats["sign_flips"], stats["max_ulp"]) == (2, 1, 1)
+
+
+def test_env_records_numerics_variables_by_name_and_ranks_them_before_irrelevant_ones(monkeypatch):
+    from reprocube.commands.compare import env_differences
+    from reprocube.env import collect_env
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")
+    monkeypatch.setenv("TF_CLI_CONFIG_FILE", "/terraform.rc")  # Terraform's, not TensorFlow's
+    recorded = collect_env({})["env_vars"]
+    assert recorded["ONEDNN_MAX_CPU_ISA"] == "SSE41" and "TF_CLI_CONFIG_FILE" not in recorded
+    a = {"env_vars": {"PYTHONHASHSEED": "0"}}
+    b = {"env_vars": {"PYTHONHASHSEED": "1", "ONEDNN_MAX_CPU_ISA": "SSE41"}}
+    ranked = env_differences(a, b)
+    assert [r["key"] for r in ranked] == ["env_vars.ONEDNN_MAX_CPU_ISA", "env_vars.PYTHONHASHSEED"]
+    assert "seeded explicitly" in ranked[-1]["not_a_cause"]
 
 
 def test_verify_never_reuses_an_earlier_verify_directory(generated, tmp_path):

@@ -88,7 +88,9 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="pass when every weight differs by at most this (default 0: bit-exact)",
     )
-    compare.add_argument("--out", type=Path, help="directory for compare.json and compare.md (default: RUN_A)")
+    compare.add_argument(
+        "--out", type=Path, help="directory for compare.json and compare.md (default: ./compare-A-vs-B)"
+    )
     report = subparsers.choices["report"]
     report.add_argument("runs", type=Path, nargs="+")
     report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report/)")

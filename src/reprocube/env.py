@@ -26,16 +26,23 @@ PACKAGES = (
     "flax",
     "optax",
 )
+# Variables that can change which kernels run or how they round (recorded whenever set). TensorFlow's are
+# named one by one: a `TF_` prefix also catches Terraform's (TF_CLI_CONFIG_FILE, ...).
 ENV_VARS = (
     "PYTHONHASHSEED",
     "CUBLAS_WORKSPACE_CONFIG",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "XLA_FLAGS",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_TF32_OVERRIDE",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_DETERMINISTIC_OPS",
+    "TF_CUDNN_DETERMINISTIC",
+    "TF_XLA_FLAGS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "TF_ENABLE_XLA",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
 )
-ENV_PREFIXES = ("TF_", "JAX_", "KERAS_")
+ENV_PREFIXES = ("ONEDNN_", "DNNL_", "ATEN_", "OMP_", "KMP_", "MKL_", "XLA_", "JAX_", "KERAS_")
 # ISA extensions that change which CPU kernels run (and so the rounding of reductions).
 ISA_FLAGS = (
     "sse4_2",

@@ -140,7 +140,8 @@ def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:
     if cfg.resume in ("auto", "latest"):
         checkpoint = _newest_usable(own, unreadable)
         if checkpoint is None and cfg.resume == "latest":
-            raise CheckpointError(f"resume=latest: no usable checkpoint in {run.checkpoints}")
+            usable = "usable " if own or unreadable else ""
+            raise CheckpointError(f"resume=latest: no {usable}checkpoint in {run.checkpoints}")
         return checkpoint  # auto, a requeued batch job: continue this run if it has a checkpoint, else start it
     given = Path(cfg.resume)
     if (given / MANIFEST).exists():

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from reprocube.checkpoint import read_checkpoint, scan_checkpoints
-from reprocube.config import flatten_keys
+from reprocube.config import config_differences, flatten_keys
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ConfigError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
@@ -47,9 +47,22 @@ ENV_RELEVANCE = (
     "framework.cpu_capability",
     "framework.onednn",
     "cpu.isa",
+    "env_vars.ONEDNN_",
+    "env_vars.DNNL_",
+    "env_vars.ATEN_",
+    "env_vars.XLA_FLAGS",
+    "env_vars.MKL_",
+    "env_vars.OMP_",
+    "env_vars.KMP_",
+    "env_vars.TF_",
+    "env_vars.NVIDIA_TF32_OVERRIDE",
+    "env_vars.CUBLAS_",
     "cpu.model",
     "cpu.affinity",
-    "env_vars.",
+    "env_vars.XLA_",
+    "env_vars.JAX_",
+    "env_vars.KERAS_",
+    "env_vars.CUDA_",
     "packages.",
     "container",
     "framework.",
@@ -59,13 +72,18 @@ ENV_RELEVANCE = (
     "platform",
     "hostname",
 )
+# Differences known not to change these trainers' numbers, listed last with the reason.
+NOT_NUMERIC = {
+    "env_vars.PYTHONHASHSEED": "every generator is seeded explicitly; no computation iterates a hash-ordered set",
+    "hostname": "a name",
+}
 
 
 def run(args) -> int:
     """`reprocube compare RUN_A RUN_B [--tolerance T] [--out DIR]`."""
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
-    out = args.out or args.run_a
+    out = args.out or Path(f"compare-{Path(args.run_a).resolve().name}-vs-{Path(args.run_b).resolve().name}")
     refuse_inside_checkpoints(out)
     result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
     out.mkdir(parents=True, exist_ok=True)
@@ -75,27 +93,50 @@ def run(args) -> int:
         worst = worst_tensor(row["tensors"])
         detail = "" if row["identical"] else f"  {worst['tensor']}: {_difference_size(worst)}"
         print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
+    if result["max_abs"]:
+        print(f"  largest difference over all weights: {result['max_abs']:.3g}")
+    for diff in result["config_differences"]:
+        print(f"  config {diff['key']}: {diff['a']} -> {diff['b']}")
     for diff in result["env_differences"][:8]:
         print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
     print(f"written: {out / 'compare.json'}, {out / 'compare.md'}")
     return EXIT_OK if result["passed"] else EXIT_DIFFERENT
 
 
-def float_ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
-    """Max distance in units in the last place between two float arrays of one dtype (0 = identical)."""
-    if a.dtype.kind != "f" or a.size == 0:
-        return int(np.max(np.abs(a.astype(np.int64) - b.astype(np.int64)))) if a.size else 0
-    int_type = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
+def ulp_statistics(a: np.ndarray, b: np.ndarray) -> dict:
+    """How far two arrays of one dtype differ, in units in the last place, over the values that differ:
+    max, median and 99th percentile, the largest relative error, and the sign flips counted apart (a
+    value that crosses zero is billions of ULP away however small the change, and would swamp the rest)."""
+    differing = a != b
+    if a.dtype.kind != "f":
+        gaps = np.abs(a.astype(np.int64) - b.astype(np.int64))[differing]
+        flips = np.zeros(gaps.shape, bool)
+    else:
+        differing &= ~(np.isnan(a) & np.isnan(b))
+        int_type = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
 
-    def ordered(x):  # map float bit patterns onto a monotonic integer line
-        bits = x.view(int_type).astype(np.int64)
-        return np.where(bits < 0, np.int64(np.iinfo(int_type).min) - bits, bits)
+        def ordered(x):  # map float bit patterns onto a monotonic integer line
+            bits = x.view(int_type).astype(np.int64)
+            return np.where(bits < 0, np.int64(np.iinfo(int_type).min) - bits, bits)
 
-    return int(np.max(np.abs(ordered(a) - ordered(b))))
+        flips = (np.signbit(a) != np.signbit(b))[differing]
+        gaps = np.abs(ordered(a) - ordered(b))[differing]
+    kept = gaps[~flips]
+    x, y = a[differing].astype(np.float64), b[differing].astype(np.float64)
+    scale = np.maximum(np.abs(x), np.abs(y))
+    relative = np.abs(x - y)[scale > 0] / scale[scale > 0]
+    return {
+        "values_differing": int(gaps.size),
+        "sign_flips": int(flips.sum()),
+        "max_ulp": int(kept.max()) if kept.size else 0,
+        "median_ulp": float(np.median(kept)) if kept.size else 0.0,
+        "p99_ulp": float(np.percentile(kept, 99)) if kept.size else 0.0,
+        "max_relative": float(relative.max()) if relative.size else 0.0,
+    }
 
 
 def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[dict]:
-    """Per tensor: identical bytes?, max |a-b|, max ULP distance; missing or reshaped tensors named."""
+    """Per tensor: identical bytes?, max |a-b| and the ULP statistics; missing or reshaped tensors named."""
     rows = []
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
@@ -107,22 +148,21 @@ def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> li
                 {"tensor": name, "identical": False, "problem": f"{x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"}
             )
             continue
-        identical = x.tobytes() == y.tobytes()
-        max_abs = 0.0 if identical else float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
-        rows.append(
-            {
-                "tensor": name,
-                "identical": identical,
-                "max_abs": max_abs,
-                "max_ulp": 0 if identical else float_ulp_distance(x, y),
-            }
-        )
+        if x.tobytes() == y.tobytes():
+            rows.append({"tensor": name, "identical": True, "max_abs": 0.0, "max_ulp": 0})
+            continue
+        max_abs = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+        rows.append({"tensor": name, "identical": False, "max_abs": max_abs, **ulp_statistics(x, y)})
     return rows
 
 
 def worst_tensor(tensors: list[dict]) -> dict | None:
     """The row that explains a checkpoint's difference best: a missing/reshaped tensor, else max ULP."""
-    return max(tensors, key=lambda t: ("problem" in t, t.get("max_ulp", 0)), default=None)
+    return max(
+        tensors,
+        key=lambda t: ("problem" in t, not t["identical"], t.get("max_ulp", 0), t.get("sign_flips", 0)),
+        default=None,
+    )
 
 
 def load_run(path: Path) -> dict:
@@ -154,8 +194,10 @@ def load_run(path: Path) -> dict:
     }
 
 
-def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
-    """Checkpoint by checkpoint (the names both runs hold, in training order)."""
+def compare_runs(a: dict, b: dict, tolerance: float = 0.0, b_resumed_after_epoch: int = 0) -> dict:
+    """Checkpoint by checkpoint (the names both runs hold, in training order). B may lack A's epoch
+    checkpoints up to `b_resumed_after_epoch` (a run resumed from A's checkpoint of that epoch); any other
+    epoch checkpoint one run lacks means not identical."""
     common = [name for name in a["checkpoints"] if name in b["checkpoints"]]
     checkpoints, first = [], None
     for name in common:
@@ -182,11 +224,19 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
             }
     metric_diffs = _metric_differences(a["metrics"], b["metrics"])
     unreadable = {"a": sorted(a.get("unreadable", {})), "b": sorted(b.get("unreadable", {}))}
+    # An epoch checkpoint one run has and the other lacks (a run that stopped early) was not shown to agree.
+    epochs = {
+        run: {n for n in [*r["checkpoints"], *r.get("unreadable", {})] if n.startswith("epoch-")}
+        for run, r in (("a", a), ("b", b))
+    }
+    resumed_from = {f"epoch-{k:04d}" for k in range(1, b_resumed_after_epoch + 1)}
+    missing = {"a": sorted(epochs["b"] - epochs["a"]), "b": sorted(epochs["a"] - epochs["b"] - resumed_from)}
     verdict_ok = (
         bool(common)
         and all(c["within_tolerance"] for c in checkpoints)
         and (tolerance > 0 or not metric_diffs)
         and not (unreadable["a"] or unreadable["b"])  # what could not be read was not shown to agree
+        and not (missing["a"] or missing["b"])
     )
     return {
         "run_a": str(a["path"]),
@@ -198,9 +248,25 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         "first_difference": first,
         "checkpoints": checkpoints,
         "metric_differences": metric_diffs,
+        "config_differences": _config_differences(a, b),
         "env_differences": env_differences(a["env"], b["env"]),
         "unreadable_checkpoints": unreadable,
+        "missing_epoch_checkpoints": missing,
+        "max_abs": max((t.get("max_abs", 0.0) for c in checkpoints for t in c["tensors"]), default=0.0),
     }
+
+
+def _config_differences(a: dict, b: dict) -> list[dict]:
+    """Result-affecting config keys that differ between the runs' newest checkpoints (the likeliest
+    cause of all: it comes before any environment difference)."""
+    config_a = next(reversed(a["checkpoints"].values())).content.config
+    config_b = next(reversed(b["checkpoints"].values())).content.config
+    rows = []
+    for line in config_differences(config_a, config_b):
+        key, _, change = line.partition(": ")
+        before, _, after = change.partition(" -> ")
+        rows.append({"key": key, "a": before, "b": after})
+    return rows
 
 
 def _metric_differences(a: list[dict], b: list[dict]) -> list[dict]:
@@ -224,8 +290,13 @@ def env_differences(a: dict, b: dict) -> list[dict]:
         for k in set(fa) | set(fb)
         if fa.get(k, missing) != fb.get(k, missing)
     ]
+    for row in rows:
+        if row["key"] in NOT_NUMERIC:
+            row["not_a_cause"] = NOT_NUMERIC[row["key"]]
 
     def rank(row):
+        if "not_a_cause" in row:
+            return len(ENV_RELEVANCE) + 1, row["key"]
         return next(
             (i for i, prefix in enumerate(ENV_RELEVANCE) if row["key"].startswith(prefix)), len(ENV_RELEVANCE)
         ), row["key"]
@@ -234,6 +305,12 @@ def env_differences(a: dict, b: dict) -> list[dict]:
 
 
 def summary_line(result: dict) -> str:
+    missing = result.get("missing_epoch_checkpoints", {})
+    lacking = [f"{run.upper()} lacks {', '.join(missing[run])}" for run in ("a", "b") if missing.get(run)]
+    if lacking and result["first_difference"] is None and not result["metric_differences"]:
+        return f"not identical: {'; '.join(lacking)} (the {len(result['compared_checkpoints'])} in common agree)"
+    if not result["compared_checkpoints"]:
+        return "no checkpoint in common: nothing could be compared"
     unreadable = result.get("unreadable_checkpoints", {})
     skipped = [f"{run.upper()}:{name}" for run in ("a", "b") for name in unreadable.get(run, [])]
     if skipped and result["first_difference"] is None and not result["metric_differences"]:
@@ -253,7 +330,8 @@ def _difference_size(row: dict) -> str:
     """A tensor row's difference: the problem (only in one run, reshaped), else max abs and max ULP."""
     if row.get("problem"):
         return row["problem"]
-    return f"max abs {row['max_abs']:.3g}, {row['max_ulp']} ULP"
+    flips = f", {row['sign_flips']} sign flips" if row.get("sign_flips") else ""
+    return f"max abs {row['max_abs']:.3g}, max {row['max_ulp']} ULP{flips}"
 
 
 def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> None:
@@ -280,6 +358,13 @@ def compare_markdown(result: dict) -> str:
         lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [
             f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]
         ]
+    lines += ["", "## Config differences (result-affecting keys)", ""]
+    lines += (
+        ["| key | A | B |", "|---|---|---|"]
+        + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in result["config_differences"]]
+        if result["config_differences"]
+        else ["none"]
+    )
     lines += ["", "## Environment differences (most likely causes first)", ""]
     lines += (
         ["| key | A | B |", "|---|---|---|"]

@@ -91,7 +91,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         final = ref["checkpoints"][epochs[-1]].manifest if epochs else {}
         if final.get("epoch") != cfg.epochs:
             raise _ChildFailed(f"reference {reference} is not a completed {cfg.epochs}-epoch run")
-        compared = lambda run: compare_runs(ref, load_run(run), cfg.verify.tolerance)  # noqa: E731
+        compared = lambda run, after=0: compare_runs(ref, load_run(run), cfg.verify.tolerance, after)  # noqa: E731
 
         restart = compared(train("restart", f"seed={cfg.seed}"))
         check("restart (same seed, fresh process)", restart["passed"], summary_line(restart), restart)
@@ -107,7 +107,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
             source = reference / "checkpoints" / f"epoch-{k:04d}"
             if not source.is_dir():
                 continue  # checkpoint.every_epochs > 1
-            resumed = compared(train(f"resume-epoch-{k}", f"seed={cfg.seed}", f"resume={source}"))
+            resumed = compared(train(f"resume-epoch-{k}", f"seed={cfg.seed}", f"resume={source}"), k)
             check(f"resume from epoch {k}", resumed["passed"], summary_line(resumed), resumed)
         if cfg.verify.mid_epoch:
             steps = final["steps_per_epoch"]
@@ -132,7 +132,9 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         "wall_s": round(time.perf_counter() - started, 1),
         "checks": checks,
     }
-    report_dir = reference if reference is not None and (reference / "checkpoints").is_dir() else base
+    # Beside the reference it trained; never into a run given with run=PATH (someone else's published run).
+    trained_here = reference is not None and not cfg.run and (reference / "checkpoints").is_dir()
+    report_dir = reference if trained_here else base
     write_reports(result, report_dir, "verify", _markdown(result))
     out(
         f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}"
