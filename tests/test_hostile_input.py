@@ -485,3 +485,63 @@ def test_the_first_signal_names_the_stop(generated, tmp_path):
     )
     assert proc.returncode == 75, proc.stderr
     assert "stopped by SIGUSR1" in proc.stdout
+
+
+# ---- found in review: legitimate input accepted, and no resume ever starts a damaged run again --------------
+
+
+def test_resume_auto_with_every_checkpoint_damaged_stops_and_changes_nothing(run_copy, generated, tmp_path):
+    for checkpoint in (run_copy / "checkpoints").iterdir():
+        (checkpoint / "manifest.json").write_text("{")
+    before = snapshot(tmp_path)
+    proc = run_cli(
+        "train",
+        *TRAIN,
+        *generated.overrides(),
+        "run_name=copy",
+        "resume=auto",
+        "checkpoint.every_steps=8",
+        cwd=tmp_path,
+    )
+    assert_refused(proc, 4, "no usable checkpoint")
+    assert snapshot(tmp_path) == before  # neither set aside nor started again from scratch
+
+
+def test_resume_of_the_only_checkpoint_when_its_manifest_is_damaged_is_one_line(run_copy, generated, tmp_path):
+    for late in ("epoch-0002", "step-000040", "step-000032", "step-000024", "epoch-0001", "step-000016"):
+        shutil.rmtree(run_copy / "checkpoints" / late)
+    (run_copy / "checkpoints" / "step-000008" / "manifest.json").write_text("{")
+    proc = run_cli(
+        "train",
+        *TRAIN,
+        *generated.overrides(),
+        "run_name=copy",
+        f"resume={run_copy}/checkpoints/step-000008",
+        cwd=tmp_path,
+    )
+    assert "Traceback" not in proc.stderr and proc.returncode in (2, 4), proc.stderr
+
+
+def test_an_unrelated_manifest_json_above_the_output_is_not_a_checkpoint(tmp_path):
+    from reprocube.files import refuse_inside_checkpoints
+
+    (tmp_path / "manifest.json").write_text("{}")  # a project's own manifest, not a checkpoint's
+    refuse_inside_checkpoints(tmp_path / "reports" / "out")  # no error
+
+
+def test_a_study_result_without_its_fields_is_a_failure_not_a_traceback(tmp_path):
+    from reprocube.commands.study_results import collect, study_paths
+
+    for directory in study_paths(tmp_path).values():
+        directory.mkdir(parents=True)
+    (tmp_path / "results" / "same-seed-00.json").write_text('{"status": "failed"}')
+    result = collect(tmp_path, runs=2, seed=0)
+    [failure] = [f for f in result["failures"] if f["member"] == 0]
+    assert "unreadable result" in failure["error"] and "member" in failure["error"]
+
+
+def test_a_null_step_loss_of_a_diverging_run_is_a_valid_record(tmp_path):
+    from reprocube.metrics import read_epoch_records
+
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "step", "epoch": 1, "global_step": 5, "loss": null}\n')
+    assert read_epoch_records(tmp_path / "metrics.jsonl") == []

@@ -170,9 +170,11 @@ def read_manifest(path: Path) -> dict:
     )
     fields = Fields(manifest, str(manifest_path), CheckpointError)
     if manifest.get("format_version") != FORMAT_VERSION or isinstance(manifest.get("format_version"), bool):
-        raise CheckpointError(
+        newer = CheckpointError(
             f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} (this reprocube reads {FORMAT_VERSION})"
         )
+        newer.damaged = False
+        raise newer
     if manifest.get("manifest_sha256") != manifest_self_digest(manifest):
         raise CheckpointError(f"{manifest_path} was modified: its manifest_sha256 does not match its content")
     files = fields.mapping("files")
@@ -265,7 +267,7 @@ def _load_tensors(blob: bytes, where: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{where}: unreadable safetensors file ({' '.join(str(exc).split())})") from None
 
 
-def scan_checkpoints(checkpoints_dir: Path) -> tuple[list[Path], dict[Path, str]]:
+def scan_checkpoints(checkpoints_dir: Path) -> tuple[list[Path], dict[Path, CheckpointError]]:
     """(completed checkpoint directories whose manifest reads, oldest first by (step, epoch-last);
     {the others: why each is unreadable}). Temporaries (.tmp-*), set-aside ones (.unreadable-*) and
     symbolic links are not checkpoints."""
@@ -277,7 +279,7 @@ def scan_checkpoints(checkpoints_dir: Path) -> tuple[list[Path], dict[Path, str]
             try:
                 step = read_manifest(path)["global_step"]
             except CheckpointError as exc:
-                unreadable[path] = str(exc)
+                unreadable[path] = exc
                 continue
             # At equal global step, the epoch checkpoint (with evaluation) is the later one.
             found.append(((step, path.name.startswith("epoch-")), path))
@@ -288,7 +290,7 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     """The completed checkpoints, oldest first; an unreadable one is an error."""
     found, unreadable = scan_checkpoints(checkpoints_dir)
     if unreadable:
-        raise CheckpointError(next(iter(unreadable.values())))
+        raise next(iter(unreadable.values()))
     return found
 
 

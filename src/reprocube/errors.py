@@ -29,6 +29,9 @@ class DataError(ReprocubeError):
 
 class CheckpointError(ReprocubeError):
     exit_code = EXIT_CHECKPOINT
+    # False when the checkpoint may be fine but cannot be read here (permissions, a newer format): resume
+    # must then stop, not set it aside and continue from an older one.
+    damaged = True
 
 
 class TrainingError(ReprocubeError):

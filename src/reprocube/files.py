@@ -85,7 +85,6 @@ def refuse_inside_checkpoints(out: Path) -> None:
     exactly the files its manifest lists, and one more would make it unreadable."""
     resolved = Path(out).resolve()
     for directory in (resolved, *resolved.parents):
-        if (directory / "manifest.json").is_file() or (
-            directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
-        ):
+        a_checkpoint = directory.parent.name == "checkpoints" and (directory / "manifest.json").is_file()
+        if a_checkpoint or (directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()):
             raise ConfigError(f"--out {out} is inside a run's checkpoints/ ({directory}); write reports elsewhere")

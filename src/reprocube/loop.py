@@ -229,10 +229,11 @@ class TrainingLoop:
     def _log_step(self) -> None:
         if self.schedule.log_due(self.position.global_step):
             # `epoch` counts from 1 here, as in the epoch records and the progress bar.
+            loss = self.backend.last_loss()
             record = {
                 "epoch": self.position.epoch + 1,
                 "global_step": self.position.global_step,
-                "loss": self.backend.last_loss(),
+                "loss": loss if math.isfinite(loss) else None,  # strict JSON: a diverged step is null
             }
             self.history.steps.append(record)
             self.run_dir.metrics.append("step", record)

@@ -29,7 +29,8 @@ def check_epoch_record(record: Fields) -> dict:
 def check_step_record(record: Fields) -> dict:
     for key in ("epoch", "global_step"):
         record.integer(key)
-    record.number("loss")
+    if record.value.get("loss") is not None:  # null: the loss was not finite (a diverging run)
+        record.number("loss")
     return record.value
 
 

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -34,6 +34,8 @@ RUN_FILES = (RUN_MARKER, "config.yaml", "env.json", "sessions.jsonl", "metrics.j
 @dataclass(frozen=True)
 class RunDirectory:
     path: Path
+    # Damaged checkpoints to rename .unreadable-NAME once the run is accepted (initialize): {path: reason}
+    set_aside: dict = field(default_factory=dict, compare=False)
 
     @property
     def checkpoints(self) -> Path:
@@ -53,6 +55,8 @@ class RunDirectory:
         history, and the session. env.json describes the first process of the run (a fresh start
         replaces whatever a run without checkpoints left), sessions.jsonl every process."""
         self.path.mkdir(parents=True, exist_ok=True)
+        for damaged, reason in self.set_aside.items():
+            _set_aside(damaged, reason)
         write_file_atomic(self.path / RUN_MARKER, b'{"reprocube_run": 1}\n')
         write_file_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
         self.metrics.rewrite(history)
@@ -82,8 +86,9 @@ def open_run(cfg, config: dict):
     run.path.mkdir(parents=True, exist_ok=True)
     try:
         with _exclusive_lock(run.path):
-            if not created and not run.is_run() and any(run.path.iterdir()):
-                held = ", ".join(sorted(p.name for p in run.path.iterdir())[:4])
+            held = sorted(p.name for p in run.path.iterdir() if not _is_own_temporary(p.name))
+            if not created and not run.is_run() and held:
+                held = ", ".join(held[:4])
                 raise ConfigError(
                     f"{run.path} exists and is not a reprocube run (it holds {held}); "
                     f"choose another run_name= or output_dir=, or empty it"
@@ -138,11 +143,11 @@ def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:
             )
         return None
     if cfg.resume in ("auto", "latest"):
-        checkpoint = _newest_usable(own, unreadable)
-        if checkpoint is None and cfg.resume == "latest":
-            usable = "usable " if own or unreadable else ""
-            raise CheckpointError(f"resume=latest: no {usable}checkpoint in {run.checkpoints}")
-        return checkpoint  # auto, a requeued batch job: continue this run if it has a checkpoint, else start it
+        if not own and not unreadable:
+            if cfg.resume == "latest":
+                raise CheckpointError(f"resume=latest: no checkpoint in {run.checkpoints}")
+            return None  # auto, a requeued batch job's first start
+        return _newest_usable(run, own, unreadable)
     given = Path(cfg.resume)
     if (given / MANIFEST).exists():
         source = given
@@ -154,7 +159,7 @@ def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:
     else:
         raise CheckpointError(f"resume={given}: not a checkpoint directory (no {MANIFEST}) nor a run directory")
     if source.parent.resolve() == run.checkpoints.resolve():
-        if source.resolve() != own[-1].resolve():
+        if not own or source.resolve() != own[-1].resolve():
             raise ConfigError(
                 f"resume={given} is not the latest checkpoint of {run.path}; continuing it here would overwrite "
                 f"later checkpoints: choose another run_name= to branch from it"
@@ -166,18 +171,28 @@ def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:
     return read_checkpoint(source)
 
 
-def _newest_usable(own: list[Path], unreadable: dict[Path, str]) -> Checkpoint | None:
-    """The newest checkpoint that reads whole; every unreadable one newer than it is set aside (renamed
-    .unreadable-NAME beside it, never deleted) with a warning, so that a requeued job resumes instead of
-    failing on the same damaged file at every attempt."""
-    for path, reason in unreadable.items():
-        _set_aside(path, reason)
+def _newest_usable(run: RunDirectory, own: list[Path], unreadable: dict[Path, CheckpointError]) -> Checkpoint:
+    """The newest checkpoint that reads whole. The damaged ones are set aside (renamed .unreadable-NAME,
+    never deleted, with a warning) once the run is accepted, so that a requeued job resumes instead of
+    failing on the same file at every attempt. A checkpoint that may be fine but cannot be read here (a
+    permission, a newer format) stops the resume, as does having no usable checkpoint at all: a run
+    that had checkpoints is never started again from scratch."""
+    for exc in unreadable.values():
+        if not exc.damaged:
+            raise exc
+    damaged = {path: str(exc) for path, exc in unreadable.items()}
     for path in reversed(own):
         try:
-            return read_checkpoint(path)
+            checkpoint = read_checkpoint(path)
         except CheckpointError as exc:
-            _set_aside(path, str(exc))
-    return None
+            if not exc.damaged:
+                raise
+            damaged[path] = str(exc)
+            continue
+        run.set_aside.update(damaged)
+        return checkpoint
+    reasons = "; ".join(list(damaged.values())[:2])
+    raise CheckpointError(f"no usable checkpoint in {run.checkpoints} ({reasons}); nothing was changed")
 
 
 def _set_aside(path: Path, reason: str) -> None:
@@ -186,8 +201,16 @@ def _set_aside(path: Path, reason: str) -> None:
     while target.exists():
         suffix += 1
         target = path.with_name(f".unreadable-{path.name}-{suffix}")
-    os.rename(path, target)
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        raise CheckpointError(f"{reason}; could not set it aside as {target} ({exc.strerror})") from None
     print(f"reprocube: warning: {reason}; set aside as {target}", file=sys.stderr)
+
+
+def _is_own_temporary(name: str) -> bool:
+    """A file write_file_atomic left behind when killed (.NAME.*.partial of a run file)."""
+    return any(name.startswith(f".{own}.") and name.endswith(".partial") for own in RUN_FILES)
 
 
 def _check_compatible(checkpoint: Checkpoint, config: dict) -> None:

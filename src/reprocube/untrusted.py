@@ -41,7 +41,9 @@ def _open_regular(path: Path, max_bytes: int, error: type[ReprocubeError], follo
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise error(f"{path} is a symbolic link; only regular files are read here") from None
-        raise error(f"{path}: cannot read it ({exc.strerror})") from None
+        unreadable_here = error(f"{path}: cannot read it ({exc.strerror})")
+        unreadable_here.damaged = False
+        raise unreadable_here from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -16,7 +16,7 @@ from reprocube.config import config_differences, flatten_keys
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ConfigError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
-from reprocube.untrusted import read_json
+from reprocube.untrusted import Fields, iter_json_lines, read_json
 
 MAX_ENV_BYTES = 16 << 20
 
@@ -172,7 +172,7 @@ def load_run(path: Path) -> dict:
     if not (path / "checkpoints").is_dir():
         raise CheckpointError(f"{path} is not a reprocube run directory (no checkpoints/)")
     found, unreadable = scan_checkpoints(path / "checkpoints")
-    unreadable = {p.name: reason for p, reason in unreadable.items()}
+    unreadable = {p.name: str(exc) for p, exc in unreadable.items()}
     checkpoints = {}
     for checkpoint_path in found:
         try:
@@ -186,6 +186,7 @@ def load_run(path: Path) -> dict:
     env = read_json(path / "env.json", CheckpointError, MAX_ENV_BYTES) if (path / "env.json").exists() else {}
     metrics = read_epoch_records(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
     return {
+        "started_at_epoch": _started_at_epoch(path / "sessions.jsonl"),
         "path": path,
         "checkpoints": checkpoints,
         "unreadable": unreadable,
@@ -194,17 +195,28 @@ def load_run(path: Path) -> dict:
     }
 
 
-def compare_runs(a: dict, b: dict, tolerance: float = 0.0, b_resumed_after_epoch: int = 0) -> dict:
-    """Checkpoint by checkpoint (the names both runs hold, in training order). B may lack A's epoch
-    checkpoints up to `b_resumed_after_epoch` (a run resumed from A's checkpoint of that epoch); any other
-    epoch checkpoint one run lacks means not identical."""
+def _started_at_epoch(sessions: Path) -> int:
+    """The epoch a run's first session started at: 0, or k for a run branched from another's epoch-k."""
+    if not sessions.exists():
+        return 0
+    for number, value in iter_json_lines(sessions, CheckpointError, MAX_ENV_BYTES):
+        position = Fields(value, f"{sessions}:{number}", CheckpointError).mapping("position")
+        return position.integer("epoch")
+    return 0
+
+
+def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
+    """Checkpoint by checkpoint (the names both runs hold, in training order). A run that started from
+    another's checkpoint of epoch k (its first session says so) may lack epochs 1..k; any other epoch
+    checkpoint one run lacks means not identical."""
     common = [name for name in a["checkpoints"] if name in b["checkpoints"]]
     checkpoints, first = [], None
     for name in common:
         ca, cb = a["checkpoints"][name], b["checkpoints"][name]
         same = ca.manifest["weights_digest"] == cb.manifest["weights_digest"]
         tensors = tensor_differences(ca.content.weights, cb.content.weights)
-        within = same or all("problem" not in t and t["max_abs"] <= tolerance for t in tensors)
+        # Tolerance 0 is bit-exact: +0.0 against -0.0 differs by 0 but is not the same bits.
+        within = same or (tolerance > 0 and all("problem" not in t and t["max_abs"] <= tolerance for t in tensors))
         row = {
             "checkpoint": name,
             "global_step": ca.manifest.get("global_step"),
@@ -229,8 +241,13 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0, b_resumed_after_epoch
         run: {n for n in [*r["checkpoints"], *r.get("unreadable", {})] if n.startswith("epoch-")}
         for run, r in (("a", a), ("b", b))
     }
-    resumed_from = {f"epoch-{k:04d}" for k in range(1, b_resumed_after_epoch + 1)}
-    missing = {"a": sorted(epochs["b"] - epochs["a"]), "b": sorted(epochs["a"] - epochs["b"] - resumed_from)}
+    before = {
+        run: {f"epoch-{k:04d}" for k in range(1, r.get("started_at_epoch", 0) + 1)} for run, r in (("a", a), ("b", b))
+    }
+    missing = {
+        "a": sorted(epochs["b"] - epochs["a"] - before["a"]),
+        "b": sorted(epochs["a"] - epochs["b"] - before["b"]),
+    }
     verdict_ok = (
         bool(common)
         and all(c["within_tolerance"] for c in checkpoints)
@@ -305,25 +322,33 @@ def env_differences(a: dict, b: dict) -> list[dict]:
 
 
 def summary_line(result: dict) -> str:
-    missing = result.get("missing_epoch_checkpoints", {})
-    lacking = [f"{run.upper()} lacks {', '.join(missing[run])}" for run in ("a", "b") if missing.get(run)]
-    if lacking and result["first_difference"] is None and not result["metric_differences"]:
-        return f"not identical: {'; '.join(lacking)} (the {len(result['compared_checkpoints'])} in common agree)"
-    if not result["compared_checkpoints"]:
-        return "no checkpoint in common: nothing could be compared"
-    unreadable = result.get("unreadable_checkpoints", {})
+    """The verdict in one line: what differs first, then every other reason the runs do not pass."""
+    missing, unreadable = result.get("missing_epoch_checkpoints", {}), result.get("unreadable_checkpoints", {})
+    reasons = [f"{run.upper()} lacks {', '.join(missing[run])}" for run in ("a", "b") if missing.get(run)]
     skipped = [f"{run.upper()}:{name}" for run in ("a", "b") for name in unreadable.get(run, [])]
-    if skipped and result["first_difference"] is None and not result["metric_differences"]:
-        return f"not verified: unreadable checkpoints {', '.join(skipped)} (the other {len(result['compared_checkpoints'])} agree)"
-    if result["identical"]:
-        return f"identical ({len(result['compared_checkpoints'])} checkpoints)"
+    if skipped:
+        reasons.append(f"unreadable checkpoints {', '.join(skipped)}")
+    common = len(result["compared_checkpoints"])
     first = result["first_difference"]
-    if first is None:
-        return "weights identical, metrics differ: " + ", ".join(
+    if not common:
+        return "no checkpoint in common: nothing could be compared" + "".join(f"; {r}" for r in reasons)
+    if result["identical"]:
+        return f"identical ({common} checkpoints)"
+    if first is not None:
+        within = (
+            " (within tolerance)"
+            if result["tolerance"] > 0 and all(c["within_tolerance"] for c in result["checkpoints"])
+            else ""
+        )
+        head = f"differs from {first['checkpoint']}: {first['tensor']} ({_difference_size(first)}){within}"
+    elif result["metric_differences"]:
+        head = "weights identical, metrics differ: " + ", ".join(
             f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3]
         )
-    within = " (within tolerance)" if result["passed"] else ""
-    return f"differs from {first['checkpoint']}: {first['tensor']} ({_difference_size(first)}){within}"
+    else:
+        verdict = "not verified" if skipped and not missing.get("a") and not missing.get("b") else "not identical"
+        return f"{verdict}: {'; '.join(reasons)} (the {common} in common agree)"
+    return head + "".join(f"; {r}" for r in reasons)
 
 
 def _difference_size(row: dict) -> str:

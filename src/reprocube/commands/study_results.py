@@ -83,7 +83,12 @@ def _read_result(path: Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(path)
     record = Fields(read_json(path, ReprocubeError), str(path), ReprocubeError)
-    if record.text("status") == "ok":
+    record.integer("member")
+    record.integer("seed", 0, 2**32 - 1)
+    record.text("group")
+    if record.text("status") != "ok":
+        record.text("error")
+    else:
         record.number("test_accuracy")
         record.number("test_loss")
         record.text("weights_digest")

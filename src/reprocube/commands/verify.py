@@ -91,7 +91,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         final = ref["checkpoints"][epochs[-1]].manifest if epochs else {}
         if final.get("epoch") != cfg.epochs:
             raise _ChildFailed(f"reference {reference} is not a completed {cfg.epochs}-epoch run")
-        compared = lambda run, after=0: compare_runs(ref, load_run(run), cfg.verify.tolerance, after)  # noqa: E731
+        compared = lambda run: compare_runs(ref, load_run(run), cfg.verify.tolerance)  # noqa: E731
 
         restart = compared(train("restart", f"seed={cfg.seed}"))
         check("restart (same seed, fresh process)", restart["passed"], summary_line(restart), restart)
@@ -107,7 +107,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
             source = reference / "checkpoints" / f"epoch-{k:04d}"
             if not source.is_dir():
                 continue  # checkpoint.every_epochs > 1
-            resumed = compared(train(f"resume-epoch-{k}", f"seed={cfg.seed}", f"resume={source}"), k)
+            resumed = compared(train(f"resume-epoch-{k}", f"seed={cfg.seed}", f"resume={source}"))
             check(f"resume from epoch {k}", resumed["passed"], summary_line(resumed), resumed)
         if cfg.verify.mid_epoch:
             steps = final["steps_per_epoch"]
