@@ -91,7 +91,7 @@ def test_a_missing_file_is_refused(checkpoint, name):
 
 def test_an_unlisted_file_is_refused(checkpoint):
     (checkpoint / "extra.pkl").write_bytes(b"\x80\x04")
-    with pytest.raises(CheckpointError, match="does not list: extra.pkl"):
+    with pytest.raises(CheckpointError, match="does not list: 'extra.pkl'"):
         read_checkpoint(checkpoint)
 
 
