@@ -73,10 +73,15 @@ def collect_env(framework_info: dict) -> dict:
     }
 
 
+def usable_cpus() -> int | None:
+    """How many CPUs this process may run on (its affinity), where the platform says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def _cpu_info() -> dict:
     info = {
         "count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "affinity": usable_cpus(),
         "model": platform.processor() or None,
         "isa": [],
     }

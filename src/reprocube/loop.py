@@ -18,7 +18,7 @@ from reprocube.checkpoint import Checkpoint, epoch_name, step_name, weights_dige
 from reprocube.config import config_hash, to_plain
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
-from reprocube.env import collect_env
+from reprocube.env import collect_env, usable_cpus
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest
@@ -82,7 +82,7 @@ def train(cfg, out=print) -> int:
     """Train (or resume) the run described by `cfg`; returns the exit status."""
     with StopRequest() as stop:  # from the start: a signal during set-up still ends in a checkpoint
         config = to_plain(cfg)
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        usable = usable_cpus() or os.cpu_count()
         if usable and cfg.threads > usable:
             print(
                 f"reprocube: warning: threads={cfg.threads} but this process may use {usable} CPUs: "

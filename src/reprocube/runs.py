@@ -126,10 +126,9 @@ def _remove_interrupted_writes(run: RunDirectory) -> None:
     if run.checkpoints.is_dir():
         for tmp in run.checkpoints.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
-    for name in RUN_FILES:
-        for tmp in run.path.glob(f".{name}.*.partial"):
-            if tmp.is_file() and not tmp.is_symlink():
-                tmp.unlink()
+    for tmp in run.path.iterdir():
+        if _is_own_temporary(tmp.name) and tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink()
 
 
 def _resume_checkpoint(cfg, run: RunDirectory) -> Checkpoint | None:

@@ -69,14 +69,6 @@ def read_bytes(path: Path, max_bytes: int, error: type[ReprocubeError], follow_l
     return data
 
 
-def is_regular_file(path: Path) -> bool:
-    """A regular file, not through a symbolic link (what read_bytes with follow_links=False accepts)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def parse_json(blob: bytes, where: str, error: type[ReprocubeError]):
     """Strict JSON (see the module docstring)."""
     try:

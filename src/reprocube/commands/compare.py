@@ -383,18 +383,12 @@ def compare_markdown(result: dict) -> str:
         lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [
             f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]
         ]
-    lines += ["", "## Config differences (result-affecting keys)", ""]
-    lines += (
-        ["| key | A | B |", "|---|---|---|"]
-        + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in result["config_differences"]]
-        if result["config_differences"]
-        else ["none"]
-    )
-    lines += ["", "## Environment differences (most likely causes first)", ""]
-    lines += (
-        ["| key | A | B |", "|---|---|---|"]
-        + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in result["env_differences"]]
-        if result["env_differences"]
-        else ["none"]
-    )
+    lines += _key_table("Config differences (result-affecting keys)", result["config_differences"])
+    lines += _key_table("Environment differences (most likely causes first)", result["env_differences"])
     return "\n".join(lines) + "\n"
+
+
+def _key_table(title: str, rows: list[dict]) -> list[str]:
+    """A section of {key, a, b} rows (or "none")."""
+    table = ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in rows]
+    return ["", f"## {title}", "", *(table if rows else ["none"])]
