@@ -36,8 +36,9 @@ class Backend(Protocol):
         (TensorFlow) runs them without returning to Python; the result must not depend on how the
         steps are grouped (a resumed run groups them differently)."""
 
-    def last_loss(self) -> float:
-        """The mean loss of the last step (a host sync: call it only when logging)."""
+    def group_losses(self) -> np.ndarray:
+        """The float32 mean loss of each step of the last train_steps call, in order: one host sync per
+        group (the loop's trace records every step's loss bits; reprocube.trace)."""
 
     def epoch_totals(self) -> EpochTotals:
         """The loss sum and correct count of the steps since the last set_epoch_totals."""

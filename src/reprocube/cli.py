@@ -55,6 +55,16 @@ COMMANDS = {
         "reprocube.commands.report:run",
         takes_config=False,
     ),
+    "reproduce": Command(
+        "retrain a published run here from its receipt; verdict, first diverging step, causes: reprocube reproduce RUN",
+        "reprocube.commands.reproduce:run",
+        takes_config=False,
+    ),
+    "sign": Command(
+        "sign a run's receipt with an Ed25519 key: reprocube sign RUN --key KEY.pem",
+        "reprocube.commands.sign:run",
+        takes_config=False,
+    ),
 }
 
 
@@ -94,11 +104,42 @@ def _parser() -> argparse.ArgumentParser:
     report = subparsers.choices["report"]
     report.add_argument("runs", type=Path, nargs="+")
     report.add_argument("--out", type=Path, default=Path("report"), help="output directory (default: report/)")
+    reproduce = subparsers.choices["reproduce"]
+    reproduce.add_argument("source", type=Path, help="a receipt (receipt.json) or a run directory holding one")
+    reproduce.add_argument(
+        "--out", type=Path, help="directory for the runs, reproduce.json and reproduce.md (default: ./reproduce-RUN)"
+    )
+    reproduce.add_argument(
+        "--match", action="store_true", help="if B differs, re-run with A's emulatable settings (ISA caps, threads)"
+    )
+    reproduce.add_argument("--study", type=Path, help="a study.json giving the seed-to-seed spread")
+    reproduce.add_argument(
+        "--seeds", type=int, default=0, help="without a study: train N other seeds here to estimate the spread"
+    )
+    reproduce.add_argument("--public-key", type=Path, help="refuse a receipt whose Ed25519 signature does not verify")
+    reproduce.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="accept overrides of result keys (reported as config differences) besides the place keys",
+    )
+    reproduce.add_argument("--ulp", type=int, default=16, help="the 'within N ULP' tier's N (default 16)")
+    reproduce.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="place keys: data_dir=, device=, ...")
+    sign = subparsers.choices["sign"]
+    sign.add_argument("source", type=Path, help="a run directory or its receipt.json")
+    sign.add_argument("--key", type=Path, required=True, help="an Ed25519 private key (PEM, PKCS#8, unencrypted)")
+    sign.add_argument("--new-key", action="store_true", help="first make a key pair: KEY and KEY.pub (never replaced)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may follow options (`reproduce RUN --out DIR data_dir=...`), which argparse's positional
+    # matching alone refuses.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     return exit_status_of(lambda: _dispatch(COMMANDS[args.command], args))
 
 

@@ -40,6 +40,7 @@ NON_RESULT_KEYS = frozenset(
         "checkpoint.every_steps",
         "log.every_steps",
         "log.progress",
+        "trace.every_steps",
         "preempt_at_step",
         "run",
         "verify",
@@ -87,10 +88,10 @@ def user_yaml_overrides(path: str) -> list[str]:
         return []
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping of config keys, not {type(loaded).__name__}")
-    return [f"{key}={_hydra_literal(value)}" for key, value in flatten_keys(loaded).items()]
+    return [f"{key}={hydra_literal(value)}" for key, value in flatten_keys(loaded).items()]
 
 
-def _hydra_literal(value: Any) -> str:
+def hydra_literal(value: Any) -> str:
     """Write a yaml value in Hydra's override grammar (strings quoted, so they stay strings)."""
     if value is None:
         return "null"
@@ -106,9 +107,9 @@ def _hydra_literal(value: Any) -> str:
         escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
         return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
     if isinstance(value, list):
-        return "[" + ",".join(_hydra_literal(v) for v in value) + "]"
+        return "[" + ",".join(hydra_literal(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_hydra_literal(v)}" for k, v in value.items()) + "}"
+        return "{" + ",".join(f"{k}:{hydra_literal(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"unsupported value in config file: {value!r}")
 
 
@@ -146,6 +147,7 @@ def validate(cfg: DictConfig) -> None:
         "optimizer",
         "checkpoint",
         "log",
+        "trace",
         "verify",
         "bench",
         "study",
@@ -160,7 +162,7 @@ def validate(cfg: DictConfig) -> None:
     for key in ("epochs", "batch_size", "test_batch_size", "checkpoint.every_epochs"):
         integer(key, 1)
     integer("threads", 1, MAX_THREADS + 1)
-    for key in ("checkpoint.every_steps", "log.every_steps"):
+    for key in ("checkpoint.every_steps", "log.every_steps", "trace.every_steps"):
         integer(key, 0)
     for key in ("data.train_limit", "data.test_limit", "preempt_at_step", "verify.mid_epoch_step"):
         integer(key, 1, allow_none=True)

@@ -34,6 +34,12 @@ class CheckpointError(ReprocubeError):
     damaged = True
 
 
+class SignatureError(ReprocubeError):
+    """A receipt's signature is missing, malformed, by another key, or does not match the receipt."""
+
+    exit_code = EXIT_CHECKPOINT
+
+
 class TrainingError(ReprocubeError):
     """Training itself failed (e.g. diverged to inf/nan); earlier checkpoints are kept."""
 

@@ -22,9 +22,11 @@ from reprocube.env import collect_env, usable_cpus
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest
+from reprocube.receipt import build_receipt, write_receipt
 from reprocube.rng import seed_host_rng
 from reprocube.runs import RunDirectory, open_run
 from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
+from reprocube.trace import StepTrace
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Schedule:
     checkpoint_every_steps: int = 0  # 0: never
     checkpoint_every_epochs: int = 1
     preempt_at_step: int | None = None
+    trace_every_steps: int = 0  # 0: weight digests at epoch ends and checkpoints only
 
     @classmethod
     def from_config(cls, cfg, steps_per_epoch: int) -> Schedule:
@@ -48,15 +51,16 @@ class Schedule:
             cfg.checkpoint.every_steps,
             cfg.checkpoint.every_epochs,
             cfg.preempt_at_step,
+            cfg.trace.every_steps,
         )
 
     def group_end(self, position: Position) -> int:
         """The end (a step in the epoch) of the next group of steps: the first step after which the loop
-        has something to do (a loss record, a mid-epoch checkpoint, the preemption drill, the epoch's
-        end), at most STEPS_PER_CALL away, which bounds how long a signal waits."""
+        has something to do (a loss record, a mid-epoch checkpoint, a trace boundary, the preemption drill,
+        the epoch's end), at most STEPS_PER_CALL away, which bounds how long a signal waits."""
         step, done = position.step_in_epoch, position.global_step
         end = min(self.steps_per_epoch, step + STEPS_PER_CALL)
-        for every in (self.log_every_steps, self.checkpoint_every_steps):
+        for every in (self.log_every_steps, self.checkpoint_every_steps, self.trace_every_steps):
             if every:
                 end = min(end, step + every - done % every)
         if self.preempt_at_step is not None and self.preempt_at_step > done:
@@ -101,12 +105,9 @@ def train(cfg, out=print) -> int:
             if checkpoint:
                 loop.restore(checkpoint)
             # Only now, with data, trainer and checkpoint all accepted, is the run directory written.
+            loop.env = collect_env(loop.framework_info)
             run.initialize(
-                config,
-                loop.history,
-                collect_env(loop.framework_info),
-                checkpoint.path if checkpoint else None,
-                loop.position.as_dict(),
+                config, loop.history, loop.env, checkpoint.path if checkpoint else None, loop.position.as_dict()
             )
             return loop.run(stop)
 
@@ -128,10 +129,14 @@ class TrainingLoop:
         self.history = MetricsHistory()
         self.config_hash = config_hash(config)
         self.framework_info = backend.info()
+        self.env: dict = {}  # env.json's fingerprint of this process, for the receipt
+        self.trace = StepTrace(cfg.trace.every_steps, first_step=0)
 
     # --- save and resume: mirror images through TrainState ----------------------------------------
     def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
-        state = TrainState.capture(self.position, self.backend, self.history, framework)
+        framework = framework or self.backend.export_state()
+        self.trace.add_boundary(self.position.global_step, framework.weights)
+        state = TrainState.capture(self.position, self.backend, self.history, framework, self.trace)
         if not math.isfinite(state.epoch_totals.loss_sum):
             raise TrainingError(
                 f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
@@ -144,7 +149,13 @@ class TrainingLoop:
             "reason": reason,
         }
         content, manifest_fields = state.to_checkpoint(self.config, self.sampler.steps_per_epoch, run_fields)
-        return write_checkpoint(self.run_dir.checkpoints, name, content, manifest_fields)
+        path = write_checkpoint(self.run_dir.checkpoints, name, content, manifest_fields)
+        # After the checkpoint: a receipt never describes a state that no checkpoint holds.
+        write_receipt(
+            self.run_dir.path,
+            build_receipt(self.config, self.env, self.history, self.trace, self.position, self.run_dir.checkpoints),
+        )
+        return path
 
     def restore(self, checkpoint: Checkpoint) -> None:
         state = TrainState.from_checkpoint(checkpoint, self.sampler.steps_per_epoch)
@@ -155,6 +166,11 @@ class TrainingLoop:
                 f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
             ) from None
         self.position, self.history = state.position, state.history
+        if state.trace is not None:
+            self.trace = state.trace
+            self.trace.every_steps = self.cfg.trace.every_steps  # a cadence, like log.every_steps
+        else:  # a checkpoint from before traces: this run's trace starts here
+            self.trace = StepTrace(self.cfg.trace.every_steps, first_step=self.position.global_step)
         p = self.position
         self.out(
             f"resumed from {checkpoint.path} at epoch {p.epoch}, step {p.step_in_epoch} (global step {p.global_step})"
@@ -203,8 +219,12 @@ class TrainingLoop:
                 step, end = position.step_in_epoch, self.schedule.group_end(position)
                 backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
                 position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
+                losses = backend.group_losses()
+                self.trace.add_losses(losses)
                 bar.update(end - step)
-                self._log_step()
+                self._log_step(float(losses[-1]))
+                if self.trace.boundary_due(position.global_step) and end < sampler.steps_per_epoch:
+                    self.trace.add_boundary(position.global_step, backend.export_state().weights)
                 if position.global_step == cfg.preempt_at_step:
                     os.kill(os.getpid(), signal.SIGTERM)  # a drill through the real signal path
                 if stop.requested:
@@ -226,10 +246,9 @@ class TrainingLoop:
         )
         return EXIT_OK
 
-    def _log_step(self) -> None:
+    def _log_step(self, loss: float) -> None:
         if self.schedule.log_due(self.position.global_step):
             # `epoch` counts from 1 here, as in the epoch records and the progress bar.
-            loss = self.backend.last_loss()
             record = {
                 "epoch": self.position.epoch + 1,
                 "global_step": self.position.global_step,
@@ -263,6 +282,7 @@ class TrainingLoop:
             )
         framework_state = self.backend.export_state()
         record["weights_digest"] = weights_digest(framework_state.weights)
+        self.trace.add_boundary(self.position.global_step, framework_state.weights)
         self.history.epochs.append(record)
         # A stop requested before or during the evaluation still needs this epoch's checkpoint.
         if stop.requested or self.schedule.epoch_checkpoint_due(self.position.epoch):

@@ -9,6 +9,8 @@ A run's state between two optimizer steps (TrainState) is:
   framework     weights, optimizer tensors, the framework's generators          weights/optimizer.safetensors,
                 (torch CPU/CUDA, Keras seed generators, the JAX run key)         rng.safetensors (other names)
   history       every epoch record and logged step so far                       manifest.json "metrics"
+  trace         every step's loss bits and weight digests at fixed steps        state.json "trace"
+                (reprocube.trace; absent in checkpoints made before it existed)
 The data order needs nothing more: epoch e's permutation is a pure function of (seed, e)
 (reprocube.data.sampler), so the position alone says which examples come next.
 
@@ -19,7 +21,9 @@ arrays match their model (backend.check_arrays). Only safetensors and JSON are r
 
 Versions of state.json: 1 (no "version" key) held a "framework" mapping of scalars nobody read; 2 writes
 it empty (reprocube before version 2 requires the key) and ignores it. Both are read; 2 is written. The
-checkpoint's file set (checkpoint.FORMAT_VERSION) is unchanged."""
+checkpoint's file set (checkpoint.FORMAT_VERSION) is unchanged. The optional "trace" key came later
+within version 2: older readers ignore it, and a checkpoint without it resumes with a trace that starts
+at its position."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from reprocube.checkpoint import Checkpoint, CheckpointContent
 from reprocube.errors import CheckpointError
 from reprocube.metrics import MetricsHistory
 from reprocube.rng import HostRng
+from reprocube.trace import StepTrace
 
 STATE_VERSION = 2
 READABLE_STATE_VERSIONS = (1, 2)
@@ -46,6 +51,7 @@ EPOCH_TOTALS = "epoch_totals"
 LOSS_SUM = "loss_sum"
 CORRECT = "correct"
 HOST_RNG = "rng"
+TRACE = "trace"
 LEGACY_FRAMEWORK = "framework"
 # manifest.json keys the state owns (the position's three keys are copied there too)
 STEPS_PER_EPOCH = "steps_per_epoch"
@@ -91,10 +97,16 @@ class TrainState:
     host_rng: HostRng
     framework: FrameworkState
     history: MetricsHistory
+    trace: StepTrace | None = None  # None: read from a checkpoint made before traces existed
 
     @classmethod
     def capture(
-        cls, position: Position, backend, history: MetricsHistory, framework: FrameworkState | None = None
+        cls,
+        position: Position,
+        backend,
+        history: MetricsHistory,
+        framework: FrameworkState | None = None,
+        trace: StepTrace | None = None,
     ) -> TrainState:
         """The state of this process now. `framework` may be passed when it was just exported."""
         return cls(
@@ -103,6 +115,7 @@ class TrainState:
             host_rng=HostRng.capture(),
             framework=framework or backend.export_state(),
             history=history,
+            trace=trace,
         )
 
     def restore(self, backend) -> None:
@@ -121,6 +134,8 @@ class TrainState:
             HOST_RNG: self.host_rng.meta,
             LEGACY_FRAMEWORK: {},  # read (and ignored) by reprocube before state version 2: they can resume this
         }
+        if self.trace is not None:
+            state_json[TRACE] = self.trace.to_json()
         rng = {**self.host_rng.arrays, **self.framework.rng}
         content = CheckpointContent(self.framework.weights, self.framework.optimizer, rng, state_json, config)
         manifest_fields = {
@@ -170,12 +185,21 @@ class TrainState:
                     f"{where}: weight {name} holds NaN or infinity (reprocube never saves such weights)"
                 )
         framework = FrameworkState(checkpoint.content.weights, checkpoint.content.optimizer, framework_rng)
+        trace = None
+        if TRACE in state:
+            trace = StepTrace.from_json(state[TRACE], f"{where}: state.json {TRACE}", CheckpointError)
+            if trace.last_step != position.global_step:
+                raise CheckpointError(
+                    f"{where}: state.json {TRACE} ends at global step {trace.last_step}, not at the checkpoint's "
+                    f"{position.global_step}"
+                )
         return cls(
             position,
             totals,
             host_rng,
             framework,
             MetricsHistory.from_manifest(manifest, f"{checkpoint.path}/manifest.json"),
+            trace,
         )
 
 

@@ -95,7 +95,7 @@ class JaxBackend:
         self.params = self.model.init(init_key, self.x_train[:1], train=False)["params"]
         self.opt_state = self.tx.init(self.params)
         self._order = None
-        self._last_loss = jnp.zeros((), jnp.float32)
+        self._group_losses: list[jax.Array] = []
         self.set_epoch_totals(EpochTotals())
         self._train_step = jax.jit(self._train_step_fn, static_argnums=(5,))
         self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(2,))
@@ -148,13 +148,15 @@ class JaxBackend:
     def train_steps(self, bounds, first_global_step: int) -> None:
         # One jitted call per step: on XLA's CPU backend a loop of steps inside one computation (scan,
         # fori_loop) runs its convolutions several times slower than separate calls.
+        self._group_losses = []
         for i, (lo, hi) in enumerate(bounds.tolist()):
-            self.params, self.opt_state, self._totals, self._last_loss = self._train_step(
+            self.params, self.opt_state, self._totals, loss = self._train_step(
                 self.params, self.opt_state, self._totals, self._order, lo, hi - lo, first_global_step + i
             )
+            self._group_losses.append(loss)
 
-    def last_loss(self) -> float:
-        return float(self._last_loss)
+    def group_losses(self) -> np.ndarray:
+        return np.asarray(jax.device_get(self._group_losses), dtype=np.float32)  # one transfer for the group
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._totals[0]), int(self._totals[1]))

@@ -72,7 +72,7 @@ class PytorchBackend:
         self.y_test = torch.from_numpy(dataset.test.labels).to(self.device)
         self._classes = torch.arange(dataset.num_classes, device=self.device)
         self._order: torch.Tensor | None = None
-        self._last_loss = torch.zeros((), device=self.device)
+        self._group_losses: list[torch.Tensor] = []
         self.set_epoch_totals(EpochTotals())
 
     def info(self) -> dict:
@@ -107,6 +107,7 @@ class PytorchBackend:
         self._order = torch.from_numpy(order).to(self.device)
 
     def train_steps(self, bounds, first_global_step: int) -> None:
+        self._group_losses = []
         for lo, hi in bounds.tolist():
             self._train_step(lo, hi)
 
@@ -119,8 +120,9 @@ class PytorchBackend:
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
-            self._last_loss = loss.detach()
-            self._loss_sum += self._last_loss * (hi - lo)
+            loss = loss.detach()
+            self._group_losses.append(loss)
+            self._loss_sum += loss * (hi - lo)
             self._correct += (log_probs.argmax(dim=1) == labels).sum()
 
     def _nll_sum(self, log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -130,8 +132,8 @@ class PytorchBackend:
         one_hot = (labels[:, None] == self._classes).to(log_probs.dtype)
         return -(log_probs * one_hot).sum()
 
-    def last_loss(self) -> float:
-        return float(self._last_loss)
+    def group_losses(self) -> np.ndarray:
+        return torch.stack(self._group_losses).cpu().numpy()
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._loss_sum), int(self._correct))

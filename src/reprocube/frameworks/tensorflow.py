@@ -82,7 +82,7 @@ class TensorflowBackend:
         self._order = tf.Variable(tf.zeros([len(dataset.train)], tf.int64), trainable=False)
         self._loss_sum = tf.Variable(0.0, dtype=tf.float32, trainable=False)
         self._correct = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._last_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+        self._group_losses = tf.zeros([0], tf.float32)
         span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
         # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
         # per step costs about as much as the step itself here.
@@ -116,8 +116,11 @@ class TensorflowBackend:
         return -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot)
 
     def _train_steps_graph(self, bounds):
-        for i in tf.range(tf.shape(bounds)[0]):
-            self._train_step_graph(bounds[i, 0], bounds[i, 1])
+        steps = tf.shape(bounds)[0]
+        losses = tf.TensorArray(tf.float32, size=steps)
+        for i in tf.range(steps):
+            losses = losses.write(i, self._train_step_graph(bounds[i, 0], bounds[i, 1]))
+        return losses.stack()
 
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
@@ -128,9 +131,9 @@ class TensorflowBackend:
             loss = self._nll_sum(logits, one_hot) / batch
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
-        self._last_loss.assign(loss)
         self._loss_sum.assign_add(loss * batch)
         self._correct.assign_add(self._count_correct(logits, one_hot))
+        return loss
 
     def _eval_step_graph(self, lo, hi):
         logits = self.model(self.x_test[lo:hi], training=False)
@@ -145,10 +148,10 @@ class TensorflowBackend:
         self._order.assign(order)
 
     def train_steps(self, bounds, first_global_step: int) -> None:
-        self._train_steps(tf.constant(bounds))
+        self._group_losses = self._train_steps(tf.constant(bounds))
 
-    def last_loss(self) -> float:
-        return float(self._last_loss.numpy())
+    def group_losses(self) -> np.ndarray:
+        return self._group_losses.numpy()
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._loss_sum.numpy()), int(self._correct.numpy()))

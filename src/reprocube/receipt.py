@@ -1,0 +1,162 @@
+"""The run's receipt (receipt.json): all another machine needs to retrain a run and to prove, step by step,
+that it computes the same numbers, in a few tens of KB instead of the checkpoints' hundreds.
+
+It holds the resolved config, the environment fingerprint (env.json's), reprocube's version and the
+sha256 of its installed source, the dataset's payload sha256s (verified when the data was loaded), every
+epoch's record (metrics and weights digest), the checkpoints present, and the step trace
+(reprocube.trace). It is rewritten after each checkpoint, so it never describes a state no checkpoint
+holds, and carries the sha256 of itself like a manifest: that detects accidents, not forgery (a
+signature does: reprocube.signing)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprocube import __version__
+from reprocube.checkpoint import HEX_DIGEST, NAME_PATTERN
+from reprocube.config import config_hash
+from reprocube.errors import CheckpointError
+from reprocube.files import write_file_atomic
+from reprocube.metrics import MetricsHistory, check_epoch_record
+from reprocube.trace import StepTrace
+from reprocube.untrusted import Fields, parse_json, read_bytes
+
+RECEIPT = "receipt.json"
+RECEIPT_FORMAT = "reprocube-receipt"
+RECEIPT_VERSION = 1
+MAX_RECEIPT_BYTES = 64 << 20  # a long run's trace: 4 bytes a step
+SELF_DIGEST = "receipt_sha256"
+
+
+@functools.lru_cache(maxsize=1)
+def source_sha256() -> str:
+    """sha256 over reprocube's installed source (every .py and .yaml under the package, by relative path):
+    two installs with equal digests run the same reprocube code."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def self_digest(receipt: dict) -> str:
+    return hashlib.sha256(_canonical({k: v for k, v in receipt.items() if k != SELF_DIGEST})).hexdigest()
+
+
+def build_receipt(config: dict, env: dict, history: MetricsHistory, trace: StepTrace, position, checkpoints: Path):
+    present = (
+        sorted(p.name for p in checkpoints.iterdir() if NAME_PATTERN.match(p.name)) if checkpoints.is_dir() else []
+    )
+    receipt = {
+        "format": RECEIPT_FORMAT,
+        "version": RECEIPT_VERSION,
+        "reprocube": {"version": __version__, "source_sha256": source_sha256()},
+        "config": config,
+        "config_hash": config_hash(config),
+        "dataset": {
+            "name": config["dataset"]["name"],
+            "payload_sha256": {key: spec["sha256"] for key, spec in sorted(config["dataset"]["files"].items())},
+        },
+        "env": env,
+        "position": position.as_dict(),
+        "complete": position.epoch >= config["epochs"] and position.step_in_epoch == 0,
+        "epochs": history.epochs,
+        "checkpoints": present,
+        "trace": trace.to_json(),
+    }
+    receipt[SELF_DIGEST] = self_digest(receipt)
+    return receipt
+
+
+def write_receipt(run_path: Path, receipt: dict) -> None:
+    # Compact: the trace's base64 is most of it, and indentation would add a fifth to the rest.
+    write_file_atomic(run_path / RECEIPT, json.dumps(receipt, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+
+
+@dataclass
+class Receipt:
+    path: Path
+    raw: bytes  # the exact bytes read (a signature is checked over these)
+    value: dict
+    config: dict
+    env: dict
+    epochs: list[dict]
+    trace: StepTrace
+    complete: bool
+    global_step: int
+    epoch: int
+
+    @property
+    def run_name(self) -> str:
+        name = self.config.get("run_name")
+        return (
+            name if isinstance(name, str) and name else f"{self.config['framework']['name']}-seed{self.config['seed']}"
+        )
+
+
+def find_receipt(source: Path) -> Path:
+    """SOURCE is a receipt file or a run directory holding one."""
+    return source / RECEIPT if source.is_dir() else source
+
+
+def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -> Receipt:
+    """Read and check a receipt (a regular file, bounded, strict JSON, its self-digest, every key typed):
+    one line naming the file and the key when anything is wrong."""
+    path = find_receipt(source)
+    if source.is_dir() and not path.exists():
+        raise error(f"{source} holds no {RECEIPT} (a run trained by reprocube before receipts existed?)")
+    raw = read_bytes(path, MAX_RECEIPT_BYTES, error, follow_links=not source.is_dir())
+    value = parse_json(raw, str(path), error)
+    fields = Fields(value, str(path), error)
+    if fields.text("format") != RECEIPT_FORMAT:
+        raise error(f"{path}: format is not {RECEIPT_FORMAT!r}: not a reprocube receipt")
+    version = fields.integer("version")
+    if version != RECEIPT_VERSION:
+        raise error(f"{path}: receipt version {version} is not one this reprocube reads ({RECEIPT_VERSION})")
+    recorded = fields.text(SELF_DIGEST)
+    if not HEX_DIGEST.match(recorded) or recorded != self_digest(value):
+        raise error(f"{path}: {SELF_DIGEST} does not match its content (damaged or edited)")
+    config = fields.mapping("config").value
+    _check_config(config, path, error)
+    if fields.text("config_hash") != config_hash(config):
+        raise error(f"{path}: config_hash does not match its config")
+    env = fields.mapping("env").value
+    position = fields.mapping("position")
+    epoch, global_step = position.integer("epoch"), position.integer("global_step")
+    position.integer("step_in_epoch")
+    epochs = [check_epoch_record(record) for record in fields.records("epochs")]
+    for record in epochs:
+        if not HEX_DIGEST.match(record["weights_digest"]):
+            raise error(f"{path}: epochs[{record['epoch']}].weights_digest is not a sha256")
+    if [r["epoch"] for r in epochs] != list(range(epoch - len(epochs) + 1, epoch + 1)):
+        raise error(f"{path}: epochs must be consecutive and end at position.epoch {epoch}")
+    trace = StepTrace.from_json(value.get("trace"), f"{path}: trace", error)
+    if trace.last_step != global_step:
+        raise error(f"{path}: trace ends at global step {trace.last_step}, not at position.global_step {global_step}")
+    checkpoints = value.get("checkpoints")
+    if not (isinstance(checkpoints, list) and all(isinstance(c, str) and NAME_PATTERN.match(c) for c in checkpoints)):
+        raise error(f"{path}: checkpoints must be a list of checkpoint names")
+    return Receipt(path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch)
+
+
+def _check_config(config: dict, path: Path, error) -> None:
+    """The keys reproduce uses to rebuild the run; the rest is checked by validating the rebuilt config."""
+    fields = Fields(config, f"{path}: config", error)
+    fields.mapping("framework").text("name")
+    dataset = fields.mapping("dataset")
+    dataset.text("name")
+    for key, spec in dataset.mapping("files").value.items():
+        sha = Fields(spec, f"{path}: config.dataset.files.{key}", error).text("sha256")
+        if not HEX_DIGEST.match(sha):
+            raise error(f"{path}: config.dataset.files.{key}.sha256 is not a sha256")
+    fields.integer("seed")
+    fields.integer("epochs", 1)
