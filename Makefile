@@ -33,12 +33,14 @@ $(MLCUBE_VENV)/.installed: requirements-mlcube.txt scripts/reprocube_mlcube_nosh
 	$(MLCUBE_VENV)/bin/python scripts/reprocube_mlcube_noshell.py --install
 	touch $@
 
-# Fashion-MNIST from Debian (offline); needs root or sudo, and is skipped where it is already there.
+# Fashion-MNIST from Debian (offline) and Chromium (tests/test_report_browser.py renders report.html);
+# needs root or sudo, and each is skipped where it is already there.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-packages:
-	@if [ ! -d $(FASHION_MNIST_DEB) ] && command -v apt-get >/dev/null; then \
-	  $(SUDO) apt-get install -y -q dataset-fashion-mnist \
-	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q dataset-fashion-mnist; }; \
+	@missing="$$([ -d $(FASHION_MNIST_DEB) ] || echo dataset-fashion-mnist) $$(command -v chromium >/dev/null || echo chromium)"; \
+	if [ -n "$$(echo $$missing)" ] && command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get install -y -q $$missing \
+	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; }; \
 	fi
 
 train: setup system-packages

@@ -7,7 +7,7 @@
 # character of the path is grammar and no `${` is an interpolation.
 set -euo pipefail
 
-TASKS="download pytorch tensorflow jax verify compare report bench study"
+TASKS="download pytorch tensorflow jax verify compare reproduce report bench study"
 
 die() {
   echo "run.sh: error: $*" >&2
@@ -139,6 +139,12 @@ case "$task" in
   compare)
     expect run_a run_b report_dir
     exec reprocube compare "--out=${param[report_dir]}" -- "${param[run_a]}" "${param[run_b]}"
+    ;;
+  reproduce)
+    expect receipt data_dir report_dir
+    [ -f "${param[receipt]}" ] || die "task reproduce: no receipt at ${param[receipt]} (copy the published receipt.json there)"
+    exec reprocube reproduce "--out=${param[report_dir]}" --match -- \
+      "${param[receipt]}" "data_dir=$(hydra_path "${param[data_dir]}")"
     ;;
   report)
     expect runs_dir report_dir

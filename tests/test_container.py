@@ -145,13 +145,20 @@ def cube():
     root = Path(tempfile.mkdtemp(prefix="reprocube-cube-"))
     root.chmod(0o755)
     cube = Cube(root)
-    for task in ("download", *FRAMEWORKS, "verify", "report", "compare", "study"):
+    for task in ("download", *FRAMEWORKS, "reproduce", "verify", "report", "compare", "study"):
+        if task == "reproduce":  # publish the pytorch task's receipt, as another machine would receive it
+            published = cube.workspace / "published"
+            published.mkdir()
+            shutil.copy(cube.workspace / "runs" / "pytorch-seed0" / "receipt.json", published)
+            if os.geteuid() == 0:
+                for path in (published, published / "receipt.json"):
+                    os.chown(path, cube.uid, cube.gid)
         cube.run(task)
     yield cube
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("task", ["download", *FRAMEWORKS, "verify", "report", "compare", "study"])
+@pytest.mark.parametrize("task", ["download", *FRAMEWORKS, "reproduce", "verify", "report", "compare", "study"])
 def test_every_task_succeeds(cube, task):
     result = cube.results[task]
     assert result.returncode == 0, f"mlcube --task={task} exited {result.returncode}:\n{result.stdout[-3000:]}"
@@ -186,6 +193,13 @@ def test_report_and_compare_tasks_write_their_outputs(cube):
     assert (cube.workspace / "reports" / "report" / "report.html").stat().st_size > 10_000
     compared = json.loads((cube.workspace / "reports" / "compare" / "compare.json").read_text())
     assert compared["identical"] is True  # the pytorch task's run and verify's restart: same config, same bits
+
+
+def test_reproduce_task_reproduces_the_published_receipt_in_the_container(cube):
+    result = json.loads((cube.workspace / "reports" / "reproduce" / "reproduce.json").read_text())
+    assert (result["verdict"], result["tier"], result["causes"]) == ("bit-identical", "bit-identical", [])
+    assert result["coverage"]["compared_steps"] == result["coverage"]["a_steps"][1] > 0
+    assert (cube.workspace / "reports" / "reproduce" / "report.html").is_file()
 
 
 def test_study_task_runs_the_variance_study_in_the_container(cube):

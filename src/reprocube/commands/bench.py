@@ -31,6 +31,9 @@ FIGURES = (
     "eval_s",
     "checkpoint_write_s",
     "checkpoint_restore_s",
+    "traced_epoch_s",
+    "trace_fraction",
+    "trace_bytes_per_epoch",
     "peak_rss_mb",
     "peak_gpu_mb",
 )
@@ -136,9 +139,17 @@ def _derived(entry: dict) -> dict:
         epoch = on["epoch_s"]["median"]
         derived["checkpoint_share_of_epoch"] = on["checkpoint_write_s"]["median"] / epoch
         derived["restore_share_of_epoch"] = on["checkpoint_restore_s"]["median"] / epoch
+        if "trace_fraction" in on:  # the receipt's trace: loss bits each group, digests every trace.every_steps
+            derived["trace_share_of_epoch"] = on["trace_fraction"]["median"]
+            derived["traced_epoch_vs_plain"] = on["traced_epoch_s"]["median"] / epoch - 1  # the next epoch, traced
+            derived["trace_bytes_per_epoch"] = on["trace_bytes_per_epoch"]["median"]
     if on and off:
         derived["determinism_cost"] = on["epoch_s"]["median"] / off["epoch_s"]["median"] - 1
     return derived
+
+
+def _kb(value) -> str:
+    return "n/a" if value is None else f"{value / 1000:.1f}"
 
 
 def _read_reference(path: Path) -> dict:
@@ -213,13 +224,14 @@ def markdown(results: dict) -> str:
             )
     lines += [
         "",
-        "| framework | determinism cost | checkpoint / epoch | restore / epoch | verify / one run |",
-        "|---|---|---|---|---|",
+        "| framework | determinism cost | checkpoint / epoch | restore / epoch | receipt trace / epoch | traced epoch vs plain | trace KB / epoch | verify / one run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for framework, entry in results["frameworks"].items():
         d, verify = entry["derived"], entry.get("verify")
         lines.append(
             f"| {framework} | {_pct(d.get('determinism_cost'))} | {_pct(d.get('checkpoint_share_of_epoch'))} | {_pct(d.get('restore_share_of_epoch'))} | "
+            f"{_pct(d.get('trace_share_of_epoch'))} | {_pct(d.get('traced_epoch_vs_plain'))} | {_kb(d.get('trace_bytes_per_epoch'))} | "
             + (
                 f"{verify['ratio']:.1f}x ({verify['verify_s']:.0f} s vs {verify['train_s']:.0f} s, {verify['epochs']} epochs) |"
                 if verify

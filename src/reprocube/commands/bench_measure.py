@@ -24,13 +24,14 @@ from reprocube.loop import Schedule
 from reprocube.metrics import MetricsHistory
 from reprocube.rng import seed_host_rng
 from reprocube.state import EpochTotals, Position, TrainState
+from reprocube.trace import StepTrace
 
 WARM_STEPS = 20  # after the first (compiling) step, before the timed epoch
 
 
 def measure(cfg) -> dict:
     """Time one framework in this process. The timed epoch is epoch 1's full order, after the first step
-    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/last_loss). The
+    and WARM_STEPS more of epoch 0; every timing ends with a host sync (epoch_totals/group_losses). The
     checkpoint write and restore are what the training loop does: TrainState captured (a host sync of
     the epoch totals included), written, read back, verified and restored (host generators included)."""
     dataset = load_dataset(cfg)
@@ -44,24 +45,19 @@ def measure(cfg) -> dict:
     backend.set_epoch_totals(EpochTotals())
     started = time.perf_counter()
     backend.train_steps(sampler.steps_bounds(0, 1), 0)
-    backend.last_loss()
+    backend.group_losses()
     first_step_s = time.perf_counter() - started
     warm_end = min(1 + WARM_STEPS, sampler.steps_per_epoch)
     backend.train_steps(sampler.steps_bounds(1, warm_end), 1)
     backend.epoch_totals()
 
-    # The timed epoch, in the groups of steps the training loop uses without logging or signals.
-    backend.begin_epoch(sampler.epoch_order(1))
-    backend.set_epoch_totals(EpochTotals())
-    schedule = Schedule(sampler.steps_per_epoch, epochs=2)
-    position = Position(1, 0, sampler.steps_per_epoch)
-    started = time.perf_counter()
-    while position.step_in_epoch < sampler.steps_per_epoch:
-        step, end = position.step_in_epoch, schedule.group_end(position)
-        backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
-        position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
-    backend.epoch_totals()
-    epoch_s = time.perf_counter() - started
+    # The timed epoch, in the groups of steps the training loop uses without logging or signals; then the
+    # next epoch again with the receipt's trace kept as the loop keeps it, for its cost side by side.
+    schedule = Schedule(sampler.steps_per_epoch, epochs=3, trace_every_steps=cfg.trace.every_steps)
+    epoch_s, _ = _timed_epoch(backend, sampler, schedule, Position(1, 0, sampler.steps_per_epoch))
+    trace = StepTrace(cfg.trace.every_steps, first_step=2 * sampler.steps_per_epoch)
+    traced_epoch_s, trace_s = _timed_epoch(backend, sampler, schedule, Position(2, 0, trace.first_step), trace)
+    position = Position(3, 0, 3 * sampler.steps_per_epoch)
 
     started = time.perf_counter()
     backend.evaluate()
@@ -73,13 +69,13 @@ def measure(cfg) -> dict:
     with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
         # What the training loop does at a checkpoint: capture the state, then write the files durably.
         started = time.perf_counter()
-        state = TrainState.capture(Position(2, 0, position.global_step), backend, history=MetricsHistory())
+        state = TrainState.capture(position, backend, history=MetricsHistory())
         if not math.isfinite(state.epoch_totals.loss_sum):  # as the loop refuses to checkpoint a diverged run
             raise TrainingError(
                 f"the measured epoch diverged (loss sum {state.epoch_totals.loss_sum}); try a smaller optimizer.lr"
             )
         content, manifest_fields = state.to_checkpoint({}, sampler.steps_per_epoch, {"framework": cfg.framework.name})
-        path = write_checkpoint(Path(scratch), "epoch-0002", content, manifest_fields)
+        path = write_checkpoint(Path(scratch), "epoch-0003", content, manifest_fields)
         checkpoint_write_s = time.perf_counter() - started
         started = time.perf_counter()
         TrainState.from_checkpoint(read_checkpoint(path), sampler.steps_per_epoch).restore(backend)
@@ -97,6 +93,10 @@ def measure(cfg) -> dict:
         "build_s": build_s,
         "first_step_s": first_step_s,
         "epoch_s": epoch_s,
+        "traced_epoch_s": traced_epoch_s,
+        "trace_s": trace_s,
+        "trace_fraction": trace_s / traced_epoch_s,
+        "trace_bytes_per_epoch": len(json.dumps(trace.to_json(), separators=(",", ":"))),
         "samples_per_s": sampler.num_examples / epoch_s,
         "eval_first_s": eval_first_s,
         "eval_s": eval_s,
@@ -107,6 +107,28 @@ def measure(cfg) -> dict:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_gpu_mb": _peak_gpu_mb(cfg.framework.name),
     }
+
+
+def _timed_epoch(backend, sampler, schedule: Schedule, position: Position, trace: StepTrace | None = None):
+    """(epoch seconds, seconds of trace work). The trace work is timed after a host sync (epoch_totals, not
+    counted), so that an asynchronous trainer's (JAX's) queued steps are not billed to it; the sync itself
+    is in the traced epoch's time."""
+    backend.begin_epoch(sampler.epoch_order(position.epoch))
+    backend.set_epoch_totals(EpochTotals())
+    trace_s, started = 0.0, time.perf_counter()
+    while position.step_in_epoch < sampler.steps_per_epoch:
+        step, end = position.step_in_epoch, schedule.group_end(position)
+        backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
+        position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
+        if trace is not None:
+            backend.epoch_totals()
+            trace_started = time.perf_counter()
+            trace.add_losses(backend.group_losses())
+            if trace.boundary_due(position.global_step) or end == sampler.steps_per_epoch:
+                trace.add_boundary(position.global_step, backend.export_state().weights)
+            trace_s += time.perf_counter() - trace_started
+    backend.epoch_totals()
+    return time.perf_counter() - started, trace_s
 
 
 def _peak_gpu_mb(framework: str) -> float | None:

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from reprocube.commands.children import last_error_line, reprocube_command, run_child
 from reprocube.commands.compare import NOT_NUMERIC, env_differences, ulp_statistics
+from reprocube.commands.study_results import STUDY_RESULT, read_study
 from reprocube.config import config_differences, flatten_keys, hydra_literal, result_config
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import Receipt, read_receipt
 from reprocube.trace import compare_traces
-from reprocube.untrusted import Fields, read_json
 
 # Keys that say where things are or how they are shown here: B may set them freely.
 PLACE_KEYS = ("data_dir", "data.source_dir", "device", "log.progress", "log.every_steps", "dataset.mirrors")
@@ -118,8 +118,9 @@ def reproduce(
             "train", *base, f"output_dir={ws.runs}", f"run_name={name}", "log.progress=false", *extra
         )
         log = ws.logs / f"{name}.log"
-        echo(f"  {name}: reprocube train ({' '.join(extra) or 'A config'})"
-             + (f" with {' '.join(f'{k}={v}' for k, v in env.items())}" if env else ""))  # fmt: skip
+        echo(
+            f"  {name}: reprocube train ({' '.join(extra) or 'A config'})" + (f" with {_settings(env)}" if env else "")
+        )
         status = _run_with_env(command, log, env)
         if status not in expect:
             raise CheckpointError(f"{name} exited {status}: {last_error_line(log)} (log: {log})")
@@ -215,23 +216,26 @@ def _overrides_for(receipt: Receipt) -> list[str]:
 
 
 def _study_beside(receipt_path: Path) -> Path | None:
-    for candidate in (receipt_path.parent / "study.json", receipt_path.parent / "study" / "study.json"):
-        if candidate.is_file() and not candidate.is_symlink():
-            return candidate
+    """A study published with the run: beside the receipt, or in a study/ directory there."""
+    for directory in (receipt_path.parent, receipt_path.parent / "study"):
+        if (directory / STUDY_RESULT).is_file():
+            return directory
     return None
 
 
 def _read_spread_study(path: Path) -> dict:
-    """The different-seed group of a study.json: std of the final test accuracy and loss."""
+    """The different-seed group of a study (its directory or study.json): the std of the final test
+    accuracy and loss, and each run's values (read_study checks every field)."""
     path = Path(path)
-    file = path / "study.json" if path.is_dir() else path
-    study = Fields(read_json(file, ConfigError), str(file), ConfigError)
-    group = study.mapping("groups").mapping("different_seed")
-    spread = {"source": "study", "path": str(file), "runs": group.integer("runs")}
+    if not path.is_dir() and path.name != STUDY_RESULT:
+        raise ConfigError(f"--study {path}: give a study directory or its {STUDY_RESULT}")
+    directory = path if path.is_dir() else path.parent
+    study = read_study(directory)
+    runs = [r for r in study["runs"] if r["group"] == "different_seeds"]
+    group = study["groups"]["different_seeds"]
+    spread = {"source": "study", "path": str(directory / STUDY_RESULT), "runs": group["runs"]}
     for metric in ("test_accuracy", "test_loss"):
-        stats = group.mapping(metric)
-        std = stats.value.get("std")
-        spread[metric] = {"std": None if std is None else stats.number("std")}
+        spread[metric] = {"std": group[metric]["std"], "values": [r[metric] for r in runs]}
     return spread
 
 
@@ -293,6 +297,10 @@ def _compare_receipts(a: Receipt, b: Receipt) -> dict:
             "epoch": (step - 1) // spe + 1 if spe else None,
             "by": "loss" if divergence.first_loss_step == step else "weights",
             "last_matching_boundary": divergence.last_matching_boundary,
+            # The first update that made the weights differ lies in this window: at the last matching
+            # boundary they agree, and a loss computed from differing weights (or a differing forward
+            # pass) differs at `step`. trace.every_steps=1 narrows it to one step.
+            "window": [(divergence.last_matching_boundary or max(a.trace.first_step, b.trace.first_step)) + 1, step],
             "first_differing_boundary": divergence.first_boundary.step if divergence.first_boundary else None,
             "tensor": divergence.tensors[0] if divergence.tensors else None,
             "tensors": divergence.tensors,
@@ -353,7 +361,7 @@ def _ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict
         before, _, after = change.partition(" -> ")
         note = "overridden with --allow-config-change" if key in user_changes else None
         causes.append({"key": f"config.{key}", "a": before, "b": after, "kind": "config", "note": note})
-    code_a, code_b = a.value["reprocube"], b.value["reprocube"]
+    code_a, code_b = _code(a), _code(b)
     if code_a != code_b:
         causes.append({"key": "reprocube.source_sha256", "a": code_a, "b": code_b, "kind": "code", "note": None})
     rows = env_differences(_env_view(a.env), _env_view(b.env))
@@ -372,6 +380,13 @@ def _ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict
                 }
             )
     return causes
+
+
+def _code(receipt: Receipt) -> str:
+    """reprocube's version and installed-source digest, as one comparable string."""
+    code = receipt.value.get("reprocube")
+    code = code if isinstance(code, dict) else {}
+    return f"{code.get('version')} (source sha256 {str(code.get('source_sha256'))[:16]})"
 
 
 def _env_view(env: dict) -> dict:
@@ -413,7 +428,7 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
     path = train("b-matched", env=env)
     matched = read_receipt(path)
     outcome = _compare_receipts(a, matched)
-    shown = ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in env.items())
+    shown = _settings(env)
     summary = (
         f"with {shown}, B reproduces A bit for bit"
         if outcome["identical"]
@@ -421,6 +436,10 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
     )
     return {"settings": env, "ran": True, "run": str(path), "bit_identical": outcome["identical"],
             "cannot": cannot, "summary": summary}  # fmt: skip
+
+
+def _settings(env: dict) -> str:
+    return ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in env.items())
 
 
 def _isa(env: dict) -> list[str]:
@@ -568,6 +587,8 @@ def markdown(result: dict) -> str:
             "## First divergence",
             "",
             f"- global step **{first['step']}** (epoch {first['epoch']}), found by its {first['by']}",
+            f"- the first update that made the weights differ is one of steps {first['window'][0]}..{first['window'][1]}"
+            " (trace.every_steps=1 pins it to one step)",
             f"- last boundary where the weights still agree: {first['last_matching_boundary']}",
             f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
             + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),

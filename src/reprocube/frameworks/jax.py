@@ -113,10 +113,16 @@ class JaxBackend:
             "prng_impl": jax.config.jax_default_prng_impl,
             "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "default_matmul_precision": jax.config.jax_default_matmul_precision,  # None: the backend's (TF32 on GPU)
             "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         }
         if jax.default_backend() == "gpu":
-            info.update(gpu=device.device_kind, gpu_count=jax.device_count())
+            info.update(
+                gpu=device.device_kind,
+                gpu_count=jax.device_count(),
+                gpu_capability=getattr(device, "compute_capability", None),
+                gpu_sm_count=getattr(device, "core_count", None),
+            )
         return info
 
     # --- training -------------------------------------------------------------------------------

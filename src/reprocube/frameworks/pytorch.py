@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 # cuBLAS reads this when CUDA initialises: it must be set before torch touches the GPU.
@@ -86,17 +87,21 @@ class PytorchBackend:
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "num_threads": torch.get_num_threads(),
             "num_interop_threads": torch.get_num_interop_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the ISA ATen dispatches to
             "mkldnn": torch.backends.mkldnn.is_available(),
+            "onednn": _onednn_version(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
         }
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
             info.update(
                 gpu=props.name,
                 gpu_capability=f"{props.major}.{props.minor}",
+                gpu_sm_count=props.multi_processor_count,
                 gpu_count=torch.cuda.device_count(),
                 cuda=torch.version.cuda,
                 cudnn=torch.backends.cudnn.version(),
+                cublas=_cublas_version(),
                 driver=_nvidia_driver(),
                 tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
                 tf32_cudnn=torch.backends.cudnn.allow_tf32,
@@ -213,3 +218,29 @@ def _nvidia_driver() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _onednn_version() -> str | None:
+    """oneDNN's version as torch's build configuration names it (it picks the CPU convolution kernels)."""
+    match = re.search(r"(?:MKL-DNN|oneDNN) v([0-9.]+)", torch.__config__.show())
+    return match.group(1) if match else None
+
+
+def _cublas_version() -> str | None:
+    """The cuBLAS library loaded in this process (its GEMM kernels differ between versions); None where it
+    cannot be asked (an untested path on CPU-only machines)."""
+    try:
+        import ctypes
+
+        torch.cuda.current_blas_handle()  # loads cuBLAS
+        with open("/proc/self/maps") as maps:
+            path = next(line.split()[-1] for line in maps if "/libcublas.so" in line)
+        library, parts = ctypes.CDLL(path), []
+        for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            if library.cublasGetProperty(prop, ctypes.byref(value)) != 0:
+                return None
+            parts.append(str(value.value))
+        return ".".join(parts)
+    except (OSError, RuntimeError, StopIteration, AttributeError):
+        return None

@@ -103,6 +103,7 @@ class TensorflowBackend:
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
             "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86 Linux)"),
             "jit_compile": False,
+            "tf32": tf.config.experimental.tensor_float_32_execution_enabled(),
             "cuda_build": build.get("cuda_version"),
             "cudnn_build": build.get("cudnn_version"),
         }
