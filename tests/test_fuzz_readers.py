@@ -360,6 +360,21 @@ def set_path(document, path: list, value, delete: bool = False):
     return document
 
 
+TRACE_PATHS = [
+    ["trace"],
+    ["trace", "version"],
+    ["trace", "every_steps"],
+    ["trace", "first_step"],
+    ["trace", "steps"],
+    ["trace", "loss_f32_le_base64"],
+    ["trace", "tensor_names"],
+    ["trace", "tensor_names", 0],
+    ["trace", "boundaries"],
+    ["trace", "boundaries", 0],
+    ["trace", "boundaries", 0, 0],
+    ["trace", "boundaries", 1, 1],
+    ["trace", "boundaries", 1, 1, 0],
+]
 STATE_PATHS = [
     ["version"],
     ["position"],
@@ -379,6 +394,7 @@ STATE_PATHS = [
     ["rng", "numpy", "has_gauss"],
     ["rng", "numpy", "cached_gaussian"],
     ["framework"],
+    *TRACE_PATHS,
 ]
 MANIFEST_PATHS = [
     ["format_version"],
@@ -885,6 +901,76 @@ def test_mutated_metrics_read_or_raise_the_error(metrics_blob, scratch, ops):
                 assert type(record["epoch"]) is int and type(record["global_step"]) is int
                 assert all(math.isfinite(record[k]) for k in DETERMINISTIC_EPOCH_FIELDS[2:])
                 assert isinstance(record["weights_digest"], str)
+    finally:
+        path.unlink()
+
+
+# --- receipts: read_receipt on re-hashed mutations (the checks behind its own sha256) -----------------
+
+RECEIPT_PATHS = [
+    ["format"],
+    ["version"],
+    ["reprocube"],
+    ["config"],
+    ["config", "framework"],
+    ["config", "framework", "name"],
+    ["config", "dataset", "files", "train_images", "sha256"],
+    ["config", "seed"],
+    ["config", "epochs"],
+    ["config_hash"],
+    ["env"],
+    ["position"],
+    ["position", "epoch"],
+    ["position", "global_step"],
+    ["complete"],
+    ["epochs"],
+    *[["epochs", 0, key] for key in (*DETERMINISTIC_EPOCH_FIELDS, "weights_digest")],
+    ["checkpoints"],
+    ["checkpoints", 0],
+    *TRACE_PATHS,
+]
+
+
+@pytest.fixture(scope="module")
+def receipt_document(real_run):
+    return json.loads((real_run / "receipt.json").read_bytes())
+
+
+def test_the_unmutated_receipt_reads_back(real_run):
+    from reprocube.receipt import read_receipt
+
+    receipt = read_receipt(real_run)
+    assert receipt.global_step == receipt.trace.last_step == 21 and receipt.complete
+
+
+@fuzz_settings(300)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("set"), st.sampled_from(RECEIPT_PATHS), state_values),
+            st.tuples(st.just("delete"), st.sampled_from(RECEIPT_PATHS)),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.booleans(),
+)
+def test_mutated_receipts_read_or_raise_the_error(receipt_document, scratch, ops, rehash):
+    from reprocube.receipt import read_receipt
+    from reprocube.receipt import self_digest as receipt_digest
+
+    document = json.loads(json.dumps(receipt_document))
+    for op in ops:
+        document = set_path(document, op[1], op[2] if op[0] == "set" else None, delete=op[0] == "delete")
+    if rehash and isinstance(document, dict):
+        document["receipt_sha256"] = receipt_digest(document)  # as anyone can: the content checks are reached
+    path = scratch / f"receipt-{next(UNIQUE)}.json"
+    path.write_text(json.dumps(document))
+    try:
+        ok, receipt = expect_value_or_error(lambda: read_receipt(path, FuzzError), FuzzError)
+        if ok:
+            assert receipt.trace.last_step == receipt.global_step
+            assert len(receipt.trace.losses) == receipt.trace.last_step - receipt.trace.first_step
     finally:
         path.unlink()
 

@@ -486,8 +486,8 @@ def _common_losses(a: Receipt, b: Receipt) -> tuple[np.ndarray, np.ndarray, np.n
 
 def _difference_plot(a: Receipt, b: Receipt, result: dict) -> bytes:
     """Top: B - A of each epoch's train loss, test loss and test accuracy, each on its own axis around a zero
-    line (differences of 1e-7 stay visible). Bottom: B - A of every step's training loss (symlog: a few ULP
-    and a large drift on one axis), the first diverging step marked."""
+    line (differences of 1e-7 stay visible). Bottom: B - A of every step's training loss (symlog where the
+    differences span decades: a few ULP and a large drift on one axis), the first diverging step marked."""
     fig = plt.figure(figsize=(11, 6.6), layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=(1, 1.25))
     epochs_b = {r["epoch"]: r for r in b.epochs}
@@ -510,9 +510,11 @@ def _difference_plot(a: Receipt, b: Receipt, result: dict) -> bytes:
     ax.plot(steps, deltas, color=B_COLOUR, linewidth=1, marker="." if steps.size <= 400 else None, markersize=3)
     nonzero = np.abs(deltas[np.isfinite(deltas) & (deltas != 0)])
     scale = ""
-    if nonzero.size:  # linear within the smallest difference seen, logarithmic beyond it
+    if nonzero.size and nonzero.max() > 100 * nonzero.min():  # linear within the smallest difference seen
         ax.set_yscale("symlog", linthresh=float(nonzero.min()), linscale=2)
         scale = f" (symlog: linear within ±{nonzero.min():.2g})"
+    else:
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
     for record in a.epochs:
         if steps.size and steps[0] <= record["global_step"] < steps[-1]:
             ax.axvline(record["global_step"], color="grey", linestyle=":", linewidth=0.8)
@@ -525,8 +527,9 @@ def _difference_plot(a: Receipt, b: Receipt, result: dict) -> bytes:
         ax.legend(fontsize=8, loc="lower left")
     if first is not None:
         ax.axvline(first["step"], color="black", linestyle="--", linewidth=1.2)
-        ax.annotate(f" first divergence: global step {first['step']}", (first["step"], 0.97),
-                    xycoords=("data", "axes fraction"), va="top", fontsize=9, fontweight="bold")  # fmt: skip
+        ax.annotate(f"first divergence: global step {first['step']}", (first["step"], 0.5), xytext=(3, 0),
+                    textcoords="offset points", xycoords=("data", "axes fraction"), rotation=90, va="center",
+                    fontsize=9, fontweight="bold")  # fmt: skip
     same = steps.size and not nonzero.size and np.array_equal(la.view(np.uint32), lb.view(np.uint32))
     covered = f"global steps {steps[0]}..{steps[-1]}" if steps.size else "no step in common"
     ax.set_title(
@@ -600,12 +603,12 @@ def _trace_map(a: Receipt, b: Receipt, result: dict) -> bytes:
     top.set_title(f"weight digests per tensor, B vs A: {title}", fontsize=10)
 
     medians, labels, notes = [], [], []
+    done_before = int(steps[0]) - 1 if steps.size else 0  # la[i], lb[i]: the loss of global step done_before+1+i
     for epoch, start, end in spans:
-        lo, hi = max(start, int(steps[0]) - 1) if steps.size else start, min(end, int(steps[-1])) if steps.size else 0
+        lo, hi = max(start, done_before), min(end, done_before + steps.size)  # the part of the epoch both cover
         if hi <= lo:
             continue
-        offset = int(steps[0]) - 1
-        stats = ulp_statistics(la[lo - offset : hi - offset], lb[lo - offset : hi - offset])
+        stats = ulp_statistics(la[lo - done_before : hi - done_before], lb[lo - done_before : hi - done_before])
         medians.append(np.log10(1 + stats["median_ulp"]))
         labels.append(f"epoch {epoch}\nsteps {lo + 1}–{hi}")
         flips = f", {stats['sign_flips']} sign flips" if stats["sign_flips"] else ""
@@ -700,7 +703,7 @@ def _reproduce_html(reproduction: dict, figures: dict[str, bytes], depth: int = 
         f"<code>{esc(str(b.path.parent))}</code> &middot; compared {coverage['compared_steps']} steps (every loss bit), "
         f"{coverage['compared_boundaries']} weight-digest boundaries, {coverage['a_epochs']} epochs of A "
         f"({coverage['b_epochs']} of B) &middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
-        f"<{h2}>Likely causes, most likely first</{h2}>",
+        f"<{h2}>{'Differences between A and B (none changed a bit)' if identical else 'Likely causes, most likely first'}</{h2}>",
     ]
     causes = sorted(result["causes"], key=lambda c: c["kind"] == "not-numeric")  # stable: reproduce's rank kept
     if causes:
@@ -755,7 +758,7 @@ def _reproduce_html(reproduction: dict, figures: dict[str, bytes], depth: int = 
     sections = (
         ("difference.png", None,
          "Each panel has its own scale around a zero line, so a difference of one float32 ULP is visible. The "
-         "dashed line marks the first step whose loss bits differ."),
+         "dashed line marks the first diverging global step (the first loss, or weight digest, that differs)."),
         ("divergence-map.png", "Divergence map (global step × tensor)",
          "Top: green where a tensor's weights are bit-identical at that global step, red where they differ. Bottom: "
          "how far apart the losses are per epoch, in float32 units in the last place (sign flips counted apart)."),
