@@ -193,6 +193,7 @@ def receipt_bytes(generated, tmp_path) -> tuple[Path, dict]:
 
 
 def test_a_damaged_or_hostile_receipt_is_one_line_and_exit_4(generated, tmp_path):
+    from reprocube.config import config_hash
     from reprocube.receipt import self_digest
 
     a, receipt = receipt_bytes(generated, tmp_path)
@@ -217,6 +218,22 @@ def test_a_damaged_or_hostile_receipt_is_one_line_and_exit_4(generated, tmp_path
         assert proc.returncode == 4, (name, proc.stdout, proc.stderr)
         assert len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr, (name, proc.stderr)
         assert not (tmp_path / f"out-{name}").exists(), name
+    grammar = json.loads(json.dumps(receipt))
+    grammar["config"]["seed=1 epochs"] = 3  # a key that would smuggle a second override
+    unknown = json.loads(json.dumps(receipt))
+    unknown["config"]["optimizer"]["beta"] = 0.9  # a key this reprocube does not have
+    lines = {}
+    for name, bad, status in (("grammar", grammar, 4), ("unknown", unknown, 2)):
+        bad["config_hash"] = config_hash(bad["config"])
+        bad["receipt_sha256"] = self_digest(bad)
+        path = tmp_path / f"bad-{name}.json"
+        path.write_text(json.dumps(bad))
+        proc = reprocube("reproduce", str(path), "--out", str(tmp_path / f"out-{name}"), cwd=tmp_path, check=False)
+        assert proc.returncode == status and len(error_lines(proc)) == 1, (name, proc.stderr)
+        assert not (tmp_path / f"out-{name}").exists()
+        lines[name] = error_lines(proc)[0]
+    assert "cannot be a reprocube config key" in lines["grammar"]
+    assert "optimizer.beta" in lines["unknown"]
     with pytest.raises(CheckpointError, match="symbolic link"):
         link_run = tmp_path / "linked"
         link_run.mkdir()

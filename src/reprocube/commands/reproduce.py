@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from reprocube.commands.children import last_error_line, reprocube_command, run_child
 from reprocube.commands.compare import NOT_NUMERIC, env_differences, ulp_statistics
 from reprocube.commands.study_results import STUDY_RESULT, read_study
-from reprocube.config import config_differences, flatten_keys, hydra_literal, result_config
+from reprocube.config import config_differences, flatten_keys, hydra_literal, load_config, result_config
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
@@ -39,7 +40,10 @@ AVX2_CAPS = {
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
 }
-SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations of different-seed runs
+SEED_SPREAD_Z = 2.0
+DOTTED_NAME = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+)  # within the seed spread: |B - A| <= 2 standard deviations of different-seed runs
 
 
 def _print_now(line: str) -> None:
@@ -106,9 +110,8 @@ def reproduce(
     study_path = study if study is not None else _study_beside(receipt.path)
     spread_study = _read_spread_study(study_path) if study_path is not None else None
     user_overrides, user_config_changes = _check_overrides(overrides, allow_config_change)
-    ws = _workspace(out, receipt)
-
-    base = _overrides_for(receipt) + user_overrides
+    base = _overrides_for(receipt, user_overrides)
+    ws = _workspace(out, receipt)  # only now, with every input accepted, is anything written
     framework = receipt.config["framework"]["name"]
     echo(f"reproduce {receipt.path}: {framework}, seed {receipt.config['seed']}, {receipt.epoch} epochs, "
          f"{receipt.global_step} steps; runs and logs in {ws.out}")  # fmt: skip
@@ -203,16 +206,40 @@ def _check_overrides(overrides: list[str], allow_config_change: bool) -> tuple[l
     return allowed, changes
 
 
-def _overrides_for(receipt: Receipt) -> list[str]:
-    """A's exact config as Hydra overrides: its framework group, then every result-affecting key, then
-    its epochs and cadences (trace.every_steps, so that B's boundaries fall where A's did)."""
+def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> list[str]:
+    """A's exact config as Hydra overrides (the user's place keys last): its framework group, then every
+    result-affecting key, then its epochs and cadences (trace.every_steps, so that B's boundaries fall where A's did). The receipt is
+    untrusted: a key that is not a dotted name, or a value holding a mapping key that is not a name, could
+    smuggle grammar into an override and is refused."""
     config = receipt.config
     keys = dict(result_config(config))
     flat = flatten_keys(config)
     for key in ("epochs", "trace.every_steps", "checkpoint.every_epochs", "checkpoint.every_steps"):
         if key in flat:
             keys[key] = flat[key]
-    return [f"framework={config['framework']['name']}"] + [f"{k}={hydra_literal(v)}" for k, v in sorted(keys.items())]
+    for key, value in keys.items():
+        if not DOTTED_NAME.match(key) or not _plain_value(value):
+            raise CheckpointError(f"{receipt.path}: config key {key[:80]!r} cannot be a reprocube config key")
+    framework = config["framework"]["name"]
+    if not DOTTED_NAME.match(framework):
+        raise CheckpointError(f"{receipt.path}: config.framework.name {framework[:80]!r} is not a framework name")
+    overrides = [f"framework={framework}"] + [f"{k}={hydra_literal(v)}" for k, v in sorted(keys.items())]
+    overrides += user_overrides
+    try:
+        load_config(overrides)  # here, not in a child: a key this reprocube does not know is named at once
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{receipt.path}: A's config (with the given place keys) cannot be built here: {exc}"
+        ) from None
+    return overrides
+
+
+def _plain_value(value) -> bool:
+    if isinstance(value, list):
+        return all(_plain_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and DOTTED_NAME.match(k) and _plain_value(v) for k, v in value.items())
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def _study_beside(receipt_path: Path) -> Path | None:
@@ -364,7 +391,7 @@ def _ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict
     code_a, code_b = _code(a), _code(b)
     if code_a != code_b:
         causes.append({"key": "reprocube.source_sha256", "a": code_a, "b": code_b, "kind": "code", "note": None})
-    rows = env_differences(_env_view(a.env), _env_view(b.env))
+    rows = env_differences(a.env, b.env)
     numeric = [r for r in rows if "not_a_cause" not in r]
     for row in numeric:
         causes.append({"key": f"env.{row['key']}", "a": row["a"], "b": row["b"], "kind": "environment", "note": None})
@@ -387,12 +414,6 @@ def _code(receipt: Receipt) -> str:
     code = receipt.value.get("reprocube")
     code = code if isinstance(code, dict) else {}
     return f"{code.get('version')} (source sha256 {str(code.get('source_sha256'))[:16]})"
-
-
-def _env_view(env: dict) -> dict:
-    """The environment without what is per process or per place (hostnames, paths and pids are not
-    causes: NOT_NUMERIC lists them last)."""
-    return {k: v for k, v in env.items() if k not in ("sessions",)}
 
 
 def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
