@@ -22,7 +22,7 @@ from reprocube.commands.children import last_error_line, reprocube_command, run_
 from reprocube.commands.compare import NOT_NUMERIC, env_differences, ulp_statistics
 from reprocube.commands.study_results import STUDY_RESULT, read_study
 from reprocube.config import config_differences, flatten_keys, hydra_literal, load_config, result_config
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
+from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import Receipt, read_receipt
@@ -323,6 +323,7 @@ def _compare_receipts(a: Receipt, b: Receipt) -> dict:
             "step": step,
             "epoch": (step - 1) // spe + 1 if spe else None,
             "by": "loss" if divergence.first_loss_step == step else "weights",
+            "first_loss_step": divergence.first_loss_step,  # the first step whose loss bits differ
             "last_matching_boundary": divergence.last_matching_boundary,
             # The first update that made the weights differ lies in this window: at the last matching
             # boundary they agree, and a loss computed from differing weights (or a differing forward
@@ -658,7 +659,7 @@ def _report(ws: _Workspace, receipt: Receipt, b_path: Path, result: dict, echo) 
         return
     try:
         path = write_reproduce_report(ws.out, receipt, b_path, result)
-    except (CheckpointError, ConfigError) as exc:
+    except (ReprocubeError, OSError) as exc:  # the verdict is written: a failed page must not hide it
         print(f"reprocube: warning: no report.html ({exc})", file=sys.stderr)
         return
     echo(f"report: {path}")
