@@ -653,10 +653,8 @@ def markdown(result: dict) -> str:
 
 def _report(ws: _Workspace, receipt: Receipt, b_path: Path, result: dict, echo) -> None:
     """report.html beside reproduce.json (the verdict and causes first, then B - A)."""
-    try:
-        from reprocube.commands.report import write_reproduce_report
-    except ImportError:
-        return
+    from reprocube.commands.report import write_reproduce_report  # matplotlib: imported only now
+
     try:
         path = write_reproduce_report(ws.out, receipt, b_path, result)
     except (ReprocubeError, OSError) as exc:  # the verdict is written: a failed page must not hide it
