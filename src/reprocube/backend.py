@@ -36,6 +36,10 @@ class Backend(Protocol):
         (TensorFlow) runs them without returning to Python; the result must not depend on how the
         steps are grouped (a resumed run groups them differently)."""
 
+    def train_batches(self, batches: list[tuple[np.ndarray, np.ndarray]], first_global_step: int) -> None:
+        """data.pipeline=loader: one optimizer step per (images float32 (b, 1, 28, 28), labels int64 (b,))
+        batch from the loader, in order, as train_steps does for the resident dataset."""
+
     def group_losses(self) -> np.ndarray:
         """The float32 mean loss of each step of the last train_steps call, in order: one host sync per
         group (the loop's trace records every step's loss bits; reprocube.trace)."""

@@ -35,6 +35,7 @@ NON_RESULT_KEYS = frozenset(
         "run_name",
         "data_dir",
         "data.source_dir",
+        "data.workers",
         "dataset.mirrors",
         "checkpoint.every_epochs",
         "checkpoint.every_steps",
@@ -198,6 +199,16 @@ def validate(cfg: DictConfig) -> None:
         fail("device", "auto, cpu or cuda")
     boolean("deterministic")
     boolean("data.drop_last")
+    boolean("data.augment")
+    integer("data.workers", 0, 65)
+    if cfg.data.pipeline not in ("resident", "loader"):
+        fail("data.pipeline", "resident or loader")
+    if cfg.data.augment_rng not in ("stateless", "stateful"):
+        fail("data.augment_rng", "stateless or stateful")
+    if cfg.data.pipeline == "resident" and (cfg.data.augment or cfg.data.workers):
+        raise ConfigError(
+            "data.augment and data.workers need data.pipeline=loader (the resident dataset has no loader)"
+        )
     if not (cfg.log.progress == "auto" or isinstance(cfg.log.progress, bool)):
         fail("log.progress", "auto, true or false")
     if cfg.optimizer.name != "sgd":

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
 from reprocube.checkpoint import Checkpoint, epoch_name, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
+from reprocube.data.pipeline import BatchPipeline, check_position, create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.env import collect_env, usable_cpus
@@ -101,7 +102,8 @@ def train(cfg, out=print) -> int:
                 raise ConfigError(str(exc)) from None
             seed_host_rng(cfg.seed)
             backend = create_backend(cfg, dataset)
-            loop = TrainingLoop(cfg, config, run, sampler, backend, out)
+            pipeline = create_pipeline(cfg, dataset.train, cfg.batch_size) if cfg.data.pipeline == "loader" else None
+            loop = TrainingLoop(cfg, config, run, sampler, backend, out, pipeline)
             if checkpoint:
                 loop.restore(checkpoint)
             # Only now, with data, trainer and checkpoint all accepted, is the run directory written.
@@ -115,7 +117,9 @@ def train(cfg, out=print) -> int:
 class TrainingLoop:
     """One process's training of a run: from a fresh start or a checkpoint, to the last epoch or a stop."""
 
-    def __init__(self, cfg, config: dict, run: RunDirectory, sampler: EpochSampler, backend: Backend, out):
+    def __init__(
+        self, cfg, config: dict, run: RunDirectory, sampler: EpochSampler, backend: Backend, out, pipeline=None
+    ):
         self.cfg, self.config, self.run_dir, self.sampler, self.backend, self.out = (
             cfg,
             config,
@@ -131,12 +135,16 @@ class TrainingLoop:
         self.framework_info = backend.info()
         self.env: dict = {}  # env.json's fingerprint of this process, for the receipt
         self.trace = StepTrace(cfg.trace.every_steps, first_step=0)
+        self.pipeline: BatchPipeline | None = pipeline  # data.pipeline=loader; None: the resident dataset
+        self.loader_state: dict | None = None  # to restore when the resumed epoch starts
 
     # --- save and resume: mirror images through TrainState ----------------------------------------
     def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
         framework = framework or self.backend.export_state()
         self.trace.add_boundary(self.position.global_step, framework.weights)
-        state = TrainState.capture(self.position, self.backend, self.history, framework, self.trace)
+        mid_epoch = self.pipeline is not None and self.position.step_in_epoch > 0
+        loader = self.pipeline.state() if mid_epoch else None
+        state = TrainState.capture(self.position, self.backend, self.history, framework, self.trace, loader)
         if not math.isfinite(state.epoch_totals.loss_sum):
             raise TrainingError(
                 f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
@@ -166,6 +174,11 @@ class TrainingLoop:
                 f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
             ) from None
         self.position, self.history = state.position, state.history
+        if self.pipeline is not None:
+            check_position(
+                state.loader, self.position.epoch, self.position.step_in_epoch, f"checkpoint {checkpoint.path}"
+            )
+            self.loader_state = state.loader
         if state.trace is not None:
             self.trace = state.trace
             self.trace.every_steps = self.cfg.trace.every_steps  # a cadence, like log.every_steps
@@ -196,14 +209,27 @@ class TrainingLoop:
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, stop: StopRequest) -> int:
-        cfg, sampler, backend, position = self.cfg, self.sampler, self.backend, self.position
-        if position.epoch >= cfg.epochs:
-            self.out(f"{self.run_dir.path}: already trained for {position.epoch} epochs; nothing to do")
+        cfg = self.cfg
+        if self.position.epoch >= cfg.epochs:
+            self.out(f"{self.run_dir.path}: already trained for {self.position.epoch} epochs; nothing to do")
             return EXIT_OK
         show_progress = cfg.log.progress is True or (cfg.log.progress == "auto" and sys.stderr.isatty())
+        try:
+            return self._run(stop, show_progress)
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.close()  # its worker processes
+
+    def _run(self, stop: StopRequest, show_progress: bool) -> int:
+        cfg, sampler, backend = self.cfg, self.sampler, self.backend
         while self.position.epoch < cfg.epochs:
             position = self.position
-            backend.begin_epoch(sampler.epoch_order(position.epoch))
+            order = sampler.epoch_order(position.epoch)
+            if self.pipeline is None:
+                backend.begin_epoch(order)
+            else:
+                self.pipeline.start(position.epoch, order, position.step_in_epoch, self.loader_state)
+                self.loader_state = None
             if position.step_in_epoch == 0:
                 backend.set_epoch_totals(EpochTotals())
             first_step, started = position.step_in_epoch, time.perf_counter()
@@ -217,7 +243,10 @@ class TrainingLoop:
             )
             while position.step_in_epoch < sampler.steps_per_epoch:
                 step, end = position.step_in_epoch, self.schedule.group_end(position)
-                backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
+                if self.pipeline is None:
+                    backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
+                else:
+                    backend.train_batches(self.pipeline.next_batches(end - step), position.global_step)
                 position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
                 losses = backend.group_losses()
                 self.trace.add_losses(losses)

@@ -11,6 +11,8 @@ A run's state between two optimizer steps (TrainState) is:
   history       every epoch record and logged step so far                       manifest.json "metrics"
   trace         every step's loss bits and weight digests at fixed steps        state.json "trace"
                 (reprocube.trace; absent in checkpoints made before it existed)
+  loader        data.pipeline=loader, mid-epoch: the framework loader's state   state.json "loader"
+                (reprocube.data.pipeline; absent otherwise)
 The data order needs nothing more: epoch e's permutation is a pure function of (seed, e)
 (reprocube.data.sampler), so the position alone says which examples come next.
 
@@ -52,6 +54,7 @@ LOSS_SUM = "loss_sum"
 CORRECT = "correct"
 HOST_RNG = "rng"
 TRACE = "trace"
+LOADER = "loader"
 LEGACY_FRAMEWORK = "framework"
 # manifest.json keys the state owns (the position's three keys are copied there too)
 STEPS_PER_EPOCH = "steps_per_epoch"
@@ -98,6 +101,7 @@ class TrainState:
     framework: FrameworkState
     history: MetricsHistory
     trace: StepTrace | None = None  # None: read from a checkpoint made before traces existed
+    loader: dict | None = None  # the loader's state mid-epoch (data.pipeline=loader)
 
     @classmethod
     def capture(
@@ -107,6 +111,7 @@ class TrainState:
         history: MetricsHistory,
         framework: FrameworkState | None = None,
         trace: StepTrace | None = None,
+        loader: dict | None = None,
     ) -> TrainState:
         """The state of this process now. `framework` may be passed when it was just exported."""
         return cls(
@@ -116,6 +121,7 @@ class TrainState:
             framework=framework or backend.export_state(),
             history=history,
             trace=trace,
+            loader=loader,
         )
 
     def restore(self, backend) -> None:
@@ -136,6 +142,8 @@ class TrainState:
         }
         if self.trace is not None:
             state_json[TRACE] = self.trace.to_json()
+        if self.loader is not None:
+            state_json[LOADER] = self.loader
         rng = {**self.host_rng.arrays, **self.framework.rng}
         content = CheckpointContent(self.framework.weights, self.framework.optimizer, rng, state_json, config)
         manifest_fields = {
@@ -193,6 +201,7 @@ class TrainState:
                     f"{where}: state.json {TRACE} ends at global step {trace.last_step}, not at the checkpoint's "
                     f"{position.global_step}"
                 )
+        loader = _mapping(state, LOADER, where) if LOADER in state else None  # checked by the pipeline
         return cls(
             position,
             totals,
@@ -200,6 +209,7 @@ class TrainState:
             framework,
             MetricsHistory.from_manifest(manifest, f"{checkpoint.path}/manifest.json"),
             trace,
+            loader,
         )
 
 

@@ -42,6 +42,9 @@ def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[
     out("")
     out(_table(rows))
     out(f"verdict: {'all bit-identical' if all_passed else 'NOT reproducible (see above)'}")
+    warning = known_not_to_resume(cfg)
+    if warning:
+        out(f"note: {warning}")
     return all_passed
 
 
@@ -129,6 +132,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         "framework": framework,
         "passed": all(c["passed"] for c in checks),
         "tolerance": cfg.verify.tolerance,
+        "known_not_to_resume": known_not_to_resume(cfg),
         "wall_s": round(time.perf_counter() - started, 1),
         "checks": checks,
     }
@@ -155,6 +159,17 @@ def _table(rows) -> str:
     )
 
 
+def known_not_to_resume(cfg) -> str | None:
+    """A setting that reprocube keeps as a negative control: verify is expected to fail on it."""
+    if cfg.data.pipeline == "loader" and cfg.data.augment and cfg.data.augment_rng == "stateful":
+        return (
+            "data.augment_rng=stateful is known not to resume exactly: the augmentation draws from each loader "
+            "worker's own generator, seeded when the worker starts and saved in no checkpoint (README: "
+            "'Random augmentation that resumes exactly'); use data.augment_rng=stateless"
+        )
+    return None
+
+
 def _markdown(result: dict) -> str:
     lines = [
         f"# reprocube verify: {result['framework']}",
@@ -163,6 +178,8 @@ def _markdown(result: dict) -> str:
     ]
     if result["tolerance"]:
         lines.append(f"(explicit tolerance: max abs difference <= {result['tolerance']})")
+    if result.get("known_not_to_resume"):
+        lines += ["", f"Note: {result['known_not_to_resume']}"]
     lines += ["", f"Wall-clock: {result['wall_s']} s", "", "| check | passed | result |", "|---|---|---|"]
     lines += [f"| {c['check']} | {'yes' if c['passed'] else '**no**'} | {c['summary']} |" for c in result["checks"]]
     return "\n".join(lines) + "\n"

@@ -99,6 +99,7 @@ class JaxBackend:
         self.set_epoch_totals(EpochTotals())
         self._train_step = jax.jit(self._train_step_fn, static_argnums=(5,))
         self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(2,))
+        self._train_batch = jax.jit(self._step_fn)
 
     def info(self) -> dict:
         device = jax.devices()[0]
@@ -128,7 +129,10 @@ class JaxBackend:
     # --- training -------------------------------------------------------------------------------
     def _train_step_fn(self, params, opt_state, totals, order, lo, batch_size, global_step):
         index = jax.lax.dynamic_slice(order, (lo,), (batch_size,))
-        images, one_hot = self.x_train[index], self.y_train[index]
+        return self._step_fn(params, opt_state, totals, self.x_train[index], self.y_train[index], global_step)
+
+    def _step_fn(self, params, opt_state, totals, images, one_hot, global_step):
+        batch_size = one_hot.shape[0]
         step_key = jax.random.fold_in(self.dropout_key, global_step)  # the position alone sets the masks
 
         def loss_fn(p):
@@ -159,6 +163,16 @@ class JaxBackend:
             self.params, self.opt_state, self._totals, loss = self._train_step(
                 self.params, self.opt_state, self._totals, self._order, lo, hi - lo, first_global_step + i
             )
+            self._group_losses.append(loss)
+
+    def train_batches(self, batches, first_global_step: int) -> None:
+        self._group_losses = []
+        for i, (images, labels) in enumerate(batches):
+            one_hot = jax.nn.one_hot(labels, self.y_train.shape[1], dtype=jnp.float32)
+            self.params, self.opt_state, self._totals, loss = self._train_batch(
+                self.params, self.opt_state, self._totals, jnp.asarray(images.transpose(0, 2, 3, 1)), one_hot,
+                first_global_step + i,
+            )  # fmt: skip
             self._group_losses.append(loss)
 
     def group_losses(self) -> np.ndarray:

@@ -116,18 +116,26 @@ class PytorchBackend:
         for lo, hi in bounds.tolist():
             self._train_step(lo, hi)
 
+    def train_batches(self, batches, first_global_step: int) -> None:
+        self._group_losses = []
+        for images, labels in batches:
+            self._step(torch.from_numpy(images).to(self.device), torch.from_numpy(labels).to(self.device))
+
     def _train_step(self, lo: int, hi: int) -> None:
         index = self._order[lo:hi]
-        images, labels = self.x_train.index_select(0, index), self.y_train.index_select(0, index)
+        self._step(self.x_train.index_select(0, index), self.y_train.index_select(0, index))
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        batch = len(labels)
         self.optimizer.zero_grad(set_to_none=True)
         log_probs = self.model(images)
-        loss = self._nll_sum(log_probs, labels) / (hi - lo)
+        loss = self._nll_sum(log_probs, labels) / batch
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
             loss = loss.detach()
             self._group_losses.append(loss)
-            self._loss_sum += loss * (hi - lo)
+            self._loss_sum += loss * batch
             self._correct += (log_probs.argmax(dim=1) == labels).sum()
 
     def _nll_sum(self, log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

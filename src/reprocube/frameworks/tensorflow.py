@@ -90,6 +90,11 @@ class TensorflowBackend:
             self._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False
         )
         self._eval_step = tf.function(self._eval_step_graph, input_signature=span, jit_compile=False)
+        batch_spec = [
+            tf.TensorSpec([None, 28, 28, 1], tf.float32),
+            tf.TensorSpec([None, dataset.num_classes], tf.float32),
+        ]
+        self._train_batch = tf.function(self._step_graph, input_signature=batch_spec, jit_compile=False)
 
     def info(self) -> dict:
         build = tf.sysconfig.get_build_info()
@@ -125,8 +130,10 @@ class TensorflowBackend:
 
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
-        images, one_hot = tf.gather(self.x_train, index), tf.gather(self.y_train, index)
-        batch = tf.cast(hi - lo, tf.float32)
+        return self._step_graph(tf.gather(self.x_train, index), tf.gather(self.y_train, index))
+
+    def _step_graph(self, images, one_hot):
+        batch = tf.cast(tf.shape(one_hot)[0], tf.float32)
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
             loss = self._nll_sum(logits, one_hot) / batch
@@ -150,6 +157,13 @@ class TensorflowBackend:
 
     def train_steps(self, bounds, first_global_step: int) -> None:
         self._group_losses = self._train_steps(tf.constant(bounds))
+
+    def train_batches(self, batches, first_global_step: int) -> None:
+        losses = []
+        for images, labels in batches:
+            one_hot = tf.one_hot(labels, self.y_train.shape[1], dtype=tf.float32)
+            losses.append(self._train_batch(tf.constant(images.transpose(0, 2, 3, 1)), one_hot))
+        self._group_losses = tf.stack(losses)
 
     def group_losses(self) -> np.ndarray:
         return self._group_losses.numpy()

@@ -1,0 +1,47 @@
+"""TensorFlow: tf.data, a dataset of batch numbers mapped in parallel (`workers` parallel calls, order
+kept: deterministic=True) to the augmented batch, then prefetched. tf.data's own iterator state is saved
+by tf.train.Checkpoint files, not in a form a reprocube checkpoint reads; it is not needed either: the
+map is a pure function of the batch number, so the pipeline restarts exactly from the position."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from reprocube.data.pipeline import Batch, ExampleSource
+
+PREFETCH_BATCHES = 2
+
+
+class TfDataPipeline:
+    def __init__(self, source: ExampleSource, batch_size: int, drop_last: bool, workers: int, seed: int):
+        self.source, self.batch_size, self.drop_last, self.workers = source, batch_size, drop_last, workers
+        self.iterator = None
+        self.epoch = self.step_in_epoch = 0
+
+    def start(self, epoch: int, order: np.ndarray, step_in_epoch: int, state: dict | None) -> None:
+        self.epoch, self.step_in_epoch = epoch, step_in_epoch
+        n = len(order)
+        steps = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+        def load(batch: np.int64):
+            lo = int(batch) * self.batch_size
+            return self.source.examples(epoch, order[lo : min(lo + self.batch_size, n)])
+
+        dataset = tf.data.Dataset.range(step_in_epoch, steps).map(
+            lambda batch: tf.numpy_function(load, [batch], (tf.float32, tf.int64), stateful=False),
+            num_parallel_calls=self.workers or None,  # 0: in the calling thread, one batch after another
+            deterministic=True,
+        )
+        self.iterator = iter(dataset.prefetch(PREFETCH_BATCHES) if self.workers else dataset)
+
+    def next_batches(self, count: int) -> list[Batch]:
+        batches = [tuple(t.numpy() for t in next(self.iterator)) for _ in range(count)]
+        self.step_in_epoch += count
+        return batches
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+
+    def close(self) -> None:
+        self.iterator = None
