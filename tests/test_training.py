@@ -84,9 +84,17 @@ def test_run_directory_layout(reference, framework):
         "env.json",
         "sessions.jsonl",
         "metrics.jsonl",
+        "receipt.json",
         "checkpoints",
     }
     assert sorted(p.name for p in (reference / "checkpoints").iterdir()) == ["epoch-0001", "epoch-0002", "epoch-0003"]
+    receipt = json.loads((reference / "receipt.json").read_text())
+    assert (
+        receipt["complete"]
+        and receipt["trace"]["steps"] == 63
+        and receipt["checkpoints"] == ["epoch-0001", "epoch-0002", "epoch-0003"]
+    )
+    assert [r["weights_digest"] for r in receipt["epochs"]] == list(epoch_digests(reference).values())
     env = json.loads((reference / "env.json").read_text())
     assert {k: env["framework"][k] for k in EXPECTED_INFO[framework]} == EXPECTED_INFO[framework]
     final = manifest(reference / "checkpoints" / "epoch-0003")

@@ -170,6 +170,9 @@ def validate(cfg: DictConfig) -> None:
     boolean("verify.mid_epoch")
     integer("bench.repeats", 1)
     integer("bench.verify_epochs", 0)
+    counts = OmegaConf.select(cfg, "bench.loader_workers")
+    if not (OmegaConf.is_list(counts) and all(_is_int(w) and 0 <= w <= 64 for w in counts)):
+        fail("bench.loader_workers", "a list of worker counts from 0 to 64, e.g. [1,2,4]")
     modes = OmegaConf.select(cfg, "bench.deterministic")
     if not (
         OmegaConf.is_list(modes)

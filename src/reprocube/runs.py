@@ -1,4 +1,4 @@
-"""Run directories: <output_dir>/<run_name>/ with .reprocube-run, config.yaml, env.json, sessions.jsonl,
+"""Run directories: <output_dir>/<run_name>/ with .reprocube-run, config.yaml, env.json, sessions.jsonl, receipt.json,
 metrics.jsonl and checkpoints/; which checkpoint, if any, a run starts from; and the lock that keeps
 two processes (say, a requeued SLURM job and its still-running predecessor) out of one run.
 
@@ -28,7 +28,7 @@ from reprocube.files import append_line, write_file_atomic
 from reprocube.metrics import MetricsFile, MetricsHistory
 
 RUN_MARKER = ".reprocube-run"
-RUN_FILES = (RUN_MARKER, "config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "checkpoints")
+RUN_FILES = (RUN_MARKER, "config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "receipt.json", "checkpoints")
 
 
 @dataclass(frozen=True)

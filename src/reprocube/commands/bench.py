@@ -75,6 +75,8 @@ def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: li
             entry["summary"]["on" if deterministic else "off"] = _summarise(
                 [r for r in entry["runs"] if r["deterministic"] == deterministic]
             )
+        if cfg.bench.loader_workers:
+            entry["loader"] = _loader_cost(framework, user, cfg, out)
         if cfg.bench.verify_epochs:
             entry["verify"] = _verify_cost(framework, user, cfg, out)
         entry["derived"] = _derived(entry)
@@ -94,6 +96,22 @@ def _measure(args: list[str]) -> dict:
         if status != 0 or not result.exists():
             raise ReprocubeError(f"bench measurement failed (exit {status}): {' '.join(args)}: {last_error_line(log)}")
         return read_json(result, ReprocubeError)
+
+
+def _loader_cost(framework: str, user: list[str], cfg, out) -> dict:
+    """data.pipeline=loader with augmentation, per worker count, against the resident dataset, alternating
+    within each repeat (determinism on): epoch seconds, median of the repeats."""
+    settings = [("resident", ["data.pipeline=resident"])] + [
+        (f"loader-{w}", ["data.pipeline=loader", "data.augment=true", f"data.workers={w}"])
+        for w in cfg.bench.loader_workers
+    ]
+    epochs: dict[str, list[float]] = {name: [] for name, _ in settings}
+    for repeat in range(cfg.bench.repeats):
+        for name, extra in settings:
+            record = _measure([*user, f"framework={framework}", "deterministic=true", *extra])
+            epochs[name].append(record["epoch_s"])
+            out(f"[{framework}] {name} #{repeat + 1}: epoch {record['epoch_s']:.2f} s")
+    return {name: statistics.median(values) for name, values in epochs.items()}
 
 
 def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
@@ -238,6 +256,13 @@ def markdown(results: dict) -> str:
                 else "n/a |"
             )
         )
+    loaders = {f: e["loader"] for f, e in results["frameworks"].items() if e.get("loader")}
+    if loaders:
+        names = list(next(iter(loaders.values())))
+        lines += ["", "data.pipeline=loader with data.augment=true against the resident dataset, epoch s (median):", "",
+                  "| framework | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]  # fmt: skip
+        for framework, cost in loaders.items():
+            lines.append(f"| {framework} | " + " | ".join(f"{cost[n]:.2f}" for n in names) + " |")
     reference = results.get("reference")
     if reference:
         lines += ["", f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, batch {reference.get('batch_size')}), "

@@ -16,6 +16,7 @@ from pathlib import Path
 from reprocube.backend import create_backend
 from reprocube.checkpoint import read_checkpoint, write_checkpoint
 from reprocube.config import load_config
+from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.errors import TrainingError, exit_status_of
@@ -41,22 +42,20 @@ def measure(cfg) -> dict:
     backend = create_backend(cfg, dataset)
     build_s = time.perf_counter() - started
 
-    backend.begin_epoch(sampler.epoch_order(0))
-    backend.set_epoch_totals(EpochTotals())
-    started = time.perf_counter()
-    backend.train_steps(sampler.steps_bounds(0, 1), 0)
-    backend.group_losses()
-    first_step_s = time.perf_counter() - started
-    warm_end = min(1 + WARM_STEPS, sampler.steps_per_epoch)
-    backend.train_steps(sampler.steps_bounds(1, warm_end), 1)
-    backend.epoch_totals()
-
-    # The timed epoch, in the groups of steps the training loop uses without logging or signals; then the
-    # next epoch again with the receipt's trace kept as the loop keeps it, for its cost side by side.
-    schedule = Schedule(sampler.steps_per_epoch, epochs=3, trace_every_steps=cfg.trace.every_steps)
-    epoch_s, _ = _timed_epoch(backend, sampler, schedule, Position(1, 0, sampler.steps_per_epoch))
-    trace = StepTrace(cfg.trace.every_steps, first_step=2 * sampler.steps_per_epoch)
-    traced_epoch_s, trace_s = _timed_epoch(backend, sampler, schedule, Position(2, 0, trace.first_step), trace)
+    pipeline = create_pipeline(cfg, dataset.train, cfg.batch_size) if cfg.data.pipeline == "loader" else None
+    try:
+        first_step_s = _warm_up(backend, sampler, pipeline)
+        # The timed epoch, in the groups of steps the training loop uses without logging or signals; then the
+        # next epoch again with the receipt's trace kept as the loop keeps it, for its cost side by side.
+        schedule = Schedule(sampler.steps_per_epoch, epochs=3, trace_every_steps=cfg.trace.every_steps)
+        epoch_s, _ = _timed_epoch(backend, sampler, schedule, Position(1, 0, sampler.steps_per_epoch), pipeline)
+        trace = StepTrace(cfg.trace.every_steps, first_step=2 * sampler.steps_per_epoch)
+        traced_epoch_s, trace_s = _timed_epoch(
+            backend, sampler, schedule, Position(2, 0, trace.first_step), pipeline, trace
+        )
+    finally:
+        if pipeline is not None:
+            pipeline.close()
     position = Position(3, 0, 3 * sampler.steps_per_epoch)
 
     started = time.perf_counter()
@@ -109,16 +108,42 @@ def measure(cfg) -> dict:
     }
 
 
-def _timed_epoch(backend, sampler, schedule: Schedule, position: Position, trace: StepTrace | None = None):
+def _warm_up(backend, sampler, pipeline) -> float:
+    """The first step (compiling, timed) and WARM_STEPS more of epoch 0."""
+    order, warm_end = sampler.epoch_order(0), min(1 + WARM_STEPS, sampler.steps_per_epoch)
+    backend.set_epoch_totals(EpochTotals())
+    if pipeline is None:
+        backend.begin_epoch(order)
+        steps = lambda first, end: backend.train_steps(sampler.steps_bounds(first, end), first)  # noqa: E731
+    else:
+        pipeline.start(0, order, 0, None)
+        steps = lambda first, end: backend.train_batches(pipeline.next_batches(end - first), first)  # noqa: E731
+    started = time.perf_counter()
+    steps(0, 1)
+    backend.group_losses()
+    first_step_s = time.perf_counter() - started
+    steps(1, warm_end)
+    backend.epoch_totals()
+    return first_step_s
+
+
+def _timed_epoch(backend, sampler, schedule: Schedule, position: Position, pipeline=None, trace=None):
     """(epoch seconds, seconds of trace work). The trace work is timed after a host sync (epoch_totals, not
     counted), so that an asynchronous trainer's (JAX's) queued steps are not billed to it; the sync itself
-    is in the traced epoch's time."""
-    backend.begin_epoch(sampler.epoch_order(position.epoch))
-    backend.set_epoch_totals(EpochTotals())
+    is in the traced epoch's time. With a loader pipeline its start (worker processes) is in the epoch."""
+    order = sampler.epoch_order(position.epoch)
     trace_s, started = 0.0, time.perf_counter()
+    if pipeline is None:
+        backend.begin_epoch(order)
+    else:
+        pipeline.start(position.epoch, order, 0, None)
+    backend.set_epoch_totals(EpochTotals())
     while position.step_in_epoch < sampler.steps_per_epoch:
         step, end = position.step_in_epoch, schedule.group_end(position)
-        backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
+        if pipeline is None:
+            backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
+        else:
+            backend.train_batches(pipeline.next_batches(end - step), position.global_step)
         position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
         if trace is not None:
             backend.epoch_totals()
