@@ -67,11 +67,14 @@ class TorchDataPipeline:
         )
         self.loader = self.iterator = None
         self.epoch = self.step_in_epoch = 0
+        # As the tutorials do: one generator, seeded once, from which every epoch's iterator draws its workers'
+        # base seed. The stateless augmentation never reads it; the stateful control depends on it, and a
+        # resumed process starts it afresh: that is the trap.
+        self.generator = torch.Generator().manual_seed(seed)
 
     def start(self, epoch: int, order: np.ndarray, step_in_epoch: int, state: dict | None) -> None:
         self.close()
         self.epoch, self.step_in_epoch = epoch, step_in_epoch
-        generator = torch.Generator().manual_seed(self.seed + epoch)  # the workers' base seed (stateful control)
         # torchdata restores its own state only with the worker count it was saved with; with another count
         # the sampler starts at the position (the examples and their augmentation follow from it alone).
         own_state = state is not None and state.get("workers") == self.workers
@@ -85,7 +88,7 @@ class TorchDataPipeline:
             prefetch_factor=PREFETCH_FACTOR if self.workers else None,
             persistent_workers=False,
             worker_init_fn=_seed_worker if self.workers else None,
-            generator=generator,
+            generator=self.generator,
         )
         if own_state:
             try:
