@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
 
-from reprocube.backend import check_arrays  # noqa: E402
+from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
 
@@ -82,7 +82,10 @@ class TensorflowBackend:
         self._order = tf.Variable(tf.zeros([len(dataset.train)], tf.int64), trainable=False)
         self._loss_sum = tf.Variable(0.0, dtype=tf.float32, trainable=False)
         self._correct = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._group_losses = tf.zeros([0], tf.float32)
+        # Each step of a group writes its loss here, as the step used to write the last loss into a variable:
+        # returning them from the graph's loop (a TensorArray) cost ~30% of an epoch on this CPU.
+        self._losses = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.float32), trainable=False)
+        self._group_size = 0
         span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
         # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
         # per step costs about as much as the step itself here.
@@ -122,11 +125,8 @@ class TensorflowBackend:
         return -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot)
 
     def _train_steps_graph(self, bounds):
-        steps = tf.shape(bounds)[0]
-        losses = tf.TensorArray(tf.float32, size=steps)
-        for i in tf.range(steps):
-            losses = losses.write(i, self._train_step_graph(bounds[i, 0], bounds[i, 1]))
-        return losses.stack()
+        for i in tf.range(tf.shape(bounds)[0]):
+            self._losses[i].assign(self._train_step_graph(bounds[i, 0], bounds[i, 1]))
 
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
@@ -156,17 +156,17 @@ class TensorflowBackend:
         self._order.assign(order)
 
     def train_steps(self, bounds, first_global_step: int) -> None:
-        self._group_losses = self._train_steps(tf.constant(bounds))
+        self._train_steps(tf.constant(bounds))
+        self._group_size = len(bounds)
 
     def train_batches(self, batches, first_global_step: int) -> None:
-        losses = []
-        for images, labels in batches:
+        for i, (images, labels) in enumerate(batches):
             one_hot = tf.one_hot(labels, self.y_train.shape[1], dtype=tf.float32)
-            losses.append(self._train_batch(tf.constant(images.transpose(0, 2, 3, 1)), one_hot))
-        self._group_losses = tf.stack(losses)
+            self._losses[i].assign(self._train_batch(tf.constant(images.transpose(0, 2, 3, 1)), one_hot))
+        self._group_size = len(batches)
 
     def group_losses(self) -> np.ndarray:
-        return self._group_losses.numpy()
+        return self._losses.numpy()[: self._group_size]
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._loss_sum.numpy()), int(self._correct.numpy()))
