@@ -30,17 +30,24 @@ def python_module_command(module: str, *args: str) -> list[str]:
 
 
 def run_child(
-    command: list[str], log: Path, cwd: str | Path | None = None, echo: Callable[[str], None] | None = None
+    command: list[str],
+    log: Path,
+    cwd: str | Path | None = None,
+    echo: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     """Run `command`, appending a `$ command` line and then its stdout and stderr to `log`; `echo`, if
-    given, receives each output line as it comes. Returns the exit status."""
+    given, receives each output line as it comes; `env`, if given, is the child's whole environment.
+    Returns the exit status."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
         out.write(f"$ {shlex.join(command)}\n")
         out.flush()
         if echo is None:
-            return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd) as child:
+            return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env).returncode
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env
+        ) as child:
             for line in child.stdout:
                 out.write(line)
                 out.flush()

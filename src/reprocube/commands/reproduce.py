@@ -267,23 +267,12 @@ def _read_spread_study(path: Path) -> dict:
 
 
 def _run_with_env(command: list[str], log: Path, env: dict | None) -> int:
-    """A child with A's settings for an intervention (None values unset a variable)."""
+    """A child with A's settings for an intervention: this environment with `env` applied (None unsets)."""
     if not env:
         return run_child(command, log)
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        return run_child(command, log)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    child_env = {k: v for k, v in os.environ.items() if k not in env or env[k] is not None}
+    child_env.update({k: v for k, v in env.items() if v is not None})
+    return run_child(command, log, env=child_env)
 
 
 # --- the comparison --------------------------------------------------------------------------------
