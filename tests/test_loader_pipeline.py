@@ -47,7 +47,10 @@ def test_one_digest_for_every_worker_count_and_resume_point(framework, generated
     train(generated, tmp_path, framework, "from-epoch-1", "data.workers=1",
           f"resume={tmp_path / 'runs' / 'w2' / 'checkpoints' / 'epoch-0001'}")  # fmt: skip
     assert epoch_digests(tmp_path / "runs" / "from-epoch-1") == {"epoch-0002": digests[0]["epoch-0002"]}
-    # Without augmentation the loader feeds the resident path's very batches: the same weights.
+    # Without augmentation the loader feeds the resident path's very batches: the same weights (checked for
+    # PyTorch here; for all three on Fashion-MNIST by hand, see the note: it costs CI a minute).
+    if framework != "pytorch":
+        return
     train(generated, tmp_path, framework, "plain", "data.augment=false")
     reprocube("train", f"framework={framework}", *generated.overrides(), "epochs=2", "run_name=resident", cwd=tmp_path)
     assert epoch_digests(tmp_path / "runs" / "plain") == epoch_digests(tmp_path / "runs" / "resident")

@@ -111,6 +111,8 @@ def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_ste
     assert variable in (tmp_path / "out" / "reproduce.md").read_text()
     assert tree_digest(published) == before  # nothing written under SOURCE
 
+    if framework != "pytorch":
+        return  # the same machine's bit-identical answer and exit 0 through the CLI: once is enough for CI's time
     monkeypatch.delenv(variable)
     proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "out2"), f"data_dir={generated.data_dir}",
                      cwd=tmp_path)  # fmt: skip
