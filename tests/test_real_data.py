@@ -14,17 +14,24 @@ from conftest import reprocube
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_one_epoch_of_fashion_mnist_learns(tmp_path, framework):
+def train_one_epoch(tmp_path: Path, framework: str, *extra: str) -> dict:
+    """One epoch on Debian's Fashion-MNIST in a fresh process; its epoch record."""
     if not DEBIAN_FASHION_MNIST.is_dir():
         pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")
     reprocube(
         "download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=tmp_path
     )
-    reprocube("train", f"framework={framework}", "dataset=fashion_mnist", "data_dir=data", "epochs=1", cwd=tmp_path)
+    reprocube("train", f"framework={framework}", "dataset=fashion_mnist", "data_dir=data", "epochs=1", *extra,
+              cwd=tmp_path, timeout=600)  # fmt: skip
     metrics = (tmp_path / f"runs/{framework}-seed0/metrics.jsonl").read_text().splitlines()
     [epoch] = [r for r in map(json.loads, metrics) if r["kind"] == "epoch"]
+    return epoch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_one_epoch_of_fashion_mnist_learns(tmp_path, framework):
+    epoch = train_one_epoch(tmp_path, framework)
     assert epoch["test_accuracy"] > 0.65  # chance is 0.10; one epoch of this CNN reaches about 0.77
     assert epoch["train_loss"] < 1.5  # starts at ln(10) = 2.30
 
@@ -33,14 +40,5 @@ def test_one_epoch_of_fashion_mnist_learns(tmp_path, framework):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_fashion_mnist_learns_with_the_loader_and_augmentation(tmp_path, framework):
     """Flips and shifts on, through the framework's own loader with 2 workers: still learning, far above chance."""
-    if not DEBIAN_FASHION_MNIST.is_dir():
-        pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")
-    reprocube(
-        "download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=tmp_path
-    )
-    reprocube("train", f"framework={framework}", "dataset=fashion_mnist", "data_dir=data", "epochs=1",
-              "data.pipeline=loader", "data.augment=true", "data.workers=2", "data.train_limit=20000", cwd=tmp_path,
-              timeout=600)  # fmt: skip
-    metrics = (tmp_path / f"runs/{framework}-seed0/metrics.jsonl").read_text().splitlines()
-    [epoch] = [r for r in map(json.loads, metrics) if r["kind"] == "epoch"]
-    assert epoch["test_accuracy"] > 0.6  # chance is 0.10
+    loader = ["data.pipeline=loader", "data.augment=true", "data.workers=2", "data.train_limit=20000"]
+    assert train_one_epoch(tmp_path, framework, *loader)["test_accuracy"] > 0.6  # chance is 0.10
