@@ -155,7 +155,7 @@ def reproduce(
             result["self_consistent"], result["self_check"] = _self_check(receipt, b, outcome, train)
         if match:
             result["match"] = _match(receipt, b, result["causes"], train)
-    result["seed_spread"] = _seed_spread(receipt, b, spread_study, study_path, seeds, train)
+    result["seed_spread"] = _seed_spread(receipt, b, spread_study, seeds, train)
     result["ulp"] = _ulp(receipt, b)
     result["tier"], result["tier_text"] = _tier(result, ulp)
     result["summary"] = _summary(result)
@@ -421,10 +421,8 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
     isa_b = set(_isa(b.env))
     if "avx512f" in isa_b and "avx512f" not in isa_a and isa_a:
         for key, value in AVX2_CAPS.items():
-            if key not in a_vars:
-                env.setdefault(key, value)
-                if env[key] is None:
-                    env[key] = value
+            if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
+                env[key] = value
     missing = sorted(isa_a - isa_b)
     if missing:
         cannot.append(f"A's CPU had {', '.join(missing)}, which this CPU lacks: its kernels cannot run here")
@@ -464,7 +462,7 @@ def _final(receipt: Receipt) -> dict | None:
     return receipt.epochs[-1] if receipt.epochs else None
 
 
-def _seed_spread(a: Receipt, b: Receipt, study: dict | None, study_path, seeds: int, train) -> dict | None:
+def _seed_spread(a: Receipt, b: Receipt, study: dict | None, seeds: int, train) -> dict | None:
     """B - A in units of the seed-to-seed standard deviation of the final test metrics, from a study or
     from `seeds` different-seed runs trained here."""
     fa, fb = _final(a), _final(b)
