@@ -43,6 +43,7 @@ NON_RESULT_KEYS = frozenset(
         "log.progress",
         "trace.every_steps",
         "preempt_at_step",
+        "stop_after_epoch",
         "run",
         "verify",
         "bench",
@@ -153,6 +154,7 @@ def validate(cfg: DictConfig) -> None:
         "bench",
         "study",
         "study.slurm",
+        "verify.slurm",
         "dataset",
         "framework",
     ):
@@ -165,9 +167,11 @@ def validate(cfg: DictConfig) -> None:
     integer("threads", 1, MAX_THREADS + 1)
     for key in ("checkpoint.every_steps", "log.every_steps", "trace.every_steps"):
         integer(key, 0)
-    for key in ("data.train_limit", "data.test_limit", "preempt_at_step", "verify.mid_epoch_step"):
+    for key in ("data.train_limit", "data.test_limit", "preempt_at_step", "stop_after_epoch", "verify.mid_epoch_step"):
         integer(key, 1, allow_none=True)
     boolean("verify.mid_epoch")
+    boolean("verify.full")
+    integer("verify.jobs", 1, MAX_THREADS + 1, allow_none=True)
     integer("bench.repeats", 1)
     integer("bench.verify_epochs", 0)
     counts = OmegaConf.select(cfg, "bench.loader_workers")
@@ -186,17 +190,18 @@ def validate(cfg: DictConfig) -> None:
     number("verify.tolerance")
     integer("study.runs", 2)  # a standard deviation needs two runs per group
     text("study.dir")
-    if cfg.study.launcher not in ("local", "slurm"):
-        fail("study.launcher", "local or slurm")
     integer("study.member", 0, 2 * cfg.study.runs, allow_none=True)
-    text("study.slurm.partition", allow_none=True)
-    integer("study.slurm.timeout_min", 1)
-    integer("study.slurm.cpus_per_task", 1)
-    integer("study.slurm.gpus_per_node", 0)
-    integer("study.slurm.mem_gb", 1, allow_none=True)
-    extra = OmegaConf.select(cfg, "study.slurm.additional_parameters")
-    if not (extra is None or OmegaConf.is_dict(extra)):
-        fail("study.slurm.additional_parameters", "a mapping of sbatch options, e.g. {account: myproj}")
+    for section in ("study", "verify"):
+        if OmegaConf.select(cfg, f"{section}.launcher") not in ("local", "slurm"):
+            fail(f"{section}.launcher", "local or slurm")
+        text(f"{section}.slurm.partition", allow_none=True)
+        integer(f"{section}.slurm.timeout_min", 1)
+        integer(f"{section}.slurm.cpus_per_task", 1)
+        integer(f"{section}.slurm.gpus_per_node", 0)
+        integer(f"{section}.slurm.mem_gb", 1, allow_none=True)
+        extra = OmegaConf.select(cfg, f"{section}.slurm.additional_parameters")
+        if not (extra is None or OmegaConf.is_dict(extra)):
+            fail(f"{section}.slurm.additional_parameters", "a mapping of sbatch options, e.g. {account: myproj}")
     text("run", allow_none=True)
     if cfg.device not in ("auto", "cpu", "cuda"):
         fail("device", "auto, cpu or cuda")

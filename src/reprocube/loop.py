@@ -265,6 +265,9 @@ class TrainingLoop:
                     self._save(step_name(position.global_step), reason="every_steps")
             bar.close()
             self._finish_epoch(started, position.step_in_epoch - first_step, stop)
+            if self.position.epoch == cfg.stop_after_epoch and self.position.epoch < cfg.epochs:
+                self.out(f"stopped after epoch {self.position.epoch} (stop_after_epoch); continue with resume=latest")
+                return EXIT_OK
             if stop.requested and self.position.epoch < cfg.epochs:
                 self.out(
                     f"stopped by {stop.signal_name} after epoch {self.position.epoch}; continue with resume=latest"
@@ -314,7 +317,8 @@ class TrainingLoop:
         self.trace.add_boundary(self.position.global_step, framework_state.weights)
         self.history.epochs.append(record)
         # A stop requested before or during the evaluation still needs this epoch's checkpoint.
-        if stop.requested or self.schedule.epoch_checkpoint_due(self.position.epoch):
+        stopping_here = self.position.epoch == self.cfg.stop_after_epoch
+        if stop.requested or stopping_here or self.schedule.epoch_checkpoint_due(self.position.epoch):
             self._save(epoch_name(self.position.epoch), reason="epoch", framework=framework_state)
         self.run_dir.metrics.append("epoch", record)
         self.out(

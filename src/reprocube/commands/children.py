@@ -55,6 +55,16 @@ def run_child(
         return child.returncode
 
 
+def start_child(command: list[str], log: Path, cwd: str | Path | None = None) -> subprocess.Popen:
+    """Start `command` without waiting, its stdout and stderr appended to `log` after a `$ command` line
+    (run_child's log format); the caller polls it."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:  # the child keeps its own descriptor
+        out.write(f"$ {shlex.join(command)}\n")
+        out.flush()
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+
+
 def last_error_line(log: Path) -> str:
     """What the last child run into `log` said (a log may hold earlier attempts, each after its `$ command`
     line): its last `reprocube:` line (TensorFlow's C++ start-up lines come first), else the last line

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from reprocube.commands.children import child_args, last_error_line, python_module_command, reprocube_command, run_child
+from reprocube.commands.children import child_args, last_error_line, reprocube_command, run_child
 from reprocube.commands.invocation import Invocation
+from reprocube.commands.launcher import check_slurm, hydra_settings, launch_multirun, wait_for_slurm_jobs
 from reprocube.commands.study_results import collect, members, study_paths, summary_lines, write_study
-from reprocube.errors import EXIT_OK, EXIT_TRAINING, ConfigError, ReprocubeError
+from reprocube.errors import EXIT_OK, EXIT_TRAINING, ConfigError
 from reprocube.files import write_file_atomic
 from reprocube.metrics import read_epoch_records
 from reprocube.untrusted import read_json
@@ -56,7 +52,7 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
         "cwd": os.getcwd(),
     }
     if cfg.study.launcher == "slurm":
-        check_slurm()  # before anything is written
+        check_slurm("study.launcher")  # before anything is written
     _claim(study_dir, request)
     plan = members(cfg.study.runs, cfg.seed)
     out(
@@ -66,7 +62,9 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
     launcher_error = _launch(study_dir, cfg, request, out)
     if launcher_error and cfg.study.launcher == "slurm":
         # submitit stops waiting at the first failed job: let the study's other jobs finish first.
-        wait_for_slurm_jobs(study_dir, timeout_s=cfg.study.slurm.timeout_min * 60 + 120, out=out)
+        wait_for_slurm_jobs(
+            study_dir, timeout_s=cfg.study.slurm.timeout_min * 60 + 120, out=lambda line: out(f"study: {line}")
+        )
     result = collect(study_dir, cfg.study.runs, cfg.seed, launcher=cfg.study.launcher)
     result["request"] = request
     if launcher_error:
@@ -97,84 +95,13 @@ def _claim(study_dir: Path, request: dict) -> None:
     write_file_atomic(path, json.dumps(request, indent=2).encode())
 
 
-def check_slurm() -> None:
-    """Fail in one line, before anything is submitted, when no SLURM controller answers."""
-    for command in ("sbatch", "sinfo"):
-        if shutil.which(command) is None:
-            raise ReprocubeError(f"study.launcher=slurm: {command} not found on PATH (is this a SLURM login node?)")
-    try:
-        done = subprocess.run(
-            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=SLURM_CHECK_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        raise ReprocubeError(
-            f"study.launcher=slurm: SLURM is not reachable (sinfo gave no answer in {SLURM_CHECK_TIMEOUT_S} s)"
-        ) from None
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
-        raise ReprocubeError(f"study.launcher=slurm: SLURM is not reachable: {lines[-1]}")
-
-
-def wait_for_slurm_jobs(study_dir: Path, timeout_s: float, out=print, poll_s: float = 3.0) -> None:
-    """Until no job of this study (submitit's folders are named after the job ids) is in the queue."""
-    job_ids = sorted(
-        {entry.name.split("_")[0] for entry in (study_dir / "slurm").iterdir() if entry.name.split("_")[0].isdigit()}
-    )
-    if not job_ids:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True, text=True)
-        if queued.returncode == 0 and not queued.stdout.strip():
-            return
-        out(f"study: waiting for the study's other SLURM jobs ({len(queued.stdout.split())} queued or running)")
-        time.sleep(poll_s)
-    out(
-        f"study: gave up waiting for SLURM jobs {', '.join(job_ids)} after {timeout_s:.0f} s; run the study again to collect them"
-    )
-
-
 def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
     """Hydra multirun over the members, in a child process; its output goes to the terminal and to
     logs/launcher.log. Returns the launcher's error, if it failed (the runs' results are still read)."""
-    config_dir = study_dir / "hydra" / "config"
-    config_dir.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(config_dir / "study.yaml", OmegaConf.to_yaml(_job_config(study_dir, cfg, request)).encode())
-    command = python_module_command("reprocube.commands.study_job", "--config-path", str(config_dir), "--config-name", "study",
-                                    "--multirun", f"study.member=range(0,{2 * cfg.study.runs})")  # fmt: skip
-    log_path = study_dir / "logs" / "launcher.log"
-    status = run_child(command, log_path, echo=lambda line: out(f"  {line}"))
-    if status != 0:
-        return f"the Hydra launcher exited {status}; see {log_path}"
-    return None
-
-
-def _job_config(study_dir: Path, cfg, request: dict) -> dict:
-    """The Hydra app's config: what each job needs, and the launcher's settings."""
-    slurm = cfg.study.slurm
-    launcher = "basic"
-    hydra: dict = {
-        "sweep": {"dir": str(study_dir / "hydra" / "sweep"), "subdir": "${study.member}"},
-        "job": {"chdir": False},
-    }
-    if cfg.study.launcher == "slurm":
-        launcher = "submitit_slurm"
-        hydra["launcher"] = {
-            "submitit_folder": str(study_dir / "slurm" / "%j"),
-            "name": f"reprocube-study-{cfg.framework.name}",
-            "timeout_min": slurm.timeout_min,
-            "cpus_per_task": slurm.cpus_per_task,
-            "gpus_per_node": slurm.gpus_per_node,
-            "tasks_per_node": 1,
-            "nodes": 1,
-            "mem_gb": slurm.mem_gb,
-            "partition": slurm.partition,
-            "additional_parameters": OmegaConf.to_container(slurm.additional_parameters)
-            if slurm.additional_parameters
-            else {},
-        }
-    return {
-        "defaults": [{"override hydra/launcher": launcher}, "_self_"],
+    settings = hydra_settings(study_dir, "study.member", cfg.study.launcher, cfg.study.slurm,
+                              f"reprocube-study-{cfg.framework.name}")  # fmt: skip
+    config = {
+        **settings,
         "study": {
             "dir": str(study_dir),
             "runs": cfg.study.runs,
@@ -182,9 +109,10 @@ def _job_config(study_dir: Path, cfg, request: dict) -> dict:
             "member": None,
             "train_args": request["train_args"],
             "cwd": request["cwd"],
-        },  # fmt: skip
-        "hydra": hydra,
+        },
     }
+    return launch_multirun("reprocube.commands.study_job", "study", study_dir, config, "study.member", 2 * cfg.study.runs,
+                           study_dir / "logs" / "launcher.log", echo=lambda line: out(f"  {line}"))  # fmt: skip
 
 
 # ---- one run (called by reprocube.commands.study_job in the launcher's job) ----------------------------------------

@@ -1,21 +1,40 @@
-"""`reprocube verify`: prove that a configuration resumes bit-exactly. For each framework: train the
-uninterrupted reference (or reuse `run=PATH`), a restart with the same seed, a negative control with
-another seed, then resume from every epoch checkpoint (and, with verify.mid_epoch=true, from a real
-SIGTERM mid-epoch), each in a fresh process, and compare every resumed run with the reference."""
+"""`reprocube verify`: prove that a configuration restarts and resumes bit-exactly. For each framework:
+train the uninterrupted reference (or reuse `run=PATH`), then, each in a fresh process, one link per
+epoch (plan_linear: about 2N+1 epochs of training for N) or, with verify.full=true, the exhaustive checks
+(plan_full: a whole restart, a whole other-seed run, a resume from every epoch checkpoint to the end).
+The checks run here (verify.jobs at once) or as SLURM jobs (reprocube.commands.verify_runner); this
+module plans them and judges the run directories they leave."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from reprocube.checkpoint import read_checkpoint, scan_checkpoints
-from reprocube.commands.children import child_args, last_error_line, reprocube_command, run_child
+from reprocube.backend import STEPS_PER_CALL
+from reprocube.checkpoint import epoch_name, read_checkpoint, scan_checkpoints, weights_digest
+from reprocube.commands.children import child_args
 from reprocube.commands.compare import compare_runs, load_run, summary_line, write_reports
 from reprocube.commands.invocation import Invocation
+from reprocube.commands.launcher import check_slurm
+from reprocube.commands.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
 from reprocube.config import config_differences, to_plain
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from reprocube.env import usable_cpus
+from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
+from reprocube.state import TrainState
+from reprocube.trace import compare_traces
 
-PLACE_KEYS = ("framework=", "run_name=", "output_dir=", "resume=", "run=", "seed=", "preempt_at_step=")
+PLACE_KEYS = (
+    "framework=",
+    "run_name=",
+    "output_dir=",
+    "resume=",
+    "run=",
+    "seed=",
+    "preempt_at_step=",
+    "stop_after_epoch=",
+    "log.progress=",
+)
 
 
 def _print_now(line: str) -> None:
@@ -33,6 +52,8 @@ def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[
         if len(frameworks) > 1:
             raise ConfigError("run=PATH is one reference run: name its framework (framework=...), not framework=all")
         _check_reference_config(Path(cfg.run), to_plain(cfg))
+    if cfg.verify.launcher == "slurm":
+        check_slurm("verify.launcher")  # before anything is written
     user = child_args(overrides, config_files, PLACE_KEYS)
     rows, all_passed = [], True
     for framework in frameworks:
@@ -69,75 +90,32 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         raise ConfigError(f"{base} holds an earlier verify's runs; remove it or choose another output_dir=")
     logs = base / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-
-    def train(name: str, *extra: str, expect: tuple[int, ...] = (0,)) -> Path:
-        command = reprocube_command(
-            "train", *user, f"framework={framework}", f"output_dir={base}", f"run_name={name}", *extra
-        )
-        out(f"[{framework}] {name}: reprocube train {' '.join(extra) or '(reference config)'}")
-        log = logs / f"{name}.log"
-        status = run_child(command, log)
-        if status not in expect:
-            raise _ChildFailed(f"{name} exited {status}: {last_error_line(log)} (log: {log})")
-        return base / name
-
-    checks = []
-    reference = None
-
-    def check(name: str, passed: bool, summary: str, detail: dict | None = None) -> None:
-        checks.append({"check": name, "passed": passed, "summary": summary, "detail": detail})
-
-    try:
-        reference = Path(cfg.run) if cfg.run else train("reference", f"seed={cfg.seed}")
-        ref = load_run(reference)
-        epochs = [p for p in ref["checkpoints"] if p.startswith("epoch-")]
-        final = ref["checkpoints"][epochs[-1]].manifest if epochs else {}
-        if final.get("epoch") != cfg.epochs:
-            raise _ChildFailed(f"reference {reference} is not a completed {cfg.epochs}-epoch run")
-        compared = lambda run: compare_runs(ref, load_run(run), cfg.verify.tolerance)  # noqa: E731
-
-        restart = compared(train("restart", f"seed={cfg.seed}"))
-        check("restart (same seed, fresh process)", restart["passed"], summary_line(restart), restart)
-        other = compared(train("other-seed", f"seed={(cfg.seed + 1) % 2**32}"))
-        differs = not other["identical"]
-        check(
-            "negative control (another seed must differ)",
-            differs,
-            "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless",
-            other,
-        )
-        for k in range(1, cfg.epochs):
-            source = reference / "checkpoints" / f"epoch-{k:04d}"
-            if not source.is_dir():
-                continue  # checkpoint.every_epochs > 1
-            resumed = compared(train(f"resume-epoch-{k}", f"seed={cfg.seed}", f"resume={source}"))
-            check(f"resume from epoch {k}", resumed["passed"], summary_line(resumed), resumed)
-        if cfg.verify.mid_epoch:
-            steps = final["steps_per_epoch"]
-            stop_at = cfg.verify.mid_epoch_step or (steps + steps // 2 if cfg.epochs > 1 else max(steps // 2, 1))
-            run = train("sigterm", f"seed={cfg.seed}", f"preempt_at_step={stop_at}", expect=(EXIT_PREEMPTED,))
-            train("sigterm", f"seed={cfg.seed}", "resume=latest")
-            sigterm = load_run(run)
-            stopped = [name for name in sigterm["checkpoints"] if name.startswith("step-")]
-            resumed = compare_runs(ref, sigterm, cfg.verify.tolerance)
-            check(
-                f"SIGTERM at step {stop_at}, resume=latest",
-                resumed["passed"] and bool(stopped),
-                summary_line(resumed),
-                resumed,
-            )
-    except _ChildFailed as exc:
-        check("run", False, f"failed: {exc}")
+    reference = Path(cfg.run) if cfg.run else base / "reference"
+    steps = _steps_per_epoch(cfg)
+    plan = plan_full(cfg, steps) if cfg.verify.full else plan_linear(cfg, steps, _reference_epochs(cfg))
+    commands = {check.name: child_commands(check, user, framework, base) for check in plan}
+    jobs = cfg.verify.jobs or default_jobs(cfg.threads)
+    where = "SLURM jobs" if cfg.verify.launcher == "slurm" else f"{jobs} at a time"
+    out(f"[{framework}] {len(plan)} checks ({'full' if cfg.verify.full else 'linear'}), {where}, in {base}")
+    if cfg.verify.launcher == "slurm":
+        run_slurm(plan, commands, cfg, base, out)
+    else:
+        run_local(plan, commands, jobs, reference, logs, out)
+    checks = judge(plan, reference, base, cfg.verify.tolerance)
     result = {
         "framework": framework,
         "passed": all(c["passed"] for c in checks),
+        "mode": "full" if cfg.verify.full else "linear",
+        "jobs": None if cfg.verify.launcher == "slurm" else jobs,
+        "launcher": cfg.verify.launcher,
         "tolerance": cfg.verify.tolerance,
         "known_not_to_resume": known_not_to_resume(cfg),
         "wall_s": round(time.perf_counter() - started, 1),
         "checks": checks,
+        "processes": [describe(check) for check in plan],
     }
     # Beside the reference it trained; never into a run given with run=PATH (someone else's published run).
-    trained_here = reference is not None and not cfg.run and (reference / "checkpoints").is_dir()
+    trained_here = not cfg.run and (reference / "checkpoints").is_dir()
     report_dir = reference if trained_here else base
     write_reports(result, report_dir, "verify", _markdown(result))
     out(
@@ -146,8 +124,197 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     return result
 
 
-class _ChildFailed(Exception):
-    pass
+def default_jobs(threads: int) -> int:
+    """Checks at once when verify.jobs is not given: as many as the usable CPUs hold at `threads` each."""
+    return max(1, (usable_cpus() or os.cpu_count() or 1) // threads)
+
+
+def _steps_per_epoch(cfg) -> int:
+    """From the config alone (the reference may not exist yet): an IDX label file is an 8-byte header and
+    one byte per example."""
+    examples = cfg.dataset.files.train_labels.bytes - 8
+    if cfg.data.train_limit is not None:
+        examples = min(examples, cfg.data.train_limit)
+    full, rest = divmod(max(examples, 1), cfg.batch_size)
+    return max(full if (cfg.data.drop_last or rest == 0) else full + 1, 1)
+
+
+def _reference_epochs(cfg) -> list[int]:
+    """The epochs after which the reference holds a checkpoint (a link runs between two of them)."""
+    if not cfg.run:
+        every = cfg.checkpoint.every_epochs
+        return [k for k in range(1, cfg.epochs + 1) if k % every == 0 or k == cfg.epochs]
+    found, _ = scan_checkpoints(Path(cfg.run) / "checkpoints")
+    return sorted(int(p.name.split("-")[1]) for p in found if p.name.startswith("epoch-"))
+
+
+def _sigterm_step(cfg, steps: int) -> int:
+    stop_at = cfg.verify.mid_epoch_step or (steps + steps // 2 if cfg.epochs > 1 else max(steps // 2, 1))
+    if stop_at >= cfg.epochs * steps:
+        raise ConfigError(
+            f"verify.mid_epoch_step={stop_at} is not before the run's last step ({cfg.epochs * steps}); choose an earlier step"
+        )
+    return stop_at
+
+
+def _reference_check(cfg) -> list[Check]:
+    if cfg.run:
+        return []
+    return [Check("reference", "reference: the uninterrupted run", [Stage((f"seed={cfg.seed}",))], "reference")]
+
+
+def plan_linear(cfg, steps: int, epochs: list[int]) -> list[Check]:
+    """The reference, then one link per pair of consecutive reference checkpoints a < b: a fresh process
+    that starts from the reference's checkpoint a (the first: from scratch), trains to b and must equal the
+    reference's checkpoint b in every byte of its state. By induction on b that proves a fresh process and
+    a resume at every checkpoint reproduce the uninterrupted run: a state a checkpoint misses or restores
+    wrongly was carried by the reference and not by the link, which then differs. One link is stopped by a
+    real SIGTERM mid-epoch and resumed; the other-seed control runs one group of steps and must differ."""
+    if not epochs or epochs[-1] != cfg.epochs:
+        raise ConfigError(
+            f"run={cfg.run} is not a completed {cfg.epochs}-epoch run (its last epoch checkpoint is {epochs[-1:] or 'none'})"
+        )
+    checks = _reference_check(cfg)
+    stop_at = _sigterm_step(cfg, steps) if cfg.verify.mid_epoch else None
+    for a, b in zip([0, *epochs[:-1]], epochs, strict=True):
+        start = (f"seed={cfg.seed}", f"stop_after_epoch={b}") + ((f"resume={_reference_path(cfg, a)}",) if a else ())
+        span = f"epoch {b}" if b == a + 1 else f"epochs {a + 1}-{b}"
+        label = f"fresh process, from scratch: {span}" if a == 0 else f"resume from epoch {a}: {span}"
+        stages = [Stage(start)]
+        if stop_at is not None and a * steps < stop_at < b * steps:
+            resumed = tuple(arg for arg in start if not arg.startswith("resume=")) + ("resume=latest",)
+            stages = [Stage((*start, f"preempt_at_step={stop_at}"), expect=(EXIT_PREEMPTED,)), Stage(resumed)]
+            label += f", stopped by SIGTERM at step {stop_at} and resumed"
+        name = f"link-epoch-{b}"
+        checks.append(Check(name, label, stages, "link", needs=epoch_name(a) if a else None, compare_at=epoch_name(b)))
+    # Another seed differs from the first step: one group of steps shows it (the trace has every loss).
+    control_steps = min(STEPS_PER_CALL, cfg.epochs * steps)
+    control = Stage((f"seed={(cfg.seed + 1) % 2**32}", f"preempt_at_step={control_steps}"), expect=(EXIT_PREEMPTED,))
+    checks.insert(
+        2 if not cfg.run else 1,
+        Check("control-other-seed", f"negative control: another seed, {control_steps} steps", [control], "control"),
+    )
+    return checks
+
+
+def plan_full(cfg, steps: int) -> list[Check]:
+    """verify.full=true: the whole restart, the whole other-seed run, a resume from every epoch checkpoint
+    to the end, and the SIGTERM run, each compared with the reference at every checkpoint both hold."""
+    checks = _reference_check(cfg)
+    checks.append(Check("restart", "restart (same seed, fresh process)", [Stage((f"seed={cfg.seed}",))], "run"))
+    other = Stage((f"seed={(cfg.seed + 1) % 2**32}",))
+    checks.append(Check("other-seed", "negative control (another seed must differ)", [other], "other-seed"))
+    for k in _reference_epochs(cfg):
+        if k < cfg.epochs:
+            resume = Stage((f"seed={cfg.seed}", f"resume={_reference_path(cfg, k)}"))
+            checks.append(Check(f"resume-epoch-{k}", f"resume from epoch {k}", [resume], "run", needs=epoch_name(k)))
+    if cfg.verify.mid_epoch:
+        stop_at = _sigterm_step(cfg, steps)
+        stages = [
+            Stage((f"seed={cfg.seed}", f"preempt_at_step={stop_at}"), expect=(EXIT_PREEMPTED,)),
+            Stage((f"seed={cfg.seed}", "resume=latest")),
+        ]
+        checks.append(Check("sigterm", f"SIGTERM at step {stop_at}, resume=latest", stages, "run"))
+    return checks
+
+
+def _reference_path(cfg, epoch: int) -> Path:
+    reference = Path(cfg.run) if cfg.run else Path(cfg.output_dir) / f"verify-{cfg.framework.name}" / "reference"
+    return (reference / "checkpoints" / epoch_name(epoch)).resolve()
+
+
+# ---- judging: the run directories the checks left --------------------------------------------------------
+
+
+def judge(plan: list[Check], reference: Path, base: Path, tolerance: float) -> list[dict]:
+    rows = []
+
+    def row(check: Check, passed: bool, summary: str, detail: dict | None = None) -> None:
+        rows.append({"check": check.label, "passed": passed, "summary": summary, "detail": detail})
+
+    try:
+        ref = load_run(reference)
+    except CheckpointError as exc:
+        first = plan[0] if plan and plan[0].judge == "reference" else None
+        reason = first.error if first is not None and first.error else str(exc)
+        rows.append({"check": "reference", "passed": False, "summary": f"failed: {reason}", "detail": None})
+        return rows
+    for check in plan:
+        if check.error:
+            row(check, False, f"failed: {check.error}")
+            continue
+        if check.judge == "reference":
+            final = max((n for n in ref["checkpoints"] if n.startswith("epoch-")), default=None)
+            row(check, final is not None, f"trained ({final})" if final else "wrote no epoch checkpoint")
+            continue
+        run = load_run(base / check.name)
+        if check.judge == "link":
+            detail = compare_link(ref, run, check.compare_at, tolerance)
+            stopped = len(check.stages) == 1 or any(n.startswith("step-") for n in run["checkpoints"])
+            passed = detail["passed"] and stopped
+            row(check, passed, detail["summary"] if stopped else "the SIGTERM left no step checkpoint", detail)
+        elif check.judge == "control":
+            divergence = compare_traces(_trace(ref), _trace(run))
+            differs = divergence.step is not None
+            summary = (
+                f"differs from global step {divergence.step}, as it must"
+                if differs
+                else "IDENTICAL: the verdict is meaningless"
+            )
+            row(check, differs, summary, {"first_differing_step": divergence.step, "identical": not differs})
+        else:
+            result = compare_runs(ref, run, tolerance)
+            if check.judge == "other-seed":
+                differs = not result["identical"]
+                row(
+                    check,
+                    differs,
+                    "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless",
+                    result,
+                )
+            else:
+                row(check, result["passed"], summary_line(result), result)
+    return rows
+
+
+def compare_link(ref: dict, run: dict, name: str, tolerance: float) -> dict:
+    """A link's checkpoint `name` against the reference's: the weights (as compare does: tensor by tensor,
+    with ULPs), then the rest of the state a resume depends on (optimizer, every RNG, every step's loss and
+    the trace's weight digests, the epoch records)."""
+    if name not in run["checkpoints"]:
+        return {"passed": False, "identical": False, "summary": f"wrote no {name}", "state_differences": []}
+    result = compare_runs({**ref, "checkpoints": {name: ref["checkpoints"][name]}, "unreadable": {}},
+                          {**run, "checkpoints": {name: run["checkpoints"][name]}}, tolerance)  # fmt: skip
+    a, b = ref["checkpoints"][name], run["checkpoints"][name]
+    state = [
+        part
+        for part, x, y in (
+            ("optimizer state", a.content.optimizer, b.content.optimizer),
+            ("RNG state", a.content.rng, b.content.rng),
+        )
+        if weights_digest(x) != weights_digest(y)
+    ]
+    divergence = compare_traces(_trace(ref, name), _trace(run, name))
+    if divergence.step is not None:
+        state.append(f"step trace from global step {divergence.step}")
+    identical = result["identical"] and not state
+    steps = a.manifest.get("global_step")
+    if identical:
+        summary = f"identical at {name} (weights, optimizer, RNG, {steps} step losses)"
+    else:
+        summary = summary_line(result) if not result["identical"] else f"weights identical at {name}"
+        summary += "".join(f"; {part} differs" for part in state)
+    passed = identical or (tolerance > 0 and result["passed"])
+    return {**result, "passed": passed, "identical": identical, "summary": summary, "state_differences": state}
+
+
+def _trace(run: dict, name: str | None = None):
+    """The step trace a run's checkpoint holds (the newest if no name is given)."""
+    checkpoint = run["checkpoints"][name] if name else next(reversed(run["checkpoints"].values()))
+    trace = TrainState.from_checkpoint(checkpoint, checkpoint.manifest["steps_per_epoch"]).trace
+    if trace is None:
+        raise CheckpointError(f"checkpoint {checkpoint.path} holds no step trace (made before reprocube traced steps)")
+    return trace
 
 
 def _table(rows) -> str:
@@ -180,6 +347,27 @@ def _markdown(result: dict) -> str:
         lines.append(f"(explicit tolerance: max abs difference <= {result['tolerance']})")
     if result.get("known_not_to_resume"):
         lines += ["", f"Note: {result['known_not_to_resume']}"]
-    lines += ["", f"Wall-clock: {result['wall_s']} s", "", "| check | passed | result |", "|---|---|---|"]
+    where = "SLURM jobs" if result["launcher"] == "slurm" else f"{result['jobs']} at a time"
+    lines += ["", f"Mode: {result['mode']}; checks run as {where}; wall-clock {result['wall_s']} s", ""]
+    lines += [WHAT_LINEAR_PROVES if result["mode"] == "linear" else WHAT_FULL_PROVES, ""]
+    lines += ["| check | passed | result |", "|---|---|---|"]
     lines += [f"| {c['check']} | {'yes' if c['passed'] else '**no**'} | {c['summary']} |" for c in result["checks"]]
     return "\n".join(lines) + "\n"
+
+
+WHAT_LINEAR_PROVES = """What this proves. Each link is a fresh process: the first trains from scratch to the reference's
+first checkpoint, each other one starts from the reference's checkpoint k-1 and trains to checkpoint k.
+A link passes only if its checkpoint k equals the reference's in every byte of the weights, the optimizer
+state and every RNG, and every step's loss bits and the epoch records agree. Why that suffices: if every
+link reproduces its checkpoint, then by induction on k a run restarted from scratch and a run resumed at
+any checkpoint reproduce the uninterrupted run, since each step from k-1 to k is shown to be a function
+of what checkpoint k-1 holds and of nothing else. A state a checkpoint fails to save or to restore (an
+RNG, the momentum, the data position) was carried by the reference and not by the link, which then
+differs. The link stopped by a real SIGTERM mid-epoch proves the same for a mid-epoch checkpoint. The
+negative control (another seed) must differ, or the comparison could not see a difference at all.
+Not shown by the links: a resumed process that trains on past its next checkpoint (each link stops
+there); verify.full=true resumes from every checkpoint to the end."""
+
+WHAT_FULL_PROVES = """What this proves. Every check compares a fresh process with the uninterrupted reference at every
+checkpoint both hold: a whole restart, a resume from every epoch checkpoint to the end, the SIGTERM run,
+and a whole run with another seed, which must differ (else the comparison could not see a difference)."""
