@@ -66,7 +66,8 @@ def test_verify_catches_the_stateful_control_and_says_why(framework, generated, 
     reference = tmp_path / "runs" / f"verify-{framework}" / "reference"
     assert "data.augment_rng=stateful is known not to resume exactly" in (reference / "verify.md").read_text()
     result = json.loads((reference / "verify.json").read_text())
-    assert not next(c for c in result["checks"] if c["check"] == "resume from epoch 1")["passed"]
+    # A link (from scratch, or from the reference's checkpoint) differs: the workers' generators are new.
+    assert not all(c["passed"] for c in result["checks"] if c["name"].startswith("link-"))
 
 
 def test_verify_passes_the_stateless_loader_with_a_sigterm_mid_epoch(generated, tmp_path):

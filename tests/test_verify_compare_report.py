@@ -23,21 +23,24 @@ def test_verify_all_frameworks_passes(generated, tmp_path):
     )
     assert "verdict: all bit-identical" in proc.stdout
     for framework in FRAMEWORKS:
-        result = json.loads((tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.json").read_text())
-        assert result["passed"] is True
-        checks = {c["check"]: c for c in result["checks"]}
-        assert checks["restart (same seed, fresh process)"]["detail"]["identical"]
-        assert not checks["negative control (another seed must differ)"]["detail"]["identical"]
-        assert [c for c in checks if c.startswith("resume from epoch")] == [
-            "resume from epoch 1",
-            "resume from epoch 2",
-        ]
-        assert any(c.startswith("SIGTERM at step 31") for c in checks)  # middle of epoch 2 (21 steps an epoch)
-        assert (
-            (tmp_path / "runs" / f"verify-{framework}" / "reference" / "verify.md")
-            .read_text()
-            .startswith(f"# reprocube verify: {framework}")
-        )
+        base = tmp_path / "runs" / f"verify-{framework}"
+        result = json.loads((base / "reference" / "verify.json").read_text())
+        assert result["passed"] is True and result["mode"] == "linear"
+        checks = {c["name"]: c for c in result["checks"]}
+        # One link per epoch (21 steps each), each a fresh process from the reference's previous checkpoint.
+        assert sorted(checks) == ["control-other-seed", "link-epoch-1", "link-epoch-2", "link-epoch-3", "reference"]
+        for epoch in (1, 2, 3):
+            link = checks[f"link-epoch-{epoch}"]
+            assert link["detail"]["identical"] and link["detail"]["compared_checkpoints"] == [f"epoch-{epoch:04d}"]
+        assert checks["control-other-seed"]["detail"]["first_differing_step"] == 1
+        # The SIGTERM link: stopped in the middle of epoch 2 (step 31), resumed from its own step checkpoint.
+        assert "stopped by SIGTERM at step 31" in checks["link-epoch-2"]["check"]
+        assert (base / "link-epoch-2" / "checkpoints" / "step-000031").is_dir()
+        assert not (base / "link-epoch-2" / "checkpoints" / "epoch-0003").exists()  # a link stops at its epoch
+        processes = {p["name"]: p["statuses"] for p in result["processes"]}
+        assert processes["link-epoch-2"] == [75, 0] and processes["control-other-seed"] == [75]
+        assert (base / "reference" / "verify.md").read_text().startswith(f"# reprocube verify: {framework}")
+        assert "by induction" in (base / "reference" / "verify.md").read_text()
 
 
 SITECUSTOMIZE = """
@@ -48,22 +51,58 @@ if os.environ.get("REPROCUBE_TEST_PERTURB_RESUME") and "resume=" in " ".join(sys
 """
 
 
-def test_verify_names_the_first_divergence_of_a_perturbed_resume(generated, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["linear", "full"])
+def test_verify_names_the_first_divergence_of_a_perturbed_resume(mode, generated, tmp_path, monkeypatch):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
     monkeypatch.setenv("PYTHONPATH", f"{hook}")
     monkeypatch.setenv("REPROCUBE_TEST_PERTURB_RESUME", "1")
-    proc = reprocube(
-        "verify", "framework=pytorch", *generated.overrides(), *SMALL, cwd=tmp_path, check=False, timeout=600
-    )
+    args = [*generated.overrides(), *SMALL, "verify.mid_epoch=false", f"verify.full={str(mode == 'full').lower()}"]
+    proc = reprocube("verify", "framework=pytorch", *args, cwd=tmp_path, check=False, timeout=600)
     assert proc.returncode == 6, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "runs" / "verify-pytorch" / "reference" / "verify.json").read_text())
-    checks = {c["check"]: c for c in result["checks"]}
-    assert checks["restart (same seed, fresh process)"]["passed"]  # the perturbation touches resumes only
-    first = checks["resume from epoch 1"]["detail"]["first_difference"]
+    checks = {c["name"]: c for c in result["checks"]}
+    # The perturbation touches resumes only: the fresh process from scratch still agrees.
+    fresh, resumed = ("link-epoch-1", "link-epoch-2") if mode == "linear" else ("restart", "resume-epoch-1")
+    assert checks[fresh]["passed"] and not checks[resumed]["passed"]
+    first = checks[resumed]["detail"]["first_difference"]
     assert first["checkpoint"] == "epoch-0002" and first["max_ulp"] > 0
     assert f"differs from epoch-0002: {first['tensor']}" in proc.stdout and "<-- FAIL" in proc.stdout
+    if mode == "linear":
+        assert "RNG state" in checks[resumed]["detail"]["state_differences"]
+
+
+def test_verify_jobs_do_not_change_the_result(generated, tmp_path):
+    """Two checks at once (here the reference and the links overlap) leave the same bits as one at a time."""
+    digests = {}
+    for jobs in (1, 2):
+        cwd = tmp_path / f"jobs{jobs}"
+        cwd.mkdir()
+        proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *SMALL, f"verify.jobs={jobs}", cwd=cwd)
+        assert "verdict: all bit-identical" in proc.stdout
+        base = cwd / "runs" / "verify-pytorch"
+        result = json.loads((base / "reference" / "verify.json").read_text())
+        assert result["jobs"] == jobs
+        digests[jobs] = {
+            (run.name, checkpoint.name): json.loads((checkpoint / "manifest.json").read_text())["weights_digest"]
+            for run in base.iterdir()
+            if (run / "checkpoints").is_dir()
+            for checkpoint in (run / "checkpoints").iterdir()
+        }
+        digests[jobs]["summaries"] = [(c["name"], c["passed"], c["summary"]) for c in result["checks"]]
+    assert digests[1] == digests[2]
+    assert len(digests[1]) > 6  # reference 3 + links 3 + step checkpoints
+
+
+def test_verify_refuses_a_sigterm_step_past_the_run(generated, tmp_path):
+    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *SMALL, "verify.mid_epoch_step=63",
+                     cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert error_lines(proc) == [
+        "reprocube: error: verify.mid_epoch_step=63 is not before the run's last step (63); choose an earlier step"
+    ]
+    assert not (tmp_path / "runs" / "verify-pytorch" / "reference").exists()
 
 
 @pytest.fixture(scope="module")

@@ -230,14 +230,14 @@ def judge(plan: list[Check], reference: Path, base: Path, tolerance: float) -> l
     rows = []
 
     def row(check: Check, passed: bool, summary: str, detail: dict | None = None) -> None:
-        rows.append({"check": check.label, "passed": passed, "summary": summary, "detail": detail})
+        rows.append({"name": check.name, "check": check.label, "passed": passed, "summary": summary, "detail": detail})
 
     try:
         ref = load_run(reference)
     except CheckpointError as exc:
         first = plan[0] if plan and plan[0].judge == "reference" else None
         reason = first.error if first is not None and first.error else str(exc)
-        rows.append({"check": "reference", "passed": False, "summary": f"failed: {reason}", "detail": None})
+        rows.append({"name": "reference", "check": "reference", "passed": False, "summary": f"failed: {reason}", "detail": None})
         return rows
     for check in plan:
         if check.error:
