@@ -153,6 +153,32 @@ def test_study_through_the_submitit_slurm_launcher_one_job_per_run(slurm, datase
     assert any((study / "slurm").iterdir())  # submitit's per-job logs
 
 
+def test_verify_through_the_submitit_slurm_launcher_one_job_per_check(slurm, dataset, tmp_path):
+    """verify.launcher=slurm: the reference as one job, then every link and the control as one array;
+    the same verdict and the same bits as the checks run here."""
+    common = ["verify", "framework=pytorch", "epochs=2", "threads=1", "data.train_limit=640", "data.test_limit=200",
+              *dataset.overrides()]  # fmt: skip
+    reprocube(*common, f"output_dir={tmp_path}/slurm", "verify.launcher=slurm", "verify.slurm.cpus_per_task=1",
+              "verify.slurm.timeout_min=10", cwd=tmp_path, timeout=600)  # fmt: skip
+    reprocube(*common, f"output_dir={tmp_path}/local", cwd=tmp_path, timeout=600)
+    results = {
+        where: json.loads((tmp_path / where / "verify-pytorch" / "reference" / "verify.json").read_text())
+        for where in ("slurm", "local")
+    }
+    assert results["slurm"]["passed"] and results["slurm"]["launcher"] == "slurm"
+    summaries = {where: [(c["name"], c["passed"], c["summary"]) for c in r["checks"]] for where, r in results.items()}
+    assert summaries["slurm"] == summaries["local"]
+    # Each check ran as its own SLURM job: submitit's folders, one per job, and the recorded job ids.
+    checks = tmp_path / "slurm" / "verify-pytorch" / "slurm" / "checks"
+    recorded = [json.loads(p.read_text())["slurm_job_id"] for p in sorted((checks / "results").iterdir())]
+    assert len(recorded) == 3 and None not in recorded and len(set(recorded)) == 3, recorded
+    assert "submitit" in (checks / "hydra" / "config" / "verify.yaml").read_text()
+    for run in ("reference", "link-epoch-1", "link-epoch-2"):
+        assert epoch_digests(tmp_path / "slurm" / "verify-pytorch" / run) == epoch_digests(
+            tmp_path / "local" / "verify-pytorch" / run
+        )
+
+
 def test_a_study_job_killed_on_slurm_is_listed_and_the_others_are_reported(slurm, dataset, tmp_path):
     """Run 1's job dies before it records anything (SIGKILL at start-up, as an OOM kill or a node
     failure would). submitit's launcher then fails; the study still waits for the other jobs, reports

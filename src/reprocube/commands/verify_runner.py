@@ -117,6 +117,7 @@ def run_slurm(checks: list[Check], commands: dict[str, list[list[str]]], cfg, ba
                 check.error = "not run: the reference failed"
             continue
         work = base / "slurm" / phase
+        (work / "results").mkdir(parents=True, exist_ok=True)
         plan = [
             {"name": c.name, "commands": commands[c.name], "expect": [list(s.expect) for s in c.stages]} for c in group
         ]
