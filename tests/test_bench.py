@@ -25,7 +25,7 @@ def pytorch_bench(generated, tmp_path_factory):
         "threads": "2",
     }  # as reference_tutorial.py writes
     reference.write_text(json.dumps({"date": "2026-11-01", "batch_size_train": 32, "results": {"pytorch": epochs}}))
-    proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=2", "bench.verify_epochs=1",
+    proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=2", "bench.verify_epochs=[1]",
                      f"bench.reference={reference}", f"bench.out={out}", cwd=out, timeout=600)  # fmt: skip
     return proc, json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
 
@@ -54,8 +54,9 @@ def test_bench_derives_costs_and_reference_ratios_from_its_medians(pytorch_bench
     assert derived["checkpoint_share_of_epoch"] == pytest.approx(
         on["checkpoint_write_s"]["median"] / on["epoch_s"]["median"]
     )
-    verify = entry["verify"]
+    (verify,) = entry["verify"]
     assert verify["epochs"] == 1 and verify["verify_s"] > verify["train_s"] > 0  # verify trains several runs
+    assert verify["verify_s"] > verify["verify_reused_s"] > 0  # run=PATH: no reference to train
     ratio = results["reference"]["frameworks"]["pytorch"]
     assert ratio["reference_epoch_s"] == 6.0  # the median of the reference's epochs
     assert ratio["speedup"] == pytest.approx(6.0 / on["epoch_s"]["median"])
@@ -67,7 +68,7 @@ def test_bench_derives_costs_and_reference_ratios_from_its_medians(pytorch_bench
 @pytest.mark.parametrize("framework", ["tensorflow", "jax"])
 def test_bench_runs_for_the_other_frameworks(generated, tmp_path, framework):
     reprocube("bench", f"framework={framework}", *generated.overrides(), "bench.repeats=1", "bench.deterministic=[true]",
-              "bench.verify_epochs=0", f"bench.out={tmp_path}", cwd=tmp_path, timeout=600)  # fmt: skip
+              "bench.verify_epochs=[]", f"bench.out={tmp_path}", cwd=tmp_path, timeout=600)  # fmt: skip
     results = json.loads((tmp_path / "bench.json").read_text())
     (run,) = results["frameworks"][framework]["runs"]
     assert run["framework"] == framework and all(run[figure] > 0 for figure in FIGURES)
@@ -96,7 +97,7 @@ def test_bench_refuses_bad_settings_in_one_line(tmp_path, override, message):
 
 
 def test_bench_names_an_unreadable_reference(generated, tmp_path):
-    proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=1", "bench.deterministic=[true]", "bench.verify_epochs=0",
+    proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=1", "bench.deterministic=[true]", "bench.verify_epochs=[]",
                      f"bench.reference={tmp_path}/absent.json", f"bench.out={tmp_path}/out", cwd=tmp_path, check=False)  # fmt: skip
     assert proc.returncode == 2
     assert error_lines(proc) == [f"reprocube: error: bench.reference: {tmp_path}/absent.json is missing"]

@@ -173,7 +173,9 @@ def validate(cfg: DictConfig) -> None:
     boolean("verify.full")
     integer("verify.jobs", 1, MAX_THREADS + 1, allow_none=True)
     integer("bench.repeats", 1)
-    integer("bench.verify_epochs", 0)
+    counts = OmegaConf.select(cfg, "bench.verify_epochs")
+    if not (OmegaConf.is_list(counts) and all(_is_int(n) and 1 <= n <= 1000 for n in counts)):
+        fail("bench.verify_epochs", "a list of epoch counts, e.g. [2,4,8] ([] to skip)")
     counts = OmegaConf.select(cfg, "bench.loader_workers")
     if not (OmegaConf.is_list(counts) and all(_is_int(w) and 0 <= w <= 64 for w in counts)):
         fail("bench.loader_workers", "a list of worker counts from 0 to 64, e.g. [1,2,4]")

@@ -114,26 +114,32 @@ def _loader_cost(framework: str, user: list[str], cfg, out) -> dict:
     return {name: statistics.median(values) for name, values in epochs.items()}
 
 
-def _verify_cost(framework: str, user: list[str], cfg, out) -> dict:
-    """verify's wall time against one plain training run of the same config and epochs."""
-    epochs = f"epochs={cfg.bench.verify_epochs}"
-    with tempfile.TemporaryDirectory(prefix="reprocube-bench-verify-") as scratch:
-        timings = {}
-        for name, command in (
-            ("train_s", ["train", *user, f"framework={framework}", epochs, f"output_dir={scratch}/train"]),
-            ("verify_s", ["verify", *user, f"framework={framework}", epochs, f"output_dir={scratch}/verify"]),
-        ):
-            log = Path(scratch) / f"{command[0]}.log"
-            started = time.perf_counter()
-            status = run_child(reprocube_command(*command), log)
-            timings[name] = time.perf_counter() - started
-            if status != 0:
-                raise ReprocubeError(f"bench: {command[0]} for {framework} exited {status}: {last_error_line(log)}")
-    timings.update(epochs=cfg.bench.verify_epochs, ratio=timings["verify_s"] / timings["train_s"])
-    out(
-        f"[{framework}] verify ({cfg.bench.verify_epochs} epochs): {timings['verify_s']:.1f} s = {timings['ratio']:.1f}x one training run ({timings['train_s']:.1f} s)"
-    )
-    return timings
+def _verify_cost(framework: str, user: list[str], cfg, out) -> list[dict]:
+    """verify's wall time against one plain training run of the same config, for each number of epochs in
+    bench.verify_epochs: a verify that trains its reference, and one that reuses the plain run (run=PATH)."""
+    rows = []
+    for epochs in cfg.bench.verify_epochs:
+        with tempfile.TemporaryDirectory(prefix="reprocube-bench-verify-") as scratch:
+            common = [*user, f"framework={framework}", f"epochs={epochs}"]
+            plain = Path(scratch) / "train" / "plain"
+            timings = {}
+            for name, command in (
+                ("train_s", ["train", *common, f"output_dir={scratch}/train", "run_name=plain"]),
+                ("verify_s", ["verify", *common, f"output_dir={scratch}/verify"]),
+                ("verify_reused_s", ["verify", *common, f"output_dir={scratch}/reused", f"run={plain}"]),
+            ):
+                log = Path(scratch) / f"{name}.log"
+                started = time.perf_counter()
+                status = run_child(reprocube_command(*command), log)
+                timings[name] = time.perf_counter() - started
+                if status != 0:
+                    raise ReprocubeError(f"bench: {command[0]} for {framework} exited {status}: {last_error_line(log)}")
+        row = {"epochs": epochs, **timings, "ratio": timings["verify_s"] / timings["train_s"]}
+        row["reused_ratio"] = timings["verify_reused_s"] / timings["train_s"]
+        out(f"[{framework}] verify ({epochs} epochs): {row['verify_s']:.1f} s = {row['ratio']:.2f}x one training run "
+            f"({row['train_s']:.1f} s); with run=PATH {row['verify_reused_s']:.1f} s = {row['reused_ratio']:.2f}x")  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def _summarise(runs: list[dict]) -> dict:
@@ -251,7 +257,8 @@ def markdown(results: dict) -> str:
             f"| {framework} | {_pct(d.get('determinism_cost'))} | {_pct(d.get('checkpoint_share_of_epoch'))} | {_pct(d.get('restore_share_of_epoch'))} | "
             f"{_pct(d.get('trace_share_of_epoch'))} | {_pct(d.get('traced_epoch_vs_plain'))} | {_kb(d.get('trace_bytes_per_epoch'))} | "
             + (
-                f"{verify['ratio']:.1f}x ({verify['verify_s']:.0f} s vs {verify['train_s']:.0f} s, {verify['epochs']} epochs) |"
+                "; ".join(f"{v['epochs']} epochs {v['ratio']:.2f}x (run=PATH {v['reused_ratio']:.2f}x)" for v in verify)
+                + " |"
                 if verify
                 else "n/a |"
             )

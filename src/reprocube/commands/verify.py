@@ -237,7 +237,9 @@ def judge(plan: list[Check], reference: Path, base: Path, tolerance: float) -> l
     except CheckpointError as exc:
         first = plan[0] if plan and plan[0].judge == "reference" else None
         reason = first.error if first is not None and first.error else str(exc)
-        rows.append({"name": "reference", "check": "reference", "passed": False, "summary": f"failed: {reason}", "detail": None})
+        rows.append(
+            {"name": "reference", "check": "reference", "passed": False, "summary": f"failed: {reason}", "detail": None}
+        )
         return rows
     for check in plan:
         if check.error:
