@@ -249,34 +249,40 @@ def judge(plan: list[Check], reference: Path, base: Path, tolerance: float) -> l
             final = max((n for n in ref["checkpoints"] if n.startswith("epoch-")), default=None)
             row(check, final is not None, f"trained ({final})" if final else "wrote no epoch checkpoint")
             continue
-        run = load_run(base / check.name)
-        if check.judge == "link":
-            detail = compare_link(ref, run, check.compare_at, tolerance)
-            stopped = len(check.stages) == 1 or any(n.startswith("step-") for n in run["checkpoints"])
-            passed = detail["passed"] and stopped
-            row(check, passed, detail["summary"] if stopped else "the SIGTERM left no step checkpoint", detail)
-        elif check.judge == "control":
-            divergence = compare_traces(_trace(ref), _trace(run))
-            differs = divergence.step is not None
-            summary = (
-                f"differs from global step {divergence.step}, as it must"
-                if differs
-                else "IDENTICAL: the verdict is meaningless"
-            )
-            row(check, differs, summary, {"first_differing_step": divergence.step, "identical": not differs})
-        else:
-            result = compare_runs(ref, run, tolerance)
-            if check.judge == "other-seed":
-                differs = not result["identical"]
-                row(
-                    check,
-                    differs,
-                    "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless",
-                    result,
-                )
-            else:
-                row(check, result["passed"], summary_line(result), result)
+        try:
+            rows.append(_judge_one(check, ref, base, tolerance))
+        except CheckpointError as exc:  # a run directory (or trace) that cannot be read fails its check
+            row(check, False, f"failed: {exc}")
     return rows
+
+
+def _judge_one(check: Check, ref: dict, base: Path, tolerance: float) -> dict:
+    def row(passed: bool, summary: str, detail: dict | None = None) -> dict:
+        return {"name": check.name, "check": check.label, "passed": passed, "summary": summary, "detail": detail}
+
+    run = load_run(base / check.name)
+    if check.judge == "link":
+        detail = compare_link(ref, run, check.compare_at, tolerance)
+        stopped = len(check.stages) == 1 or any(n.startswith("step-") for n in run["checkpoints"])
+        return row(
+            detail["passed"] and stopped,
+            detail["summary"] if stopped else "the SIGTERM left no step checkpoint",
+            detail,
+        )
+    if check.judge == "control":
+        divergence = compare_traces(_trace(ref), _trace(run))
+        differs = divergence.step is not None
+        summary = (
+            f"differs from global step {divergence.step}, as it must"
+            if differs
+            else "IDENTICAL: the verdict is meaningless"
+        )
+        return row(differs, summary, {"first_differing_step": divergence.step, "identical": not differs})
+    result = compare_runs(ref, run, tolerance)
+    if check.judge == "other-seed":
+        differs = not result["identical"]
+        return row(differs, "differs, as it must" if differs else "IDENTICAL: the verdict is meaningless", result)
+    return row(result["passed"], summary_line(result), result)
 
 
 def compare_link(ref: dict, run: dict, name: str, tolerance: float) -> dict:
