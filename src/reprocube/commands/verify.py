@@ -92,7 +92,11 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     reference = Path(cfg.run) if cfg.run else base / "reference"
     steps = _steps_per_epoch(cfg)
-    plan = plan_full(cfg, steps) if cfg.verify.full else plan_linear(cfg, steps, _reference_epochs(cfg))
+    plan = (
+        plan_full(cfg, steps, reference)
+        if cfg.verify.full
+        else plan_linear(cfg, steps, reference, _reference_epochs(cfg))
+    )
     commands = {check.name: child_commands(check, user, framework, base) for check in plan}
     jobs = cfg.verify.jobs or default_jobs(cfg.threads)
     where = "SLURM jobs" if cfg.verify.launcher == "slurm" else f"{jobs} at a time"
@@ -163,7 +167,7 @@ def _reference_check(cfg) -> list[Check]:
     return [Check("reference", "reference: the uninterrupted run", [Stage((f"seed={cfg.seed}",))], "reference")]
 
 
-def plan_linear(cfg, steps: int, epochs: list[int]) -> list[Check]:
+def plan_linear(cfg, steps: int, reference: Path, epochs: list[int]) -> list[Check]:
     """The reference, then one link per pair of consecutive reference checkpoints a < b: a fresh process
     that starts from the reference's checkpoint a (the first: from scratch), trains to b and must equal the
     reference's checkpoint b in every byte of its state. By induction on b that proves a fresh process and
@@ -177,7 +181,7 @@ def plan_linear(cfg, steps: int, epochs: list[int]) -> list[Check]:
     checks = _reference_check(cfg)
     stop_at = _sigterm_step(cfg, steps) if cfg.verify.mid_epoch else None
     for a, b in zip([0, *epochs[:-1]], epochs, strict=True):
-        start = (f"seed={cfg.seed}", f"stop_after_epoch={b}") + ((f"resume={_reference_path(cfg, a)}",) if a else ())
+        start = (f"seed={cfg.seed}", f"stop_after_epoch={b}") + ((f"resume={_checkpoint(reference, a)}",) if a else ())
         span = f"epoch {b}" if b == a + 1 else f"epochs {a + 1}-{b}"
         label = f"fresh process, from scratch: {span}" if a == 0 else f"resume from epoch {a}: {span}"
         stages = [Stage(start)]
@@ -197,7 +201,7 @@ def plan_linear(cfg, steps: int, epochs: list[int]) -> list[Check]:
     return checks
 
 
-def plan_full(cfg, steps: int) -> list[Check]:
+def plan_full(cfg, steps: int, reference: Path) -> list[Check]:
     """verify.full=true: the whole restart, the whole other-seed run, a resume from every epoch checkpoint
     to the end, and the SIGTERM run, each compared with the reference at every checkpoint both hold."""
     checks = _reference_check(cfg)
@@ -206,7 +210,7 @@ def plan_full(cfg, steps: int) -> list[Check]:
     checks.append(Check("other-seed", "negative control (another seed must differ)", [other], "other-seed"))
     for k in _reference_epochs(cfg):
         if k < cfg.epochs:
-            resume = Stage((f"seed={cfg.seed}", f"resume={_reference_path(cfg, k)}"))
+            resume = Stage((f"seed={cfg.seed}", f"resume={_checkpoint(reference, k)}"))
             checks.append(Check(f"resume-epoch-{k}", f"resume from epoch {k}", [resume], "run", needs=epoch_name(k)))
     if cfg.verify.mid_epoch:
         stop_at = _sigterm_step(cfg, steps)
@@ -218,8 +222,7 @@ def plan_full(cfg, steps: int) -> list[Check]:
     return checks
 
 
-def _reference_path(cfg, epoch: int) -> Path:
-    reference = Path(cfg.run) if cfg.run else Path(cfg.output_dir) / f"verify-{cfg.framework.name}" / "reference"
+def _checkpoint(reference: Path, epoch: int) -> Path:
     return (reference / "checkpoints" / epoch_name(epoch)).resolve()
 
 
