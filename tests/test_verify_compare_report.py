@@ -41,6 +41,14 @@ def test_verify_all_frameworks_passes(generated, tmp_path):
         assert processes["link-epoch-2"] == [75, 0] and processes["control-other-seed"] == [75]
         assert (base / "reference" / "verify.md").read_text().startswith(f"# reprocube verify: {framework}")
         assert "by induction" in (base / "reference" / "verify.md").read_text()
+        if framework == "jax":  # the resumes load the compiled steps from a cache; the fresh process compiles anew
+            variables = {
+                run: json.loads((base / run / "env.json").read_text())["env_vars"]
+                for run in ("link-epoch-1", "link-epoch-3")
+            }
+            assert "JAX_COMPILATION_CACHE_DIR" not in variables["link-epoch-1"]
+            assert variables["link-epoch-3"]["JAX_COMPILATION_CACHE_DIR"] == str((base / "jax-cache").resolve())
+            assert any((base / "jax-cache").iterdir())
 
 
 SITECUSTOMIZE = """

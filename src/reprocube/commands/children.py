@@ -55,14 +55,16 @@ def run_child(
         return child.returncode
 
 
-def start_child(command: list[str], log: Path, cwd: str | Path | None = None) -> subprocess.Popen:
+def start_child(
+    command: list[str], log: Path, cwd: str | Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Start `command` without waiting, its stdout and stderr appended to `log` after a `$ command` line
-    (run_child's log format); the caller polls it."""
+    (run_child's log format); `env`, if given, is its whole environment. The caller polls it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:  # the child keeps its own descriptor
         out.write(f"$ {shlex.join(command)}\n")
         out.flush()
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
 
 def last_error_line(log: Path) -> str:

@@ -8,6 +8,7 @@ module plans them and judges the run directories they leave."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -97,6 +98,8 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         if cfg.verify.full
         else plan_linear(cfg, steps, reference, _reference_epochs(cfg))
     )
+    if framework == "jax" and _runs_on_cpu(cfg):
+        share_compiled_code(plan, base / "jax-cache")
     commands = {check.name: child_commands(check, user, framework, base) for check in plan}
     jobs = cfg.verify.jobs or default_jobs(cfg.threads)
     where = "SLURM jobs" if cfg.verify.launcher == "slurm" else f"{jobs} at a time"
@@ -126,6 +129,25 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}"
     )
     return result
+
+
+# JAX compiles its steps in every process (about 3 s of each check's start-up here). Every check but the
+# fresh process from scratch loads the compiled code from a cache the first process writes; that one
+# still compiles anew, so a compilation that gave other bits is still caught. Only on the CPU: on a GPU,
+# autotuning may choose other kernels in each compilation, which a cache would hide from the resumes.
+JAX_CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+FRESH_CHECKS = ("link-epoch-1", "restart")  # the checks that compile anew
+
+
+def share_compiled_code(plan: list[Check], cache: Path) -> None:
+    for check in plan:
+        if check.name not in FRESH_CHECKS:
+            check.env = {**check.env, "JAX_COMPILATION_CACHE_DIR": str(cache.resolve()), **JAX_CACHE_ENV}
+
+
+def _runs_on_cpu(cfg) -> bool:
+    """device=cpu, or device=auto on a host without NVIDIA's driver tools."""
+    return cfg.device == "cpu" or (cfg.device == "auto" and shutil.which("nvidia-smi") is None)
 
 
 def default_jobs(threads: int) -> int:

@@ -38,6 +38,7 @@ class Check:
     stages: list[Stage]
     judge: str  # how verify judges it: reference | link | control | run | other-seed
     needs: str | None = None  # a reference checkpoint it starts from: it starts once that exists
+    env: dict[str, str] = field(default_factory=dict)  # set in its processes' environment
     compare_at: str | None = None  # link: the reference checkpoint its own must equal
     statuses: list[int] = field(default_factory=list)
     error: str | None = None  # why it did not run as planned (None: every stage exited as expected)
@@ -75,7 +76,12 @@ def run_local(checks: list[Check], commands: dict[str, list[list[str]]], jobs: i
     def start(check: Check, index: int) -> None:
         if index == 0:
             out(f"  start {check.name}: {check.label}")
-        running[check.name] = (check, index, start_child(commands[check.name][index], logs / f"{check.name}.log"))
+        env = {**os.environ, **check.env} if check.env else None
+        running[check.name] = (
+            check,
+            index,
+            start_child(commands[check.name][index], logs / f"{check.name}.log", env=env),
+        )
 
     while pending or running:
         for check in [c for c in pending if ready(c)]:
@@ -119,7 +125,8 @@ def run_slurm(checks: list[Check], commands: dict[str, list[list[str]]], cfg, ba
         work = base / "slurm" / phase
         (work / "results").mkdir(parents=True, exist_ok=True)
         plan = [
-            {"name": c.name, "commands": commands[c.name], "expect": [list(s.expect) for s in c.stages]} for c in group
+            {"name": c.name, "commands": commands[c.name], "expect": [list(s.expect) for s in c.stages], "env": c.env}
+            for c in group
         ]
         write_file_atomic(work / "plan.json", json.dumps({"cwd": os.getcwd(), "checks": plan}, indent=2).encode())
         settings = hydra_settings(work, "job.member", "slurm", cfg.verify.slurm, f"reprocube-verify-{phase}")
@@ -144,9 +151,12 @@ def run_planned(plan_path: Path, logs: Path, member: int) -> dict:
     name, commands, expect = entry.text("name"), entry.value.get("commands"), entry.value.get("expect")
     if not (_list_of_lists(commands, str) and _list_of_lists(expect, int) and len(commands) == len(expect)):
         raise CheckpointError(f"{entry.where}: commands and expect must be lists, one per process")
+    env = entry.value.get("env")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise CheckpointError(f"{entry.where}: env must map names to strings")
     record, log = {"statuses": []}, logs / f"{name}.log"
     for command, expected in zip(commands, expect, strict=True):
-        status = run_child(command, log, cwd=plan.text("cwd"))
+        status = run_child(command, log, cwd=plan.text("cwd"), env={**os.environ, **env} if env else None)
         record["statuses"].append(status)
         if status not in expected:
             record["error"] = f"exited {status}: {last_error_line(log)} (log: {log})"
