@@ -4,6 +4,8 @@
 # Offline build: scripts/wheelhouse.sh cpu|gpu first fills wheelhouse/VARIANT on a host with an index;
 # the build then installs from it with --no-index. Either way every file is checked against the lock's hashes.
 # The CUDA libraries come from the lock's nvidia-* wheels; the host needs only the NVIDIA driver (--gpus / --nv).
+# torch, torchvision and JAX use the CUDA 13 wheels, TensorFlow 2.21 its own CUDA 12 ones: 12.6 GB in all
+# (benchmarks/gpu-image.md; tests/test_gpu_image.py checks the image wherever it is built).
 
 # Pinned by digest (a tag can move); tests and offline sites pass their own, e.g. a debootstrapped bookworm.
 ARG BASE_IMAGE=debian:bookworm-slim@sha256:96e378d7e6531ac9a15ad505478fcc2e69f371b10f5cdf87857c4b8188404716
