@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # TensorFlow's Eigen kernels (its default on CPUs without AVX512_VNNI/BF16 or AMX) and its oneDNN ones (the
-# trainer's default since 2026-11-23), each with 1 and 2 inter-op threads (the default since then: 2).
+# trainer's default since 2026-11-23), each with 1 inter-op thread (the default) and 2.
 DEFAULT_SETTINGS = [
     "eigen_inter_op_1=TF_ENABLE_ONEDNN_OPTS=0 framework.inter_op_threads=1",
     "eigen_inter_op_2=TF_ENABLE_ONEDNN_OPTS=0 framework.inter_op_threads=2",

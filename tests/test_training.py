@@ -27,7 +27,7 @@ EXPECTED_INFO = {
     "tensorflow": {
         "op_determinism": True,
         "intra_op_threads": 2,
-        "inter_op_threads": 2,
+        "inter_op_threads": 1,
         "jit_compile": False,
         "onednn": True,
     },

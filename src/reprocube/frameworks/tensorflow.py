@@ -15,7 +15,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, not errors
 # TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX512_VNNI/BF16 or AMX; on an AVX2 CPU
-# its Eigen kernels made a step 2.2x slower (benchmarks/README.md). Read once, when TensorFlow is imported.
+# its Eigen kernels made an epoch 2x as long (benchmarks/README.md). Read once, when TensorFlow is imported.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import keras  # noqa: E402
