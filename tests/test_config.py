@@ -1,7 +1,14 @@
 import pytest
 import yaml
 
-from reprocube.config import config_differences, config_hash, load_config, to_plain
+from reprocube.config import (
+    FORMER_RESULT_KEYS,
+    config_differences,
+    config_hash,
+    config_hash_matches,
+    load_config,
+    to_plain,
+)
 from reprocube.errors import ConfigError
 
 
@@ -121,6 +128,18 @@ def test_config_hash_ignores_places_cadences_and_epochs_only():
     assert config_hash(base) == config_hash(same)
     for override in ("seed=1", "threads=1", "optimizer.lr=0.02", "data.train_limit=10", "deterministic=false"):
         assert config_hash(to_plain(load_config([override]))) != config_hash(base), override
+
+
+def test_tensorflow_inter_op_threads_are_not_a_result_key():
+    def tensorflow(*overrides):
+        return to_plain(load_config(["framework=tensorflow", *overrides]))
+
+    assert config_hash(tensorflow("framework.inter_op_threads=2")) == config_hash(tensorflow())
+    assert config_differences(tensorflow(), tensorflow("threads=1")) == ["threads: 2 -> 1"]  # intra-op: other bits
+    # checkpoints and receipts written while it was a result key still match their recorded hash
+    written_before = config_hash(tensorflow(), keep=FORMER_RESULT_KEYS)
+    assert written_before != config_hash(tensorflow()) and config_hash_matches(tensorflow(), written_before)
+    assert not config_hash_matches(tensorflow("threads=1"), written_before)
 
 
 def test_config_differences_name_the_keys():

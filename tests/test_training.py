@@ -24,7 +24,13 @@ EPOCHS = 3
 # What env.json must say about determinism and threads (threads=2 by default).
 EXPECTED_INFO = {
     "pytorch": {"deterministic_algorithms": True, "num_threads": 2},
-    "tensorflow": {"op_determinism": True, "intra_op_threads": 2, "inter_op_threads": 1, "jit_compile": False},
+    "tensorflow": {
+        "op_determinism": True,
+        "intra_op_threads": 2,
+        "inter_op_threads": 1,
+        "jit_compile": False,
+        "onednn": True,
+    },
     "jax": {
         "backend": "cpu",
         "prng_impl": "threefry2x32",

@@ -33,7 +33,7 @@ from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
 from reprocube import __version__
-from reprocube.config import config_hash
+from reprocube.config import config_hash_matches
 from reprocube.errors import CheckpointError
 from reprocube.files import fsync_dir
 from reprocube.untrusted import Fields, parse_json, read_bytes
@@ -228,7 +228,9 @@ def read_checkpoint(path: Path) -> Checkpoint:
     tensors = {n: _load_tensors(blobs[f"{n}.safetensors"], path / f"{n}.safetensors") for n in TENSOR_FILES}
     state = parse_json(blobs["state.json"], str(path / "state.json"), CheckpointError)
     config = parse_json(blobs["config.json"], str(path / "config.json"), CheckpointError)
-    if not isinstance(config, dict) or ("config_hash" in manifest and manifest["config_hash"] != config_hash(config)):
+    if not isinstance(config, dict) or (
+        "config_hash" in manifest and not config_hash_matches(config, manifest["config_hash"])
+    ):
         raise CheckpointError(f"checkpoint {path}: config.json does not match the manifest's config_hash")
     content = CheckpointContent(tensors["weights"], tensors["optimizer"], tensors["rng"], state, config)
     if weights_digest(content.weights) != manifest["weights_digest"]:

@@ -36,6 +36,7 @@ NON_RESULT_KEYS = frozenset(
         "data_dir",
         "data.source_dir",
         "data.workers",
+        "framework.inter_op_threads",  # TensorFlow: schedules whole kernels, never splits one (same bits)
         "dataset.mirrors",
         "checkpoint.every_epochs",
         "checkpoint.every_steps",
@@ -50,6 +51,10 @@ NON_RESULT_KEYS = frozenset(
         "study",
     }
 )
+
+# Keys that were result keys when earlier checkpoints and receipts were written: their recorded
+# config_hash includes them, which config_hash_matches accepts.
+FORMER_RESULT_KEYS = ("framework.inter_op_threads",)
 
 
 def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfig:
@@ -275,16 +280,23 @@ def to_plain(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def result_config(config: dict) -> dict:
-    """The part of a plain config that determines the computation (all but NON_RESULT_KEYS)."""
+def result_config(config: dict, keep: tuple[str, ...] = ()) -> dict:
+    """The part of a plain config that determines the computation (all but NON_RESULT_KEYS, save `keep`)."""
     return {
-        k: v for k, v in flatten_keys(config).items() if k not in NON_RESULT_KEYS and not _under(k, NON_RESULT_KEYS)
+        k: v
+        for k, v in flatten_keys(config).items()
+        if k in keep or (k not in NON_RESULT_KEYS and not _under(k, NON_RESULT_KEYS))
     }
 
 
-def config_hash(config: dict) -> str:
-    canonical = json.dumps(result_config(config), sort_keys=True, separators=(",", ":"))
+def config_hash(config: dict, keep: tuple[str, ...] = ()) -> str:
+    canonical = json.dumps(result_config(config, keep), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def config_hash_matches(config: dict, recorded: str) -> bool:
+    """Whether `recorded` is the config's hash, as written now or before FORMER_RESULT_KEYS left the hash."""
+    return recorded in (config_hash(config), config_hash(config, keep=FORMER_RESULT_KEYS))
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reprocube import __version__
 from reprocube.checkpoint import HEX_DIGEST, NAME_PATTERN
-from reprocube.config import config_hash
+from reprocube.config import config_hash, config_hash_matches
 from reprocube.errors import CheckpointError
 from reprocube.files import write_file_atomic
 from reprocube.metrics import MetricsHistory, check_epoch_record
@@ -127,7 +127,7 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
         raise error(f"{path}: {SELF_DIGEST} does not match its content (damaged or edited)")
     config = fields.mapping("config").value
     _check_config(config, path, error)
-    if fields.text("config_hash") != config_hash(config):
+    if not config_hash_matches(config, fields.text("config_hash")):
         raise error(f"{path}: config_hash does not match its config")
     env = fields.mapping("env").value
     position = fields.mapping("position")

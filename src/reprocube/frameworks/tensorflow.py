@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, not errors
+# TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX512_VNNI/BF16 or AMX; on an AVX2 CPU
+# its Eigen kernels made an epoch 2x as long (benchmarks/README.md). Read once, when TensorFlow is imported.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -109,7 +112,8 @@ class TensorflowBackend:
             "op_determinism": _op_determinism_enabled(),
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-            "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on for x86 Linux)"),
+            "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+            "onednn": _onednn_enabled(),
             "jit_compile": False,
             "tf32": tf.config.experimental.tensor_float_32_execution_enabled(),
             "cuda_build": build.get("cuda_version"),
@@ -210,6 +214,13 @@ def _op_determinism_enabled() -> bool:
     from tensorflow.python.framework import config as tf_config
 
     return bool(tf_config.is_op_determinism_enabled())
+
+
+def _onednn_enabled() -> bool:
+    # Whether TensorFlow runs its oneDNN kernels (TF_ENABLE_ONEDNN_OPTS, else its CPU-dependent default).
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def _name(variable) -> str:

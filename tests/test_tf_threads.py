@@ -1,0 +1,76 @@
+"""TensorFlow's inter-op thread pool runs independent kernels of a step side by side (the backward pass's
+convolution gradients, the dropout masks) but never splits a kernel, so the weights do not depend on its
+size: `framework.inter_op_threads` is not a result key, and a run may resume with another value.
+Digests are compared between runs made here, in fresh processes (never recorded ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
+
+DEFAULT_INTER_OP = 1  # conf/framework/tensorflow.yaml
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory):
+    """2048 examples: 64 steps per epoch, 2 epochs."""
+    data = GeneratedDataset(tmp_path_factory.mktemp("tf-threads-data"), make_payloads(train=2048, test=512))
+    data.write_raw()
+    workdir = tmp_path_factory.mktemp("tf-threads")
+
+    def run(run_name, *overrides):
+        reprocube("train", "framework=tensorflow", *data.overrides(), "epochs=2", f"run_name={run_name}", *overrides,
+                  cwd=workdir)  # fmt: skip
+        return workdir / "runs" / run_name
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def default_run(train):
+    return train("default")
+
+
+@pytest.fixture(scope="module")
+def two_threads_run(train):
+    return train("inter-op-2", "framework.inter_op_threads=2", "checkpoint.every_steps=40")
+
+
+def test_the_default_inter_op_pool_gives_the_same_weights_in_fresh_processes(default_run, train):
+    env = json.loads((default_run / "env.json").read_text())["framework"]
+    expected = {"inter_op_threads": DEFAULT_INTER_OP, "intra_op_threads": 2, "op_determinism": True, "onednn": True}
+    assert {key: env[key] for key in expected} == expected
+    assert epoch_digests(train("default-again")) == epoch_digests(default_run)
+    assert len(set(epoch_digests(default_run).values())) == 2  # the weights did change each epoch
+
+
+def test_two_inter_op_threads_give_the_same_weights_as_the_default(default_run, two_threads_run):
+    assert epoch_digests(two_threads_run) == epoch_digests(default_run)
+
+
+def test_a_run_resumes_mid_epoch_with_another_inter_op_pool_bit_exactly(default_run, two_threads_run, train):
+    resumed = train("switched", f"resume={two_threads_run}/checkpoints/step-000040")  # epoch 1, step 40 of 64
+    assert epoch_digests(resumed) == epoch_digests(default_run)
+    sessions = [json.loads(line) for line in (resumed / "sessions.jsonl").read_text().splitlines()]
+    assert [s["env"]["framework"]["inter_op_threads"] for s in sessions] == [DEFAULT_INTER_OP]
+
+
+def test_a_checkpoint_hashed_with_the_inter_op_pool_as_a_result_key_still_resumes(default_run, train, tmp_path):
+    """Checkpoints written before framework.inter_op_threads left the result keys hold a config_hash
+    that includes it: make one (recompute the hash that way, re-sign the manifest) and resume from it."""
+    from reprocube.checkpoint import manifest_self_digest
+    from reprocube.config import FORMER_RESULT_KEYS, config_hash
+
+    checkpoint = shutil.copytree(default_run / "checkpoints" / "epoch-0001", tmp_path / "epoch-0001")
+    edited = manifest(checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    edited["config_hash"] = config_hash(config, keep=FORMER_RESULT_KEYS)
+    assert edited["config_hash"] != manifest(checkpoint)["config_hash"]
+    edited["manifest_sha256"] = manifest_self_digest(edited)
+    (checkpoint / "manifest.json").write_text(json.dumps(edited))
+    resumed = train("from-before", f"resume={checkpoint}")
+    assert epoch_digests(resumed) == {"epoch-0002": epoch_digests(default_run)["epoch-0002"]}
