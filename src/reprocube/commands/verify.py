@@ -20,6 +20,7 @@ from reprocube.commands.invocation import Invocation
 from reprocube.commands.launcher import check_slurm
 from reprocube.commands.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
 from reprocube.config import config_differences, to_plain
+from reprocube.data.sampler import EpochSampler
 from reprocube.env import usable_cpus
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
 from reprocube.state import TrainState
@@ -157,12 +158,14 @@ def default_jobs(threads: int) -> int:
 
 def _steps_per_epoch(cfg) -> int:
     """From the config alone (the reference may not exist yet): an IDX label file is an 8-byte header and
-    one byte per example."""
+    one byte per example; the steps are the sampler's, as training will count them."""
     examples = cfg.dataset.files.train_labels.bytes - 8
     if cfg.data.train_limit is not None:
         examples = min(examples, cfg.data.train_limit)
-    full, rest = divmod(max(examples, 1), cfg.batch_size)
-    return max(full if (cfg.data.drop_last or rest == 0) else full + 1, 1)
+    try:
+        return EpochSampler(cfg.seed, max(examples, 1), cfg.batch_size, cfg.data.drop_last).steps_per_epoch
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _reference_epochs(cfg) -> list[int]:
@@ -251,39 +254,37 @@ def _checkpoint(reference: Path, epoch: int) -> Path:
 # ---- judging: the run directories the checks left --------------------------------------------------------
 
 
+def _row(check: Check, passed: bool, summary: str, detail: dict | None = None) -> dict:
+    """One row of verify's table and of verify.json's checks."""
+    return {"name": check.name, "check": check.label, "passed": passed, "summary": summary, "detail": detail}
+
+
 def judge(plan: list[Check], reference: Path, base: Path, tolerance: float) -> list[dict]:
     rows = []
-
-    def row(check: Check, passed: bool, summary: str, detail: dict | None = None) -> None:
-        rows.append({"name": check.name, "check": check.label, "passed": passed, "summary": summary, "detail": detail})
-
     try:
         ref = load_run(reference)
     except CheckpointError as exc:
         first = plan[0] if plan and plan[0].judge == "reference" else None
         reason = first.error if first is not None and first.error else str(exc)
-        rows.append(
-            {"name": "reference", "check": "reference", "passed": False, "summary": f"failed: {reason}", "detail": None}
-        )
-        return rows
+        return [_row(Check("reference", "reference", [], "reference"), False, f"failed: {reason}")]
     for check in plan:
         if check.error:
-            row(check, False, f"failed: {check.error}")
+            rows.append(_row(check, False, f"failed: {check.error}"))
             continue
         if check.judge == "reference":
             final = max((n for n in ref["checkpoints"] if n.startswith("epoch-")), default=None)
-            row(check, final is not None, f"trained ({final})" if final else "wrote no epoch checkpoint")
+            rows.append(_row(check, final is not None, f"trained ({final})" if final else "wrote no epoch checkpoint"))
             continue
         try:
             rows.append(_judge_one(check, ref, base, tolerance))
         except CheckpointError as exc:  # a run directory (or trace) that cannot be read fails its check
-            row(check, False, f"failed: {exc}")
+            rows.append(_row(check, False, f"failed: {exc}"))
     return rows
 
 
 def _judge_one(check: Check, ref: dict, base: Path, tolerance: float) -> dict:
     def row(passed: bool, summary: str, detail: dict | None = None) -> dict:
-        return {"name": check.name, "check": check.label, "passed": passed, "summary": summary, "detail": detail}
+        return _row(check, passed, summary, detail)
 
     run = load_run(base / check.name)
     if check.judge == "link":
