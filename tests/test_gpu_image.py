@@ -3,6 +3,9 @@ included: it imports and runs everything on the CPU, its torchvision reads Fashi
 reprocube's own IDX reader does, and its trainers give the CPU image's weights, bit for bit.
 
 It skips where the GPU image is not built: CI builds only the CPU image (scripts/container-setup.sh).
+The image is built rarely (12.6 GB, from an offline wheelhouse) and the code changes often, so the tests
+run this checkout's source layered onto it (CHECKOUT_IMAGE): an image built from older code would
+otherwise be compared with a CPU image built from today's (it happened: TensorFlow's oneDNN switch).
 Build it with `docker build --build-arg BASE_IMAGE=reprocube-base:bookworm -t reprocube/reprocube:VERSION-gpu .`
 (benchmarks/gpu-image.md); REPROCUBE_GPU_IMAGE names another tag. Where the image is present nothing
 else skips: a broken image, a missing CPU image or missing Fashion-MNIST fail."""
@@ -31,6 +34,15 @@ REPO = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 GPU_IMAGE = os.environ.get("REPROCUBE_GPU_IMAGE", f"reprocube/reprocube:{VERSION}-gpu")
 CPU_IMAGE = f"reprocube/reprocube:{VERSION}-cpu"
+CHECKOUT_IMAGE = f"reprocube/reprocube:{VERSION}-gpu-checkout"
+# The GPU image's dependencies with this checkout's reprocube, installed as the Dockerfile installs it.
+CHECKOUT_LAYER = f"""FROM {GPU_IMAGE}
+USER root
+COPY pyproject.toml README.md /src/
+COPY src/ /src/src/
+RUN /opt/venv/bin/pip install --quiet --no-cache-dir --no-deps --no-build-isolation --no-index /src && rm -rf /src
+USER reprocube
+"""
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 PINS = yaml.safe_load((REPO / "src" / "reprocube" / "conf" / "dataset" / "fashion_mnist.yaml").read_text())["files"]
 SPLITS = {"train": ("train_images", "train_labels"), "test": ("test_images", "test_labels")}
@@ -59,12 +71,22 @@ def _absent() -> str | None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def gpu_image():
+def gpu_image(tmp_path_factory):
     reason = _absent()
     if reason:
         pytest.skip(f"{reason}: benchmarks/gpu-image.md says how to build it")
     if not FASHION_MNIST.is_dir():
         pytest.fail(f"{FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")
+    context = tmp_path_factory.mktemp("gpu-checkout")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, context / name)
+    shutil.copytree(REPO / "src", context / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (context / "Dockerfile").write_text(CHECKOUT_LAYER)
+    build = subprocess.run(
+        ["docker", "build", "--quiet", "--network=none", "-t", CHECKOUT_IMAGE, str(context)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert build.returncode == 0, f"layering this checkout onto {GPU_IMAGE} failed:\n{build.stderr[-4000:]}"
 
 
 def docker_run(
@@ -107,7 +129,7 @@ print(json.dumps({
 
 
 def test_everything_imports_and_jax_runs_on_the_cpu_despite_its_cuda_plugin():
-    found = json.loads(docker_run(GPU_IMAGE, IMPORTS, python=True).stdout.splitlines()[-1])
+    found = json.loads(docker_run(CHECKOUT_IMAGE, IMPORTS, python=True).stdout.splitlines()[-1])
     # Built from this checkout's lock (else rebuild the image).
     assert found["image"]["lock"] == "requirements.txt"
     assert found["image"]["lock_sha256"] == hashlib.sha256((REPO / "requirements.txt").read_bytes()).hexdigest()
@@ -168,7 +190,7 @@ def test_torchvision_reads_fashion_mnist_as_reprocubes_idx_reader_does(tmp_path)
             "item_labels": _sha(as_int64),
             "modes": ["L"],
         }
-    found = json.loads(docker_run(GPU_IMAGE, TORCHVISION_READ, mounts={tmp_path: "/data"}, python=True).stdout)
+    found = json.loads(docker_run(CHECKOUT_IMAGE, TORCHVISION_READ, mounts={tmp_path: "/data"}, python=True).stdout)
     assert found == expected
 
 
@@ -186,7 +208,7 @@ def test_the_gpu_images_trainers_give_the_cpu_images_weights(fashion_data, frame
     if not _image_present(CPU_IMAGE):
         pytest.fail(f"{CPU_IMAGE} is missing (scripts/container-setup.sh builds it): the reference for this test")
     runs = {}
-    for variant, image in (("cpu", CPU_IMAGE), ("gpu", GPU_IMAGE)):
+    for variant, image in (("cpu", CPU_IMAGE), ("gpu", CHECKOUT_IMAGE)):
         out = fashion_data / "runs" / variant
         out.mkdir(parents=True, exist_ok=True)
         docker_run(
@@ -205,6 +227,9 @@ def test_the_gpu_images_trainers_give_the_cpu_images_weights(fashion_data, frame
     gpu_env = json.loads((runs["gpu"] / "env.json").read_text())
     assert gpu_env["container"]["image"] == f"reprocube/reprocube:{VERSION}-gpu"
     assert gpu_env["container"]["build"]["lock"] == "requirements.txt"
+    # Both images ran this checkout's code (else the comparison says nothing about it).
+    sources = {v: json.loads((run / "receipt.json").read_text())["reprocube"]["source_sha256"] for v, run in runs.items()}
+    assert sources["gpu"] == sources["cpu"], f"{CPU_IMAGE} was built from other code: scripts/container-setup.sh"
     digests = epoch_digests(runs["cpu"])
     assert list(digests) == ["epoch-0001", "epoch-0002"]
     assert epoch_digests(runs["gpu"]) == digests
