@@ -84,7 +84,9 @@ def gpu_image(tmp_path_factory):
     (context / "Dockerfile").write_text(CHECKOUT_LAYER)
     build = subprocess.run(
         ["docker", "build", "--quiet", "--network=none", "-t", CHECKOUT_IMAGE, str(context)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert build.returncode == 0, f"layering this checkout onto {GPU_IMAGE} failed:\n{build.stderr[-4000:]}"
 
@@ -228,7 +230,9 @@ def test_the_gpu_images_trainers_give_the_cpu_images_weights(fashion_data, frame
     assert gpu_env["container"]["image"] == f"reprocube/reprocube:{VERSION}-gpu"
     assert gpu_env["container"]["build"]["lock"] == "requirements.txt"
     # Both images ran this checkout's code (else the comparison says nothing about it).
-    sources = {v: json.loads((run / "receipt.json").read_text())["reprocube"]["source_sha256"] for v, run in runs.items()}
+    sources = {
+        v: json.loads((run / "receipt.json").read_text())["reprocube"]["source_sha256"] for v, run in runs.items()
+    }
     assert sources["gpu"] == sources["cpu"], f"{CPU_IMAGE} was built from other code: scripts/container-setup.sh"
     digests = epoch_digests(runs["cpu"])
     assert list(digests) == ["epoch-0001", "epoch-0002"]
