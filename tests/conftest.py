@@ -78,9 +78,12 @@ def generated(tmp_path_factory) -> GeneratedDataset:
     return dataset
 
 
-def reprocube(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the CLI in a fresh Python process (what bit-exact resume must survive)."""
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+def reprocube(
+    *args: str, cwd: Path, check: bool = True, timeout: float = 300, env_extra: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh Python process (what bit-exact resume must survive); `env_extra` is added to
+    its environment."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", **(env_extra or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "reprocube", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )

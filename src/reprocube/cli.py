@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.errors import EXIT_CONFIG, EXIT_OK, exit_status_of
+from reprocube.terminal import escaped_output
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
-    return exit_status_of(lambda: _dispatch(COMMANDS[args.command], args))
+    with escaped_output():  # values from files are printed: never as terminal control (reprocube.terminal)
+        return exit_status_of(lambda: _dispatch(COMMANDS[args.command], args))
 
 
 def _dispatch(command: Command, args: argparse.Namespace) -> int:

@@ -25,6 +25,12 @@ from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 # elsewhere must still run here) but reported by the trainers' env.json and warned about by train.
 MAX_THREADS = 1024
 
+# Where OmegaConf starts an interpolation (resolvers such as oc.env read the environment).
+INTERPOLATION = "${"
+DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # used with fullmatch
+# The largest batch: a config asking for more is refused before anything is allocated.
+MAX_BATCH_SIZE = 1 << 16
+
 # Keys that name places, cadences or presentation, not the computation: they may differ between a run
 # and its resumption (and `epochs`, which extends a run). Everything else is part of the config hash.
 NON_RESULT_KEYS = frozenset(
@@ -77,13 +83,24 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
         OmegaConf.resolve(cfg)
     except (OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {_unresolvable_key(cfg)}{_hydra_message(exc)}") from None
+    _refuse_literal_interpolations(cfg)
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
+def _refuse_literal_interpolations(cfg: DictConfig) -> None:
+    """After resolution no value may still hold `${` (an escaped `\\${x}` resolves to the text `${x}`,
+    which any later read of the config would try to resolve again)."""
+    for key, value in flatten_keys(OmegaConf.to_container(cfg, resolve=False)).items():
+        if isinstance(value, str) and INTERPOLATION in value:
+            raise ConfigError(
+                f"{key}: a value holding {INTERPOLATION!r} is refused (reprocube configs hold no interpolation)"
+            )
+
+
 def config_files_overrides(paths: list[str]) -> list[str]:
-    return [override for path in paths for override in user_yaml_overrides(path)]
+    return [line for path in paths for line in user_yaml_overrides(path)]
 
 
 def user_yaml_overrides(path: str) -> list[str]:
@@ -95,11 +112,29 @@ def user_yaml_overrides(path: str) -> list[str]:
         return []
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping of config keys, not {type(loaded).__name__}")
-    return [f"{key}={hydra_literal(value)}" for key, value in flatten_keys(loaded).items()]
+    return [_override_from(path, key, value) for key, value in flatten_keys(loaded).items()]
+
+
+def _override_from(path: str, key: str, value: Any) -> str:
+    try:
+        return override(key, value)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {key}: {exc}") from None
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` for a child's (or Hydra's) command line with `value` as data: quoted, so that a path
+    holding `,` `'` `=` or spaces stays one string. Every override built from a value reprocube did not
+    type itself (a path, a receipt's or a run's config, a user yaml's value) is built here."""
+    if not (isinstance(key, str) and DOTTED_NAME.fullmatch(key)):
+        raise ConfigError(f"{_shown(str(key))} cannot be a reprocube config key (dotted names of letters, digits, _)")
+    return f"{key}={hydra_literal(value)}"
 
 
 def hydra_literal(value: Any) -> str:
-    """Write a yaml value in Hydra's override grammar (strings quoted, so they stay strings)."""
+    """Write a yaml value in Hydra's override grammar (strings quoted, so they stay strings). A string
+    holding `${` is refused: inside quotes Hydra and OmegaConf would still resolve it (`${oc.env:X}` reads
+    this machine's environment), and no config value of reprocube's is an interpolation."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -109,6 +144,8 @@ def hydra_literal(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
     if isinstance(value, str):
+        if INTERPOLATION in value:
+            raise ConfigError(f"{_shown(value)}: a value holding {INTERPOLATION!r} is refused (no interpolation)")
         # In Hydra's quoted strings only a quote, and the backslashes before a quote or the closing
         # quote, need escaping.
         escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
@@ -116,6 +153,8 @@ def hydra_literal(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(hydra_literal(v) for v in value) + "]"
     if isinstance(value, dict):
+        if not all(isinstance(k, str) and DOTTED_NAME.fullmatch(k) and "." not in k for k in value):
+            raise ConfigError(f"{_shown(str(list(value)))}: a mapping's keys must be plain names")
         return "{" + ",".join(f"{k}:{hydra_literal(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"unsupported value in config file: {value!r}")
 
@@ -167,8 +206,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{section} must be a mapping of its keys, got {OmegaConf.select(cfg, section)!r}")
 
     integer("seed", 0, 2**32)
-    for key in ("epochs", "batch_size", "test_batch_size", "checkpoint.every_epochs"):
+    for key in ("epochs", "checkpoint.every_epochs"):
         integer(key, 1)
+    for key in ("batch_size", "test_batch_size"):
+        integer(key, 1, MAX_BATCH_SIZE + 1)
     integer("threads", 1, MAX_THREADS + 1)
     for key in ("checkpoint.every_steps", "log.every_steps", "trace.every_steps"):
         integer(key, 0)
@@ -353,6 +394,10 @@ def _hydra_message(exc: BaseException) -> str:
     if message.startswith("Could not override"):
         message += " There is no such key (see --print-config for every key)."
     return message
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 60 else value[:57] + "...")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -43,6 +44,45 @@ ENV_VARS = (
     "TF_FORCE_GPU_ALLOW_GROWTH",
 )
 ENV_PREFIXES = ("ONEDNN_", "DNNL_", "ATEN_", "OMP_", "KMP_", "MKL_", "XLA_", "JAX_", "KERAS_")
+# The only variables `reproduce --match` sets on this machine, each with the values it accepts: the ISA caps
+# and thread counts that select kernels and so change rounding. A receipt is someone else's file: any other
+# variable it records (PYTHONPATH, LD_PRELOAD, XLA_FLAGS=--xla_dump_to=...) could run code or write files
+# here, so it is reported, never applied (README, "What a receipt can do").
+_ISA_NAME = r"[A-Za-z0-9_]{1,32}"
+_COUNT = r"[1-9][0-9]{0,3}"  # 1..9999 threads
+_XLA_FLAG = r"--xla_cpu_[a-z0-9_]{1,60}=[A-Za-z0-9_.]{1,32}|--xla_gpu_deterministic_ops=(true|false)"
+MATCHABLE_ENV_VARS = {
+    "ONEDNN_MAX_CPU_ISA": _ISA_NAME,
+    "DNNL_MAX_CPU_ISA": _ISA_NAME,
+    "ONEDNN_DEFAULT_FPMATH_MODE": _ISA_NAME,
+    "ATEN_CPU_CAPABILITY": _ISA_NAME,
+    "MKL_CBWR": r"[A-Za-z0-9_]{1,32}(,[A-Za-z0-9_]{1,32})?",
+    "MKL_ENABLE_INSTRUCTIONS": _ISA_NAME,
+    "MKL_NUM_THREADS": _COUNT,
+    "OMP_NUM_THREADS": _COUNT,
+    "OMP_DYNAMIC": r"(?i:true|false)",
+    "TF_NUM_INTRAOP_THREADS": _COUNT,
+    "TF_NUM_INTEROP_THREADS": _COUNT,
+    "TF_ENABLE_ONEDNN_OPTS": r"[01]",
+    "TF_DETERMINISTIC_OPS": r"[01]|(?i:true|false)",
+    "TF_CUDNN_DETERMINISTIC": r"[01]|(?i:true|false)",
+    "NVIDIA_TF32_OVERRIDE": r"[01]",
+    "CUBLAS_WORKSPACE_CONFIG": r":[0-9]{1,6}:[0-9]{1,6}",
+    "JAX_ENABLE_X64": r"[01]|(?i:true|false)",
+    "JAX_DEFAULT_MATMUL_PRECISION": r"[a-z0-9_]{1,32}",
+    "XLA_FLAGS": rf"({_XLA_FLAG})( ({_XLA_FLAG})){{0,15}}",
+}
+
+
+def refused_match_setting(name: str, value: str | None) -> str | None:
+    """Why `reproduce --match` will not set `name` to `value` here (None: it may; a None value unsets it)."""
+    if name not in MATCHABLE_ENV_VARS:
+        return "not one of the documented ISA and thread variables --match sets"
+    if value is not None and not re.fullmatch(MATCHABLE_ENV_VARS[name], value):
+        return "its value is not of the form this variable takes"
+    return None
+
+
 # ISA extensions that change which CPU kernels run (and so the rounding of reductions).
 ISA_FLAGS = (
     "sse4_2",

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -67,6 +70,31 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def json_text(value, indent: int | None = 1, sort_keys: bool = False) -> str:
+    """The one way reprocube turns a value into JSON: strict (no NaN or Infinity, which no strict reader,
+    ours included, accepts), so that every file we write is a file we can read back. A non-finite float
+    or a value JSON cannot hold is a bug of ours: it raises ValueError/TypeError naming it."""
+    _refuse_non_finite(value, "$")
+    separators = (",", ":") if indent is None else None
+    return json.dumps(value, indent=indent, sort_keys=sort_keys, allow_nan=False, separators=separators)
+
+
+def _refuse_non_finite(value, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} is {value}, which JSON cannot hold")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_non_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _refuse_non_finite(item, f"{where}[{i}]")
+
+
+def write_json_atomic(path: Path, value, indent: int | None = 1, sort_keys: bool = False) -> None:
+    """write_file_atomic of json_text(value), ending in a newline."""
+    write_file_atomic(path, (json_text(value, indent, sort_keys) + "\n").encode())
+
+
 def append_line(path: Path, line: str) -> None:
     """Append one line (a log or metrics record) without following a symbolic link at `path`."""
     try:
@@ -78,6 +106,14 @@ def append_line(path: Path, line: str) -> None:
     with os.fdopen(fd, "a") as f:
         f.write(line + "\n")
         f.flush()
+
+
+def safe_name(text: str, limit: int = 64) -> str:
+    """A directory name made from a string someone else chose (a receipt's run_name): letters, digits,
+    `_` and `-` (each run of anything else becomes one `_`), at most `limit` characters, never empty. So
+    `..`, `/`, a NUL or an escape sequence in the string can neither leave the current directory nor show."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_")[:limit]
+    return name or "unnamed"
 
 
 def refuse_inside_checkpoints(out: Path) -> None:

@@ -27,6 +27,7 @@ from reprocube.receipt import build_receipt, write_receipt
 from reprocube.rng import seed_host_rng
 from reprocube.runs import RunDirectory, open_run
 from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
+from reprocube.terminal import raw_stderr
 from reprocube.trace import StepTrace
 
 
@@ -238,7 +239,7 @@ class TrainingLoop:
                 initial=first_step,
                 desc=f"epoch {position.epoch + 1}/{cfg.epochs}",
                 disable=not show_progress,
-                file=sys.stderr,
+                file=raw_stderr(),  # the bar's carriage returns are not escaped; it prints no file's value
                 leave=False,
             )
             while position.step_in_epoch < sampler.steps_per_epoch:

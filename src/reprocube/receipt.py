@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ RECEIPT_FORMAT = "reprocube-receipt"
 RECEIPT_VERSION = 1
 MAX_RECEIPT_BYTES = 64 << 20  # a long run's trace: 4 bytes a step
 SELF_DIGEST = "receipt_sha256"
+SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.signing)
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,10 +144,64 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
     trace = StepTrace.from_json(value.get("trace"), f"{path}: trace", error)
     if trace.last_step != global_step:
         raise error(f"{path}: trace ends at global step {trace.last_step}, not at position.global_step {global_step}")
+    _check_env_vars(env, path, error)
+    _check_records_agree(config, fields.boolean("complete"), position.value, epochs, path, error)
     checkpoints = value.get("checkpoints")
     if not (isinstance(checkpoints, list) and all(isinstance(c, str) and NAME_PATTERN.match(c) for c in checkpoints)):
         raise error(f"{path}: checkpoints must be a list of checkpoint names")
     return Receipt(path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch)
+
+
+ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_ENV_VALUE = 4096
+
+
+def _check_env_vars(env: dict, path: Path, error) -> None:
+    """env.env_vars: variable names and text values (a name holding `=` or a value holding a NUL cannot be
+    an environment variable; reproduce reports them and --match sets only documented ones)."""
+    env_vars = env.get("env_vars", {})
+    if not isinstance(env_vars, dict):
+        raise error(f"{path}: env.env_vars must be a JSON object")
+    for name, value in env_vars.items():
+        if not ENV_VAR_NAME.fullmatch(name):
+            raise error(f"{path}: env.env_vars holds {name[:40]!r}, which is not a variable name")
+        if not (isinstance(value, str) and len(value) <= MAX_ENV_VALUE and "\0" not in value):
+            raise error(f"{path}: env.env_vars.{name} must be text of at most {MAX_ENV_VALUE} characters without NUL")
+
+
+def _check_records_agree(config: dict, complete: bool, position: dict, epochs: list[dict], path: Path, error) -> None:
+    """The config must agree with what the receipt says A did, before anyone retrains it: its epochs with
+    `complete` and the position, one number of steps per epoch across the records, and no more steps per
+    epoch than its data and batch size allow. So a receipt cannot ask for more work than it records."""
+    epoch, step_in_epoch, global_step = position["epoch"], position["step_in_epoch"], position["global_step"]
+    if complete != (epoch == config["epochs"] and step_in_epoch == 0) or epoch > config["epochs"]:
+        raise error(
+            f"{path}: config.epochs {config['epochs']} disagrees with position epoch {epoch} step {step_in_epoch} "
+            f"(complete: {str(complete).lower()})"
+        )
+    per_epoch = {record["global_step"] // record["epoch"] for record in epochs if record["epoch"]}
+    if any(r["global_step"] % r["epoch"] for r in epochs if r["epoch"]) or len(per_epoch) > 1 or 0 in per_epoch:
+        raise error(f"{path}: epochs[].global_step are not one number of steps per epoch")
+    if per_epoch:
+        steps = per_epoch.pop()
+        if global_step != epoch * steps + step_in_epoch or step_in_epoch >= steps:
+            raise error(f"{path}: position.global_step {global_step} disagrees with {steps} steps per epoch")
+        most = -(-_most_examples(config) // _batch_size(config, path, error))
+        if steps > most:
+            raise error(f"{path}: {steps} steps per epoch is more than its data and batch_size allow ({most})")
+
+
+def _batch_size(config: dict, path: Path, error) -> int:
+    return Fields(config, f"{path}: config", error).integer("batch_size", 1)
+
+
+def _most_examples(config: dict) -> int:
+    """An upper bound of the training examples: data.train_limit, else the training images' bytes."""
+    limit = (config.get("data") or {}).get("train_limit") if isinstance(config.get("data"), dict) else None
+    files = config["dataset"]["files"]
+    size = files.get("train_images", {}).get("bytes") if isinstance(files.get("train_images"), dict) else None
+    bounds = [n for n in (limit, size) if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return min(bounds) if bounds else 2**63
 
 
 def _check_config(config: dict, path: Path, error) -> None:

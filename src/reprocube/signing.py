@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from reprocube.errors import ConfigError, ReprocubeError, SignatureError
 from reprocube.files import fsync_dir, write_file_atomic
+from reprocube.receipt import SIGNATURE_FILE
 from reprocube.untrusted import MAX_JSON_BYTES, Fields, parse_json, read_bytes
 
-SIGNATURE_FILE = "receipt.sig"
 SIGNATURE_FORMAT = "reprocube-signature"
 SIGNATURE_VERSION = 1
 ALGORITHM = "ed25519"
@@ -130,6 +130,8 @@ def generate_key(private_key_path: Path) -> Path:
     """Write a new Ed25519 private key (PEM PKCS#8, unencrypted, mode 0600) at `private_key_path` and its
     public key (PEM) at `<name>.pub` beside it; returns the public key's path. Refuses to replace either."""
     private_key_path = Path(private_key_path)
+    if private_key_path.name in ("", ".", "..") or private_key_path.is_dir():
+        raise ConfigError(f"--key {private_key_path} is a directory: give the new private key's file name")
     public_key_path = private_key_path.with_name(private_key_path.name + ".pub")
     for path in (private_key_path, public_key_path):
         if os.path.lexists(path):

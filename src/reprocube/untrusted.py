@@ -17,6 +17,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,13 +77,16 @@ def parse_json(blob: bytes, where: str, error: type[ReprocubeError]):
     except UnicodeDecodeError:
         raise error(f"{where} is not UTF-8 text") from None
     try:
-        return json.loads(
+        value = json.loads(
             text,
             parse_constant=_refuse_constant,
             parse_int=_bounded_int,
             parse_float=_finite_float,
             object_pairs_hook=_unique_keys,
         )
+        if _SURROGATE_ESCAPE.search(text):  # rare: only then walk the value
+            _refuse_lone_surrogates(value)
+        return value
     except _Refused as exc:
         raise error(f"{where}: {exc}") from None
     except RecursionError:
@@ -196,6 +200,27 @@ def _shown(value) -> str:
 
 class _Refused(ValueError):
     pass
+
+
+# A `\ud800`-`\udfff` escape: JSON lets a string hold half a surrogate pair, which is no Unicode text (it
+# cannot be printed, written as UTF-8 or used in a path), so a value holding one is refused.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(value) -> None:
+    texts = [value] if isinstance(value, str) else []
+    if isinstance(value, dict):
+        texts = list(value)
+        for item in value.values():
+            _refuse_lone_surrogates(item)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_lone_surrogates(item)
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Refused(f"a string holds a lone surrogate ({ascii(text[:20])}...): not Unicode text") from None
 
 
 def _refuse_constant(name: str):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from reprocube.commands.children import child_args, last_error_line, python_module_command, reprocube_command, run_child
 from reprocube.commands.invocation import Invocation
-from reprocube.config import to_plain
+from reprocube.config import override, to_plain
 from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
 from reprocube.files import write_file_atomic
@@ -124,9 +124,12 @@ def _verify_cost(framework: str, user: list[str], cfg, out) -> list[dict]:
             plain = Path(scratch) / "train" / "plain"
             timings = {}
             for name, command in (
-                ("train_s", ["train", *common, f"output_dir={scratch}/train", "run_name=plain"]),
-                ("verify_s", ["verify", *common, f"output_dir={scratch}/verify"]),
-                ("verify_reused_s", ["verify", *common, f"output_dir={scratch}/reused", f"run={plain}"]),
+                ("train_s", ["train", *common, override("output_dir", f"{scratch}/train"), "run_name=plain"]),
+                ("verify_s", ["verify", *common, override("output_dir", f"{scratch}/verify")]),
+                (
+                    "verify_reused_s",
+                    ["verify", *common, override("output_dir", f"{scratch}/reused"), override("run", str(plain))],
+                ),
             ):
                 log = Path(scratch) / f"{name}.log"
                 started = time.perf_counter()

@@ -9,9 +9,10 @@ Run A is the published run (its receipt), run B is this machine's retraining of 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -21,11 +22,12 @@ from pathlib import Path
 from reprocube.commands.children import last_error_line, reprocube_command, run_child
 from reprocube.commands.compare import NOT_NUMERIC, env_differences, ulp_statistics
 from reprocube.commands.study_results import STUDY_RESULT, read_study
-from reprocube.config import config_differences, flatten_keys, hydra_literal, load_config, result_config
+from reprocube.config import config_differences, flatten_keys, load_config, override, result_config
+from reprocube.env import refused_match_setting
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, ReprocubeError
-from reprocube.files import refuse_inside_checkpoints, write_file_atomic
+from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic, write_json_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
-from reprocube.receipt import Receipt, read_receipt
+from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.trace import compare_traces
 
 # Keys that say where things are or how they are shown here: B may set them freely.
@@ -40,10 +42,7 @@ AVX2_CAPS = {
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
 }
-SEED_SPREAD_Z = 2.0
-DOTTED_NAME = re.compile(
-    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-)  # within the seed spread: |B - A| <= 2 standard deviations of different-seed runs
+SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations of different-seed runs
 
 
 def _print_now(line: str) -> None:
@@ -107,7 +106,18 @@ def reproduce(
         from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
 
         signature = verify_receipt_signature(receipt.raw, receipt.path, public_key)
-    study_path = study if study is not None else _study_beside(receipt.path)
+    study_path, unsigned = study, []
+    beside = _study_beside(receipt.path) if study is None else None
+    if beside is not None and signature is not None:  # the signature covers receipt.json, nothing beside it
+        unsigned.append(
+            f"{beside / STUDY_RESULT}: beside the signed receipt, not signed: ignored (pass --study to use it)"
+        )
+    elif beside is not None:
+        study_path = beside
+    if signature is None and (receipt.path.parent / SIGNATURE_FILE).is_file():
+        unsigned.append(
+            f"{receipt.path.parent / SIGNATURE_FILE}: a signature beside the receipt, NOT checked (pass --public-key)"
+        )
     spread_study = _read_spread_study(study_path) if study_path is not None else None
     user_overrides, user_config_changes = _check_overrides(overrides, allow_config_change)
     base = _overrides_for(receipt, user_overrides)
@@ -115,10 +125,13 @@ def reproduce(
     framework = receipt.config["framework"]["name"]
     echo(f"reproduce {receipt.path}: {framework}, seed {receipt.config['seed']}, {receipt.epoch} epochs, "
          f"{receipt.global_step} steps; runs and logs in {ws.out}")  # fmt: skip
+    echo(f"  signature: {_signature_line(signature)}")
+    for line in unsigned:
+        echo(f"  unsigned: {line}")
 
     def train(name: str, *extra: str, env: dict | None = None, expect=(EXIT_OK,)) -> Path:
         command = reprocube_command(
-            "train", *base, f"output_dir={ws.runs}", f"run_name={name}", "log.progress=false", *extra
+            "train", *base, override("output_dir", str(ws.runs)), f"run_name={name}", "log.progress=false", *extra
         )
         log = ws.logs / f"{name}.log"
         echo(
@@ -136,9 +149,16 @@ def reproduce(
     outcome = _compare_receipts(receipt, b)
 
     result: dict = {
+        # What this result is about: the receipt file's bytes (as sha256sum and the signature see them).
+        "subject": {
+            "receipt_sha256": hashlib.sha256(receipt.raw).hexdigest(),
+            "config_hash": receipt.value["config_hash"],
+            "final_weights_digest": receipt.epochs[-1]["weights_digest"] if receipt.epochs else None,
+        },
         "source": str(receipt.path),
         "source_sha256": receipt.value["receipt_sha256"],
         "signature": None if signature is None else {"key_id": signature.get("key_id"), "verified": True},
+        "unsigned": unsigned,
         "run_a": receipt.run_name,
         "run_b": str(b_path),
         "framework": framework,
@@ -169,7 +189,7 @@ def reproduce(
 
 # --- inputs ----------------------------------------------------------------------------------------
 def _workspace(out: Path | None, receipt: Receipt) -> _Workspace:
-    out = Path(out) if out is not None else Path(f"reproduce-{receipt.run_name}")
+    out = Path(out) if out is not None else Path(f"reproduce-{safe_name(receipt.run_name)}")
     source_dir = receipt.path.parent.resolve()
     resolved = out.resolve()
     if resolved == source_dir or source_dir in resolved.parents:
@@ -186,17 +206,17 @@ def _workspace(out: Path | None, receipt: Receipt) -> _Workspace:
 def _check_overrides(overrides: list[str], allow_config_change: bool) -> tuple[list[str], list[str]]:
     """Place keys pass; any other key is refused unless --allow-config-change, then reported as a cause."""
     allowed, changes = [], []
-    for override in overrides:
-        key, sep, _ = override.partition("=")
+    for given in overrides:
+        key, sep, _ = given.partition("=")
         key = key.strip()
         if not sep or not key or key.startswith(("+", "~")):
-            raise ConfigError(f"{override!r}: an override is KEY=VALUE")
+            raise ConfigError(f"{given!r}: an override is KEY=VALUE")
         if key.startswith(OWN_KEYS) or key in ("framework", "dataset"):
             raise ConfigError(f"{key}: reproduce sets it itself (A's config, --out); it cannot be overridden")
         if key in PLACE_KEYS:
-            allowed.append(override)
+            allowed.append(given)
         elif allow_config_change:
-            allowed.append(override)
+            allowed.append(given)
             changes.append(key)
         else:
             raise ConfigError(
@@ -208,22 +228,21 @@ def _check_overrides(overrides: list[str], allow_config_change: bool) -> tuple[l
 
 def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> list[str]:
     """A's exact config as Hydra overrides (the user's place keys last): its framework group, then every
-    result-affecting key, then its epochs and cadences (trace.every_steps, so that B's boundaries fall where A's did). The receipt is
-    untrusted: a key that is not a dotted name, or a value holding a mapping key that is not a name, could
-    smuggle grammar into an override and is refused."""
+    result-affecting key, then its epochs and cadences (trace.every_steps, so that B's boundaries fall
+    where A's did). The receipt is untrusted: each value goes through config.override, as data (quoted;
+    a key that is not a dotted name or a value holding an interpolation is refused)."""
     config = receipt.config
     keys = dict(result_config(config))
     flat = flatten_keys(config)
     for key in ("epochs", "trace.every_steps", "checkpoint.every_epochs", "checkpoint.every_steps"):
         if key in flat:
             keys[key] = flat[key]
-    for key, value in keys.items():
-        if not DOTTED_NAME.match(key) or not _plain_value(value):
-            raise CheckpointError(f"{receipt.path}: config key {key[:80]!r} cannot be a reprocube config key")
-    framework = config["framework"]["name"]
-    if not DOTTED_NAME.match(framework):
-        raise CheckpointError(f"{receipt.path}: config.framework.name {framework[:80]!r} is not a framework name")
-    overrides = [f"framework={framework}"] + [f"{k}={hydra_literal(v)}" for k, v in sorted(keys.items())]
+    keys["epochs"] = _epochs_to_train(receipt)
+    try:
+        overrides = [override("framework", config["framework"]["name"])]
+        overrides += [override(k, v) for k, v in sorted(keys.items())]
+    except ConfigError as exc:
+        raise CheckpointError(f"{receipt.path}: config: {exc}") from None
     overrides += user_overrides
     try:
         load_config(overrides)  # here, not in a child: a key this reprocube does not know is named at once
@@ -234,12 +253,17 @@ def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> list[str]:
     return overrides
 
 
-def _plain_value(value) -> bool:
-    if isinstance(value, list):
-        return all(_plain_value(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and DOTTED_NAME.match(k) and _plain_value(v) for k, v in value.items())
-    return value is None or isinstance(value, (str, int, float, bool))
+def _epochs_to_train(receipt: Receipt) -> int:
+    """B trains what A's records show A trained, never more: a receipt's config may claim any number of
+    epochs, its trace and epoch records are what A did (a stopped A: to its last, partial epoch)."""
+    position = receipt.value["position"]
+    return receipt.epoch + (1 if position["step_in_epoch"] else 0) if not receipt.complete else receipt.epoch
+
+
+def _signature_line(signature: dict | None) -> str:
+    if signature is None:
+        return "not checked (no --public-key): the receipt may come from anyone"
+    return f"verified (key {signature.get('key_id')}); it covers receipt.json only"
 
 
 def _study_beside(receipt_path: Path) -> Path | None:
@@ -352,14 +376,14 @@ def _self_check(a: Receipt, b: Receipt, outcome: dict, train) -> tuple[bool | No
         epoch = (step - 1) // spe
         checkpoint = Path(b.path).parent / "checkpoints" / f"epoch-{epoch:04d}"
         if epoch > 0 and checkpoint.is_dir():
-            resume = [f"resume={checkpoint}"]
+            resume = [override("resume", str(checkpoint))]
     path = train("b-again", *resume, f"preempt_at_step={step}", expect=(EXIT_OK, EXIT_PREEMPTED))
     again = read_receipt(path)
     divergence = compare_traces(b.trace, again.trace)
     agrees = divergence.step is None and divergence.common_last >= step
     return agrees, {
         "run": str(path),
-        "from": resume[0].split("=", 1)[1] if resume else "scratch",
+        "from": str(checkpoint) if resume else "scratch",
         "to_step": step,
         "compared_steps": max(divergence.common_last - divergence.common_first, 0),
         "first_difference": divergence.step,
@@ -409,13 +433,16 @@ def _code(receipt: Receipt) -> str:
 def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
     """An intervention: re-run B with A's settings where this machine can emulate them, and see whether
     that restores bit-identity (a proof of the cause, and the recipe to reproduce exactly)."""
-    env, cannot = {}, []
+    env, cannot, not_applied = {}, [], []
     a_vars = a.env.get("env_vars") if isinstance(a.env.get("env_vars"), dict) else {}
     b_vars = b.env.get("env_vars") if isinstance(b.env.get("env_vars"), dict) else {}
     for key in sorted(set(a_vars) | set(b_vars)):
-        if f"env_vars.{key}" in NOT_NUMERIC:
+        if f"env_vars.{key}" in NOT_NUMERIC or a_vars.get(key) == b_vars.get(key):
             continue
-        if a_vars.get(key) != b_vars.get(key):
+        refused = refused_match_setting(key, a_vars.get(key))  # only documented variables, checked values
+        if refused:
+            not_applied.append({"key": key, "reason": refused})
+        else:
             env[key] = a_vars.get(key)  # None: unset it
     isa_a = set(_isa(a.env))
     isa_b = set(_isa(b.env))
@@ -431,8 +458,13 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
         cannot.append(
             f"config differences ({', '.join(affecting)}) are not emulated: they are A's config, not settings"
         )
+    if not_applied:
+        cannot.append(
+            f"not applied (reported only; --match sets only documented ISA and thread variables): "
+            f"{', '.join(row['key'] for row in not_applied)}"
+        )
     if not env:
-        return {"settings": {}, "ran": False, "bit_identical": None, "cannot": cannot,
+        return {"settings": {}, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
                 "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
     path = train("b-matched", env=env)
     matched = read_receipt(path)
@@ -444,7 +476,7 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
         else f"with {shown}, B still differs (first at step {(outcome['first_divergence'] or {}).get('step')})"
     )
     return {"settings": env, "ran": True, "run": str(path), "bit_identical": outcome["identical"],
-            "cannot": cannot, "summary": summary}  # fmt: skip
+            "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
 
 
 def _settings(env: dict) -> str:
@@ -491,9 +523,15 @@ def _seed_spread(a: Receipt, b: Receipt, study: dict | None, seeds: int, train) 
             "a": fa[metric],
             "b": fb[metric],
             "difference": difference,
-            "in_std": None if not std else difference / std,
+            "in_std": _ratio(difference, std),
         }
     return spread
+
+
+def _ratio(difference: float, std: float) -> float | None:
+    """difference / std, or None where it is not a finite number (no std, or a std so small it overflows)."""
+    ratio = difference / std if std else None
+    return ratio if ratio is not None and math.isfinite(ratio) else None
 
 
 def _ulp(a: Receipt, b: Receipt) -> dict | None:
@@ -571,7 +609,7 @@ def _shown(value) -> str:
 
 # --- outputs ---------------------------------------------------------------------------------------
 def _write(out: Path, result: dict) -> None:
-    write_file_atomic(out / "reproduce.json", (json.dumps(result, indent=1, default=str) + "\n").encode())
+    write_json_atomic(out / "reproduce.json", result)
     write_file_atomic(out / "reproduce.md", markdown(result).encode())
 
 
@@ -584,8 +622,9 @@ def markdown(result: dict) -> str:
         "",
         result["summary"],
         "",
-        f"- receipt: `{result['source']}` (sha256 {result['source_sha256'][:16]}...)"
-        + (f", signature verified (key {result['signature']['key_id']})" if result.get("signature") else ""),
+        f"- receipt: `{result['source']}` (file sha256 {result['subject']['receipt_sha256'][:16]}...)",
+        f"- signature: {_signature_line(result['signature'])}",
+        *(f"- unsigned: {line}" for line in result["unsigned"]),
         f"- B: `{result['run_b']}`",
         f"- compared: {result['coverage']['compared_steps']} steps (every loss bit), "
         f"{result['coverage']['compared_boundaries']} weight-digest boundaries, {result['coverage']['a_epochs']} epochs",

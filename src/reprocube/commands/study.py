@@ -22,6 +22,7 @@ from reprocube.commands.children import child_args, last_error_line, reprocube_c
 from reprocube.commands.invocation import Invocation
 from reprocube.commands.launcher import check_slurm, hydra_settings, launch_multirun, wait_for_slurm_jobs
 from reprocube.commands.study_results import collect, members, study_paths, summary_lines, write_study
+from reprocube.config import override
 from reprocube.errors import EXIT_OK, EXIT_TRAINING, ConfigError
 from reprocube.files import write_file_atomic
 from reprocube.metrics import read_epoch_records
@@ -124,7 +125,7 @@ def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: li
     member = members(runs, seed)[index]
     paths = study_paths(study_dir)
     log_path = paths["logs"] / f"{member.run_name}.log"
-    command = reprocube_command("train", *train_args, f"seed={member.seed}", f"output_dir={paths['runs']}",
+    command = reprocube_command("train", *train_args, f"seed={member.seed}", override("output_dir", str(paths["runs"])),
                                 f"run_name={member.run_name}", "resume=auto", "log.progress=false")  # fmt: skip
     status = run_child(command, log_path, cwd=cwd)
     record = {"member": member.index, "group": member.group, "seed": member.seed, "run": str(paths["runs"] / member.run_name),

@@ -15,11 +15,11 @@ from pathlib import Path
 from reprocube.backend import STEPS_PER_CALL
 from reprocube.checkpoint import epoch_name, read_checkpoint, scan_checkpoints, weights_digest
 from reprocube.commands.children import child_args
-from reprocube.commands.compare import compare_runs, load_run, summary_line, write_reports
+from reprocube.commands.compare import compare_runs, load_run, subject_of, summary_line, write_reports
 from reprocube.commands.invocation import Invocation
 from reprocube.commands.launcher import check_slurm
 from reprocube.commands.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
-from reprocube.config import config_differences, to_plain
+from reprocube.config import config_differences, override, to_plain
 from reprocube.data.sampler import EpochSampler
 from reprocube.env import usable_cpus
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
@@ -111,6 +111,8 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         run_local(plan, commands, jobs, reference, logs, out)
     checks = judge(plan, reference, base, cfg.verify.tolerance)
     result = {
+        # What this verdict is about: the reference's final epoch checkpoint (report checks it against the run).
+        "subject": subject_of(reference),
         "framework": framework,
         "passed": all(c["passed"] for c in checks),
         "mode": "full" if cfg.verify.full else "linear",
@@ -206,7 +208,9 @@ def plan_linear(cfg, steps: int, reference: Path, epochs: list[int]) -> list[Che
     checks = _reference_check(cfg)
     stop_at = _sigterm_step(cfg, steps) if cfg.verify.mid_epoch else None
     for a, b in zip([0, *epochs[:-1]], epochs, strict=True):
-        start = (f"seed={cfg.seed}", f"stop_after_epoch={b}") + ((f"resume={_checkpoint(reference, a)}",) if a else ())
+        start = (f"seed={cfg.seed}", f"stop_after_epoch={b}") + (
+            (override("resume", str(_checkpoint(reference, a))),) if a else ()
+        )
         span = f"epoch {b}" if b == a + 1 else f"epochs {a + 1}-{b}"
         label = f"fresh process, from scratch: {span}" if a == 0 else f"resume from epoch {a}: {span}"
         stages = [Stage(start)]
@@ -235,7 +239,7 @@ def plan_full(cfg, steps: int, reference: Path) -> list[Check]:
     checks.append(Check("other-seed", "negative control (another seed must differ)", [other], "other-seed"))
     for k in _reference_epochs(cfg):
         if k < cfg.epochs:
-            resume = Stage((f"seed={cfg.seed}", f"resume={_checkpoint(reference, k)}"))
+            resume = Stage((f"seed={cfg.seed}", override("resume", str(_checkpoint(reference, k)))))
             checks.append(Check(f"resume-epoch-{k}", f"resume from epoch {k}", [resume], "run", needs=epoch_name(k)))
     if cfg.verify.mid_epoch:
         stop_at = _sigterm_step(cfg, steps)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from reprocube.commands.children import last_error_line, reprocube_command, run_child, start_child
 from reprocube.commands.launcher import hydra_settings, launch_multirun, wait_for_slurm_jobs
+from reprocube.config import override
 from reprocube.errors import EXIT_OK, CheckpointError
 from reprocube.files import write_file_atomic
 from reprocube.untrusted import Fields, read_json
@@ -50,7 +51,7 @@ def child_commands(check: Check, user: list[str], framework: str, base: Path) ->
             "train",
             *user,
             f"framework={framework}",
-            f"output_dir={base}",
+            override("output_dir", str(base)),
             f"run_name={check.name}",
             "log.progress=false",
             *stage.args,

@@ -1,0 +1,28 @@
+"""Facts about the repository itself that no other test would notice."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# A line that git writes around a conflict it could not merge (the `=======` line alone is too common).
+CONFLICT_MARKER = re.compile(rb"^(<<<<<<< |>>>>>>> |\|\|\|\|\|\|\| )", re.MULTILINE)
+
+
+def test_no_tracked_file_holds_merge_conflict_markers():
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    found = []
+    for name in tracked.decode().split("\0"):
+        path = ROOT / name
+        if name and path.is_file() and not path.is_symlink():
+            for match in CONFLICT_MARKER.finditer(path.read_bytes()):
+                line = path.read_bytes()[: match.start()].count(b"\n") + 1
+                found.append(f"{name}:{line}")
+    assert not found, f"unresolved merge-conflict markers at {', '.join(found[:10])}"
+
+
+def test_the_marker_pattern_finds_a_conflict():
+    conflict = b"a\n<<<<<<< HEAD\nb\n=======\nc\n>>>>>>> branch\n"
+    assert len(CONFLICT_MARKER.findall(conflict)) == 2

@@ -1,0 +1,330 @@
+"""Evidence from elsewhere can never run code, leak, escape, exhaust or fake a verdict (README: "What a
+receipt can do"). Each test attacks one rule, with receipts forged the way an attacker would: edit the
+JSON, then recompute config_hash and receipt_sha256 with reprocube's own functions, so the receipt passes
+every integrity check and only the rule under test stands in the way."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import reprocube.commands.reproduce as reproduce_module
+from reprocube.commands.reproduce import reproduce
+from reprocube.config import config_hash, load_config, override
+from reprocube.errors import ConfigError, ReprocubeError
+from reprocube.files import json_text, safe_name
+from reprocube.receipt import self_digest
+from reprocube.terminal import printable
+
+from conftest import error_lines, reprocube
+
+SECRET = "s3cr3t-value-of-the-reproducer"
+SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
+
+
+@pytest.fixture(scope="module")
+def receipt_a(generated, tmp_path_factory) -> dict:
+    """A genuine two-epoch PyTorch receipt on the generated dataset."""
+    where = tmp_path_factory.mktemp("a")
+    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={where}", "run_name=a",
+              cwd=where)  # fmt: skip
+    return json.loads((where / "a" / "receipt.json").read_text())
+
+
+def forge(receipt: dict, change) -> dict:
+    """A copy of `receipt` changed by `change`, its hashes recomputed (as an attacker would)."""
+    forged = json.loads(json.dumps(receipt))
+    change(forged)
+    forged["config_hash"] = config_hash(forged["config"])
+    forged["receipt_sha256"] = self_digest(forged)
+    return forged
+
+
+def write(receipt: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(receipt))
+    return path
+
+
+class TrainingWouldStart(Exception):
+    """Raised instead of starting B: everything before training has accepted the receipt."""
+
+    def __init__(self, command, env):
+        super().__init__("training would start")
+        self.command, self.env = command, env
+
+
+@pytest.fixture
+def until_training(monkeypatch):
+    """reproduce() in-process, stopped where its first child would start."""
+
+    def stop(command, log, env):
+        raise TrainingWouldStart(command, env)
+
+    monkeypatch.setattr(reproduce_module, "_run_with_env", stop)
+    monkeypatch.setenv("REPROCUBE_TEST_SECRET", SECRET)
+
+
+def files_under(path: Path) -> set[Path]:
+    return {p for p in path.rglob("*")} if path.exists() else set()
+
+
+# --- no value from a file is interpreted ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value",
+    ["${oc.env:REPROCUBE_TEST_SECRET}", "${now:%s}", "\\${x}", "a${b}", "${k}${k}${k}${k}"],
+)
+def test_a_receipt_interpolation_is_refused_never_resolved(receipt_a, tmp_path, value, until_training, monkeypatch):
+    forged = forge(receipt_a, lambda r: r["config"]["optimizer"].update(name=value))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ReprocubeError) as refused:
+        reproduce(write(forged, tmp_path / "pub" / "receipt.json"), tmp_path / "out", [], echo=lambda line: None)
+    assert "no interpolation" in str(refused.value) and SECRET not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_escaped_interpolation_is_one_line_from_train_and_from_a_config_file(tmp_path):
+    proc = reprocube("train", "run_name=\\${x}", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (tmp_path / "mine.yaml").write_text("run_name: ${oc.env:HOME}\n")
+    proc = reprocube("train", "--config-file", "mine.yaml", "--print-config", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "no interpolation" in proc.stderr and os.environ["HOME"] not in proc.stdout
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40))
+def test_a_path_is_one_quoted_value_whatever_it_holds(path):
+    """config.override is how every path and every receipt value reaches a child: it comes back unchanged."""
+    if "${" in path or path != path.strip():
+        return
+    assert load_config([override("output_dir", path)]).output_dir == path
+
+
+def test_a_key_that_is_not_a_dotted_name_never_becomes_grammar():
+    for key in ("seed=1 epochs", "a,b", "+x", "x y", "seed\n"):
+        with pytest.raises(ConfigError, match="cannot be a reprocube config key"):
+            override(key, 1)
+
+
+def test_reproduce_into_a_directory_named_with_grammar(receipt_a, generated, tmp_path):
+    """--out 'res,v2' and --out "bob's-results" used to create the directory and fail in B's overrides."""
+    published = write(receipt_a, tmp_path / "pub" / "receipt.json")
+    for out in ("res,v2", "bob's-results"):
+        proc = reprocube(
+            "reproduce", str(published), "--out", out, f"data_dir={generated.data_dir}", cwd=tmp_path, check=False
+        )
+        assert proc.returncode == 0 and "verdict: bit-identical" in proc.stdout, proc.stderr
+        assert (tmp_path / out / "reproduce.json").is_file()
+
+
+# --- --match sets only documented variables ----------------------------------------------------------------
+def test_match_never_applies_an_undocumented_variable(generated, tmp_path):
+    """A receipt holding PYTHONPATH (a sitecustomize.py beside it runs code), LD_PRELOAD and an XLA flag
+    that writes files: B is re-run with A's ISA cap only; the others are reported, never applied."""
+    evil = tmp_path / "published"
+    evil.mkdir()
+    marker = tmp_path / "code-ran"
+    (evil / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}",
+              "run_name=a", cwd=tmp_path, env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41"})  # fmt: skip
+    genuine = json.loads((tmp_path / "a" / "a" / "receipt.json").read_text())
+    hostile = {"PYTHONPATH": str(evil), "LD_PRELOAD": str(evil / "x.so"), "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    forged = forge(genuine, lambda r: r["env"]["env_vars"].update(hostile))
+    proc = reprocube("reproduce", str(write(forged, evil / "receipt.json")), "--out", "out", "--match",
+                     f"data_dir={generated.data_dir}", cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr  # B differs (it runs without the ISA cap)...
+    result = json.loads((tmp_path / "out" / "reproduce.json").read_text())
+    assert result["match"]["settings"] == {"ONEDNN_MAX_CPU_ISA": "SSE41"}  # ...and --match applies the cap only
+    assert result["match"]["bit_identical"] is True
+    assert {row["key"] for row in result["match"]["not_applied"]} == set(hostile)
+    assert not marker.exists(), "a receipt's PYTHONPATH ran code"
+
+
+def test_a_receipt_env_var_that_cannot_be_a_variable_is_refused(receipt_a, tmp_path):
+    for bad in ({"A=B": "1"}, {"X": 3}, {"X": "a\0b"}):
+        forged = forge(receipt_a, lambda r, bad=bad: r["env"]["env_vars"].update(bad))
+        proc = reprocube("reproduce", str(write(forged, tmp_path / "r.json")), "--out", "o", cwd=tmp_path, check=False)
+        assert proc.returncode == 4 and len(error_lines(proc)) == 1 and "env_vars" in proc.stderr, proc.stderr
+        assert not (tmp_path / "o").exists()
+
+
+# --- names and terminal output ------------------------------------------------------------------------------
+def test_a_run_name_cannot_leave_the_current_directory(receipt_a, tmp_path, until_training, monkeypatch):
+    cwd = tmp_path / "here" / "deep"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    forged = forge(receipt_a, lambda r: r["config"].update(run_name="../../../../elsewhere"))
+    with pytest.raises(TrainingWouldStart):
+        reproduce(write(forged, tmp_path / "pub" / "receipt.json"), None, [], echo=lambda line: None)
+    assert [p.name for p in cwd.iterdir()] == ["reproduce-elsewhere"]
+    assert {p.name for p in tmp_path.iterdir()} == {"here", "pub"}
+
+
+def test_safe_names():
+    assert safe_name("../../x") == "x" and safe_name("..") == "unnamed" and safe_name("a\x1b[2Jb") == "a_2Jb"
+    assert safe_name("pytorch-seed1") == "pytorch-seed1" and len(safe_name("x" * 500)) == 64
+
+
+def test_terminal_control_from_a_file_is_shown_escaped(tmp_path):
+    forged_line = "\x1b[2J\x1b[1A\x1b[2Kverdict: bit-identical\r\u202e\x9b"
+    assert "\x1b" not in printable(forged_line) and "\\x1b[2J" in printable(forged_line)
+    assert printable("tab\tand\nnewline") == "tab\tand\nnewline" and printable("\ud800") == "\\ud800"
+    (tmp_path / "mine.yaml").write_text(json.dumps({forged_line: 1}))  # the key is echoed in the error line
+    proc = reprocube("train", "--config-file", "mine.yaml", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "\x1b" not in proc.stderr and "\r" not in proc.stderr, repr(proc.stderr)
+    assert "\\x1b" in proc.stderr
+
+
+# --- bounded work -----------------------------------------------------------------------------------------
+def test_a_receipt_asks_for_no_more_work_than_it_records(receipt_a, tmp_path, until_training, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for change, message in (
+        (lambda r: r["config"].update(epochs=10**9), "disagrees with position"),  # complete, yet 1e9 epochs
+        (lambda r: r["config"]["data"].update(train_limit=40), "more than its data and batch_size allow"),
+        (lambda r: r["epochs"][0].update(global_step=20), "one number of steps per epoch"),
+    ):
+        path = write(forge(receipt_a, change), tmp_path / "pub" / "receipt.json")
+        with pytest.raises(ReprocubeError, match=message):
+            reproduce(path, tmp_path / "out", [], echo=lambda line: None)
+        assert not (tmp_path / "out").exists()
+    # A stopped run that claims a billion epochs: B trains what A's records show, never more.
+    stopped = forge(receipt_a, lambda r: r["config"].update(epochs=10**9) or r.update(complete=False))
+    with pytest.raises(TrainingWouldStart) as started:
+        reproduce(write(stopped, tmp_path / "pub" / "receipt.json"), tmp_path / "out", [], echo=lambda line: None)
+    assert "epochs=2" in started.value.command
+
+
+def test_batch_sizes_and_threads_beyond_sane_bounds_are_refused(tmp_path):
+    for override_text in ("batch_size=1000000000", "test_batch_size=100000000", "threads=100000"):
+        proc = reprocube("train", override_text, "--print-config", cwd=tmp_path, check=False)
+        assert proc.returncode == 2 and len(error_lines(proc)) == 1, proc.stderr
+
+
+# --- what a signature covers ------------------------------------------------------------------------------
+def test_an_unsigned_study_beside_a_signed_receipt_is_ignored_and_said(receipt_a, tmp_path, until_training):
+    from reprocube.signing import generate_key, sign_receipt
+
+    published = write(receipt_a, tmp_path / "pub" / "receipt.json")
+    (published.parent / "study.json").write_text("{}")  # never read: it is not covered by the signature
+    public = generate_key(tmp_path / "key")
+    sign_receipt(published, tmp_path / "key")
+    lines = []
+    with pytest.raises(TrainingWouldStart):
+        reproduce(published, tmp_path / "out", [], public_key=public, echo=lines.append)
+    assert any("signature: verified" in line and "covers receipt.json only" in line for line in lines), lines
+    assert any("study.json: beside the signed receipt, not signed: ignored" in line for line in lines), lines
+
+
+def test_a_signature_beside_an_unchecked_receipt_is_named(receipt_a, tmp_path, until_training):
+    published = write(receipt_a, tmp_path / "pub" / "receipt.json")
+    (published.parent / "receipt.sig").write_text("{}")
+    lines = []
+    with pytest.raises(TrainingWouldStart):
+        reproduce(published, tmp_path / "out", [], echo=lines.append)
+    assert any("NOT checked (pass --public-key)" in line for line in lines), lines
+
+
+# --- JSON we write is JSON we can read ----------------------------------------------------------------------
+def test_the_one_json_writer_refuses_what_json_cannot_hold():
+    for value in ({"a": float("nan")}, [1, float("-inf")], {"x": {"y": float("inf")}}):
+        with pytest.raises(ValueError, match="JSON cannot hold"):
+            json_text(value)
+    assert reproduce_module._ratio(0.5, 5e-324) is None and reproduce_module._ratio(1.0, 2.0) == 0.5
+
+
+def test_sign_with_a_directory_as_the_new_key_is_one_line(receipt_a, tmp_path):
+    published = write(receipt_a, tmp_path / "pub" / "receipt.json")
+    proc = reprocube("sign", str(published), "--key", ".", "--new-key", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr
+
+
+# --- every mutation: one line, a documented exit, nothing outside --out, nothing of the environment ---------
+HOSTILE_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "${oc.env:REPROCUBE_TEST_SECRET}",
+            "../../../../elsewhere",
+            "a\0b",
+            "\x1b[2J",
+            "$\\foo$",
+            "x,y",
+            "'",
+            "\\",
+            "=",
+            "",
+            " ",
+            "\ud800",
+            "A=B",
+        ]  # fmt: skip
+    ),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.text(max_size=30),
+)
+
+
+def _paths(value, prefix=()):
+    """Every (path, value) in a JSON value, the trace's big string left out (it has tests of its own)."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key != "loss_f32_le_base64":
+                yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value[:3]):
+            yield from _paths(item, (*prefix, i))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a, tmp_path_factory, data, monkeypatch):
+    root = tmp_path_factory.mktemp("fuzz")
+    cwd = root / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("REPROCUBE_TEST_SECRET", SECRET)
+    monkeypatch.setattr(reproduce_module, "_run_with_env", lambda c, log, env: (_ for _ in ()).throw(TrainingWouldStart(c, env)))  # fmt: skip
+    paths = [p for p in _paths(receipt_a) if p and p[0] not in ("receipt_sha256", "config_hash")]
+    where = data.draw(st.sampled_from(paths))
+    value = data.draw(HOSTILE_VALUES)
+
+    def change(r):
+        target = r
+        for key in where[:-1]:
+            target = target[key]
+        target[where[-1]] = value
+
+    forged = json.loads(json.dumps(receipt_a))
+    change(forged)
+    try:
+        forged["config_hash"] = config_hash(forged["config"])
+    except (TypeError, AttributeError, KeyError):
+        pass  # a config that is no longer a mapping: its hash stays as it was
+    forged["receipt_sha256"] = self_digest(forged) if isinstance(forged, dict) else None
+    published = root / "pub" / "receipt.json"
+    published.parent.mkdir()
+    published.write_text(json.dumps(forged))
+    before = files_under(root)
+    lines = []
+    try:
+        reproduce(published, None, [], echo=lines.append, match=True)
+    except TrainingWouldStart as started:
+        assert all(SECRET not in arg for arg in started.command)
+        assert started.env is None  # B itself runs in this machine's environment, not the receipt's
+        for arg in started.command[started.command.index("train") + 1 :]:
+            assert "\0" not in arg and "${" not in arg
+    except ReprocubeError as refused:
+        message = str(refused)
+        assert "\n" not in message and SECRET not in message and refused.exit_code in (2, 4), message
+    new = files_under(root) - before
+    assert all(cwd in p.parents for p in new), sorted(new)  # nothing outside the current directory
+    assert all(SECRET not in line for line in lines)
