@@ -1,10 +1,22 @@
-"""The one child launcher: its log file and the rule that names what a failed child said."""
+"""The one child launcher: its log file, the rule that names what a failed child said, and that its children
+die with their parent (SIGKILL or SIGTERM to the parent, through run_child, start_child and `reprocube reproduce`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
 
 from reprocube.commands.children import last_error_line, run_child
+
+from conftest import reprocube
 
 
 def test_a_child_runs_into_its_log_after_a_command_line(tmp_path):
@@ -27,3 +39,132 @@ def test_the_error_line_is_the_last_attempts_own_line_else_its_traceback(tmp_pat
     log.write_text("$ try 1\n")
     assert last_error_line(log) == "no output"
     assert last_error_line(tmp_path / "absent.log").startswith("no log at")
+
+
+# ---- children die with their parent -------------------------------------------------------------------------
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+
+# A child that writes its pid and sleeps; a parent that starts it the way reprocube's commands do.
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+PARENT = """\
+import sys, time
+from pathlib import Path
+from reprocube.commands.children import run_child, start_child
+how, pid_file, log = sys.argv[1:]
+command = [sys.executable, "-c", SLEEPER, pid_file]
+if how == "run":
+    run_child(command, Path(log))
+elif how == "run-echo":
+    run_child(command, Path(log), echo=print)
+else:  # verify's way: start, then poll
+    child = start_child(command, Path(log))
+    while child.poll() is None:
+        time.sleep(0.1)
+""".replace("SLEEPER", repr(SLEEPER))
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie: an orphan's new parent (PID 1 in a container) may never reap it."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def processes_naming(text: str) -> list[int]:
+    """The live processes whose command line contains `text`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and alive(int(entry.name)):
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@linux_only
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("how", ["run", "run-echo", "start"])
+def test_a_child_dies_with_its_parent(tmp_path, how, signum):
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, how, str(pid_file), str(tmp_path / "child.log")])
+    child = None
+    try:
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 60), "no child"
+        child = int(pid_file.read_text())
+        assert alive(child)
+        parent.send_signal(signum)
+        assert parent.wait(timeout=10) == -signum  # nothing in the parent swallows SIGTERM
+        assert wait_until(lambda: not alive(child), 5), f"child {child} outlived its parent ({how}, {signum.name})"
+    finally:
+        parent.kill()
+        parent.wait()
+        kill_all([child] if child else [])
+
+
+@pytest.fixture(scope="module")
+def tiny_receipt(generated, tmp_path_factory) -> Path:
+    """A finished two-epoch PyTorch run on the generated dataset: the run directory holding receipt.json."""
+    root = tmp_path_factory.mktemp("a")
+    reprocube("train", "framework=pytorch", *generated.overrides(), "epochs=2", "log.every_steps=5",
+              "trace.every_steps=5", f"output_dir={root}", "run_name=a", cwd=root)  # fmt: skip
+    return root / "a"
+
+
+@linux_only
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_receipt, tmp_path, signum):
+    # B's steps are slowed (a start-up hook, as in test_study), so that it trains for a while after the stop.
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        textwrap.dedent("""\
+        import time, reprocube.loop as loop
+        original = loop.Schedule.group_end
+        def slow(self, *args, **kwargs):
+            time.sleep(0.5)
+            return original(self, *args, **kwargs)
+        loop.Schedule.group_end = slow
+        """)
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}"}
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "reprocube", "reproduce", str(tiny_receipt), "--out", str(out),
+               f"data_dir={generated.data_dir}"]  # fmt: skip
+    parent = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # B is training: its first step records are written.
+        metrics = out / "runs" / "b" / "metrics.jsonl"
+        started = wait_until(
+            lambda: (metrics.is_file() and metrics.stat().st_size > 0) or parent.poll() is not None, 240
+        )
+        assert started and parent.poll() is None, f"B did not start training (reproduce exited {parent.returncode})"
+        children = processes_naming(str(out))
+        assert children, "no training child seen"
+        parent.send_signal(signum)
+        assert parent.wait(timeout=10) == -signum
+        assert wait_until(lambda: not processes_naming(str(out)), 5), f"still running: {processes_naming(str(out))}"
+    finally:
+        parent.kill()
+        parent.wait()
+        kill_all(processes_naming(str(out)))

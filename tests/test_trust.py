@@ -6,7 +6,6 @@ every integrity check and only the rule under test stands in the way."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -77,31 +76,35 @@ def files_under(path: Path) -> set[Path]:
 # --- no value from a file is interpreted ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "value",
-    ["${oc.env:REPROCUBE_TEST_SECRET}", "${now:%s}", "\\${x}", "a${b}", "${k}${k}${k}${k}"],
+    ["${oc.env:REPROCUBE_TEST_SECRET}", "${now:%s}", "\\${x}", "a${b}", "${k}${k}${k}${k}", "\\\\${oc.env:HOME}"],
 )
-def test_a_receipt_interpolation_is_refused_never_resolved(receipt_a, tmp_path, value, until_training, monkeypatch):
-    forged = forge(receipt_a, lambda r: r["config"]["optimizer"].update(name=value))
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ReprocubeError) as refused:
+def test_a_receipt_interpolation_reaches_b_as_text_never_resolved(receipt_a, tmp_path, value, until_training):
+    """B's config gets the receipt's string itself: nothing of this machine's environment, no clock, no
+    doubling bomb (each `${k}` stays four characters)."""
+    forged = forge(receipt_a, lambda r: r["config"]["dataset"].update(name=value))
+    with pytest.raises(TrainingWouldStart) as started:
         reproduce(write(forged, tmp_path / "pub" / "receipt.json"), tmp_path / "out", [], echo=lambda line: None)
-    assert "no interpolation" in str(refused.value) and SECRET not in str(refused.value)
-    assert not (tmp_path / "out").exists()
+    command = started.value.command
+    assert not any(SECRET in arg for arg in command)
+    overrides = command[command.index("train") + 1 :]
+    assert load_config(overrides).dataset.name == value  # what the child will compose
 
 
-def test_an_escaped_interpolation_is_one_line_from_train_and_from_a_config_file(tmp_path):
+def test_an_escaped_interpolation_is_one_line_from_train_and_literal_from_a_config_file(tmp_path):
     proc = reprocube("train", "run_name=\\${x}", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr, proc.stderr
     (tmp_path / "mine.yaml").write_text("run_name: ${oc.env:HOME}\n")
     proc = reprocube("train", "--config-file", "mine.yaml", "--print-config", cwd=tmp_path, check=False)
-    assert proc.returncode == 2 and "no interpolation" in proc.stderr and os.environ["HOME"] not in proc.stdout
+    assert proc.returncode == 0 and "run_name: ${oc.env:HOME}" in proc.stdout, proc.stdout + proc.stderr
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40))
-def test_a_path_is_one_quoted_value_whatever_it_holds(path):
-    """config.override is how every path and every receipt value reaches a child: it comes back unchanged."""
-    if "${" in path or path != path.strip():
-        return
+def test_a_path_is_one_literal_value_whatever_it_holds(path):
+    """config.override is how every path and every receipt value reaches a child: it comes back unchanged,
+    `${`, quotes, backslashes, commas and all."""
+    if path != path.strip():
+        return  # output_dir is refused with surrounding spaces (validate), not changed
     assert load_config([override("output_dir", path)]).output_dir == path
 
 
@@ -284,7 +287,7 @@ def _paths(value, prefix=()):
             yield from _paths(item, (*prefix, i))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a, tmp_path_factory, data, monkeypatch):
     root = tmp_path_factory.mktemp("fuzz")
@@ -321,7 +324,7 @@ def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a
         assert all(SECRET not in arg for arg in started.command)
         assert started.env is None  # B itself runs in this machine's environment, not the receipt's
         for arg in started.command[started.command.index("train") + 1 :]:
-            assert "\0" not in arg and "${" not in arg
+            assert "\0" not in arg
     except ReprocubeError as refused:
         message = str(refused)
         assert "\n" not in message and SECRET not in message and refused.exit_code in (2, 4), message

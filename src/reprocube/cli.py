@@ -156,7 +156,7 @@ def _dispatch(command: Command, args: argparse.Namespace) -> int:
     overrides = [_expand_alias(o, command.aliases) for o in args.overrides]
     invocation = load_invocation(overrides, args.config_file, command.all_frameworks_default)
     if args.print_config:
-        print(OmegaConf.to_yaml(invocation.cfg), end="")
+        print(OmegaConf.to_yaml(invocation.cfg, resolve=True), end="")
         return EXIT_OK
     return getattr(importlib.import_module(module_name), function_name)(invocation)
 

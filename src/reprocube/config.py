@@ -25,8 +25,8 @@ from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 # elsewhere must still run here) but reported by the trainers' env.json and warned about by train.
 MAX_THREADS = 1024
 
-# Where OmegaConf starts an interpolation (resolvers such as oc.env read the environment).
-INTERPOLATION = "${"
+# `${` not escaped by an odd number of backslashes: where OmegaConf starts an interpolation.
+UNESCAPED_INTERPOLATION = re.compile(r"(?<!\\)(\\\\)*\$\{")
 DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # used with fullmatch
 # The largest batch: a config asking for more is refused before anything is allocated.
 MAX_BATCH_SIZE = 1 << 16
@@ -83,20 +83,23 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
         OmegaConf.resolve(cfg)
     except (OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {_unresolvable_key(cfg)}{_hydra_message(exc)}") from None
-    _refuse_literal_interpolations(cfg)
+    _refuse_unresolved_interpolations(cfg)
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
-def _refuse_literal_interpolations(cfg: DictConfig) -> None:
-    """After resolution no value may still hold `${` (an escaped `\\${x}` resolves to the text `${x}`,
-    which any later read of the config would try to resolve again)."""
+def _escape_interpolations(text: str) -> str:
+    r"""`text` with each `${` escaped for OmegaConf (`\${`), the backslashes just before it doubled."""
+    return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+
+
+def _refuse_unresolved_interpolations(cfg: DictConfig) -> None:
+    r"""After resolution no stored value may hold an unescaped `${`: a command line's `\${x}` resolves to
+    the text `${x}`, which every later read of the config would try to resolve again (and fail)."""
     for key, value in flatten_keys(OmegaConf.to_container(cfg, resolve=False)).items():
-        if isinstance(value, str) and INTERPOLATION in value:
-            raise ConfigError(
-                f"{key}: a value holding {INTERPOLATION!r} is refused (reprocube configs hold no interpolation)"
-            )
+        if isinstance(value, str) and UNESCAPED_INTERPOLATION.search(value):
+            raise ConfigError(f"{key}: holds an interpolation that resolution left unresolved (write \\\\${{ for ${{)")
 
 
 def config_files_overrides(paths: list[str]) -> list[str]:
@@ -132,9 +135,11 @@ def override(key: str, value: Any) -> str:
 
 
 def hydra_literal(value: Any) -> str:
-    """Write a yaml value in Hydra's override grammar (strings quoted, so they stay strings). A string
-    holding `${` is refused: inside quotes Hydra and OmegaConf would still resolve it (`${oc.env:X}` reads
-    this machine's environment), and no config value of reprocube's is an interpolation."""
+    """Write a value in Hydra's override grammar so that it reaches the config as that very value:
+    strings quoted (inside quotes no `,` `=` `[` or space is grammar) and every `${` escaped, twice, for
+    OmegaConf (load_config resolves the composed config, which unescapes once, and OmegaConf parses the
+    stored string again on every read): a string is never an interpolation (`${oc.env:X}` would read this
+    machine's environment). run.sh's hydra_path does the same in bash."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -144,11 +149,10 @@ def hydra_literal(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
     if isinstance(value, str):
-        if INTERPOLATION in value:
-            raise ConfigError(f"{_shown(value)}: a value holding {INTERPOLATION!r} is refused (no interpolation)")
+        escaped = _escape_interpolations(_escape_interpolations(value))
         # In Hydra's quoted strings only a quote, and the backslashes before a quote or the closing
         # quote, need escaping.
-        escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+        escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", escaped)
         return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
     if isinstance(value, list):
         return "[" + ",".join(hydra_literal(v) for v in value) + "]"

@@ -70,12 +70,12 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def json_text(value, indent: int | None = 1, sort_keys: bool = False) -> str:
+def json_text(value, indent: int | None = 1, sort_keys: bool = False, compact: bool = False) -> str:
     """The one way reprocube turns a value into JSON: strict (no NaN or Infinity, which no strict reader,
     ours included, accepts), so that every file we write is a file we can read back. A non-finite float
     or a value JSON cannot hold is a bug of ours: it raises ValueError/TypeError naming it."""
     _refuse_non_finite(value, "$")
-    separators = (",", ":") if indent is None else None
+    separators = (",", ":") if compact else None
     return json.dumps(value, indent=indent, sort_keys=sort_keys, allow_nan=False, separators=separators)
 
 
@@ -90,9 +90,11 @@ def _refuse_non_finite(value, where: str) -> None:
             _refuse_non_finite(item, f"{where}[{i}]")
 
 
-def write_json_atomic(path: Path, value, indent: int | None = 1, sort_keys: bool = False) -> None:
+def write_json_atomic(
+    path: Path, value, indent: int | None = 1, sort_keys: bool = False, compact: bool = False
+) -> None:
     """write_file_atomic of json_text(value), ending in a newline."""
-    write_file_atomic(path, (json_text(value, indent, sort_keys) + "\n").encode())
+    write_file_atomic(path, (json_text(value, indent, sort_keys, compact) + "\n").encode())
 
 
 def append_line(path: Path, line: str) -> None:

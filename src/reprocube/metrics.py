@@ -5,11 +5,10 @@ process killed between a log line and its checkpoint never leaves lines the resu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from reprocube.errors import CheckpointError, ReprocubeError
-from reprocube.files import append_line, write_file_atomic
+from reprocube.files import append_line, json_text, write_file_atomic
 from reprocube.untrusted import Fields, iter_json_lines
 
 # Fields that depend only on the computation; wall time and throughput do not.
@@ -59,10 +58,10 @@ class MetricsFile:
     def rewrite(self, history: MetricsHistory) -> None:
         records = [{"kind": "step", **r} for r in history.steps] + [{"kind": "epoch", **r} for r in history.epochs]
         records.sort(key=lambda r: (r["global_step"], r["kind"] == "epoch"))
-        write_file_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records).encode())
+        write_file_atomic(self.path, "".join(json_text(r, indent=None) + "\n" for r in records).encode())
 
     def append(self, kind: str, record: dict) -> None:
-        append_line(self.path, json.dumps({"kind": kind, **record}))
+        append_line(self.path, json_text({"kind": kind, **record}, indent=None))
 
 
 def read_epoch_records(path: Path, error: type[ReprocubeError] = CheckpointError) -> list[dict]:

@@ -21,7 +21,7 @@ from reprocube import __version__
 from reprocube.checkpoint import HEX_DIGEST, NAME_PATTERN
 from reprocube.config import config_hash, config_hash_matches
 from reprocube.errors import CheckpointError
-from reprocube.files import write_file_atomic
+from reprocube.files import write_json_atomic
 from reprocube.metrics import MetricsHistory, check_epoch_record
 from reprocube.trace import StepTrace
 from reprocube.untrusted import Fields, parse_json, read_bytes
@@ -81,7 +81,7 @@ def build_receipt(config: dict, env: dict, history: MetricsHistory, trace: StepT
 
 def write_receipt(run_path: Path, receipt: dict) -> None:
     # Compact: the trace's base64 is most of it, and indentation would add a fifth to the rest.
-    write_file_atomic(run_path / RECEIPT, json.dumps(receipt, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    write_json_atomic(run_path / RECEIPT, receipt, indent=None, sort_keys=True, compact=True)
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ import yaml
 from reprocube.checkpoint import MANIFEST, Checkpoint, read_checkpoint, scan_checkpoints
 from reprocube.config import config_differences, run_name
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import append_line, write_file_atomic
+from reprocube.files import append_line, json_text, write_file_atomic, write_json_atomic
 from reprocube.metrics import MetricsFile, MetricsHistory
 
 RUN_MARKER = ".reprocube-run"
@@ -62,14 +61,14 @@ class RunDirectory:
         self.metrics.rewrite(history)
         fresh = resumed_from is None
         if fresh or not (self.path / "env.json").exists():
-            write_file_atomic(self.path / "env.json", (json.dumps(env, indent=1, sort_keys=True) + "\n").encode())
+            write_json_atomic(self.path / "env.json", env, sort_keys=True)
         session = {
             "started_unix": time.time(),
             "resumed_from": None if fresh else str(resumed_from),
             "position": position,
             "env": env,
         }
-        line = json.dumps(session, sort_keys=True)
+        line = json_text(session, indent=None, sort_keys=True)
         if fresh:
             write_file_atomic(self.path / "sessions.jsonl", (line + "\n").encode())
         else:

@@ -15,7 +15,6 @@ import base64
 import binascii
 import errno
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -26,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from reprocube.errors import ConfigError, ReprocubeError, SignatureError
-from reprocube.files import fsync_dir, write_file_atomic
+from reprocube.files import fsync_dir, write_json_atomic
 from reprocube.receipt import SIGNATURE_FILE
 from reprocube.untrusted import MAX_JSON_BYTES, Fields, parse_json, read_bytes
 
@@ -69,7 +68,7 @@ def sign_receipt(receipt_path: Path, private_key_path: Path) -> Path:
         "receipt_sha256": hashlib.sha256(receipt).hexdigest(),
         "signature": base64.b64encode(private_key.sign(receipt)).decode("ascii"),
     }
-    write_file_atomic(sig_path, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+    write_json_atomic(sig_path, record, indent=2)
     return sig_path
 
 

@@ -7,7 +7,6 @@ tutorial's epoch times stand beside ours as ratios."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -19,7 +18,7 @@ from reprocube.commands.invocation import Invocation
 from reprocube.config import override, to_plain
 from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
-from reprocube.files import write_file_atomic
+from reprocube.files import write_file_atomic, write_json_atomic
 from reprocube.untrusted import read_json
 
 # Overrides a measurement child must not inherit from the user (the child places its own run).
@@ -300,6 +299,6 @@ def _pct(value: float | None) -> str:
 
 def write_results(results: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(out_dir / "bench.json", (json.dumps(results, indent=1) + "\n").encode())
+    write_json_atomic(out_dir / "bench.json", results)
     write_file_atomic(out_dir / "bench.md", markdown(results).encode())
     return out_dir / "bench.md"

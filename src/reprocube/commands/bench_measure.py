@@ -20,7 +20,7 @@ from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.errors import TrainingError, exit_status_of
-from reprocube.files import write_file_atomic
+from reprocube.files import write_json_atomic
 from reprocube.loop import Schedule
 from reprocube.metrics import MetricsHistory
 from reprocube.rng import seed_host_rng
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
         )
 
     def run() -> int:
-        write_file_atomic(result, json.dumps(measure(load_config(overrides, config_files))).encode())
+        write_json_atomic(result, measure(load_config(overrides, config_files)), indent=None)
         return 0
 
     return exit_status_of(run)

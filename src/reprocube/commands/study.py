@@ -14,7 +14,6 @@ and reports it."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from reprocube.commands.launcher import check_slurm, hydra_settings, launch_mult
 from reprocube.commands.study_results import collect, members, study_paths, summary_lines, write_study
 from reprocube.config import override
 from reprocube.errors import EXIT_OK, EXIT_TRAINING, ConfigError
-from reprocube.files import write_file_atomic
+from reprocube.files import write_json_atomic
 from reprocube.metrics import read_epoch_records
 from reprocube.untrusted import read_json
 
@@ -93,7 +92,7 @@ def _claim(study_dir: Path, request: dict) -> None:
         raise ConfigError(f"study.dir={study_dir} exists and is not a study; choose another study.dir")
     for directory in study_paths(study_dir).values():
         directory.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(path, json.dumps(request, indent=2).encode())
+    write_json_atomic(path, request, indent=2)
 
 
 def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
@@ -141,7 +140,7 @@ def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: li
             )
     else:
         record.update(status="failed", error=f"reprocube train exited {status}: {last_error_line(log_path)}")
-    write_file_atomic(paths["results"] / f"{member.run_name}.json", json.dumps(record, indent=2).encode())
+    write_json_atomic(paths["results"] / f"{member.run_name}.json", record, indent=2)
     return record
 
 

@@ -4,13 +4,12 @@ report` reads back from a study directory. The driver that produces them is repr
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube.errors import CheckpointError, ReprocubeError
-from reprocube.files import write_file_atomic
+from reprocube.files import write_file_atomic, write_json_atomic
 from reprocube.untrusted import Fields, read_json
 
 GROUPS = ("same_seed", "different_seeds")
@@ -146,7 +145,7 @@ def _fmt(value) -> str:
 
 
 def write_study(result: dict, study_dir: Path) -> None:
-    write_file_atomic(study_dir / STUDY_RESULT, json.dumps(result, indent=2).encode())
+    write_json_atomic(study_dir / STUDY_RESULT, result, indent=2)
     write_file_atomic(study_dir / "study.png", box_plot(result))
     write_file_atomic(study_dir / "study.md", study_markdown(result).encode())
 

@@ -6,7 +6,6 @@ Whatever runs where, a check's result is only its exit statuses: verify judges t
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,7 +15,7 @@ from reprocube.commands.children import last_error_line, reprocube_command, run_
 from reprocube.commands.launcher import hydra_settings, launch_multirun, wait_for_slurm_jobs
 from reprocube.config import override
 from reprocube.errors import EXIT_OK, CheckpointError
-from reprocube.files import write_file_atomic
+from reprocube.files import write_json_atomic
 from reprocube.untrusted import Fields, read_json
 
 POLL_S = 0.2
@@ -129,7 +128,7 @@ def run_slurm(checks: list[Check], commands: dict[str, list[list[str]]], cfg, ba
             {"name": c.name, "commands": commands[c.name], "expect": [list(s.expect) for s in c.stages], "env": c.env}
             for c in group
         ]
-        write_file_atomic(work / "plan.json", json.dumps({"cwd": os.getcwd(), "checks": plan}, indent=2).encode())
+        write_json_atomic(work / "plan.json", {"cwd": os.getcwd(), "checks": plan}, indent=2)
         settings = hydra_settings(work, "job.member", "slurm", cfg.verify.slurm, f"reprocube-verify-{phase}")
         config = {**settings, "job": {"plan": str(work / "plan.json"), "logs": str(base / "logs"), "member": None}}
         out(f"  submitting {len(group)} SLURM job(s): {', '.join(c.name for c in group)}")
@@ -163,7 +162,7 @@ def run_planned(plan_path: Path, logs: Path, member: int) -> dict:
             record["error"] = f"exited {status}: {last_error_line(log)} (log: {log})"
             break
     record.update(name=name, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
-    write_file_atomic(plan_path.parent / "results" / f"{name}.json", json.dumps(record).encode())
+    write_json_atomic(plan_path.parent / "results" / f"{name}.json", record, indent=None)
     return record
 
 
