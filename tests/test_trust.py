@@ -331,3 +331,17 @@ def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a
     new = files_under(root) - before
     assert all(cwd in p.parents for p in new), sorted(new)  # nothing outside the current directory
     assert all(SECRET not in line for line in lines)
+
+
+def test_verify_hands_a_path_holding_grammar_to_its_children_as_one_value(tmp_path):
+    """verify "run='runs/a,b'" said NOT reproducible: the checkpoint paths went unquoted into the links."""
+    from reprocube.commands.verify import plan_full, plan_linear
+
+    cfg = load_config(["epochs=2"])
+    reference = tmp_path / "runs" / "a,b 'c' ${x}"
+    plans = plan_linear(cfg, 21, reference, [1, 2]) + plan_full(cfg, 21, reference)
+    args = [arg for check in plans for stage in check.stages for arg in stage.args]
+    resumes = [arg for arg in args if arg.startswith("resume=") and arg != "resume=latest"]
+    assert len(resumes) >= 2
+    for arg in resumes:
+        assert load_config([arg]).resume == str((reference / "checkpoints" / "epoch-0001").resolve())
