@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 import reprocube.commands.reproduce as reproduce_module
 from reprocube.commands.reproduce import reproduce
 from reprocube.config import config_hash, load_config, override
-from reprocube.errors import ConfigError, ReprocubeError
+from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import json_text, safe_name
 from reprocube.receipt import self_digest
 from reprocube.terminal import printable
+from reprocube.untrusted import iter_json_lines, read_json
 
 from conftest import error_lines, reprocube
 
@@ -123,6 +124,16 @@ def test_reproduce_into_a_directory_named_with_grammar(receipt_a, generated, tmp
         )
         assert proc.returncode == 0 and "verdict: bit-identical" in proc.stdout, proc.stderr
         assert (tmp_path / out / "reproduce.json").is_file()
+    # JSON we write is JSON we can read: every JSON file of B's run, its checkpoints, reproduce and compare.
+    runs = tmp_path / "res,v2" / "runs"
+    reprocube("compare", str(runs / "b"), str(runs / "b"), "--out", "cmp", cwd=tmp_path)
+    written = [p for p in tmp_path.rglob("*") if p.suffix in (".json", ".jsonl") and "pub" not in p.parts]
+    assert {"reproduce.json", "compare.json", "receipt.json", "manifest.json", "env.json"} <= {p.name for p in written}
+    for path in written:
+        if path.suffix == ".json":
+            read_json(path, CheckpointError)
+        else:
+            assert list(iter_json_lines(path, CheckpointError, 1 << 26))
 
 
 # --- --match sets only documented variables ----------------------------------------------------------------
