@@ -15,7 +15,7 @@ PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --ret
 CONTAINERS ?= 1
 SLURM ?= 1
 
-.PHONY: setup system-packages container-setup slurm-setup train lint test clean
+.PHONY: setup system-packages test-packages container-setup slurm-setup train lint test clean
 setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
@@ -33,14 +33,19 @@ $(MLCUBE_VENV)/.installed: requirements-mlcube.txt scripts/reprocube_mlcube_nosh
 	$(MLCUBE_VENV)/bin/python scripts/reprocube_mlcube_noshell.py --install
 	touch $@
 
-# Fashion-MNIST from Debian (offline) and Chromium (tests/test_report_browser.py renders report.html);
-# needs root or sudo, and each is skipped where it is already there.
+# Fashion-MNIST from Debian (offline): all `make train` installs from apt. Chromium (test-packages) only
+# for `make test` (tests/test_report_browser.py renders report.html). Both without apt's recommends (a
+# browser's recommends are a desktop); need root or sudo; each is skipped where it is already there.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 system-packages:
-	@missing="$$([ -d $(FASHION_MNIST_DEB) ] || echo dataset-fashion-mnist) $$(command -v chromium >/dev/null || echo chromium)"; \
-	if [ -n "$$(echo $$missing)" ] && command -v apt-get >/dev/null; then \
-	  $(SUDO) apt-get install -y -q $$missing \
-	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; }; \
+	@if [ ! -d $(FASHION_MNIST_DEB) ] && command -v apt-get >/dev/null; then \
+	  $(APT_INSTALL) dataset-fashion-mnist || { $(SUDO) apt-get update -q && $(APT_INSTALL) dataset-fashion-mnist; }; \
+	fi
+
+test-packages:
+	@if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then \
+	  $(APT_INSTALL) chromium || { $(SUDO) apt-get update -q && $(APT_INSTALL) chromium; }; \
 	fi
 
 train: setup system-packages
@@ -66,7 +71,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 # Each enabled suite turns its missing prerequisites from a skip into a failure.
-TEST_DEPS := setup system-packages lint
+TEST_DEPS := setup system-packages test-packages lint
 TEST_ENV :=
 ifeq ($(CONTAINERS),1)
 TEST_DEPS += container-setup
