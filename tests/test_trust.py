@@ -6,6 +6,7 @@ every integrity check and only the rule under test stands in the way."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -341,7 +342,7 @@ def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a
         assert "\n" not in message and SECRET not in message and refused.exit_code in (2, 4), message
     new = files_under(root) - before
     assert all(cwd in p.parents for p in new), sorted(new)  # nothing outside the current directory
-    assert all(SECRET not in line for line in lines)
+    assert all(SECRET not in line and "\n" not in line for line in lines)
 
 
 def test_verify_hands_a_path_holding_grammar_to_its_children_as_one_value(tmp_path):
@@ -356,3 +357,61 @@ def test_verify_hands_a_path_holding_grammar_to_its_children_as_one_value(tmp_pa
     assert len(resumes) >= 2
     for arg in resumes:
         assert load_config([arg]).resume == str((reference / "checkpoints" / "epoch-0001").resolve())
+
+
+# --- found by an adversarial review -------------------------------------------------------------------------
+def test_hydra_settings_from_a_file_are_refused(receipt_a, tmp_path, until_training, monkeypatch):
+    """hydra.searchpath in a receipt loaded a config group shipped beside it, whose interpolation printed
+    the reproducer's environment in the error line."""
+    evil = tmp_path / "pub" / "conf" / "framework"
+    evil.mkdir(parents=True)
+    (evil / "evil.yaml").write_text("name: evil\nleak: ${framework.${oc.env:REPROCUBE_TEST_SECRET}}\n")
+    monkeypatch.chdir(tmp_path)
+
+    def change(r):
+        r["config"]["hydra"] = {"searchpath": [f"file://{tmp_path / 'pub' / 'conf'}"]}
+        r["config"]["framework"]["name"] = "evil"
+
+    with pytest.raises(ReprocubeError) as refused:
+        reproduce(write(forge(receipt_a, change), tmp_path / "pub" / "receipt.json"), tmp_path / "out", [],
+                  echo=lambda line: None)  # fmt: skip
+    assert SECRET not in str(refused.value) and "hydra" in str(refused.value)
+    (tmp_path / "mine.yaml").write_text(
+        f"hydra:\n  searchpath: ['file://{tmp_path / 'pub' / 'conf'}']\nframework: evil\n"
+    )
+    proc = reprocube("train", "--config-file", "mine.yaml", cwd=tmp_path, check=False,
+                     env_extra={"REPROCUBE_TEST_SECRET": SECRET})  # fmt: skip
+    assert proc.returncode == 2 and SECRET not in proc.stderr + proc.stdout, proc.stderr
+
+
+def test_a_receipt_without_the_records_of_its_epochs_is_refused(receipt_a, tmp_path, until_training):
+    def billion_epochs(r, records):
+        r["config"]["epochs"] = r["position"]["epoch"] = 10**9
+        r["epochs"] = records(r["epochs"])
+
+    for records in (lambda e: [], lambda e: [{**e[-1], "epoch": 10**9, "global_step": 21 * 10**9}]):
+        forged = forge(receipt_a, lambda r, records=records: billion_epochs(r, records))
+        with pytest.raises(ReprocubeError, match="epochs"):
+            reproduce(write(forged, tmp_path / "pub" / "receipt.json"), tmp_path / "out", [], echo=lambda line: None)
+
+
+def test_dataset_names_are_names_and_classes_are_bounded(tmp_path):
+    for bad in ("dataset.files.train_labels.name=/proc/self/environ", "dataset.name=../x",
+                "dataset.files.test_images.name=..", "dataset.num_classes=4611686018427387904"):  # fmt: skip
+        proc = reprocube("train", bad, "--print-config", cwd=tmp_path, check=False)
+        assert proc.returncode == 2 and len(error_lines(proc)) == 1, (bad, proc.stderr)
+
+
+def test_a_value_shown_inside_a_line_cannot_start_a_line_of_its_own():
+    from reprocube.terminal import one_line
+
+    forged = "AMD EPYC\n\nverdict: bit-identical (8 steps)\twritten: x\x1b[2K"
+    assert "\n" not in one_line(forged) and "\t" not in one_line(forged) and "\x1b" not in one_line(forged)
+    assert "\n" not in reproduce_module._shown(forged)
+
+
+def test_a_path_that_is_not_utf8_is_one_line(tmp_path):
+    odd = os.fsdecode(b"bad\xff")
+    proc = reprocube("compare", odd, "other", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not [p for p in tmp_path.iterdir()]

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprocube.errors import EXIT_CONFIG, EXIT_OK, exit_status_of
+from reprocube.errors import EXIT_CONFIG, EXIT_OK, ConfigError, exit_status_of
 from reprocube.terminal import escaped_output
 
 
@@ -142,7 +142,22 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
     with escaped_output():  # values from files are printed: never as terminal control (reprocube.terminal)
-        return exit_status_of(lambda: _dispatch(COMMANDS[args.command], args))
+        return exit_status_of(lambda: _dispatch(COMMANDS[args.command], _unicode_arguments(args)))
+
+
+def _unicode_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Every argument must be Unicode text: a path holding bytes that are not UTF-8 (Python keeps them as
+    lone surrogates) could be neither written into a report nor shown; refused at once, in one line."""
+    for value in vars(args).values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, (str, Path)):
+                try:
+                    str(item).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ConfigError(
+                        f"{ascii(str(item))[1:-1]}: not UTF-8 text (a name reprocube cannot show)"
+                    ) from None
+    return args
 
 
 def _dispatch(command: Command, args: argparse.Namespace) -> int:

@@ -129,7 +129,8 @@ def override(key: str, value: Any) -> str:
     """`key=value` for a child's (or Hydra's) command line with `value` as data: quoted, so that a path
     holding `,` `'` `=` or spaces stays one string. Every override built from a value reprocube did not
     type itself (a path, a receipt's or a run's config, a user yaml's value) is built here."""
-    if not (isinstance(key, str) and DOTTED_NAME.fullmatch(key)):
+    if not (isinstance(key, str) and DOTTED_NAME.fullmatch(key)) or key.split(".")[0] == "hydra":
+        # hydra.*: Hydra's own settings (a searchpath loads config groups from anywhere) are never data
         raise ConfigError(f"{_shown(str(key))} cannot be a reprocube config key (dotted names of letters, digits, _)")
     return f"{key}={hydra_literal(value)}"
 
@@ -191,6 +192,11 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not ((value is None and allow_none) or _is_clean_text(value)):
             fail(key, "a non-empty string without control characters or surrounding spaces")
+
+    def plain_name(key: str) -> None:  # a file or directory name under data_dir, never a path elsewhere
+        value = OmegaConf.select(cfg, key)
+        if not (_is_clean_text(value) and "/" not in value and value not in (".", "..")):
+            fail(key, "a plain file name (no / and not . or ..)")
 
     for section in (
         "data",
@@ -284,15 +290,15 @@ def validate(cfg: DictConfig) -> None:
     name = cfg.run_name
     if not (name is None or (_is_clean_text(name) and "/" not in name and name not in (".", ".."))):
         fail("run_name", "a plain directory name")
-    text("dataset.name")
-    integer("dataset.num_classes", 2)
+    plain_name("dataset.name")
+    integer("dataset.num_classes", 2, 257)  # IDX labels are bytes; more classes only cost memory
     number("dataset.mean")
     number("dataset.std", positive=True)
     for key in ("train_images", "train_labels", "test_images", "test_labels"):
         if key not in cfg.dataset.files:
             raise ConfigError(f"dataset.files.{key} is missing")
     for key, spec in cfg.dataset.files.items():
-        text(f"dataset.files.{key}.name")
+        plain_name(f"dataset.files.{key}.name")
         integer(f"dataset.files.{key}.bytes", 1)
         if not (isinstance(spec.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", spec.sha256)):
             fail(f"dataset.files.{key}.sha256", "a sha256 hex digest (64 lowercase hex digits)")

@@ -179,6 +179,9 @@ def _check_records_agree(config: dict, complete: bool, position: dict, epochs: l
             f"{path}: config.epochs {config['epochs']} disagrees with position epoch {epoch} step {step_in_epoch} "
             f"(complete: {str(complete).lower()})"
         )
+    numbered = [r["epoch"] for r in epochs if r["epoch"]]
+    if len(numbered) != epoch or numbered != list(range(1, epoch + 1)):  # the length first: epoch may be 10**9
+        raise error(f"{path}: epochs must hold one record for each of epochs 1..{epoch} (position.epoch)")
     per_epoch = {record["global_step"] // record["epoch"] for record in epochs if record["epoch"]}
     if any(r["global_step"] % r["epoch"] for r in epochs if r["epoch"]) or len(per_epoch) > 1 or 0 in per_epoch:
         raise error(f"{path}: epochs[].global_step are not one number of steps per epoch")

@@ -25,6 +25,12 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
+def one_line(text: str) -> str:
+    """printable(text) with newlines and tabs escaped too: a value from a file shown inside a line (a
+    cause, a tensor name, a path) cannot start a line of its own, such as a forged `verdict:` line."""
+    return printable(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 class EscapingStream:
     """A text stream that writes `printable(text)` to `raw`. `raw` stays reachable for reprocube's own
     progress bar, which moves the cursor on purpose and prints no value from a file."""

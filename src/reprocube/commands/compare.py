@@ -4,19 +4,18 @@ checkpoint verified against its manifest first): no framework is imported, nothi
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from reprocube.checkpoint import read_checkpoint, scan_checkpoints
+from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
 from reprocube.config import config_differences, flatten_keys
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ConfigError
-from reprocube.files import refuse_inside_checkpoints, write_file_atomic
+from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic, write_json_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
-from reprocube.untrusted import Fields, iter_json_lines, read_json
+from reprocube.untrusted import Fields, read_json
 
 MAX_ENV_BYTES = 16 << 20
 
@@ -87,7 +86,8 @@ def run(args) -> int:
     """`reprocube compare RUN_A RUN_B [--tolerance T] [--out DIR]`."""
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
-    out = args.out or Path(f"compare-{Path(args.run_a).resolve().name}-vs-{Path(args.run_b).resolve().name}")
+    names = (safe_name(Path(run).resolve().name) for run in (args.run_a, args.run_b))
+    out = args.out or Path("compare-{}-vs-{}".format(*names))
     refuse_inside_checkpoints(out)
     result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,8 +127,10 @@ def ulp_statistics(a: np.ndarray, b: np.ndarray) -> dict:
         gaps = np.abs(ordered(a) - ordered(b))[differing]
     kept = gaps[~flips]
     x, y = a[differing].astype(np.float64), b[differing].astype(np.float64)
-    scale = np.maximum(np.abs(x), np.abs(y))
-    relative = np.abs(x - y)[scale > 0] / scale[scale > 0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.maximum(np.abs(x), np.abs(y))
+        relative = np.abs(x - y)[scale > 0] / scale[scale > 0]
+    relative = relative[np.isfinite(relative)]  # only numbers JSON can hold (NaN and infinity counted apart)
     return {
         "values_differing": int(gaps.size),
         "sign_flips": int(flips.sum()),
@@ -155,9 +157,20 @@ def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> li
         if x.tobytes() == y.tobytes():
             rows.append({"tensor": name, "identical": True, "max_abs": 0.0, "max_ulp": 0})
             continue
-        max_abs = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
-        rows.append({"tensor": name, "identical": False, "max_abs": max_abs, **ulp_statistics(x, y)})
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN or infinity in a weight: counted apart
+            gaps = np.abs(x.astype(np.float64) - y.astype(np.float64))
+        finite = np.isfinite(gaps)
+        row = {"tensor": name, "identical": False, "max_abs": float(gaps[finite].max()) if finite.any() else 0.0}
+        row.update(ulp_statistics(x, y))
+        non_finite = int(np.sum(~finite & (x != y) & ~(_isnan(x) & _isnan(y))))
+        if non_finite:
+            row["non_finite"] = non_finite  # values whose difference is NaN or infinite (no number says how far)
+        rows.append(row)
     return rows
+
+
+def _isnan(x: np.ndarray) -> np.ndarray:
+    return np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
 
 
 def worst_tensor(tensors: list[dict]) -> dict | None:
@@ -171,7 +184,9 @@ def worst_tensor(tensors: list[dict]) -> dict | None:
 
 def load_run(path: Path) -> dict:
     """A run directory's checkpoints (each verified; an unreadable one is named, with a warning, and
-    left out), its epoch records and its environment; a clear error otherwise."""
+    left out), its epoch records and its environment; a clear error otherwise. What the run must hold is
+    judged from its checkpoints alone (hashed: sessions.jsonl is not read): where it can have started
+    (started_by_epoch) and the epoch checkpoints its config asks for that it lacks (lacks)."""
     path = Path(path)
     if not (path / "checkpoints").is_dir():
         raise CheckpointError(f"{path} is not a reprocube run directory (no checkpoints/)")
@@ -180,7 +195,7 @@ def load_run(path: Path) -> dict:
     checkpoints = {}
     for checkpoint_path in found:
         try:
-            checkpoints[checkpoint_path.name] = read_checkpoint(checkpoint_path)
+            checkpoints[checkpoint_path.name] = _named_by_its_position(read_checkpoint(checkpoint_path))
         except CheckpointError as exc:
             unreadable[checkpoint_path.name] = str(exc)
     for reason in unreadable.values():
@@ -189,30 +204,94 @@ def load_run(path: Path) -> dict:
         raise CheckpointError(f"{path} holds no readable checkpoint")
     env = read_json(path / "env.json", CheckpointError, MAX_ENV_BYTES) if (path / "env.json").exists() else {}
     metrics = read_epoch_records(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
+    started_by = _started_by_epoch(checkpoints, unreadable)
     return {
-        "started_at_epoch": _started_at_epoch(path / "sessions.jsonl"),
         "path": path,
         "checkpoints": checkpoints,
         "unreadable": unreadable,
+        "started_by_epoch": started_by,
+        "lacks": _lacks(checkpoints, unreadable, started_by),
         "env": env if isinstance(env, dict) else {},
         "metrics": metrics,
     }
 
 
-def _started_at_epoch(sessions: Path) -> int:
-    """The epoch a run's first session started at: 0, or k for a run branched from another's epoch-k."""
-    if not sessions.exists():
-        return 0
-    for number, value in iter_json_lines(sessions, CheckpointError, MAX_ENV_BYTES):
-        position = Fields(value, f"{sessions}:{number}", CheckpointError).mapping("position")
-        return position.integer("epoch")
-    return 0
+def _named_by_its_position(checkpoint: Checkpoint) -> Checkpoint:
+    """A checkpoint whose directory name is the position its verified manifest records (epoch-k: k epochs
+    done, at the start of the next; step-n: global step n, within an epoch): the names are how runs are
+    matched and counted, so an epoch checkpoint renamed step-n (to hide it) is refused."""
+    manifest, name = checkpoint.manifest, checkpoint.path.name
+    if name.startswith("epoch-"):
+        agrees = name == epoch_name(manifest["epoch"]) and manifest["step_in_epoch"] == 0
+    else:
+        agrees = name == step_name(manifest["global_step"]) and manifest["step_in_epoch"] > 0
+    if not agrees:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path}: its manifest's position (epoch {manifest['epoch']}, step "
+            f"{manifest['step_in_epoch']}, global step {manifest['global_step']}) is not the one its name says"
+        )
+    return checkpoint
+
+
+def _started_by_epoch(checkpoints: dict[str, Checkpoint], unreadable: dict[str, str]) -> int:
+    """The most epochs the run can have had done when its first process started, from its checkpoints'
+    verified manifests: an epoch-k checkpoint means the run trained epoch k (it started after at most k - 1
+    epochs), a step checkpoint after `epoch` epochs means it started after at most that many. A run
+    started from another's epoch-k checkpoint may lack epochs 1..k; a run holding epoch-0001 may lack none."""
+    bounds = [c.manifest["epoch"] - (1 if name.startswith("epoch-") else 0) for name, c in checkpoints.items()]
+    bounds += [int(name[len("epoch-") :]) - 1 for name in unreadable if name.startswith("epoch-")]
+    return max(min(bounds, default=0), 0)
+
+
+def _lacks(checkpoints: dict[str, Checkpoint], unreadable: dict[str, str], started_by: int) -> list[str]:
+    """The epoch checkpoints the run's own config asks for (from its newest checkpoint's config.json, which
+    its manifest hashes: every checkpoint.every_epochs-th epoch and the last, up to `epochs`, or to
+    stop_after_epoch for a process told to stop there) after where it can have started, that it lacks."""
+    newest = next(reversed(checkpoints.values()))
+    config = Fields(newest.content.config, f"checkpoint {newest.path}: config.json", CheckpointError)
+    epochs = config.integer("epochs", 1)
+    last = epochs if config.value.get("stop_after_epoch") is None else min(epochs, config.integer("stop_after_epoch"))
+    checkpoint = config.mapping("checkpoint") if config.has("checkpoint") else None
+    every = checkpoint.integer("every_epochs", 1) if checkpoint and checkpoint.has("every_epochs") else epochs
+    held = {*checkpoints, *unreadable}
+    wanted = [epoch_name(k) for k in range(started_by + 1, last + 1) if k % every == 0 or k == epochs]
+    return [name for name in wanted if name not in held]
+
+
+def run_subject(run: dict) -> dict | None:
+    """What evidence about a run (verify.json, compare.json) is about: its final epoch checkpoint's name,
+    weights_digest and config_hash, from that checkpoint's verified manifest (None: no epoch checkpoint).
+    `reprocube report` shows such evidence as a run's only where the subject is the run's own."""
+    epochs = [c for name, c in run["checkpoints"].items() if name.startswith("epoch-")]
+    if not epochs:
+        return None
+    final = max(epochs, key=lambda c: c.manifest["epoch"])
+    return {
+        "checkpoint": final.path.name,
+        "config_hash": final.manifest.get("config_hash"),
+        "weights_digest": final.manifest["weights_digest"],
+    }
+
+
+def subject_of(path: Path) -> dict | None:
+    """run_subject of the run directory `path`, its final epoch checkpoint verified whole first (None when
+    it holds no epoch checkpoint that reads)."""
+    found, _ = scan_checkpoints(Path(path) / "checkpoints")
+    epochs = [p for p in found if p.name.startswith("epoch-")]
+    if not epochs:
+        return None
+    try:
+        final = _named_by_its_position(read_checkpoint(epochs[-1]))  # scan_checkpoints: oldest first
+    except CheckpointError:
+        return None
+    return run_subject({"checkpoints": {final.path.name: final}})
 
 
 def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
     """Checkpoint by checkpoint (the names both runs hold, in training order). A run that started from
-    another's checkpoint of epoch k (its first session says so) may lack epochs 1..k; any other epoch
-    checkpoint one run lacks means not identical."""
+    another's checkpoint of epoch k (as far as its checkpoints' manifests can tell: load_run's
+    started_by_epoch) may lack epochs 1..k; any other epoch checkpoint one run lacks, or that its own
+    config asks for (load_run's lacks), means not identical."""
     common = [name for name in a["checkpoints"] if name in b["checkpoints"]]
     checkpoints, first = [], None
     for name in common:
@@ -220,7 +299,10 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         same = ca.manifest["weights_digest"] == cb.manifest["weights_digest"]
         tensors = tensor_differences(ca.content.weights, cb.content.weights)
         # Tolerance 0 is bit-exact: +0.0 against -0.0 differs by 0 but is not the same bits.
-        within = same or (tolerance > 0 and all("problem" not in t and t["max_abs"] <= tolerance for t in tensors))
+        within = same or (
+            tolerance > 0
+            and all("problem" not in t and not t.get("non_finite") and t["max_abs"] <= tolerance for t in tensors)
+        )
         row = {
             "checkpoint": name,
             "global_step": ca.manifest.get("global_step"),
@@ -246,11 +328,11 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         for run, r in (("a", a), ("b", b))
     }
     before = {
-        run: {f"epoch-{k:04d}" for k in range(1, r.get("started_at_epoch", 0) + 1)} for run, r in (("a", a), ("b", b))
+        run: {epoch_name(k) for k in range(1, r.get("started_by_epoch", 0) + 1)} for run, r in (("a", a), ("b", b))
     }
     missing = {
-        "a": sorted(epochs["b"] - epochs["a"] - before["a"]),
-        "b": sorted(epochs["a"] - epochs["b"] - before["b"]),
+        "a": sorted((epochs["b"] - epochs["a"] - before["a"]) | set(a.get("lacks", ()))),
+        "b": sorted((epochs["a"] - epochs["b"] - before["b"]) | set(b.get("lacks", ()))),
     }
     verdict_ok = (
         bool(common)
@@ -260,6 +342,8 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         and not (missing["a"] or missing["b"])
     )
     return {
+        # What this result is about: each run's final epoch checkpoint compared (see run_subject).
+        "subject": {"a": run_subject(a), "b": run_subject(b)},
         "run_a": str(a["path"]),
         "run_b": str(b["path"]),
         "compared_checkpoints": common,
@@ -360,11 +444,12 @@ def _difference_size(row: dict) -> str:
     if row.get("problem"):
         return row["problem"]
     flips = f", {row['sign_flips']} sign flips" if row.get("sign_flips") else ""
-    return f"max abs {row['max_abs']:.3g}, max {row['max_ulp']} ULP{flips}"
+    non_finite = f", {row['non_finite']} NaN or infinite" if row.get("non_finite") else ""
+    return f"max abs {row['max_abs']:.3g}, max {row['max_ulp']} ULP{flips}{non_finite}"
 
 
 def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> None:
-    write_file_atomic(directory / f"{stem}.json", (json.dumps(result, indent=1, default=str) + "\n").encode())
+    write_json_atomic(directory / f"{stem}.json", result, indent=1)
     write_file_atomic(directory / f"{stem}.md", markdown.encode())
 
 

@@ -11,32 +11,35 @@ environment differences. `reprocube reproduce` writes that same page as DIR/repo
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 from pathlib import Path
 
-import matplotlib
+import matplotlib.colors
+import matplotlib.patches
+import matplotlib.ticker
+import numpy as np
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.colors  # noqa: E402
-import matplotlib.patches  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-
-from reprocube.commands.compare import compare_runs, load_run, summary_line, ulp_statistics  # noqa: E402
-from reprocube.commands.study_results import STUDY_RESULT, box_plot, read_study, summary_lines  # noqa: E402
-from reprocube.config import flatten_keys  # noqa: E402
-from reprocube.errors import EXIT_OK, CheckpointError  # noqa: E402
-from reprocube.files import refuse_inside_checkpoints, write_file_atomic  # noqa: E402
-from reprocube.receipt import Receipt, read_receipt  # noqa: E402
-from reprocube.untrusted import Fields, read_json  # noqa: E402
+from reprocube.checkpoint import HEX_DIGEST
+from reprocube.commands.compare import compare_runs, load_run, run_subject, summary_line, ulp_statistics
+from reprocube.commands.study_results import STUDY_RESULT, box_plot, read_study, summary_lines
+from reprocube.config import flatten_keys
+from reprocube.errors import EXIT_OK, CheckpointError, ConfigError
+from reprocube.files import refuse_inside_checkpoints, write_file_atomic
+from reprocube.plots import plt  # Agg and no mathtext, for every figure
+from reprocube.receipt import Receipt, read_receipt
+from reprocube.untrusted import Fields, read_json
 
 REPRODUCE_RESULT = "reproduce.json"
+# Written into every --out directory report makes: a later report may write there again, and only there
+# (as runs.RUN_MARKER marks a run directory). A directory without it that holds anything is not ours.
+REPORT_MARKER = ".reprocube-report"
 
 STYLE_RUNS = (
     "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.ok{color:#176317}.bad{color:#b00020;font-weight:bold}</style>"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.ok{color:#176317}.bad{color:#b00020;font-weight:bold}"
+    ".warn{color:#a15c00;font-weight:bold}.dim,.dim td{color:#999;font-weight:normal}</style>"
 )
 # The reproduce page adds: greyed rows (not a numeric cause), monospace numbers, captions, the verdict's size.
 STYLE = (
@@ -63,20 +66,21 @@ ENV_ROWS = (
 
 def run(args) -> int:
     """`reprocube report RUN... [--out DIR]`."""
-    refuse_inside_checkpoints(args.out)
     print(f"report: {write_report(args.runs, args.out)}")
     return EXIT_OK
 
 
 def write_report(paths: list[Path], out: Path) -> Path:
+    out = Path(out)
+    check_out(out)  # before anything is read: a refused --out costs nothing
     reproductions = [read_reproduction(_reproduce_dir(p)) for p in paths if _reproduce_dir(p) is not None]
     paths = [p for p in paths if _reproduce_dir(p) is None]
     studies = [read_study(p) for p in paths if (p / STUDY_RESULT).is_file()]
     run_paths = [p for p in paths if not (p / STUDY_RESULT).is_file()]
     runs = [load_run(p) for p in run_paths]  # verifies every checkpoint first
     for run in runs:  # every input is read and checked before anything is written
-        run["verify_checks"] = read_verify_checks(run["path"])
-    out.mkdir(parents=True, exist_ok=True)
+        run["verify"] = read_verify(run)
+    _claim_out(out)
     if len(reproductions) == 1 and not run_paths and not studies:
         return _write_reproduce_page(out, reproductions[0])  # the page reproduce itself writes
     labels = [_label(r["path"], run_paths) for r in runs]
@@ -99,17 +103,89 @@ def write_report(paths: list[Path], out: Path) -> Path:
     return out / "report.html"
 
 
-def read_verify_checks(run_path: Path) -> list[dict]:
-    """The checks of a run's verify.json (written by `reprocube verify` into its reference run), each
-    with a string check, a boolean passed and a string summary; none if there is no verify.json."""
-    path = run_path / "verify.json"
+def check_out(out: Path) -> None:
+    """--out must be a new or empty directory, or one an earlier report made (it holds REPORT_MARKER):
+    never a symbolic link, a file, a run's checkpoints/, or someone's directory. ConfigError (exit 2)."""
+    refuse_inside_checkpoints(out)
+    if out.is_symlink():
+        raise ConfigError(f"--out {out} is a symbolic link; report does not write through links")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    marker = out / REPORT_MARKER
+    ours = marker.is_file() and not marker.is_symlink()
+    if out.is_dir() and not ours and any(out.iterdir()):
+        raise ConfigError(
+            f"--out {out} is not empty and was not made by reprocube report (no {REPORT_MARKER}); "
+            "remove it or choose another --out"
+        )
+
+
+def _claim_out(out: Path) -> None:
+    """Make --out (checked again: it may have changed while the inputs were read) and mark it as ours."""
+    check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if out.is_symlink():  # made a link between the check and mkdir
+        raise ConfigError(f"--out {out} is a symbolic link; report does not write through links")
+    write_file_atomic(out / REPORT_MARKER, b'{"reprocube_report": 1}\n')
+
+
+def read_verify(run: dict) -> dict | None:
+    """A run's verify.json (written by `reprocube verify` into its reference run), strictly: its checks
+    (each a string check, a boolean passed, a string summary) and whether it is about this run: its
+    subject (the reference's final epoch checkpoint, its weights_digest and config_hash) must be this
+    run's own (compare.run_subject). about: True, False (another run's: copied, or this run changed
+    since), or None (no subject: an older verify.json, which nothing ties to this run). None: no file."""
+    path = run["path"] / "verify.json"
     if not path.exists():
-        return []
+        return None
     verdict = Fields(read_json(path, CheckpointError), str(path), CheckpointError)
-    return [
+    checks = [
         {"check": c.text("check"), "passed": c.boolean("passed"), "summary": c.text("summary")}
         for c in verdict.records("checks")
     ]
+    claimed = None if verdict.value.get("subject") is None else _check_subject(verdict.mapping("subject"))
+    own = run_subject(run)
+    if claimed is None:
+        about = None
+        note = (
+            f"unverifiable: {path.name} names no subject (written by a reprocube before verify recorded which "
+            f"run it is about), so its {len(checks)} checks cannot be tied to this run"
+        )
+    elif claimed == own:
+        about = True
+        note = f"about {own['checkpoint']} (weights {own['weights_digest'][:12]}…)"
+    else:
+        about = False
+        mine = f"{own['checkpoint']} (weights {own['weights_digest'][:12]}…)" if own else "no epoch checkpoint"
+        note = (
+            f"NOT about this run: {path.name} is about {claimed['checkpoint']} (weights "
+            f"{claimed['weights_digest'][:12]}…, config {str(claimed['config_hash'])[:12]}…), this run's final "
+            f"epoch checkpoint is {mine}: copied from another run, or the run changed since; its "
+            f"{len(checks)} checks are not shown"
+        )
+    return {"about": about, "note": note, "checks": checks, "subject": claimed}
+
+
+def _check_subject(subject: Fields) -> dict:
+    """verify.json's subject, every key typed (compare.run_subject's shape)."""
+    checked = {
+        "checkpoint": subject.text("checkpoint"),
+        "config_hash": _sha256(subject, "config_hash", nullable=True),
+        "weights_digest": _sha256(subject, "weights_digest"),
+    }
+    if not checked["checkpoint"].startswith("epoch-"):
+        raise CheckpointError(f"{subject.where}: checkpoint must name an epoch checkpoint (epoch-NNNN)")
+    return checked
+
+
+def _sha256(fields: Fields, key: str, nullable: bool = False) -> str | None:
+    value = fields.value.get(key)
+    if value is None and nullable and key in fields.value:
+        return None
+    if not (isinstance(value, str) and HEX_DIGEST.match(value)):
+        expected = "a sha256 (64 lowercase hex digits)" + (" or null" if nullable else "")
+        raise CheckpointError(f"{fields.where}: {key} must be {expected}")
+    return value
 
 
 def _label(path: Path, all_paths: list[Path]) -> str:
@@ -225,10 +301,19 @@ def _html(runs, labels, comparisons, figures, studies=(), reproductions=()) -> s
             f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td><td class='{cls}'>{esc(summary_line(comparison))}</td></tr>"
         )
     for run, label in zip(runs, labels, strict=True):
-        for check in run["verify_checks"]:
-            cls = "ok" if check["passed"] else "bad"
+        verify = run.get("verify")
+        if verify is None:
+            continue
+        if verify["about"] is not True:  # another run's verdict, or one nothing ties to this run: never green
+            cls = "bad" if verify["about"] is False else "warn"
+            parts.append(f"<tr><td>verify {esc(label)}</td><td class='{cls}'>{esc(verify['note'])}</td></tr>")
+        if verify["about"] is False:
+            continue
+        for check in verify["checks"]:
+            cls = ("ok" if check["passed"] else "bad") if verify["about"] else "dim"
+            summary = check["summary"] if verify["about"] else f"unverifiable: {check['summary']}"
             parts.append(
-                f"<tr><td>verify {esc(label)}: {esc(check['check'])}</td><td class='{cls}'>{esc(check['summary'])}</td></tr>"
+                f"<tr><td>verify {esc(label)}: {esc(check['check'])}</td><td class='{cls}'>{esc(summary)}</td></tr>"
             )
     parts.append(
         "</table><h2>Environments</h2><table><tr><th>key</th>"
@@ -272,6 +357,7 @@ def write_reproduce_report(out: Path, receipt: Receipt, b_path: Path, result: di
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     checked = check_reproduce_result(result, str(out / REPRODUCE_RESULT))
+    _check_result_subject(checked, receipt, str(out / REPRODUCE_RESULT))
     return _write_reproduce_page(out, _reproduction(out, receipt, read_receipt(Path(b_path)), checked))
 
 
@@ -294,12 +380,32 @@ def read_reproduction(directory: Path) -> dict:
     a = read_receipt(source)
     if a.value["receipt_sha256"] != result["source_sha256"]:
         raise CheckpointError(f"{file}: source {source} is not the receipt reproduced (its sha256 differs)")
+    _check_result_subject(result, a, str(file))
     # B lives in DIR/runs/<name>: found there even when run_b was written relative to another directory.
     local = directory / "runs" / Path(result["run_b"]).name
     b_path = local if local.is_dir() else Path(result["run_b"])
     if not b_path.is_dir():
         raise CheckpointError(f"{file}: run_b {result['run_b']} (B's run directory) does not exist here")
     return _reproduction(directory, a, read_receipt(b_path), result)
+
+
+def _check_result_subject(result: dict, a: Receipt, where: str) -> None:
+    """The receipt read as A must be the one the result is about: the sha256 of its file's bytes (what
+    sha256sum and a signature see) is subject.receipt_sha256, and the subject's config_hash and final
+    weights digest are the receipt's. A result without a subject (older) is marked unverifiable instead."""
+    subject = result["subject"]
+    if subject is None:
+        return
+    if hashlib.sha256(a.raw).hexdigest() != subject["receipt_sha256"]:
+        raise CheckpointError(
+            f"{where}: {a.path} is not the receipt this result is about (the sha256 of its bytes is not "
+            "subject.receipt_sha256)"
+        )
+    final = a.epochs[-1]["weights_digest"] if a.epochs else None
+    if (subject["config_hash"], subject["final_weights_digest"]) != (a.value["config_hash"], final):
+        raise CheckpointError(
+            f"{where}: subject does not describe {a.path} (its config_hash or final_weights_digest differs)"
+        )
 
 
 def _reproduction(directory: Path, a: Receipt, b: Receipt, result: dict) -> dict:
@@ -376,7 +482,17 @@ def check_reproduce_result(value, where: str) -> dict:
     """The keys of a reproduce result that the page shows, each type-checked (one line naming the file and
     the key when one is wrong, exit 4); the rest of the result is not used."""
     fields = Fields(value, where, CheckpointError)
-    result = {key: fields.text(key) for key in ("tier", "tier_text", "summary", "run_a", "source", "run_b")}
+    # What the result is about (None: a result written before reproduce recorded it; the page says so).
+    subject = None if fields.value.get("subject") is None else fields.mapping("subject")
+    result = {
+        "subject": subject
+        and {
+            "receipt_sha256": _sha256(subject, "receipt_sha256"),
+            "config_hash": _sha256(subject, "config_hash"),
+            "final_weights_digest": _sha256(subject, "final_weights_digest", nullable=True),
+        }
+    }
+    result |= {key: fields.text(key) for key in ("tier", "tier_text", "summary", "run_a", "source", "run_b")}
     result["source_sha256"] = fields.text("source_sha256")
     result["verdict"] = _one_of(fields, "verdict", ("bit-identical", "differs"))
     first = _nullable(fields, "first_divergence", fields.mapping)
@@ -692,11 +808,20 @@ def _reproduce_html(reproduction: dict, figures: dict[str, bytes], depth: int = 
     result, a, b = reproduction["result"], reproduction["a"], reproduction["b"]
     h1, h2 = f"h{1 + depth}", f"h{2 + depth}"
     identical = result["verdict"] == "bit-identical"
+    unverifiable = result.get("subject") is None  # nothing ties this result to the receipt shown as A
     coverage = result["coverage"]
+    verdict_class = "warn" if unverifiable else "ok" if identical else "bad"
     parts = [
         f"<{h1}>reprocube reproduce: {esc(result['run_a'])}</{h1}>",
-        f"<p class='verdict'>Verdict: <span class='{'ok' if identical else 'bad'}'>{esc(result['verdict'])}</span> "
-        f"<span class='dim'>({esc(result['tier'])})</span></p>",
+        f"<p class='verdict'>Verdict: <span class='{verdict_class}'>{esc(result['verdict'])}"
+        f"{' (unverifiable)' if unverifiable else ''}</span> <span class='dim'>({esc(result['tier'])})</span></p>",
+        (
+            f"<p class='warn'>Unverifiable: this {REPRODUCE_RESULT} names no subject (written by a reprocube before "
+            "results recorded the receipt file they are about): nothing shows that A's receipt here is the one "
+            "reproduced.</p>"
+            if unverifiable
+            else ""
+        ),
         f"<p><b>{esc(result['summary'])}</b></p>",
         f"<p>Does it matter? {esc(result['tier_text'])}</p>",
         f"<p class='caption'>A (published): <code>{esc(result['source'])}</code> &middot; B (retrained here): "

@@ -28,6 +28,7 @@ from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, Checkpoint
 from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic, write_json_atomic
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
+from reprocube.terminal import one_line
 from reprocube.trace import compare_traces
 
 # Keys that say where things are or how they are shown here: B may set them freely.
@@ -123,7 +124,7 @@ def reproduce(
     base = _overrides_for(receipt, user_overrides)
     ws = _workspace(out, receipt)  # only now, with every input accepted, is anything written
     framework = receipt.config["framework"]["name"]
-    echo(f"reproduce {receipt.path}: {framework}, seed {receipt.config['seed']}, {receipt.epoch} epochs, "
+    echo(f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {receipt.epoch} epochs, "
          f"{receipt.global_step} steps; runs and logs in {ws.out}")  # fmt: skip
     echo(f"  signature: {_signature_line(signature)}")
     for line in unsigned:
@@ -599,11 +600,11 @@ def _summary(result: dict) -> str:
     if result["match"] and result["match"]["ran"]:
         parts.append(result["match"]["summary"])
     parts.append(result["tier_text"])
-    return "; ".join(parts)
+    return one_line("; ".join(parts))  # one line, whatever A's tensor names and values hold
 
 
 def _shown(value) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    text = one_line(value if isinstance(value, str) else json.dumps(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -655,7 +656,7 @@ def markdown(result: dict) -> str:
     if result["causes"]:
         lines += ["| # | key | A | B | kind | note |", "|---|---|---|---|---|---|"]
         lines += [
-            f"| {i} | `{c['key']}` | {_shown(c['a'])} | {_shown(c['b'])} | {c['kind']} | {c['note'] or ''} |"
+            f"| {i} | `{_shown(c['key'])}` | {_shown(c['a'])} | {_shown(c['b'])} | {c['kind']} | {c['note'] or ''} |"
             for i, c in enumerate(result["causes"], 1)
         ]
     else:

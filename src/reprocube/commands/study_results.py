@@ -204,10 +204,7 @@ def study_markdown(result: dict) -> str:
 def box_plot(result: dict) -> bytes:
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from reprocube.plots import plt  # matplotlib: imported only now
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), layout="constrained")
     for ax, key in zip(axes, ("test_accuracy", "test_loss"), strict=True):
