@@ -376,13 +376,28 @@ def run_framework(
         "process_wall_s": round(wall, 2),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-        "command": " ".join(f"{k}={shlex.quote(v)}" for k, v in env_shown.items()) + " " + shlex.join(command),
-        "cwd": str(workspace),
+        "command": _portable_command(
+            " ".join(f"{k}={shlex.quote(v)}" for k, v in env_shown.items()) + " " + shlex.join(command), workspace
+        ),
+        "cwd": workspace.name,  # committed: no absolute paths
         "log_tail": None if ok else log[-4000:],
     }
 
 
 # ---------------------------------------------------------------- setup and environment facts
+def _portable_command(command: str, workspace: Path) -> str:
+    """The command as committed: the temporary workspace as WORKSPACE, the repository's paths relative."""
+    repository = str(Path(__file__).resolve().parents[1]) + "/"
+    return command.replace(str(workspace.parent) + "/", "WORKSPACE/").replace(repository, "")
+
+
+def _portable(path) -> str:
+    """A path as the committed result records it: relative to the repository when inside it, else its name."""
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(Path(__file__).resolve().parents[1]).as_posix()
+    except ValueError:
+        return f".../{path.name}"
 
 
 def setup_venv(python: Path, wheels: Path) -> None:
@@ -563,16 +578,16 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "venv": {"python_path": str(args.python), **versions},
+        "venv": {"python_path": _portable(args.python), **versions},
         "tutorial": {
             "repository": "github.com/WolodjaZ/reproduc-ml-tutorial",
             "commit": commit,
-            "source": str(args.tutorial_git or args.tutorial),
+            "source": _portable(args.tutorial_git or args.tutorial),
             "sha256": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sources.items()},
         },
         "data": {
             "dataset": "Fashion-MNIST in MNIST's place",
-            "dir": str(args.data),
+            "dir": _portable(args.data),
             "train_samples": len(arrays["y_train"]),
             "test_samples": len(arrays["y_test"]),
         },

@@ -118,6 +118,16 @@ def safe_name(text: str, limit: int = 64) -> str:
     return name or "unnamed"
 
 
+def portable_path(path) -> str:
+    """A path as a committed result may record it: relative to the current directory when under it, else
+    only its last component (an absolute path names the machine it ran on, not the result)."""
+    path = Path(path)
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return f".../{path.name}"
+
+
 def refuse_inside_checkpoints(out: Path) -> None:
     """A report's output directory may be anywhere but inside a run's checkpoints/: a checkpoint holds
     exactly the files its manifest lists, and one more would make it unreadable."""

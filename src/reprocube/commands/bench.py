@@ -18,7 +18,7 @@ from reprocube.commands.invocation import Invocation
 from reprocube.config import override, to_plain
 from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
-from reprocube.files import write_file_atomic, write_json_atomic
+from reprocube.files import portable_path, write_file_atomic, write_json_atomic
 from reprocube.untrusted import read_json
 
 # Overrides a measurement child must not inherit from the user (the child places its own run).
@@ -203,7 +203,7 @@ def _reference_ratios(path: Path, reference: dict, results: dict) -> dict:
             ratios[framework] = {"reference_epoch_s": reference_s, "reprocube_epoch_s": ours, "speedup": reference_s / ours,
                                  "reference_threads": theirs.get("threads"), "reference_epochs": epochs}  # fmt: skip
     return {
-        "source": str(path),
+        "source": portable_path(path),
         "date": reference.get("date"),
         "batch_size": reference.get("batch_size_train"),
         "edits": reference.get("edits"),
@@ -218,6 +218,12 @@ def _machine() -> dict:
 
 def _bench_config(cfg) -> dict:
     plain = to_plain(cfg)
+    for key in ("reference", "out"):  # results are committed: no absolute paths of this machine
+        if plain["bench"][key] is not None:
+            plain["bench"][key] = portable_path(plain["bench"][key])
+    for key in ("source_dir",):
+        if plain["data"].get(key) is not None:
+            plain["data"][key] = portable_path(plain["data"][key])
     return {"dataset": cfg.dataset.name} | {
         k: plain[k] for k in ("seed", "batch_size", "test_batch_size", "threads", "device", "data", "bench")
     }
