@@ -119,3 +119,19 @@ def encode_idx(array: np.ndarray) -> bytes:
         raise ValueError("only uint8 arrays can be written as IDX here")
     header = bytes([0, 0, UNSIGNED_BYTE, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
     return header + np.ascontiguousarray(array).tobytes()
+
+
+def slow_steps_pythonpath(where: Path, seconds: float, pythonpath: str = "") -> str:
+    """A PYTHONPATH whose start-up hook (sitecustomize) sleeps `seconds` before each group of steps, so
+    that a signal lands while a child still trains."""
+    hook = where / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import time, reprocube.loop as loop\n"
+        "original = loop.Schedule.group_end\n"
+        "def slow(self, *args, **kwargs):\n"
+        f"    time.sleep({seconds})\n"
+        "    return original(self, *args, **kwargs)\n"
+        "loop.Schedule.group_end = slow\n"
+    )
+    return f"{hook}:{pythonpath}"

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from reprocube.commands.children import last_error_line, run_child
 
-from conftest import reprocube
+from conftest import reprocube, slow_steps_pythonpath
 
 
 def test_a_child_runs_into_its_log_after_a_command_line(tmp_path):
@@ -134,20 +133,9 @@ def tiny_receipt(generated, tmp_path_factory) -> Path:
 @linux_only
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_receipt, tmp_path, signum):
-    # B's steps are slowed (a start-up hook, as in test_study), so that it trains for a while after the stop.
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        textwrap.dedent("""\
-        import time, reprocube.loop as loop
-        original = loop.Schedule.group_end
-        def slow(self, *args, **kwargs):
-            time.sleep(0.5)
-            return original(self, *args, **kwargs)
-        loop.Schedule.group_end = slow
-        """)
-    )
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}"}
+    # B's steps are slowed (a start-up hook), so that it trains for a while after the stop.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env["PYTHONPATH"] = slow_steps_pythonpath(tmp_path, 0.5, os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "out"
     command = [sys.executable, "-m", "reprocube", "reproduce", str(tiny_receipt), "--out", str(out),
                f"data_dir={generated.data_dir}"]  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import epoch_digests, error_lines, reprocube
+from conftest import epoch_digests, error_lines, reprocube, slow_steps_pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 PREEMPTIBLE = REPO / "hpc" / "preemptible.sh"
@@ -170,19 +170,7 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(REPROCUBE=f"{sys.executable} -m reprocube", PYTHONHASHSEED="0")
     # Slow every step down, so that the signal lands mid-run: a hook module run at start-up.
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        textwrap.dedent("""\
-        import time, reprocube.loop as loop
-        original = loop.Schedule.group_end
-        def slow(self, *args, **kwargs):
-            time.sleep(0.05)
-            return original(self, *args, **kwargs)
-        loop.Schedule.group_end = slow
-        """)
-    )
-    slow_env = {**env, "PYTHONPATH": f"{hook}:{env.get('PYTHONPATH', '')}"}
+    slow_env = {**env, "PYTHONPATH": slow_steps_pythonpath(tmp_path, 0.05, env.get("PYTHONPATH", ""))}
     shell = subprocess.Popen(["bash", str(PREEMPTIBLE), "train", "resume=auto", *run, "log.every_steps=1", "checkpoint.every_epochs=1"],
                              cwd=tmp_path, env=slow_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     checkpoints = tmp_path / "runs" / "r" / "checkpoints"
