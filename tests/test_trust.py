@@ -1,4 +1,4 @@
-"""Evidence from elsewhere can never run code, leak, escape, exhaust or fake a verdict (README: "What a
+"""Evidence from elsewhere can never run code, leak, escape, exhaust or fake a verdict (docs/security.md: "What a
 receipt can do"). Each test attacks one rule, with receipts forged the way an attacker would: edit the
 JSON, then recompute config_hash and receipt_sha256 with reprocube's own functions, so the receipt passes
 every integrity check and only the rule under test stands in the way."""

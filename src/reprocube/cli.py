@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(
         prog="reprocube",
         description="Bit-exact restart and resume of deep-learning training.",
-        epilog="Overrides use Hydra's grammar (key=value, nested.key=value); see README.md for every key.",
+        epilog="Overrides use Hydra's grammar (key=value, nested.key=value); see docs/configuration.md for every key.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():

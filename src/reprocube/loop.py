@@ -138,6 +138,7 @@ class TrainingLoop:
         self.trace = StepTrace(cfg.trace.every_steps, first_step=0)
         self.pipeline: BatchPipeline | None = pipeline  # data.pipeline=loader; None: the resident dataset
         self.loader_state: dict | None = None  # to restore when the resumed epoch starts
+        self.loader_origin = "the checkpoint"  # where it was read (named by the pipeline's checks)
 
     # --- save and resume: mirror images through TrainState ----------------------------------------
     def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
@@ -179,7 +180,7 @@ class TrainingLoop:
             check_position(
                 state.loader, self.position.epoch, self.position.step_in_epoch, f"checkpoint {checkpoint.path}"
             )
-            self.loader_state = state.loader
+            self.loader_state, self.loader_origin = state.loader, f"checkpoint {checkpoint.path}"
         if state.trace is not None:
             self.trace = state.trace
             self.trace.every_steps = self.cfg.trace.every_steps  # a cadence, like log.every_steps
@@ -229,7 +230,9 @@ class TrainingLoop:
             if self.pipeline is None:
                 backend.begin_epoch(order)
             else:
-                self.pipeline.start(position.epoch, order, position.step_in_epoch, self.loader_state)
+                self.pipeline.start(
+                    position.epoch, order, position.step_in_epoch, self.loader_state, self.loader_origin
+                )
                 self.loader_state = None
             if position.step_in_epoch == 0:
                 backend.set_epoch_totals(EpochTotals())

@@ -369,7 +369,7 @@ def known_not_to_resume(cfg) -> str | None:
     if cfg.data.pipeline == "loader" and cfg.data.augment and cfg.data.augment_rng == "stateful":
         return (
             "data.augment_rng=stateful is known not to resume exactly: the augmentation draws from each loader "
-            "worker's own generator, seeded when the worker starts and saved in no checkpoint (README: "
+            "worker's own generator, seeded when the worker starts and saved in no checkpoint (docs/design.md: "
             "'Random augmentation that resumes exactly'); use data.augment_rng=stateless"
         )
     return None

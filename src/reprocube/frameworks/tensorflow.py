@@ -7,7 +7,7 @@ explicitly, with the optimizer variables (including its iteration count).
 
 Execution path: tf.function without XLA on every device. With op determinism on, XLA refuses the
 MaxPool gradient ("no deterministic XLA implementation", even on CPU), and on this project's CPU the
-non-XLA step was also the faster (see README)."""
+non-XLA step was also the faster (see benchmarks/README.md)."""
 
 from __future__ import annotations
 

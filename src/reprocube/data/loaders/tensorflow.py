@@ -1,14 +1,15 @@
 """TensorFlow: tf.data, a dataset of batch numbers mapped in parallel (`workers` parallel calls, order
 kept: deterministic=True) to the augmented batch, then prefetched. tf.data's own iterator state is saved
 by tf.train.Checkpoint files, not in a form a reprocube checkpoint reads; it is not needed either: the
-map is a pure function of the batch number, so the pipeline restarts exactly from the position."""
+map is a pure function of the batch number, so the pipeline restarts exactly from the position. Its saved
+state is that position, checked all the same (exactly these keys, this position)."""
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from reprocube.data.pipeline import Batch, ExampleSource
+from reprocube.data.pipeline import STEP_IN_EPOCH, Batch, ExampleSource, StateSchema, run_context
 
 PREFETCH_BATCHES = 2
 
@@ -19,10 +20,17 @@ class TfDataPipeline:
         self.iterator = None
         self.epoch = self.step_in_epoch = 0
 
-    def start(self, epoch: int, order: np.ndarray, step_in_epoch: int, state: dict | None) -> None:
+    def start(
+        self, epoch: int, order: np.ndarray, step_in_epoch: int, state: dict | None, origin: str = "the checkpoint"
+    ) -> None:
         self.epoch, self.step_in_epoch = epoch, step_in_epoch
         n = len(order)
         steps = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if state is not None:
+            schema = StateSchema(origin, run_context(epoch, step_in_epoch, steps, n, self.batch_size))
+            if not 1 <= step_in_epoch <= steps:
+                schema.fail(STEP_IN_EPOCH, f"is {step_in_epoch}: a loader state is saved from step 1 to {steps} only")
+            schema.check(state, {"epoch": epoch, STEP_IN_EPOCH: step_in_epoch})
 
         def load(batch: np.int64):
             lo = int(batch) * self.batch_size
