@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.commands.children import last_error_line, run_child
+from reprocube.orchestration.children import last_error_line, run_child
 
 from conftest import reprocube, slow_steps_pythonpath
 
@@ -49,7 +49,7 @@ SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()));
 PARENT = """\
 import sys, time
 from pathlib import Path
-from reprocube.commands.children import run_child, start_child
+from reprocube.orchestration.children import run_child, start_child
 how, pid_file, log = sys.argv[1:]
 command = [sys.executable, "-c", SLEEPER, pid_file]
 if how == "run":

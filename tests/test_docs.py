@@ -19,6 +19,7 @@ from pathlib import Path
 
 from reprocube import errors
 from reprocube.cli import _parser
+from reprocube.commands import COMMANDS
 from reprocube.commands.reproduce import PLACE_KEYS
 from reprocube.config import NON_RESULT_KEYS, flatten_keys, load_config, to_plain
 
@@ -126,12 +127,12 @@ def test_verify_slurm_has_the_keys_of_study_slurm_it_is_documented_by():
 
 def cli_options() -> dict[str, set[str]]:
     """Each command's option strings (--help aside), from the parser itself."""
-    parser = _parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {
-        name: {o for action in sub._actions for o in action.option_strings if o not in ("-h", "--help")}
-        for name, sub in subparsers.choices.items()
-    }
+    options = {}
+    for name in COMMANDS:  # each command's options come from its own module, added when it is chosen
+        subparsers = next(a for a in _parser(name)._actions if isinstance(a, argparse._SubParsersAction))
+        sub = subparsers.choices[name]
+        options[name] = {o for action in sub._actions for o in action.option_strings if o not in ("-h", "--help")}
+    return options
 
 
 def test_every_command_and_option_is_documented():

@@ -299,7 +299,7 @@ def test_a_run_started_from_another_runs_checkpoint_may_lack_the_epochs_before(g
 
 
 def test_non_finite_weights_are_counted_apart_and_never_written_as_nan():
-    from reprocube.commands.compare import tensor_differences
+    from reprocube.analysis.tensors import tensor_differences
     from reprocube.files import json_text
 
     a = {"w": np.array([1.0, 2.0, 3.0, np.nan], np.float32), "d": np.array([1e308, 0.0])}

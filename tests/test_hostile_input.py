@@ -530,7 +530,7 @@ def test_an_unrelated_manifest_json_above_the_output_is_not_a_checkpoint(tmp_pat
 
 
 def test_a_study_result_without_its_fields_is_a_failure_not_a_traceback(tmp_path):
-    from reprocube.commands.study_results import collect, study_paths
+    from reprocube.orchestration.study_members import collect, study_paths
 
     for directory in study_paths(tmp_path).values():
         directory.mkdir(parents=True)

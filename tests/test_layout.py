@@ -1,9 +1,12 @@
-"""The code's shape: the engine never imports the commands layer or the CLI, and no module imports,
-directly or through others, a module that imports it back (imports inside functions included)."""
+"""The code's shape, in layers: the engine (everything but the four upper packages) never imports
+orchestration, pages, commands or the CLI; orchestration (child processes, launchers, job apps) and the
+pages never import commands or the CLI, nor each other; no command imports another; and no module
+imports, directly or through others, a module that imports it back (imports inside functions included)."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "reprocube"
@@ -46,17 +49,66 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
 
 
-def test_the_engine_never_imports_the_commands_or_the_cli():
-    engine = {
-        m: targets
-        for m, targets in import_graph().items()
-        if not m.startswith(("reprocube.commands", "reprocube.cli", "reprocube.__main__"))
-    }
-    offending = {
-        m: sorted(t for t in targets if t.startswith(("reprocube.commands", "reprocube.cli")))
-        for m, targets in engine.items()
-    }
-    assert not {m: t for m, t in offending.items() if t}
+UPPER = ("reprocube.orchestration", "reprocube.pages", "reprocube.commands", "reprocube.cli", "reprocube.__main__")
+
+
+def _layer(module: str) -> str:
+    return next((layer for layer in UPPER if module == layer or module.startswith(layer + ".")), "engine")
+
+
+# What each layer may import besides the engine (and itself: modules within a package).
+MAY_IMPORT = {
+    "engine": set(),
+    "reprocube.orchestration": set(),
+    "reprocube.pages": set(),
+    "reprocube.commands": {"reprocube.orchestration", "reprocube.pages"},
+    "reprocube.cli": {"reprocube.commands", "reprocube.orchestration"},
+    "reprocube.__main__": {"reprocube.cli"},
+}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in graph.items():
+        layer = _layer(module)
+        for target in targets:
+            other = _layer(target)
+            if other in ("engine", layer) or other in MAY_IMPORT[layer]:
+                if layer == other == "reprocube.commands" and target != "reprocube.commands":
+                    found.append(f"{module} -> {target} (a command imports another)")
+                continue
+            found.append(f"{module} -> {target} ({layer} may not import {other})")
+    return sorted(found)
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    assert not layer_violations(import_graph())
+
+
+def test_the_layer_checker_sees_an_upward_import_and_a_command_importing_another():
+    graph = import_graph()
+    graph["reprocube.trace"] = graph["reprocube.trace"] | {"reprocube.pages.html"}
+    graph["reprocube.commands.report"] = graph["reprocube.commands.report"] | {"reprocube.commands.compare"}
+    graph["reprocube.orchestration.children"] = graph["reprocube.orchestration.children"] | {"reprocube.pages.html"}
+    found = "\n".join(layer_violations(graph))
+    assert "reprocube.trace -> reprocube.pages.html" in found
+    assert "reprocube.commands.report -> reprocube.commands.compare (a command imports another)" in found
+    assert "reprocube.orchestration.children -> reprocube.pages.html" in found
+
+
+def test_commands_holds_commands_only():
+    """Each module in commands/ is a command listed in reprocube.commands.COMMANDS, with HELP,
+    add_arguments(parser) and run(args)."""
+    import importlib
+
+    from reprocube.commands import COMMANDS
+
+    modules = {p.stem for p in (PACKAGE / "commands").glob("*.py") if p.stem != "__init__"}
+    assert modules == set(COMMANDS)
+    for info in COMMANDS.values():
+        module = importlib.import_module(info.module)
+        assert isinstance(module.HELP, str) and callable(module.add_arguments) and callable(module.run)
+        assert list(inspect.signature(module.run).parameters) == ["args"], info.module
 
 
 def test_the_checker_sees_a_cycle(tmp_path, monkeypatch):

@@ -112,8 +112,8 @@ def test_every_task_declares_what_run_sh_expects():
 
 
 def test_the_workspace_parameter_files_are_valid_configs(tmp_path):
-    from reprocube.commands.invocation import frameworks_from
     from reprocube.config import config_files_overrides, load_config
+    from reprocube.orchestration.invocation import frameworks_from
 
     train, verify = str(REPO / "workspace" / "train.yaml"), str(REPO / "workspace" / "verify.yaml")
     cfg = load_config(["framework=jax"], [train])

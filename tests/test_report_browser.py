@@ -18,8 +18,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from reprocube.commands.report import write_report
 from reprocube.commands.reproduce import reproduce
+from reprocube.pages.runs_page import write_report
 
 from conftest import error_lines, reprocube
 

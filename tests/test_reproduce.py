@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.backend import FRAMEWORKS
-from reprocube.commands.reproduce import _compare_receipts, reproduce
+from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.receipt import read_receipt
 from reprocube.trace import StepTrace
@@ -142,12 +143,12 @@ def test_a_partial_b_never_passes(generated, tmp_path):
     a = train_a(generated, tmp_path, "pytorch")
     reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, "epochs=1",
               f"output_dir={tmp_path / 'b'}", "run_name=b", cwd=tmp_path)  # fmt: skip
-    outcome = _compare_receipts(read_receipt(a), read_receipt(tmp_path / "b" / "b"))
+    outcome = compare_receipts(read_receipt(a), read_receipt(tmp_path / "b" / "b"))
     assert outcome["identical"] is False
     assert outcome["first_divergence"] is None  # every step B has agrees...
     assert any("B covers steps 1..21" in reason for reason in outcome["reasons"])  # ...but B stops early
     assert "B has no epoch 2" in outcome["reasons"]
-    assert _compare_receipts(read_receipt(a), read_receipt(a))["identical"] is True
+    assert compare_receipts(read_receipt(a), read_receipt(a))["identical"] is True
 
 
 def test_published_runs_are_unchanged_by_reproduce_compare_and_verify(generated, tmp_path):

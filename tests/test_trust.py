@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import reprocube.analysis.receipt_comparison as receipt_comparison
 import reprocube.commands.reproduce as reproduce_module
 from reprocube.commands.reproduce import reproduce
 from reprocube.config import config_hash, load_config, override
@@ -249,7 +250,7 @@ def test_the_one_json_writer_refuses_what_json_cannot_hold():
     for value in ({"a": float("nan")}, [1, float("-inf")], {"x": {"y": float("inf")}}):
         with pytest.raises(ValueError, match="JSON cannot hold"):
             json_text(value)
-    assert reproduce_module._ratio(0.5, 5e-324) is None and reproduce_module._ratio(1.0, 2.0) == 0.5
+    assert receipt_comparison._ratio(0.5, 5e-324) is None and receipt_comparison._ratio(1.0, 2.0) == 0.5
 
 
 def test_sign_with_a_directory_as_the_new_key_is_one_line(receipt_a, tmp_path):
@@ -403,11 +404,11 @@ def test_dataset_names_are_names_and_classes_are_bounded(tmp_path):
 
 
 def test_a_value_shown_inside_a_line_cannot_start_a_line_of_its_own():
-    from reprocube.terminal import one_line
+    from reprocube.terminal import one_line, shown_value
 
     forged = "AMD EPYC\n\nverdict: bit-identical (8 steps)\twritten: x\x1b[2K"
     assert "\n" not in one_line(forged) and "\t" not in one_line(forged) and "\x1b" not in one_line(forged)
-    assert "\n" not in reproduce_module._shown(forged)
+    assert "\n" not in shown_value(forged)
 
 
 def test_a_path_that_is_not_utf8_is_one_line(tmp_path):

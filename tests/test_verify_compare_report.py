@@ -187,7 +187,7 @@ def test_report_has_its_plots(runs, tmp_path):
     ],
 )
 def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, message):
-    from reprocube.commands.compare import load_run
+    from reprocube.analysis.run_comparison import load_run
     from reprocube.errors import CheckpointError
 
     broken = tmp_path / "broken"
@@ -198,7 +198,7 @@ def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, me
 
 
 def test_a_checkpoint_without_its_manifest_is_named_and_left_out(runs, tmp_path, capsys):
-    from reprocube.commands.compare import load_run
+    from reprocube.analysis.run_comparison import load_run
 
     broken = tmp_path / "broken"
     shutil.copytree(runs / "a", broken)
@@ -209,7 +209,7 @@ def test_a_checkpoint_without_its_manifest_is_named_and_left_out(runs, tmp_path,
 
 
 def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):
-    from reprocube.commands.compare import compare_runs, load_run, summary_line
+    from reprocube.analysis.run_comparison import compare_runs, load_run, summary_line
 
     result = compare_runs(load_run(runs / "a"), load_run(runs / "threads1"), tolerance=1.0)
     assert result["passed"] and not result["identical"]
@@ -259,7 +259,7 @@ def test_compare_names_a_config_difference_before_the_environment(runs, tmp_path
 
 
 def test_ulp_statistics_count_sign_flips_apart():
-    from reprocube.commands.compare import ulp_statistics
+    from reprocube.analysis.tensors import ulp_statistics
 
     a = np.array([1.0, 2.0, 1e-30, 5.0], np.float32)
     b = np.array([1.0, np.nextafter(np.float32(2.0), np.float32(3.0)), -1e-30, 5.0], np.float32)
@@ -268,7 +268,7 @@ def test_ulp_statistics_count_sign_flips_apart():
 
 
 def test_env_records_numerics_variables_by_name_and_ranks_them_before_irrelevant_ones(monkeypatch):
-    from reprocube.commands.compare import env_differences
+    from reprocube.analysis.environment import env_differences
     from reprocube.env import collect_env
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")

@@ -8,6 +8,7 @@ escapes (`\\x1b`, `\\u202e`), never interpreted."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sys
 
@@ -60,3 +61,9 @@ def escaped_output():
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def shown_value(value, limit: int = 60) -> str:
+    """A value inside a line of text (a string as is, anything else as JSON): one line, at most `limit`."""
+    text = one_line(value if isinstance(value, str) else json.dumps(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -185,12 +185,66 @@ class Fields:
             self._fail(key, "a JSON object")
         return Fields(value, f"{self.where}: {key}", self.error)
 
+    def present(self, key: str) -> object:
+        """The value of a key that must be there (any JSON value; the caller shows it as data)."""
+        if key not in self.value:
+            raise self.error(f"{self.where}: {key} is missing")
+        return self.value[key]
+
+    def nullable(self, key: str, read):
+        """read(key), or None where the key holds null (the key must be there)."""
+        return None if self.present(key) is None else read(key)
+
+    def sha256(self, key: str, nullable: bool = False) -> str | None:
+        value = self.value.get(key)
+        if value is None and nullable and key in self.value:
+            return None
+        if not (isinstance(value, str) and _HEX_SHA256.match(value)):
+            self._fail(key, "a sha256 (64 lowercase hex digits)" + (" or null" if nullable else ""))
+        return value
+
+    def texts(self, key: str) -> list[str]:
+        value = self.value.get(key)
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            self._fail(key, "a list of strings")
+        return value
+
+    def numbers(self, key: str) -> list[float]:
+        value = self.value.get(key)
+        if not (isinstance(value, list) and all(_finite(v) for v in value)):
+            self._fail(key, "a list of finite numbers")
+        return [float(v) for v in value]
+
+    def step_range(self, key: str) -> list[int]:
+        """[first step, last step], both integers >= 0."""
+        value = self.value.get(key)
+        if not (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(_finite(v) and isinstance(v, int) and v >= 0 for v in value)
+        ):
+            self._fail(key, "[first step, last step]")
+        return value
+
+    def one_of(self, key: str, allowed: tuple[str, ...]) -> str:
+        value = self.text(key)
+        if value not in allowed:
+            self._fail(key, f"one of {', '.join(allowed)}")
+        return value
+
     def records(self, key: str) -> list[Fields]:
         """A list of JSON objects."""
         value = self.value.get(key)
         if not isinstance(value, list):
             self._fail(key, "a list")
         return [Fields(item, f"{self.where}: {key}[{i}]", self.error) for i, item in enumerate(value)]
+
+
+_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _shown(value) -> str:

@@ -13,16 +13,22 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from reprocube.commands.children import child_args, last_error_line, python_module_command, reprocube_command, run_child
-from reprocube.commands.invocation import Invocation
 from reprocube.config import override, to_plain
 from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
 from reprocube.files import portable_path, write_file_atomic, write_json_atomic
+from reprocube.orchestration.children import (
+    child_args,
+    last_error_line,
+    python_module_command,
+    reprocube_command,
+    run_child,
+)
+from reprocube.orchestration.invocation import add_config_arguments
 from reprocube.untrusted import read_json
 
 # Overrides a measurement child must not inherit from the user (the child places its own run).
-PLACE_KEYS = ("framework=", "deterministic=", "output_dir=", "run_name=", "resume=", "epochs=", "bench.")
+SET_ON_CHILDREN = ("framework=", "deterministic=", "output_dir=", "run_name=", "resume=", "epochs=", "bench.")
 FIGURES = (
     "first_step_s",
     "epoch_s",
@@ -38,7 +44,15 @@ FIGURES = (
 )
 
 
-def run(invocation: Invocation) -> int:
+HELP = "time each trainer, determinism on/off, checkpoints, verify: reprocube bench bench.repeats=3"
+
+
+def add_arguments(parser) -> None:
+    add_config_arguments(parser, all_frameworks_default="all")
+
+
+def run(args) -> int:
+    invocation = args.invocation
     cfg = invocation.cfg
     results = run_bench(invocation.frameworks, cfg, invocation.overrides, invocation.config_files)
     print(f"bench: {write_results(results, Path(cfg.bench.out))}")
@@ -49,7 +63,7 @@ def run(invocation: Invocation) -> int:
 
 
 def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
-    user = child_args(overrides, config_files, PLACE_KEYS)
+    user = child_args(overrides, config_files, SET_ON_CHILDREN)
     reference = (
         _read_reference(Path(cfg.bench.reference)) if cfg.bench.reference else None
     )  # before an hour of measuring
@@ -86,11 +100,11 @@ def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: li
 
 
 def _measure(args: list[str]) -> dict:
-    """One measurement in a fresh process (reprocube.commands.bench_measure)."""
+    """One measurement in a fresh process (reprocube.orchestration.bench_measure)."""
     with tempfile.TemporaryDirectory(prefix="reprocube-bench-") as scratch:
         result, log = Path(scratch) / "result.json", Path(scratch) / "measure.log"
         status = run_child(
-            python_module_command("reprocube.commands.bench_measure", "--result", str(result), *args), log
+            python_module_command("reprocube.orchestration.bench_measure", "--result", str(result), *args), log
         )
         if status != 0 or not result.exists():
             raise ReprocubeError(f"bench measurement failed (exit {status}): {' '.join(args)}: {last_error_line(log)}")

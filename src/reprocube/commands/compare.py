@@ -1,89 +1,33 @@
-"""`reprocube compare RUN_A RUN_B`: are two runs bit-identical, and if not, where do they first differ
-and what in their environments most likely explains it. Reads only safetensors, JSON and YAML (every
-checkpoint verified against its manifest first): no framework is imported, nothing is executed."""
+"""`reprocube compare RUN_A RUN_B`: are two runs bit-identical, and if not, where do they first differ and
+what in their environments most likely explains it (the work: reprocube.analysis.run_comparison)."""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
-import numpy as np
+from reprocube.analysis.run_comparison import compare_runs, load_run, summary_line
+from reprocube.analysis.tensors import difference_size, worst_tensor
+from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, ConfigError
+from reprocube.files import refuse_inside_checkpoints, safe_name
+from reprocube.results.compare_result import COMPARE_RESULT, write_compare
 
-from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
-from reprocube.config import config_differences, flatten_keys
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, CheckpointError, ConfigError
-from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic, write_json_atomic
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
-from reprocube.untrusted import Fields, read_json
+HELP = "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B"
 
-MAX_ENV_BYTES = 16 << 20
 
-# env.json keys, most likely first to explain a divergence (a prefix match on the flattened key).
-ENV_RELEVANCE = (
-    "framework.name",
-    "framework.device",
-    "framework.backend",
-    "framework.gpu",
-    "framework.torch",
-    "framework.tensorflow",
-    "framework.keras",
-    "framework.jax",
-    "framework.jaxlib",
-    "framework.cuda",
-    "framework.cudnn",
-    "framework.driver",
-    "framework.cublas",
-    "framework.tf32",
-    "framework.float32_matmul_precision",
-    "framework.default_matmul_precision",
-    "framework.deterministic",
-    "framework.op_determinism",
-    "framework.cudnn_deterministic",
-    "framework.xla_flags",
-    "framework.prng_impl",
-    "framework.threefry",
-    "framework.num_threads",
-    "framework.intra_op",
-    "framework.inter_op",
-    "framework.cpu_affinity",
-    "framework.cpu_capability",
-    "framework.onednn",
-    "cpu.isa",
-    "env_vars.ONEDNN_",
-    "env_vars.DNNL_",
-    "env_vars.ATEN_",
-    "env_vars.XLA_FLAGS",
-    "env_vars.MKL_",
-    "env_vars.OMP_",
-    "env_vars.KMP_",
-    "env_vars.TF_",
-    "env_vars.NVIDIA_TF32_OVERRIDE",
-    "env_vars.CUBLAS_",
-    "cpu.model",
-    "cpu.affinity",
-    "env_vars.XLA_",
-    "env_vars.JAX_",
-    "env_vars.KERAS_",
-    "env_vars.CUDA_",
-    "packages.",
-    "container",
-    "framework.",
-    "python",
-    "cpu.count",
-    "machine",
-    "platform",
-    "hostname",
-)
-# Differences known not to change these trainers' numbers, listed last with the reason.
-NOT_NUMERIC = {
-    "env_vars.PYTHONHASHSEED": "every generator is seeded explicitly; no computation iterates a hash-ordered set",
-    "hostname": "a name",
-}
+def add_arguments(parser) -> None:
+    parser.add_argument("run_a", type=Path)
+    parser.add_argument("run_b", type=Path)
+    parser.add_argument(
+        "--tolerance", type=float, default=0.0,
+        help="pass when every weight differs by at most this (default 0: bit-exact)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, help="directory for compare.json and compare.md (default: ./compare-A-vs-B)"
+    )
 
 
 def run(args) -> int:
-    """`reprocube compare RUN_A RUN_B [--tolerance T] [--out DIR]`."""
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     names = (safe_name(Path(run).resolve().name) for run in (args.run_a, args.run_b))
@@ -91,11 +35,11 @@ def run(args) -> int:
     refuse_inside_checkpoints(out)
     result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
     out.mkdir(parents=True, exist_ok=True)
-    write_reports(result, out, "compare", compare_markdown(result))
+    write_compare(result, out)
     print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
     for row in result["checkpoints"]:
         worst = worst_tensor(row["tensors"])
-        detail = "" if row["identical"] else f"  {worst['tensor']}: {_difference_size(worst)}"
+        detail = "" if row["identical"] else f"  {worst['tensor']}: {difference_size(worst)}"
         print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
     if result["max_abs"]:
         print(f"  largest difference over all weights: {result['max_abs']:.3g}")
@@ -103,381 +47,5 @@ def run(args) -> int:
         print(f"  config {diff['key']}: {diff['a']} -> {diff['b']}")
     for diff in result["env_differences"][:8]:
         print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
-    print(f"written: {out / 'compare.json'}, {out / 'compare.md'}")
+    print(f"written: {out / COMPARE_RESULT.name}, {out / COMPARE_RESULT.markdown_name}")
     return EXIT_OK if result["passed"] else EXIT_DIFFERENT
-
-
-def ulp_statistics(a: np.ndarray, b: np.ndarray) -> dict:
-    """How far two arrays of one dtype differ, in units in the last place, over the values that differ:
-    max, median and 99th percentile, the largest relative error, and the sign flips counted apart (a
-    value that crosses zero is billions of ULP away however small the change, and would swamp the rest)."""
-    differing = a != b
-    if a.dtype.kind != "f":
-        gaps = np.abs(a.astype(np.int64) - b.astype(np.int64))[differing]
-        flips = np.zeros(gaps.shape, bool)
-    else:
-        differing &= ~(np.isnan(a) & np.isnan(b))
-        int_type = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
-
-        def ordered(x):  # map float bit patterns onto a monotonic integer line
-            bits = x.view(int_type).astype(np.int64)
-            return np.where(bits < 0, np.int64(np.iinfo(int_type).min) - bits, bits)
-
-        flips = (np.signbit(a) != np.signbit(b))[differing]
-        gaps = np.abs(ordered(a) - ordered(b))[differing]
-    kept = gaps[~flips]
-    x, y = a[differing].astype(np.float64), b[differing].astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        scale = np.maximum(np.abs(x), np.abs(y))
-        relative = np.abs(x - y)[scale > 0] / scale[scale > 0]
-    relative = relative[np.isfinite(relative)]  # only numbers JSON can hold (NaN and infinity counted apart)
-    return {
-        "values_differing": int(gaps.size),
-        "sign_flips": int(flips.sum()),
-        "max_ulp": int(kept.max()) if kept.size else 0,
-        "median_ulp": float(np.median(kept)) if kept.size else 0.0,
-        "p99_ulp": float(np.percentile(kept, 99)) if kept.size else 0.0,
-        "max_relative": float(relative.max()) if relative.size else 0.0,
-    }
-
-
-def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[dict]:
-    """Per tensor: identical bytes?, max |a-b| and the ULP statistics; missing or reshaped tensors named."""
-    rows = []
-    for name in sorted(set(a) | set(b)):
-        if name not in a or name not in b:
-            rows.append({"tensor": name, "identical": False, "problem": f"only in run {'A' if name in a else 'B'}"})
-            continue
-        x, y = a[name], b[name]
-        if x.shape != y.shape or x.dtype != y.dtype:
-            rows.append(
-                {"tensor": name, "identical": False, "problem": f"{x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"}
-            )
-            continue
-        if x.tobytes() == y.tobytes():
-            rows.append({"tensor": name, "identical": True, "max_abs": 0.0, "max_ulp": 0})
-            continue
-        with np.errstate(over="ignore", invalid="ignore"):  # a NaN or infinity in a weight: counted apart
-            gaps = np.abs(x.astype(np.float64) - y.astype(np.float64))
-        finite = np.isfinite(gaps)
-        row = {"tensor": name, "identical": False, "max_abs": float(gaps[finite].max()) if finite.any() else 0.0}
-        row.update(ulp_statistics(x, y))
-        non_finite = int(np.sum(~finite & (x != y) & ~(_isnan(x) & _isnan(y))))
-        if non_finite:
-            row["non_finite"] = non_finite  # values whose difference is NaN or infinite (no number says how far)
-        rows.append(row)
-    return rows
-
-
-def _isnan(x: np.ndarray) -> np.ndarray:
-    return np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
-
-
-def worst_tensor(tensors: list[dict]) -> dict | None:
-    """The row that explains a checkpoint's difference best: a missing/reshaped tensor, else max ULP."""
-    return max(
-        tensors,
-        key=lambda t: ("problem" in t, not t["identical"], t.get("max_ulp", 0), t.get("sign_flips", 0)),
-        default=None,
-    )
-
-
-def load_run(path: Path) -> dict:
-    """A run directory's checkpoints (each verified; an unreadable one is named, with a warning, and
-    left out), its epoch records and its environment; a clear error otherwise. What the run must hold is
-    judged from its checkpoints alone (hashed: sessions.jsonl is not read): where it can have started
-    (started_by_epoch) and the epoch checkpoints its config asks for that it lacks (lacks)."""
-    path = Path(path)
-    if not (path / "checkpoints").is_dir():
-        raise CheckpointError(f"{path} is not a reprocube run directory (no checkpoints/)")
-    found, unreadable = scan_checkpoints(path / "checkpoints")
-    unreadable = {p.name: str(exc) for p, exc in unreadable.items()}
-    checkpoints = {}
-    for checkpoint_path in found:
-        try:
-            checkpoints[checkpoint_path.name] = _named_by_its_position(read_checkpoint(checkpoint_path))
-        except CheckpointError as exc:
-            unreadable[checkpoint_path.name] = str(exc)
-    for reason in unreadable.values():
-        print(f"reprocube: warning: {reason}; left out of the comparison", file=sys.stderr)
-    if not checkpoints:
-        raise CheckpointError(f"{path} holds no readable checkpoint")
-    env = read_json(path / "env.json", CheckpointError, MAX_ENV_BYTES) if (path / "env.json").exists() else {}
-    metrics = read_epoch_records(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
-    started_by = _started_by_epoch(checkpoints, unreadable)
-    return {
-        "path": path,
-        "checkpoints": checkpoints,
-        "unreadable": unreadable,
-        "started_by_epoch": started_by,
-        "lacks": _lacks(checkpoints, unreadable, started_by),
-        "env": env if isinstance(env, dict) else {},
-        "metrics": metrics,
-    }
-
-
-def _named_by_its_position(checkpoint: Checkpoint) -> Checkpoint:
-    """A checkpoint whose directory name is the position its verified manifest records (epoch-k: k epochs
-    done, at the start of the next; step-n: global step n, within an epoch): the names are how runs are
-    matched and counted, so an epoch checkpoint renamed step-n (to hide it) is refused."""
-    manifest, name = checkpoint.manifest, checkpoint.path.name
-    if name.startswith("epoch-"):
-        agrees = name == epoch_name(manifest["epoch"]) and manifest["step_in_epoch"] == 0
-    else:
-        agrees = name == step_name(manifest["global_step"]) and manifest["step_in_epoch"] > 0
-    if not agrees:
-        raise CheckpointError(
-            f"checkpoint {checkpoint.path}: its manifest's position (epoch {manifest['epoch']}, step "
-            f"{manifest['step_in_epoch']}, global step {manifest['global_step']}) is not the one its name says"
-        )
-    return checkpoint
-
-
-def _started_by_epoch(checkpoints: dict[str, Checkpoint], unreadable: dict[str, str]) -> int:
-    """The most epochs the run can have had done when its first process started, from its checkpoints'
-    verified manifests: an epoch-k checkpoint means the run trained epoch k (it started after at most k - 1
-    epochs), a step checkpoint after `epoch` epochs means it started after at most that many. A run
-    started from another's epoch-k checkpoint may lack epochs 1..k; a run holding epoch-0001 may lack none."""
-    bounds = [c.manifest["epoch"] - (1 if name.startswith("epoch-") else 0) for name, c in checkpoints.items()]
-    bounds += [int(name[len("epoch-") :]) - 1 for name in unreadable if name.startswith("epoch-")]
-    return max(min(bounds, default=0), 0)
-
-
-def _lacks(checkpoints: dict[str, Checkpoint], unreadable: dict[str, str], started_by: int) -> list[str]:
-    """The epoch checkpoints the run's own config asks for (from its newest checkpoint's config.json, which
-    its manifest hashes: every checkpoint.every_epochs-th epoch and the last, up to `epochs`, or to
-    stop_after_epoch for a process told to stop there) after where it can have started, that it lacks."""
-    newest = next(reversed(checkpoints.values()))
-    config = Fields(newest.content.config, f"checkpoint {newest.path}: config.json", CheckpointError)
-    epochs = config.integer("epochs", 1)
-    last = epochs if config.value.get("stop_after_epoch") is None else min(epochs, config.integer("stop_after_epoch"))
-    checkpoint = config.mapping("checkpoint") if config.has("checkpoint") else None
-    every = checkpoint.integer("every_epochs", 1) if checkpoint and checkpoint.has("every_epochs") else epochs
-    held = {*checkpoints, *unreadable}
-    wanted = [epoch_name(k) for k in range(started_by + 1, last + 1) if k % every == 0 or k == epochs]
-    return [name for name in wanted if name not in held]
-
-
-def run_subject(run: dict) -> dict | None:
-    """What evidence about a run (verify.json, compare.json) is about: its final epoch checkpoint's name,
-    weights_digest and config_hash, from that checkpoint's verified manifest (None: no epoch checkpoint).
-    `reprocube report` shows such evidence as a run's only where the subject is the run's own."""
-    epochs = [c for name, c in run["checkpoints"].items() if name.startswith("epoch-")]
-    if not epochs:
-        return None
-    final = max(epochs, key=lambda c: c.manifest["epoch"])
-    return {
-        "checkpoint": final.path.name,
-        "config_hash": final.manifest.get("config_hash"),
-        "weights_digest": final.manifest["weights_digest"],
-    }
-
-
-def subject_of(path: Path) -> dict | None:
-    """run_subject of the run directory `path`, its final epoch checkpoint verified whole first (None when
-    it holds no epoch checkpoint that reads)."""
-    found, _ = scan_checkpoints(Path(path) / "checkpoints")
-    epochs = [p for p in found if p.name.startswith("epoch-")]
-    if not epochs:
-        return None
-    try:
-        final = _named_by_its_position(read_checkpoint(epochs[-1]))  # scan_checkpoints: oldest first
-    except CheckpointError:
-        return None
-    return run_subject({"checkpoints": {final.path.name: final}})
-
-
-def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
-    """Checkpoint by checkpoint (the names both runs hold, in training order). A run that started from
-    another's checkpoint of epoch k (as far as its checkpoints' manifests can tell: load_run's
-    started_by_epoch) may lack epochs 1..k; any other epoch checkpoint one run lacks, or that its own
-    config asks for (load_run's lacks), means not identical."""
-    common = [name for name in a["checkpoints"] if name in b["checkpoints"]]
-    checkpoints, first = [], None
-    for name in common:
-        ca, cb = a["checkpoints"][name], b["checkpoints"][name]
-        same = ca.manifest["weights_digest"] == cb.manifest["weights_digest"]
-        tensors = tensor_differences(ca.content.weights, cb.content.weights)
-        # Tolerance 0 is bit-exact: +0.0 against -0.0 differs by 0 but is not the same bits.
-        within = same or (
-            tolerance > 0
-            and all("problem" not in t and not t.get("non_finite") and t["max_abs"] <= tolerance for t in tensors)
-        )
-        row = {
-            "checkpoint": name,
-            "global_step": ca.manifest.get("global_step"),
-            "identical": same,
-            "within_tolerance": within,
-            "tensors": tensors,
-        }
-        checkpoints.append(row)
-        if not same and first is None:
-            worst = worst_tensor(tensors)
-            first = {
-                "checkpoint": name,
-                "tensor": worst["tensor"],
-                "max_abs": worst.get("max_abs"),
-                "max_ulp": worst.get("max_ulp"),
-                "problem": worst.get("problem"),
-            }
-    metric_diffs = _metric_differences(a["metrics"], b["metrics"])
-    unreadable = {"a": sorted(a.get("unreadable", {})), "b": sorted(b.get("unreadable", {}))}
-    # An epoch checkpoint one run has and the other lacks (a run that stopped early) was not shown to agree.
-    epochs = {
-        run: {n for n in [*r["checkpoints"], *r.get("unreadable", {})] if n.startswith("epoch-")}
-        for run, r in (("a", a), ("b", b))
-    }
-    before = {
-        run: {epoch_name(k) for k in range(1, r.get("started_by_epoch", 0) + 1)} for run, r in (("a", a), ("b", b))
-    }
-    missing = {
-        "a": sorted((epochs["b"] - epochs["a"] - before["a"]) | set(a.get("lacks", ()))),
-        "b": sorted((epochs["a"] - epochs["b"] - before["b"]) | set(b.get("lacks", ()))),
-    }
-    verdict_ok = (
-        bool(common)
-        and all(c["within_tolerance"] for c in checkpoints)
-        and (tolerance > 0 or not metric_diffs)
-        and not (unreadable["a"] or unreadable["b"])  # what could not be read was not shown to agree
-        and not (missing["a"] or missing["b"])
-    )
-    return {
-        # What this result is about: each run's final epoch checkpoint compared (see run_subject).
-        "subject": {"a": run_subject(a), "b": run_subject(b)},
-        "run_a": str(a["path"]),
-        "run_b": str(b["path"]),
-        "compared_checkpoints": common,
-        "identical": bool(common) and all(c["identical"] for c in checkpoints) and not metric_diffs and verdict_ok,
-        "passed": verdict_ok,
-        "tolerance": tolerance,
-        "first_difference": first,
-        "checkpoints": checkpoints,
-        "metric_differences": metric_diffs,
-        "config_differences": _config_differences(a, b),
-        "env_differences": env_differences(a["env"], b["env"]),
-        "unreadable_checkpoints": unreadable,
-        "missing_epoch_checkpoints": missing,
-        "max_abs": max((t.get("max_abs", 0.0) for c in checkpoints for t in c["tensors"]), default=0.0),
-    }
-
-
-def _config_differences(a: dict, b: dict) -> list[dict]:
-    """Result-affecting config keys that differ between the runs' newest checkpoints (the likeliest
-    cause of all: it comes before any environment difference)."""
-    config_a = next(reversed(a["checkpoints"].values())).content.config
-    config_b = next(reversed(b["checkpoints"].values())).content.config
-    rows = []
-    for line in config_differences(config_a, config_b):
-        key, _, change = line.partition(": ")
-        before, _, after = change.partition(" -> ")
-        rows.append({"key": key, "a": before, "b": after})
-    return rows
-
-
-def _metric_differences(a: list[dict], b: list[dict]) -> list[dict]:
-    epochs_a = {r["epoch"]: r for r in a if r.get("kind") == "epoch"}
-    epochs_b = {r["epoch"]: r for r in b if r.get("kind") == "epoch"}
-    diffs = []
-    for epoch in sorted(set(epochs_a) & set(epochs_b)):
-        for field in DETERMINISTIC_EPOCH_FIELDS[2:]:
-            va, vb = epochs_a[epoch].get(field), epochs_b[epoch].get(field)
-            if va != vb:
-                diffs.append({"epoch": epoch, "metric": field, "a": va, "b": vb})
-    return diffs
-
-
-def env_differences(a: dict, b: dict) -> list[dict]:
-    """Differing env.json entries, those most likely to explain a divergence first."""
-    fa, fb = flatten_keys(a), flatten_keys(b)
-    missing = "<absent>"
-    rows = [
-        {"key": k, "a": fa.get(k, missing), "b": fb.get(k, missing)}
-        for k in set(fa) | set(fb)
-        if fa.get(k, missing) != fb.get(k, missing)
-    ]
-    for row in rows:
-        if row["key"] in NOT_NUMERIC:
-            row["not_a_cause"] = NOT_NUMERIC[row["key"]]
-
-    def rank(row):
-        if "not_a_cause" in row:
-            return len(ENV_RELEVANCE) + 1, row["key"]
-        return next(
-            (i for i, prefix in enumerate(ENV_RELEVANCE) if row["key"].startswith(prefix)), len(ENV_RELEVANCE)
-        ), row["key"]
-
-    return sorted(rows, key=rank)
-
-
-def summary_line(result: dict) -> str:
-    """The verdict in one line: what differs first, then every other reason the runs do not pass."""
-    missing, unreadable = result.get("missing_epoch_checkpoints", {}), result.get("unreadable_checkpoints", {})
-    reasons = [f"{run.upper()} lacks {', '.join(missing[run])}" for run in ("a", "b") if missing.get(run)]
-    skipped = [f"{run.upper()}:{name}" for run in ("a", "b") for name in unreadable.get(run, [])]
-    if skipped:
-        reasons.append(f"unreadable checkpoints {', '.join(skipped)}")
-    common = len(result["compared_checkpoints"])
-    first = result["first_difference"]
-    if not common:
-        return "no checkpoint in common: nothing could be compared" + "".join(f"; {r}" for r in reasons)
-    if result["identical"]:
-        return f"identical ({common} checkpoints)"
-    if first is not None:
-        within = (
-            " (within tolerance)"
-            if result["tolerance"] > 0 and all(c["within_tolerance"] for c in result["checkpoints"])
-            else ""
-        )
-        head = f"differs from {first['checkpoint']}: {first['tensor']} ({_difference_size(first)}){within}"
-    elif result["metric_differences"]:
-        head = "weights identical, metrics differ: " + ", ".join(
-            f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3]
-        )
-    else:
-        verdict = "not verified" if skipped and not missing.get("a") and not missing.get("b") else "not identical"
-        return f"{verdict}: {'; '.join(reasons)} (the {common} in common agree)"
-    return head + "".join(f"; {r}" for r in reasons)
-
-
-def _difference_size(row: dict) -> str:
-    """A tensor row's difference: the problem (only in one run, reshaped), else max abs and max ULP."""
-    if row.get("problem"):
-        return row["problem"]
-    flips = f", {row['sign_flips']} sign flips" if row.get("sign_flips") else ""
-    non_finite = f", {row['non_finite']} NaN or infinite" if row.get("non_finite") else ""
-    return f"max abs {row['max_abs']:.3g}, max {row['max_ulp']} ULP{flips}{non_finite}"
-
-
-def write_reports(result: dict, directory: Path, stem: str, markdown: str) -> None:
-    write_json_atomic(directory / f"{stem}.json", result, indent=1)
-    write_file_atomic(directory / f"{stem}.md", markdown.encode())
-
-
-def compare_markdown(result: dict) -> str:
-    lines = [
-        "# reprocube compare",
-        "",
-        f"- A: `{result['run_a']}`",
-        f"- B: `{result['run_b']}`",
-        f"- verdict: **{summary_line(result)}**",
-        "",
-    ]
-    lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
-    for c in result["checkpoints"]:
-        worst = worst_tensor(c["tensors"])
-        lines.append(
-            f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |"
-        )
-    if result["metric_differences"]:
-        lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [
-            f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]
-        ]
-    lines += _key_table("Config differences (result-affecting keys)", result["config_differences"])
-    lines += _key_table("Environment differences (most likely causes first)", result["env_differences"])
-    return "\n".join(lines) + "\n"
-
-
-def _key_table(title: str, rows: list[dict]) -> list[str]:
-    """A section of {key, a, b} rows (or "none")."""
-    table = ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in rows]
-    return ["", f"## {title}", "", *(table if rows else ["none"])]

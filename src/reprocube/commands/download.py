@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from reprocube.commands.invocation import Invocation
 from reprocube.data.download import download_dataset
 from reprocube.errors import EXIT_OK
+from reprocube.orchestration.invocation import add_config_arguments
+
+HELP = "fetch and verify a dataset: reprocube download dataset=fashion_mnist data_dir=data"
 
 
-def run(invocation: Invocation) -> int:
+def add_arguments(parser) -> None:
+    add_config_arguments(parser)
+
+
+def run(args) -> int:
+    invocation = args.invocation
     download_dataset(invocation.cfg)
     return EXIT_OK

@@ -10,6 +10,15 @@ from reprocube.errors import EXIT_OK, ConfigError
 from reprocube.signing import generate_key, read_signature, sign_receipt
 
 RECEIPT_FILE = "receipt.json"
+HELP = "sign a run's receipt with an Ed25519 key: reprocube sign RUN --key KEY.pem"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("source", type=Path, help="a run directory or its receipt.json")
+    parser.add_argument("--key", type=Path, required=True, help="an Ed25519 private key (PEM, PKCS#8, unencrypted)")
+    parser.add_argument(
+        "--new-key", action="store_true", help="first make a key pair: KEY and KEY.pub (never replaced)"
+    )
 
 
 def run(args) -> int:

@@ -5,30 +5,30 @@ fixed seed, only non-determinism can spread the results. They measured, for a Te
 GPU, a test-accuracy std of 0.020 with a fixed seed against 0.027 with different seeds (a ratio of
 ~74%). Here, with deterministic kernels, the same-seed group should end in one weights_digest.
 
-The runs go through Hydra multirun (reprocube.commands.study_job), one job per run: Hydra's basic launcher on
+The runs go through Hydra multirun (reprocube.orchestration.study_job), one job per run: Hydra's basic launcher on
 this machine, or the submitit launcher on SLURM. Each run is a plain `reprocube train` in
 STUDY/runs/, with its output in STUDY/logs/ and its result in STUDY/results/. The study can be run
 again to finish what a failed or interrupted attempt left: finished runs are kept, and interrupted
-ones continue (resume=auto). This module drives the study; reprocube.commands.study_results collects
-and reports it."""
+ones continue (resume=auto). This module drives the study; reprocube.orchestration.study_members runs
+and collects the members, reprocube.results.study_result writes study.json."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from reprocube.commands.children import child_args, last_error_line, reprocube_command, run_child
-from reprocube.commands.invocation import Invocation
-from reprocube.commands.launcher import check_slurm, hydra_settings, launch_multirun, wait_for_slurm_jobs
-from reprocube.commands.study_results import collect, members, study_paths, summary_lines, write_study
-from reprocube.config import override
 from reprocube.errors import EXIT_OK, EXIT_TRAINING, ConfigError
-from reprocube.files import write_json_atomic
-from reprocube.metrics import read_epoch_records
+from reprocube.files import write_file_atomic, write_json_atomic
+from reprocube.orchestration.children import child_args
+from reprocube.orchestration.invocation import add_config_arguments
+from reprocube.orchestration.launcher import check_slurm, hydra_settings, launch_multirun, wait_for_slurm_jobs
+from reprocube.orchestration.study_members import collect, members, study_paths
+from reprocube.pages.study_figure import box_plot
+from reprocube.results.study_result import STUDY_RESULT, summary_lines, write_study
 from reprocube.untrusted import read_json
 
 # Overrides the study sets for each run; the user's own values for them are not passed on.
-PLACE_KEYS = ("seed=", "output_dir=", "run_name=", "resume=", "study.", "log.progress=")
+SET_ON_CHILDREN = ("seed=", "output_dir=", "run_name=", "resume=", "study.", "log.progress=")
 REQUEST = "study-request.json"
 SLURM_CHECK_TIMEOUT_S = 30
 
@@ -36,14 +36,22 @@ SLURM_CHECK_TIMEOUT_S = 30
 # ---- the driver ------------------------------------------------------------------------------------------
 
 
-def run(invocation: Invocation) -> int:
+HELP = "same seed vs different seeds, through Hydra multirun: reprocube study framework=jax runs=5 epochs=3"
+
+
+def add_arguments(parser) -> None:
+    add_config_arguments(parser, aliases={"runs": "study.runs"})
+
+
+def run(args) -> int:
+    invocation = args.invocation
     result = run_study(invocation.cfg, invocation.overrides, invocation.config_files)
     return EXIT_OK if not result["failures"] and not result.get("launcher_error") else EXIT_TRAINING
 
 
 def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> dict:
     study_dir = Path(cfg.study.dir).resolve()
-    train_args = child_args(overrides, config_files, PLACE_KEYS)
+    train_args = child_args(overrides, config_files, SET_ON_CHILDREN)
     request = {
         "framework": cfg.framework.name,
         "runs": cfg.study.runs,
@@ -70,9 +78,12 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
     if launcher_error:
         result["launcher_error"] = launcher_error
     write_study(result, study_dir)
+    write_file_atomic(study_dir / "study.png", box_plot(result))
     for line in summary_lines(result):
         out(line)
-    out(f"written: {study_dir / 'study.json'}, {study_dir / 'study.md'}, {study_dir / 'study.png'}")
+    out(
+        f"written: {study_dir / STUDY_RESULT.name}, {study_dir / STUDY_RESULT.markdown_name}, {study_dir / 'study.png'}"
+    )
     return result
 
 
@@ -111,40 +122,5 @@ def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
             "cwd": request["cwd"],
         },
     }
-    return launch_multirun("reprocube.commands.study_job", "study", study_dir, config, "study.member", 2 * cfg.study.runs,
+    return launch_multirun("reprocube.orchestration.study_job", "study", study_dir, config, "study.member", 2 * cfg.study.runs,
                            study_dir / "logs" / "launcher.log", echo=lambda line: out(f"  {line}"))  # fmt: skip
-
-
-# ---- one run (called by reprocube.commands.study_job in the launcher's job) ----------------------------------------
-
-
-def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: list[str], cwd: str) -> dict:
-    """Train one member with `reprocube train` in a fresh process and record its result. Never raises
-    for a failed run: the failure is recorded, so that the other runs go on and are reported."""
-    member = members(runs, seed)[index]
-    paths = study_paths(study_dir)
-    log_path = paths["logs"] / f"{member.run_name}.log"
-    command = reprocube_command("train", *train_args, f"seed={member.seed}", override("output_dir", str(paths["runs"])),
-                                f"run_name={member.run_name}", "resume=auto", "log.progress=false")  # fmt: skip
-    status = run_child(command, log_path, cwd=cwd)
-    record = {"member": member.index, "group": member.group, "seed": member.seed, "run": str(paths["runs"] / member.run_name),
-              "log": str(log_path), "exit_code": status, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}  # fmt: skip
-    if status == 0:
-        final = _final_epoch(paths["runs"] / member.run_name)
-        if final is None:
-            record.update(status="failed", error="the run finished without an epoch record in metrics.jsonl")
-        else:
-            record.update(
-                status="ok",
-                **{k: final[k] for k in ("epoch", "test_accuracy", "test_loss", "train_loss", "weights_digest")},
-            )
-    else:
-        record.update(status="failed", error=f"reprocube train exited {status}: {last_error_line(log_path)}")
-    write_json_atomic(paths["results"] / f"{member.run_name}.json", record, indent=2)
-    return record
-
-
-def _final_epoch(run_dir: Path) -> dict | None:
-    path = run_dir / "metrics.jsonl"
-    epochs = read_epoch_records(path) if path.exists() else []
-    return epochs[-1] if epochs else None

@@ -2,7 +2,7 @@
 train the uninterrupted reference (or reuse `run=PATH`), then, each in a fresh process, one link per
 epoch (plan_linear: about 2N+1 epochs of training for N) or, with verify.full=true, the exhaustive checks
 (plan_full: a whole restart, a whole other-seed run, a resume from every epoch checkpoint to the end).
-The checks run here (verify.jobs at once) or as SLURM jobs (reprocube.commands.verify_runner); this
+The checks run here (verify.jobs at once) or as SLURM jobs (reprocube.orchestration.verify_runner); this
 module plans them and judges the run directories they leave."""
 
 from __future__ import annotations
@@ -12,21 +12,22 @@ import shutil
 import time
 from pathlib import Path
 
+from reprocube.analysis.run_comparison import compare_runs, load_run, subject_of, summary_line
 from reprocube.backend import STEPS_PER_CALL
 from reprocube.checkpoint import epoch_name, read_checkpoint, scan_checkpoints, weights_digest
-from reprocube.commands.children import child_args
-from reprocube.commands.compare import compare_runs, load_run, subject_of, summary_line, write_reports
-from reprocube.commands.invocation import Invocation
-from reprocube.commands.launcher import check_slurm
-from reprocube.commands.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
 from reprocube.config import config_differences, override, to_plain
 from reprocube.data.sampler import EpochSampler
 from reprocube.env import usable_cpus
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
+from reprocube.orchestration.children import child_args
+from reprocube.orchestration.invocation import add_config_arguments
+from reprocube.orchestration.launcher import check_slurm
+from reprocube.orchestration.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
+from reprocube.results.verify_result import VERIFY_RESULT, write_verify
 from reprocube.state import TrainState
 from reprocube.trace import compare_traces
 
-PLACE_KEYS = (
+SET_ON_CHILDREN = (
     "framework=",
     "run_name=",
     "output_dir=",
@@ -43,7 +44,15 @@ def _print_now(line: str) -> None:
     print(line, flush=True)  # progress must reach a batch job's log as it happens
 
 
-def run(invocation: Invocation) -> int:
+HELP = "prove bit-exact restart and resume: reprocube verify framework=all epochs=3"
+
+
+def add_arguments(parser) -> None:
+    add_config_arguments(parser, all_frameworks_default="pytorch")
+
+
+def run(args) -> int:
+    invocation = args.invocation
     passed = verify(invocation.frameworks, invocation.cfg, invocation.overrides, invocation.config_files)
     return EXIT_OK if passed else EXIT_DIFFERENT
 
@@ -56,7 +65,7 @@ def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[
         _check_reference_config(Path(cfg.run), to_plain(cfg))
     if cfg.verify.launcher == "slurm":
         check_slurm("verify.launcher")  # before anything is written
-    user = child_args(overrides, config_files, PLACE_KEYS)
+    user = child_args(overrides, config_files, SET_ON_CHILDREN)
     rows, all_passed = [], True
     for framework in frameworks:
         result = _verify_framework(framework, cfg, user, out)
@@ -127,9 +136,9 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     # Beside the reference it trained; never into a run given with run=PATH (someone else's published run).
     trained_here = not cfg.run and (reference / "checkpoints").is_dir()
     report_dir = reference if trained_here else base
-    write_reports(result, report_dir, "verify", _markdown(result))
+    write_verify(result, report_dir)
     out(
-        f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / 'verify.md'}"
+        f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / VERIFY_RESULT.markdown_name}"
     )
     return result
 
@@ -373,39 +382,3 @@ def known_not_to_resume(cfg) -> str | None:
             "'Random augmentation that resumes exactly'); use data.augment_rng=stateless"
         )
     return None
-
-
-def _markdown(result: dict) -> str:
-    lines = [
-        f"# reprocube verify: {result['framework']}",
-        "",
-        f"Verdict: **{'passed: bit-identical' if result['passed'] else 'FAILED'}**",
-    ]
-    if result["tolerance"]:
-        lines.append(f"(explicit tolerance: max abs difference <= {result['tolerance']})")
-    if result.get("known_not_to_resume"):
-        lines += ["", f"Note: {result['known_not_to_resume']}"]
-    where = "SLURM jobs" if result["launcher"] == "slurm" else f"{result['jobs']} at a time"
-    lines += ["", f"Mode: {result['mode']}; checks run as {where}; wall-clock {result['wall_s']} s", ""]
-    lines += [WHAT_LINEAR_PROVES if result["mode"] == "linear" else WHAT_FULL_PROVES, ""]
-    lines += ["| check | passed | result |", "|---|---|---|"]
-    lines += [f"| {c['check']} | {'yes' if c['passed'] else '**no**'} | {c['summary']} |" for c in result["checks"]]
-    return "\n".join(lines) + "\n"
-
-
-WHAT_LINEAR_PROVES = """What this proves. Each link is a fresh process: the first trains from scratch to the reference's
-first checkpoint, each other one starts from the reference's checkpoint k-1 and trains to checkpoint k.
-A link passes only if its checkpoint k equals the reference's in every byte of the weights, the optimizer
-state and every RNG, and every step's loss bits and the epoch records agree. Why that suffices: if every
-link reproduces its checkpoint, then by induction on k a run restarted from scratch and a run resumed at
-any checkpoint reproduce the uninterrupted run, since each step from k-1 to k is shown to be a function
-of what checkpoint k-1 holds and of nothing else. A state a checkpoint fails to save or to restore (an
-RNG, the momentum, the data position) was carried by the reference and not by the link, which then
-differs. The link stopped by a real SIGTERM mid-epoch proves the same for a mid-epoch checkpoint. The
-negative control (another seed) must differ, or the comparison could not see a difference at all.
-Not shown by the links: a resumed process that trains on past its next checkpoint (each link stops
-there); verify.full=true resumes from every checkpoint to the end."""
-
-WHAT_FULL_PROVES = """What this proves. Every check compares a fresh process with the uninterrupted reference at every
-checkpoint both hold: a whole restart, a resume from every epoch checkpoint to the end, the SIGTERM run,
-and a whole run with another seed, which must differ (else the comparison could not see a difference)."""

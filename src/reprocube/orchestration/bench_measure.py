@@ -1,4 +1,4 @@
-"""One `reprocube bench` measurement, in a fresh process: `python -m reprocube.commands.bench_measure
+"""One `reprocube bench` measurement, in a fresh process: `python -m reprocube.orchestration.bench_measure
 --result FILE [--config-file F] KEY=VALUE ...` times one framework with one determinism setting and writes
 its figures to FILE as JSON. The suite around it (repeats, statistics, Markdown) is reprocube.commands.bench."""
 
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
             overrides.append(arg)
     if result is None:
         sys.exit(
-            "usage: python -m reprocube.commands.bench_measure --result FILE [--config-file F] KEY=VALUE ... (use `reprocube bench`)"
+            "usage: python -m reprocube.orchestration.bench_measure --result FILE [--config-file F] KEY=VALUE ... (use `reprocube bench`)"
         )
 
     def run() -> int:

@@ -14,7 +14,7 @@ from reprocube.errors import EXIT_PREEMPTED
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def main(cfg) -> dict:
-    from reprocube.commands.study import run_member
+    from reprocube.orchestration.study_members import run_member
 
     study = cfg.study
     record = run_member(

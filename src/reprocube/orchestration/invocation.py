@@ -1,15 +1,44 @@
-"""A config command as the user typed it: its resolved config, the frameworks it covers, and the user's
-overrides and config files that its child processes repeat."""
+"""A config command as the user typed it: its options (--config-file, --print-config, KEY=VALUE
+overrides), its resolved config, the frameworks it covers, and the user's overrides and config files
+that its child processes repeat."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
 from reprocube.backend import FRAMEWORKS
 from reprocube.config import config_files_overrides, load_config
 from reprocube.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ConfigOptions:
+    all_frameworks_default: str | None = None  # `framework=all` allowed; the default framework
+    aliases: dict[str, str] = field(default_factory=dict)  # a command's own short override names
+
+
+def add_config_arguments(parser, all_frameworks_default: str | None = None, aliases: dict | None = None) -> None:
+    """The options every config command takes; the CLI then hands the command args.invocation."""
+    parser.add_argument(
+        "--config-file", metavar="PATH", action="append", default=[],
+        help="user yaml merged under the command-line overrides (e.g. workspace/train.yaml); repeatable, later files win",
+    )  # fmt: skip
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
+    parser.set_defaults(config_options=ConfigOptions(all_frameworks_default, aliases or {}))
+
+
+def invocation_of(args) -> Invocation:
+    options: ConfigOptions = args.config_options
+    overrides = [_expand_alias(o, options.aliases) for o in args.overrides]
+    return load_invocation(overrides, args.config_file, options.all_frameworks_default)
+
+
+def _expand_alias(override: str, aliases: dict[str, str]) -> str:
+    key, sep, value = override.partition("=")
+    return f"{aliases[key]}={value}" if sep and key in aliases else override
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,12 @@ def _die_with_parent():
     return request
 
 
-def child_args(overrides: list[str], config_files: list[str], place_keys: tuple[str, ...]) -> list[str]:
+def child_args(overrides: list[str], config_files: list[str], set_here: tuple[str, ...]) -> list[str]:
     """The user's config files (absolute: a child may run elsewhere, e.g. a SLURM job) and overrides for
     a child `reprocube` process, without the overrides the caller sets itself (those starting with
-    place_keys)."""
+    set_here)."""
     files = [arg for path in config_files for arg in ("--config-file", str(Path(path).resolve()))]
-    return files + [o for o in overrides if not o.startswith(place_keys)]
+    return files + [o for o in overrides if not o.startswith(set_here)]
 
 
 def reprocube_command(*args: str) -> list[str]:

@@ -1,7 +1,7 @@
 """How verify's checks run: each is one or more `reprocube train` processes, run one after another in
 its own run directory. Here, up to `jobs` checks at once (a check that starts from a reference checkpoint
 waits until the reference has written it, so the reference and the checks overlap); on SLURM, one job
-per check through the launcher the study uses (reprocube.commands.launcher), the reference first.
+per check through the launcher the study uses (reprocube.orchestration.launcher), the reference first.
 Whatever runs where, a check's result is only its exit statuses: verify judges the run directories."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from reprocube.commands.children import last_error_line, reprocube_command, run_child, start_child
-from reprocube.commands.launcher import hydra_settings, launch_multirun, wait_for_slurm_jobs
 from reprocube.config import override
 from reprocube.errors import EXIT_OK, CheckpointError
 from reprocube.files import write_json_atomic
+from reprocube.orchestration.children import last_error_line, reprocube_command, run_child, start_child
+from reprocube.orchestration.launcher import hydra_settings, launch_multirun, wait_for_slurm_jobs
 from reprocube.untrusted import Fields, read_json
 
 POLL_S = 0.2
@@ -132,7 +132,7 @@ def run_slurm(checks: list[Check], commands: dict[str, list[list[str]]], cfg, ba
         settings = hydra_settings(work, "job.member", "slurm", cfg.verify.slurm, f"reprocube-verify-{phase}")
         config = {**settings, "job": {"plan": str(work / "plan.json"), "logs": str(base / "logs"), "member": None}}
         out(f"  submitting {len(group)} SLURM job(s): {', '.join(c.name for c in group)}")
-        error = launch_multirun("reprocube.commands.verify_job", "verify", work, config, "job.member", len(group),
+        error = launch_multirun("reprocube.orchestration.verify_job", "verify", work, config, "job.member", len(group),
                                 work / "launcher.log", echo=lambda line: out(f"    {line}"))  # fmt: skip
         if error:
             wait_for_slurm_jobs(work, cfg.verify.slurm.timeout_min * 60 + 120, out=lambda line: out(f"  {line}"))
@@ -141,7 +141,7 @@ def run_slurm(checks: list[Check], commands: dict[str, list[list[str]]], cfg, ba
 
 
 def run_planned(plan_path: Path, logs: Path, member: int) -> dict:
-    """In a SLURM job (reprocube.commands.verify_job): run one planned check's processes, record their
+    """In a SLURM job (reprocube.orchestration.verify_job): run one planned check's processes, record their
     exit statuses in RESULTS/NAME.json, and return that record."""
     plan = Fields(read_json(plan_path, CheckpointError, MAX_RESULT_BYTES), str(plan_path), CheckpointError)
     checks = plan.records("checks")

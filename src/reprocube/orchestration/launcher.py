@@ -12,9 +12,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprocube.commands.children import python_module_command, run_child
 from reprocube.errors import ReprocubeError
 from reprocube.files import write_file_atomic
+from reprocube.orchestration.children import python_module_command, run_child
 
 SLURM_CHECK_TIMEOUT_S = 30
 

@@ -1,0 +1,91 @@
+"""Which differences between two environments (env.json, a receipt's env) most likely explain a
+numerical divergence: a ranked list, with the differences known not to change the numbers last."""
+
+from __future__ import annotations
+
+from reprocube.config import flatten_keys
+
+# env.json keys, most likely first to explain a divergence (a prefix match on the flattened key).
+ENV_RELEVANCE = (
+    "framework.name",
+    "framework.device",
+    "framework.backend",
+    "framework.gpu",
+    "framework.torch",
+    "framework.tensorflow",
+    "framework.keras",
+    "framework.jax",
+    "framework.jaxlib",
+    "framework.cuda",
+    "framework.cudnn",
+    "framework.driver",
+    "framework.cublas",
+    "framework.tf32",
+    "framework.float32_matmul_precision",
+    "framework.default_matmul_precision",
+    "framework.deterministic",
+    "framework.op_determinism",
+    "framework.cudnn_deterministic",
+    "framework.xla_flags",
+    "framework.prng_impl",
+    "framework.threefry",
+    "framework.num_threads",
+    "framework.intra_op",
+    "framework.inter_op",
+    "framework.cpu_affinity",
+    "framework.cpu_capability",
+    "framework.onednn",
+    "cpu.isa",
+    "env_vars.ONEDNN_",
+    "env_vars.DNNL_",
+    "env_vars.ATEN_",
+    "env_vars.XLA_FLAGS",
+    "env_vars.MKL_",
+    "env_vars.OMP_",
+    "env_vars.KMP_",
+    "env_vars.TF_",
+    "env_vars.NVIDIA_TF32_OVERRIDE",
+    "env_vars.CUBLAS_",
+    "cpu.model",
+    "cpu.affinity",
+    "env_vars.XLA_",
+    "env_vars.JAX_",
+    "env_vars.KERAS_",
+    "env_vars.CUDA_",
+    "packages.",
+    "container",
+    "framework.",
+    "python",
+    "cpu.count",
+    "machine",
+    "platform",
+    "hostname",
+)
+# Differences known not to change these trainers' numbers, listed last with the reason.
+NOT_NUMERIC = {
+    "env_vars.PYTHONHASHSEED": "every generator is seeded explicitly; no computation iterates a hash-ordered set",
+    "hostname": "a name",
+}
+
+
+def env_differences(a: dict, b: dict) -> list[dict]:
+    """Differing env.json entries, those most likely to explain a divergence first."""
+    fa, fb = flatten_keys(a), flatten_keys(b)
+    missing = "<absent>"
+    rows = [
+        {"key": k, "a": fa.get(k, missing), "b": fb.get(k, missing)}
+        for k in set(fa) | set(fb)
+        if fa.get(k, missing) != fb.get(k, missing)
+    ]
+    for row in rows:
+        if row["key"] in NOT_NUMERIC:
+            row["not_a_cause"] = NOT_NUMERIC[row["key"]]
+
+    def rank(row):
+        if "not_a_cause" in row:
+            return len(ENV_RELEVANCE) + 1, row["key"]
+        return next(
+            (i for i, prefix in enumerate(ENV_RELEVANCE) if row["key"].startswith(prefix)), len(ENV_RELEVANCE)
+        ), row["key"]
+
+    return sorted(rows, key=rank)

@@ -1,0 +1,308 @@
+"""A published run's receipt (A) against this machine's retraining of it (B): does every loss bit, weight
+digest and epoch record agree, where do they first differ, which differences in config, code and
+environment most likely explain it, what --match can emulate, and does the difference matter (ULP
+distance, the seed-to-seed spread). Pure functions of two checked receipts (reprocube.receipt)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from reprocube.analysis.environment import NOT_NUMERIC, env_differences
+from reprocube.analysis.tensors import ulp_statistics
+from reprocube.config import config_differences
+from reprocube.env import refused_match_setting
+from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
+from reprocube.receipt import Receipt
+from reprocube.terminal import one_line, shown_value
+from reprocube.trace import compare_traces
+
+# CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine.
+AVX2_CAPS = {
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
+}
+SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations of different-seed runs
+
+
+# --- the comparison --------------------------------------------------------------------------------
+def steps_per_epoch(receipt: Receipt) -> int | None:
+    for record in receipt.epochs:
+        if record["epoch"] > 0 and record["global_step"] % record["epoch"] == 0:
+            return record["global_step"] // record["epoch"]
+    return None
+
+
+def compare_receipts(a: Receipt, b: Receipt) -> dict:
+    """Bit-identical only when B covers all of A (every step, boundary and epoch) and every bit agrees."""
+    divergence = compare_traces(a.trace, b.trace)
+    reasons = []
+    if b.global_step < a.global_step or b.trace.first_step > a.trace.first_step:
+        reasons.append(
+            f"B covers steps {b.trace.first_step + 1}..{b.global_step}, A {a.trace.first_step + 1}..{a.global_step}"
+        )
+    epochs_b = {r["epoch"]: r for r in b.epochs}
+    epoch_differences = []
+    for record in a.epochs:
+        other = epochs_b.get(record["epoch"])
+        if other is None:
+            reasons.append(f"B has no epoch {record['epoch']}")
+            continue
+        for key in (*DETERMINISTIC_EPOCH_FIELDS[1:], "weights_digest"):
+            if record[key] != other[key]:
+                epoch_differences.append({"epoch": record["epoch"], "key": key, "a": record[key], "b": other[key]})
+    config_changes = [line for line in config_differences(a.config, b.config) if not line.startswith("device:")]
+    if config_changes:
+        reasons.append(f"B's config differs ({'; '.join(config_changes)})")
+    step = divergence.step
+    spe = steps_per_epoch(a) or steps_per_epoch(b)
+    first = None
+    if step is not None:
+        first = {
+            "step": step,
+            "epoch": (step - 1) // spe + 1 if spe else None,
+            "by": "loss" if divergence.first_loss_step == step else "weights",
+            "first_loss_step": divergence.first_loss_step,  # the first step whose loss bits differ
+            "last_matching_boundary": divergence.last_matching_boundary,
+            # The first update that made the weights differ lies in this window: at the last matching
+            # boundary they agree, and a loss computed from differing weights (or a differing forward
+            # pass) differs at `step`. trace.every_steps=1 narrows it to one step.
+            "window": [(divergence.last_matching_boundary or max(a.trace.first_step, b.trace.first_step)) + 1, step],
+            "first_differing_boundary": divergence.first_boundary.step if divergence.first_boundary else None,
+            "tensor": divergence.tensors[0] if divergence.tensors else None,
+            "tensors": divergence.tensors,
+        }
+    elif epoch_differences:
+        first = None  # the training steps agree; an evaluation differs (see epoch_differences)
+    identical = not reasons and not epoch_differences and step is None
+    return {
+        "identical": identical,
+        "first_divergence": first,
+        "epoch_differences": epoch_differences,
+        "coverage": {
+            "a_steps": [a.trace.first_step + 1, a.global_step],
+            "b_steps": [b.trace.first_step + 1, b.global_step],
+            "compared_steps": max(divergence.common_last - divergence.common_first, 0),
+            "compared_boundaries": divergence.compared_boundaries,
+            "a_epochs": len(a.epochs),
+            "b_epochs": len(b.epochs),
+        },
+        "reasons": reasons,
+    }
+
+
+# --- causes ----------------------------------------------------------------------------------------
+def ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict]:
+    """Config differences first, then the code, then the environment (most likely first); variables
+    known not to affect these trainers last, with the reason."""
+    causes = []
+    for line in config_differences(a.config, b.config):
+        key, _, change = line.partition(": ")
+        if key == "device":
+            continue  # where it runs: the device actually used is in the environment (framework.device)
+        before, _, after = change.partition(" -> ")
+        note = "overridden with --allow-config-change" if key in user_changes else None
+        causes.append({"key": f"config.{key}", "a": before, "b": after, "kind": "config", "note": note})
+    code_a, code_b = _code(a), _code(b)
+    if code_a != code_b:
+        causes.append({"key": "reprocube.source_sha256", "a": code_a, "b": code_b, "kind": "code", "note": None})
+    rows = env_differences(a.env, b.env)
+    numeric = [r for r in rows if "not_a_cause" not in r]
+    for row in numeric:
+        causes.append({"key": f"env.{row['key']}", "a": row["a"], "b": row["b"], "kind": "environment", "note": None})
+    for row in rows:
+        if "not_a_cause" in row:
+            causes.append(
+                {
+                    "key": f"env.{row['key']}",
+                    "a": row["a"],
+                    "b": row["b"],
+                    "kind": "not-numeric",
+                    "note": row["not_a_cause"],
+                }
+            )
+    return causes
+
+
+def _code(receipt: Receipt) -> str:
+    """reprocube's version and installed-source digest, as one comparable string."""
+    code = receipt.value.get("reprocube")
+    code = code if isinstance(code, dict) else {}
+    return f"{code.get('version')} (source sha256 {str(code.get('source_sha256'))[:16]})"
+
+
+def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
+    """What --match would set to emulate A here: A's documented numeric variables where B's differ (None:
+    unset it), AVX2 caps on an AVX-512 B for an AVX2 A; what cannot be emulated and why; the variables
+    refused (only documented ones with checked values are ever set: reprocube.env)."""
+
+    env, cannot, not_applied = {}, [], []
+    a_vars = a.env.get("env_vars") if isinstance(a.env.get("env_vars"), dict) else {}
+    b_vars = b.env.get("env_vars") if isinstance(b.env.get("env_vars"), dict) else {}
+    for key in sorted(set(a_vars) | set(b_vars)):
+        if f"env_vars.{key}" in NOT_NUMERIC or a_vars.get(key) == b_vars.get(key):
+            continue
+        refused = refused_match_setting(key, a_vars.get(key))  # only documented variables, checked values
+        if refused:
+            not_applied.append({"key": key, "reason": refused})
+        else:
+            env[key] = a_vars.get(key)  # None: unset it
+    isa_a = set(_isa(a.env))
+    isa_b = set(_isa(b.env))
+    if "avx512f" in isa_b and "avx512f" not in isa_a and isa_a:
+        for key, value in AVX2_CAPS.items():
+            if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
+                env[key] = value
+    missing = sorted(isa_a - isa_b)
+    if missing:
+        cannot.append(f"A's CPU had {', '.join(missing)}, which this CPU lacks: its kernels cannot run here")
+    affecting = [c["key"] for c in causes if c["kind"] == "config"]
+    if affecting:
+        cannot.append(
+            f"config differences ({', '.join(affecting)}) are not emulated: they are A's config, not settings"
+        )
+    if not_applied:
+        cannot.append(
+            f"not applied (reported only; --match sets only documented ISA and thread variables): "
+            f"{', '.join(row['key'] for row in not_applied)}"
+        )
+    return {"settings": env, "cannot": cannot, "not_applied": not_applied}
+
+
+def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
+    """--match's result: `matched` is B retrained under plan["settings"] (None: nothing to emulate)."""
+    cannot, not_applied = plan["cannot"], plan["not_applied"]
+    if matched is None:
+        return {"settings": {}, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
+                "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
+    outcome = compare_receipts(a, matched)
+    shown = settings_text(plan["settings"])
+    summary = (
+        f"with {shown}, B reproduces A bit for bit"
+        if outcome["identical"]
+        else f"with {shown}, B still differs (first at step {(outcome['first_divergence'] or {}).get('step')})"
+    )
+    return {"settings": plan["settings"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"],
+            "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
+
+
+def settings_text(env: dict) -> str:
+    return ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in env.items())
+
+
+def _isa(env: dict) -> list[str]:
+    cpu = env.get("cpu")
+    isa = cpu.get("isa") if isinstance(cpu, dict) else None
+    return [f for f in isa if isinstance(f, str)] if isinstance(isa, list) else []
+
+
+# --- does it matter? -------------------------------------------------------------------------------
+def final_record(receipt: Receipt) -> dict | None:
+    return receipt.epochs[-1] if receipt.epochs else None
+
+
+def seed_spread_of(finals: list[dict], seeds: list[int]) -> dict:
+    """The spread of the final test metrics of runs of A's config with other seeds, trained here."""
+    spread = {"source": "seeds", "runs": len(finals), "seeds": seeds}
+    for metric in ("test_accuracy", "test_loss"):
+        spread[metric] = {"std": statistics.stdev(f[metric] for f in finals), "values": [f[metric] for f in finals]}
+    return spread
+
+
+def seed_spread(a: Receipt, b: Receipt, study: dict | None) -> dict | None:
+    """B - A in units of the seed-to-seed standard deviation of the final test metrics (from a study, or
+    seed_spread_of runs trained here); None without one or without final records."""
+    fa, fb = final_record(a), final_record(b)
+    if fa is None or fb is None or study is None:
+        return None
+    spread = dict(study)
+    for metric in ("test_accuracy", "test_loss"):
+        difference = fb[metric] - fa[metric]
+        std = study[metric]["std"]
+        spread[metric] = {
+            **study[metric],
+            "a": fa[metric],
+            "b": fb[metric],
+            "difference": difference,
+            "in_std": _ratio(difference, std),
+        }
+    return spread
+
+
+def _ratio(difference: float, std: float) -> float | None:
+    """difference / std, or None where it is not a finite number (no std, or a std so small it overflows)."""
+    ratio = difference / std if std else None
+    return ratio if ratio is not None and math.isfinite(ratio) else None
+
+
+def loss_ulp(a: Receipt, b: Receipt) -> dict | None:
+    """ULP statistics of the per-step losses over the last epoch both cover (the receipt holds no weights;
+    the trace holds every loss bit): how far apart the two computations ended up."""
+    first, last = max(a.trace.first_step, b.trace.first_step), min(a.trace.last_step, b.trace.last_step)
+    spe = steps_per_epoch(a) or 1
+    start = max(first, last - spe)
+    if last <= start:
+        return None
+    la = a.trace.losses[start - a.trace.first_step : last - a.trace.first_step]
+    lb = b.trace.losses[start - b.trace.first_step : last - b.trace.first_step]
+    stats = ulp_statistics(la, lb)
+    return {"basis": f"training loss of global steps {start + 1}..{last} (float32)", **stats}
+
+
+def tier(result: dict, max_ulp: int) -> tuple[str, str]:
+    if result["verdict"] == "bit-identical":
+        return "bit-identical", "bit-identical: every loss bit and weight digest of A reproduced"
+    ulp = result.get("ulp")
+    if (
+        ulp
+        and ulp["sign_flips"] == 0
+        and ulp["max_ulp"] <= max_ulp
+        and result["coverage"]["b_steps"][1] >= result["coverage"]["a_steps"][1]
+    ):
+        return "within-ulp", (
+            f"differs within {max_ulp} ULP ({ulp['basis']}: max {ulp['max_ulp']}, median {ulp['median_ulp']:g}, "
+            f"p99 {ulp['p99_ulp']:g} ULP, max relative {ulp['max_relative']:.2g})"
+        )
+    spread = result.get("seed_spread")
+    if spread and all(spread[m].get("in_std") is not None for m in ("test_accuracy", "test_loss")):
+        z = max(abs(spread[m]["in_std"]) for m in ("test_accuracy", "test_loss"))
+        text = (
+            f"test accuracy B - A = {spread['test_accuracy']['difference']:+.4g} "
+            f"({spread['test_accuracy']['in_std']:+.2f} seed std), test loss {spread['test_loss']['in_std']:+.2f} seed std"
+        )
+        if z <= SEED_SPREAD_Z:
+            return "within-seed-spread", f"differs within the seed spread (|z| <= {SEED_SPREAD_Z:g}): {text}"
+        return "beyond-seed-spread", f"differs BEYOND the seed spread (|z| > {SEED_SPREAD_Z:g}): {text}"
+    return "spread-unknown", "differs; whether it matters is unknown (pass --study PATH or --seeds N)"
+
+
+def summary(result: dict) -> str:
+    if result["verdict"] == "bit-identical":
+        return f"bit-identical ({result['coverage']['compared_steps']} steps, {result['coverage']['a_epochs']} epochs)"
+    parts = []
+    first = result["first_divergence"]
+    if first:
+        tensor = f", tensor {first['tensor']}" if first.get("tensor") else ""
+        parts.append(f"differs from global step {first['step']} (epoch {first['epoch']}{tensor})")
+    elif result["epoch_differences"]:
+        d = result["epoch_differences"][0]
+        parts.append(f"training steps agree but epoch {d['epoch']} {d['key']} differs")
+    else:
+        parts.append("differs")
+    parts += result["reasons"]
+    if result["self_consistent"] is not None:
+        parts.append(
+            "B is deterministic but computes differently" if result["self_consistent"] else "B is NON-DETERMINISTIC"
+        )
+    likely = [c for c in result["causes"] if c["kind"] != "not-numeric"]
+    if likely:
+        parts.append(
+            f"likely cause: {likely[0]['key']} ({shown_value(likely[0]['a'])} -> {shown_value(likely[0]['b'])})"
+        )
+    if result["match"] and result["match"]["ran"]:
+        parts.append(result["match"]["summary"])
+    parts.append(result["tier_text"])
+    return one_line("; ".join(parts))  # one line, whatever A's tensor names and values hold

@@ -1,0 +1,83 @@
+"""compare.json and compare.md (`reprocube compare`): the schema, the writer and the strict reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reprocube.analysis.run_comparison import summary_line
+from reprocube.analysis.tensors import worst_tensor
+from reprocube.results.schema import ResultFile
+from reprocube.results.subject import read_run_subject
+
+COMPARE_RESULT = ResultFile(
+    "compare.json",
+    version=1,
+    keys=(
+        "subject",  # {"a": run subject, "b": run subject}: what the result is about (each may be null)
+        "run_a",
+        "run_b",
+        "compared_checkpoints",
+        "identical",
+        "passed",
+        "tolerance",
+        "first_difference",
+        "checkpoints",
+        "metric_differences",
+        "config_differences",
+        "env_differences",
+        "unreadable_checkpoints",
+        "missing_epoch_checkpoints",
+        "max_abs",
+    ),
+)
+
+
+def write_compare(result: dict, directory: Path) -> Path:
+    return COMPARE_RESULT.write(directory, result, markdown(result))
+
+
+def read_compare(path: Path) -> dict:
+    """The verdict keys of a compare.json, typed: subject, runs, compared checkpoints, identical, passed."""
+    fields = COMPARE_RESULT.read(path)
+    subject = fields.mapping("subject")
+    return {
+        "subject": {
+            run: subject.nullable(run, lambda key: read_run_subject(subject.mapping(key))) for run in ("a", "b")
+        },
+        "run_a": fields.text("run_a"),
+        "run_b": fields.text("run_b"),
+        "compared_checkpoints": fields.texts("compared_checkpoints"),
+        "identical": fields.boolean("identical"),
+        "passed": fields.boolean("passed"),
+        "tolerance": fields.number("tolerance"),
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# reprocube compare",
+        "",
+        f"- A: `{result['run_a']}`",
+        f"- B: `{result['run_b']}`",
+        f"- verdict: **{summary_line(result)}**",
+        "",
+    ]
+    lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
+    for c in result["checkpoints"]:
+        worst = worst_tensor(c["tensors"])
+        lines.append(
+            f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |"
+        )
+    if result["metric_differences"]:
+        lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [
+            f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]
+        ]
+    lines += _key_table("Config differences (result-affecting keys)", result["config_differences"])
+    lines += _key_table("Environment differences (most likely causes first)", result["env_differences"])
+    return "\n".join(lines) + "\n"
+
+
+def _key_table(title: str, rows: list[dict]) -> list[str]:
+    """A section of {key, a, b} rows (or "none")."""
+    table = ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in rows]
+    return ["", f"## {title}", "", *(table if rows else ["none"])]

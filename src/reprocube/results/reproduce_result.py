@@ -1,0 +1,232 @@
+"""reproduce.json and reproduce.md (`reprocube reproduce`): the schema, the writer and the strict reader
+that `reprocube report` draws the reproduction page from (every key it shows typed; one line naming
+the file and the key when one is wrong, exit 4)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from reprocube.errors import CheckpointError
+from reprocube.receipt import Receipt
+from reprocube.results.schema import ResultFile
+from reprocube.terminal import shown_value
+from reprocube.untrusted import Fields
+
+REPRODUCE_RESULT = ResultFile(
+    "reproduce.json",
+    version=1,
+    keys=(
+        "subject",  # the receipt file's sha256, its config_hash and final weights digest
+        "source",  # A's receipt as given
+        "source_sha256",  # the receipt's self-hash
+        "signature",  # null, or {key_id, verified}
+        "unsigned",  # what lies beside the receipt unsigned or unchecked
+        "run_a",
+        "run_b",
+        "framework",
+        "verdict",  # VERDICTS
+        "identical",
+        "first_divergence",
+        "epoch_differences",
+        "coverage",
+        "reasons",
+        "causes",  # ranked: kind in CAUSE_KINDS
+        "self_consistent",
+        "match",
+        "seed_spread",
+        "ulp",
+        "tier",
+        "tier_text",
+        "summary",
+        "wall_s",
+    ),
+    optional_keys=("self_check",),  # where self_consistent is not null
+)
+VERDICTS = ("bit-identical", "differs")
+CAUSE_KINDS = ("config", "code", "environment", "not-numeric")
+
+
+def write_reproduce(result: dict, directory: Path) -> Path:
+    return REPRODUCE_RESULT.write(directory, result, markdown(result))
+
+
+def signature_line(signature: dict | None) -> str:
+    if signature is None:
+        return "not checked (no --public-key): the receipt may come from anyone"
+    return f"verified (key {signature.get('key_id')}); it covers receipt.json only"
+
+
+def read_reproduce(path: Path) -> dict:
+    return check_reproduce(REPRODUCE_RESULT.read(path).value, str(path))
+
+
+def check_reproduce(value, where: str) -> dict:
+    """The keys of a reproduce result that the page shows, each type-checked; the rest is not used."""
+    fields = REPRODUCE_RESULT.check(value, where)
+    # What the result is about (None: a result written before reproduce recorded it; the page says so).
+    subject = None if fields.value.get("subject") is None else fields.mapping("subject")
+    result = {
+        "subject": subject
+        and {
+            "receipt_sha256": subject.sha256("receipt_sha256"),
+            "config_hash": subject.sha256("config_hash"),
+            "final_weights_digest": subject.sha256("final_weights_digest", nullable=True),
+        }
+    }
+    result |= {key: fields.text(key) for key in ("tier", "tier_text", "summary", "run_a", "source", "run_b")}
+    result["source_sha256"] = fields.text("source_sha256")
+    result["verdict"] = fields.one_of("verdict", VERDICTS)
+    first = fields.nullable("first_divergence", fields.mapping)
+    if first is not None:
+        integer = lambda key: first.integer(key)  # noqa: E731 (nullable steps)
+        first = {
+            "step": first.integer("step", 1),
+            "epoch": first.nullable("epoch", integer),
+            "by": first.text("by"),
+            "last_matching_boundary": first.nullable("last_matching_boundary", integer),
+            "first_differing_boundary": first.nullable("first_differing_boundary", integer),
+            "tensors": first.texts("tensors"),
+            # where the first differing update lies (older results have no window)
+            "window": first.step_range("window") if first.value.get("window") is not None else None,
+        }
+    result["first_divergence"] = first
+    result["causes"] = [
+        {
+            "key": cause.text("key"),
+            "a": cause.present("a"),
+            "b": cause.present("b"),
+            "kind": cause.one_of("kind", CAUSE_KINDS),
+            "note": cause.text("note", optional=True),
+        }
+        for cause in fields.records("causes")
+    ]
+    result["self_consistent"] = fields.nullable("self_consistent", fields.boolean)
+    check = fields.mapping("self_check") if result["self_consistent"] is not None else None
+    result["self_check"] = check and {
+        "from": check.text("from"),
+        "to_step": check.integer("to_step"),
+        "compared_steps": check.integer("compared_steps"),
+    }
+    match = fields.nullable("match", fields.mapping)
+    result["match"] = match and {
+        "ran": match.boolean("ran"),
+        "bit_identical": match.nullable("bit_identical", match.boolean),
+        "cannot": match.texts("cannot"),
+        "summary": match.text("summary"),
+    }
+    result["seed_spread"] = fields.nullable("seed_spread", lambda key: _check_spread(fields.mapping(key)))
+    ulp = fields.nullable("ulp", fields.mapping)
+    if ulp is not None:
+        ulp = {
+            "basis": ulp.text("basis"),
+            **{k: ulp.integer(k) for k in ("values_differing", "sign_flips", "max_ulp")},
+            **{k: ulp.number(k) for k in ("median_ulp", "p99_ulp", "max_relative")},
+        }
+    result["ulp"] = ulp
+    coverage = fields.mapping("coverage")
+    result["coverage"] = {
+        "a_steps": coverage.step_range("a_steps"),
+        "b_steps": coverage.step_range("b_steps"),
+        **{k: coverage.integer(k) for k in ("compared_steps", "compared_boundaries", "a_epochs", "b_epochs")},
+    }
+    wall = fields.mapping("wall_s")
+    result["wall_s"] = {"total": wall.number("total"), "run_b": wall.number("run_b")}
+    return result
+
+
+def _check_spread(spread: Fields) -> dict:
+    checked = {"source": spread.text("source"), "runs": spread.integer("runs"), "path": spread.text("path", True)}
+    for metric in ("test_accuracy", "test_loss"):
+        stats = spread.mapping(metric)
+        checked[metric] = {
+            "std": stats.nullable("std", stats.number),
+            "in_std": stats.nullable("in_std", stats.number),
+            **{k: stats.number(k) for k in ("a", "b", "difference")},
+        }
+        if stats.value.get("values") is not None:
+            checked[metric]["values"] = stats.numbers("values")
+    return checked
+
+
+def check_subject(result: dict, a: Receipt, where: str) -> None:
+    """The receipt read as A must be the one the result is about: the sha256 of its file's bytes (what
+    sha256sum and a signature see) is subject.receipt_sha256, and the subject's config_hash and final
+    weights digest are the receipt's. A result without a subject (older) is marked unverifiable instead."""
+    subject = result["subject"]
+    if subject is None:
+        return
+    if hashlib.sha256(a.raw).hexdigest() != subject["receipt_sha256"]:
+        raise CheckpointError(
+            f"{where}: {a.path} is not the receipt this result is about (the sha256 of its bytes is not "
+            "subject.receipt_sha256)"
+        )
+    final = a.epochs[-1]["weights_digest"] if a.epochs else None
+    if (subject["config_hash"], subject["final_weights_digest"]) != (a.value["config_hash"], final):
+        raise CheckpointError(
+            f"{where}: subject does not describe {a.path} (its config_hash or final_weights_digest differs)"
+        )
+
+
+def markdown(result: dict) -> str:
+    first = result["first_divergence"]
+    lines = [
+        f"# reprocube reproduce: {result['run_a']}",
+        "",
+        f"**Verdict: {result['verdict']}** ({result['tier']})",
+        "",
+        result["summary"],
+        "",
+        f"- receipt: `{result['source']}` (file sha256 {result['subject']['receipt_sha256'][:16]}...)",
+        f"- signature: {signature_line(result['signature'])}",
+        *(f"- unsigned: {line}" for line in result["unsigned"]),
+        f"- B: `{result['run_b']}`",
+        f"- compared: {result['coverage']['compared_steps']} steps (every loss bit), "
+        f"{result['coverage']['compared_boundaries']} weight-digest boundaries, {result['coverage']['a_epochs']} epochs",
+    ]
+    if first:
+        lines += [
+            "",
+            "## First divergence",
+            "",
+            f"- global step **{first['step']}** (epoch {first['epoch']}), found by its {first['by']}",
+            f"- the first update that made the weights differ is one of steps {first['window'][0]}..{first['window'][1]}"
+            " (trace.every_steps=1 pins it to one step)",
+            f"- last boundary where the weights still agree: {first['last_matching_boundary']}",
+            f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
+            + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),
+        ]
+    if result["self_consistent"] is not None:
+        check = result.get("self_check", {})
+        lines += [
+            "",
+            "## Does B agree with itself?",
+            "",
+            ("yes: B is deterministic but computes differently from A" if result["self_consistent"]
+             else "**no: B is non-deterministic** (a second computation of the same steps differs)")
+            + f" (recomputed from {check.get('from')} to step {check.get('to_step')} in a fresh process)",
+        ]  # fmt: skip
+    lines += ["", "## Likely causes (most likely first)", ""]
+    if result["causes"]:
+        lines += ["| # | key | A | B | kind | note |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {i} | `{shown_value(c['key'])}` | {shown_value(c['a'])} | {shown_value(c['b'])} | {c['kind']} | {c['note'] or ''} |"
+            for i, c in enumerate(result["causes"], 1)
+        ]
+    else:
+        lines.append("none: config, code and recorded environment are the same")
+    if result["match"]:
+        lines += ["", "## Intervention (--match)", "", result["match"]["summary"]]
+        lines += [f"- cannot emulate: {c}" for c in result["match"]["cannot"]]
+    lines += ["", "## Does it matter?", "", result["tier_text"]]
+    spread = result.get("seed_spread")
+    if spread:
+        lines.append(f"(seed spread from {spread['source']}, {spread.get('runs')} runs)")
+    if result.get("ulp"):
+        u = result["ulp"]
+        lines.append(
+            f"\nULP ({u['basis']}): {u['values_differing']} differ, max {u['max_ulp']}, median {u['median_ulp']:g}, "
+            f"p99 {u['p99_ulp']:g}, max relative {u['max_relative']:.3g}, sign flips {u['sign_flips']} (counted apart)"
+        )
+    lines += ["", f"Wall-clock: {result['wall_s']['total']} s (B's run: {result['wall_s']['run_b']} s)", ""]
+    return "\n".join(lines)
