@@ -117,3 +117,18 @@ def test_scalars_keep_their_shape(tmp_path):
     content.weights["scale"] = np.array(1.5, dtype=np.float32)
     loaded = read_checkpoint(write_checkpoint(tmp_path, "epoch-0001", content, _fields(global_step=1)))
     assert loaded.content.optimizer["iteration"].shape == () and loaded.content.weights["scale"].shape == ()
+
+
+def test_a_manifest_key_outside_the_schema_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match="not in the manifest's schema"):
+        write_checkpoint(tmp_path / "checkpoints", "epoch-0001", _content(), _fields(surprise=1))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_every_manifest_key_written_is_in_the_schema(tmp_path):
+    from reprocube.checkpoint import MANIFEST_FIELD_KEYS, MANIFEST_OWN_KEYS
+
+    path = write_checkpoint(tmp_path / "checkpoints", "epoch-0001", _content(), MANIFEST_FIELDS)
+    written = json.loads((path / "manifest.json").read_text())
+    assert set(written) <= set(MANIFEST_FIELD_KEYS) | set(MANIFEST_OWN_KEYS)
+    assert set(MANIFEST_OWN_KEYS) <= set(written)

@@ -156,3 +156,31 @@ def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_rec
         parent.kill()
         parent.wait()
         kill_all(processes_naming(str(out)))
+
+
+# --- the watchdog: a child that makes no progress is reported, and ended when asked --------------------------
+def test_a_silent_child_is_reported_then_ended(tmp_path):
+    import time
+
+    from reprocube.orchestration.children import StalledChild, run_watched
+
+    stalls = []
+    started = time.monotonic()
+    command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"]
+    with pytest.raises(StalledChild, match="made no progress for [23] s and was ended"):
+        run_watched(command, tmp_path / "child.log", [tmp_path / "metrics.jsonl"], stalls.append,
+                    warn_after_s=60, stop_after_s=2.0, poll_s=0.1)  # fmt: skip
+    assert stalls and 1.0 <= stalls[0] < 2.0, "reported (at half the stop time) before it was ended"
+    assert time.monotonic() - started < 30, "ended, not waited for"
+
+
+def test_a_child_that_makes_progress_is_never_reported(tmp_path):
+    from reprocube.orchestration.children import run_watched
+
+    progress = tmp_path / "metrics.jsonl"
+    stalls = []
+    # Silent on stdout, but a progress file grows every 0.3 s for 3 s.
+    script = f"import time\nfor i in range(10):\n    open({str(progress)!r}, 'a').write('x\\n'); time.sleep(0.3)\n"
+    status = run_watched([sys.executable, "-c", script], tmp_path / "child.log", [progress], stalls.append,
+                         warn_after_s=1.0, stop_after_s=2.0, poll_s=0.1)  # fmt: skip
+    assert status == 0 and not stalls

@@ -271,3 +271,39 @@ def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):
     assert not (tmp_path / "o1").exists()
     result = reproduce(published, tmp_path / "o2", [f"data_dir={generated.data_dir}"], public_key=good, echo=quiet)
     assert result["verdict"] == "bit-identical" and result["signature"]["verified"] is True
+
+
+def test_a_hanging_b_is_reported_and_ended_by_the_stall_timeout(generated, tmp_path):
+    """B stands still (each step group waits 60 s, as a spinning kernel would): reproduce says so while it
+    waits and, with --stall-timeout, ends B and exits 5 in one line; no verdict is written."""
+    from conftest import slow_steps_pythonpath
+
+    published = publish_receipt_only(train_a(generated, tmp_path, "pytorch", "epochs=1"), tmp_path)
+    proc = reprocube(
+        "reproduce", str(published), "--out", str(tmp_path / "r"), "--stall-timeout", "6",
+        f"data_dir={generated.data_dir}", cwd=tmp_path, check=False,
+        env_extra={"PYTHONPATH": slow_steps_pythonpath(tmp_path, 60)},
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr
+    assert "b: no progress for 3 s" in proc.stdout, proc.stdout
+    assert error_lines(proc) == [error_lines(proc)[0]] and "made no progress for 6 s and was ended" in proc.stderr
+    assert not (tmp_path / "r" / "reproduce.json").exists()
+
+
+def test_a_stopped_run_reproduces_to_where_a_stopped_and_says_so(generated, tmp_path):
+    """A was stopped by a signal at step 8 and never resumed (its receipt is partial): B trains steps 1..8,
+    the verdict says it covers only what A has, and the page is drawn (no epoch and no boundary in common
+    but the stop's)."""
+    a = tmp_path / "a" / "a"
+    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}",
+              "run_name=a", "preempt_at_step=8", cwd=tmp_path, check=False)  # fmt: skip
+    published = publish_receipt_only(a, tmp_path)
+    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
+                     cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
+    assert result["verdict"] == "bit-identical" and result["coverage"]["compared_steps"] == 8
+    assert "partial" in result["summary"] and "step 8" in result["summary"], result["summary"]
+    assert "A stopped at global step 8" in result["tier_text"], result["tier_text"]
+    assert (tmp_path / "r" / "report.html").is_file(), proc.stderr
+    assert "warning" not in proc.stderr, proc.stderr

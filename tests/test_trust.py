@@ -65,7 +65,7 @@ class TrainingWouldStart(Exception):
 def until_training(monkeypatch):
     """reproduce() in-process, stopped where its first child would start."""
 
-    def stop(command, log, env):
+    def stop(command, log, env, **watch):
         raise TrainingWouldStart(command, env)
 
     monkeypatch.setattr(reproduce_module, "_run_with_env", stop)
@@ -308,7 +308,7 @@ def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("REPROCUBE_TEST_SECRET", SECRET)
-    monkeypatch.setattr(reproduce_module, "_run_with_env", lambda c, log, env: (_ for _ in ()).throw(TrainingWouldStart(c, env)))  # fmt: skip
+    monkeypatch.setattr(reproduce_module, "_run_with_env", lambda c, log, env, **watch: (_ for _ in ()).throw(TrainingWouldStart(c, env)))  # fmt: skip
     paths = [p for p in _paths(receipt_a) if p and p[0] not in ("receipt_sha256", "config_hash")]
     where = data.draw(st.sampled_from(paths))
     value = data.draw(HOSTILE_VALUES)
@@ -416,3 +416,47 @@ def test_a_path_that_is_not_utf8_is_one_line(tmp_path):
     proc = reprocube("compare", odd, "other", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert not [p for p in tmp_path.iterdir()]
+
+
+def test_edited_epoch_metrics_are_flagged_never_rated_within_ulp(receipt_a, generated, tmp_path):
+    """A receipt whose final test accuracy was edited (hashes recomputed, unsigned): every step and weight
+    digest reproduces, the metrics do not; the tier is metrics-disagree, the exit status 6."""
+
+    def edit(receipt):
+        receipt["epochs"][-1]["test_accuracy"] = 0.9
+
+    published = write(forge(receipt_a, edit), tmp_path / "pub" / "receipt.json")
+    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
+                     cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr
+    result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
+    assert result["first_divergence"] is None and result["tier"] == "metrics-disagree", result["tier_text"]
+    assert "within" not in result["tier_text"] and "test_accuracy" in result["tier_text"]
+
+
+def test_a_code_difference_names_the_source_files_that_differ(receipt_a, tmp_path):
+    from reprocube.analysis.receipt_comparison import ranked_causes
+    from reprocube.receipt import read_receipt
+
+    assert "loop.py" in receipt_a["reprocube"]["source_files"]
+
+    def patched(receipt):
+        receipt["reprocube"]["source_sha256"] = "0" * 64
+        receipt["reprocube"]["source_files"]["loop.py"] = "0" * 16
+        receipt["reprocube"]["source_files"]["extra/patch.py"] = "1" * 16
+
+    a = read_receipt(write(receipt_a, tmp_path / "a" / "receipt.json"))
+    b = read_receipt(write(forge(receipt_a, patched), tmp_path / "b" / "receipt.json"))
+    code = [c for c in ranked_causes(a, b, []) if c["kind"] == "code"]
+    assert len(code) == 1 and code[0]["note"] == "files that differ: extra/patch.py (only in B), loop.py", code
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/abs.py", "a/../../b.py", "x\ny.py"])
+def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt_a, tmp_path, name):
+    from reprocube.receipt import read_receipt
+
+    def planted(receipt):
+        receipt["reprocube"]["source_files"][name] = "0" * 16
+
+    with pytest.raises(CheckpointError, match="is not a relative source path"):
+        read_receipt(write(forge(receipt_a, planted), tmp_path / "receipt.json"))

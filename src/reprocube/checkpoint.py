@@ -61,6 +61,16 @@ TENSOR_DTYPES = {
     "F64": 8,
 }
 HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# The manifest's schema (format_version above): the keys its caller gives (the position and metrics from
+# reprocube.state's TrainState.to_checkpoint, the run's identity from the loop), then the keys
+# write_checkpoint adds. read_manifest types each one.
+MANIFEST_FIELD_KEYS = (
+    "epoch", "step_in_epoch", "global_step", "steps_per_epoch", "metrics",
+    "framework", "framework_info", "seed", "config_hash", "reason",
+)  # fmt: skip
+MANIFEST_OWN_KEYS = (
+    "format_version", "reprocube_version", "weights_digest", "files", "file_bytes", "created_unix", "manifest_sha256",
+)  # fmt: skip
 NAME_PATTERN = re.compile(r"^(epoch-\d{4,}|step-\d{6,})$")
 
 
@@ -113,6 +123,9 @@ def manifest_self_digest(manifest: dict) -> str:
 
 def write_checkpoint(checkpoints_dir: Path, name: str, content: CheckpointContent, manifest_fields: dict) -> Path:
     """Write a checkpoint to a temporary directory, fsync every file, then rename it into place."""
+    unknown = sorted(set(manifest_fields) - set(MANIFEST_FIELD_KEYS))
+    if unknown:  # reprocube's own bug: a manifest key that no reader types
+        raise ValueError(f"manifest keys {unknown} are not in the manifest's schema (checkpoint.MANIFEST_FIELD_KEYS)")
     final = checkpoints_dir / name
     if final.exists():
         raise CheckpointError(f"checkpoint {final} already exists; refusing to overwrite it")

@@ -99,6 +99,14 @@ ISA_FLAGS = (
 )
 
 
+def known_hang(omp_thread_limit: str | None) -> str | None:
+    """A setting known to make training hang here, named when a child makes no progress (shared notes:
+    OMP_THREAD_LIMIT=1 makes PyTorch's oneDNN convolution backward spin forever, plain torch too)."""
+    if omp_thread_limit is not None and omp_thread_limit.strip() == "1":
+        return "OMP_THREAD_LIMIT=1 is set: PyTorch's oneDNN convolution backward is known to spin forever under it"
+    return None
+
+
 def collect_env(framework_info: dict) -> dict:
     return {
         "python": sys.version.split()[0],

@@ -23,7 +23,7 @@ from reprocube.config import config_hash, config_hash_matches
 from reprocube.errors import CheckpointError
 from reprocube.files import write_json_atomic
 from reprocube.metrics import MetricsHistory, check_epoch_record
-from reprocube.trace import StepTrace
+from reprocube.trace import TENSOR_DIGEST, StepTrace
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
 RECEIPT = "receipt.json"
@@ -35,15 +35,27 @@ SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.signing)
 
 
 @functools.lru_cache(maxsize=1)
-def source_sha256() -> str:
-    """sha256 over reprocube's installed source (every .py and .yaml under the package, by relative path):
-    two installs with equal digests run the same reprocube code."""
+def _source_file_digests() -> dict[str, bytes]:
+    """sha256 of each of reprocube's installed source files (every .py and .yaml under the package), by
+    relative path."""
     root = Path(__file__).resolve().parent
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file())
+    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).digest() for path in files}
+
+
+def source_sha256() -> str:
+    """sha256 over reprocube's installed source, path by path: two installs with equal digests run the same
+    reprocube code."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    for name, file_digest in _source_file_digests().items():
+        digest.update(name.encode() + b"\0")
+        digest.update(file_digest)
     return digest.hexdigest()
+
+
+def source_files() -> dict[str, str]:
+    """64 bits of each source file's sha256, by relative path: which files two installs differ in."""
+    return {name: file_digest.hex()[:16] for name, file_digest in _source_file_digests().items()}
 
 
 def _canonical(body: dict) -> bytes:
@@ -61,7 +73,7 @@ def build_receipt(config: dict, env: dict, history: MetricsHistory, trace: StepT
     receipt = {
         "format": RECEIPT_FORMAT,
         "version": RECEIPT_VERSION,
-        "reprocube": {"version": __version__, "source_sha256": source_sha256()},
+        "reprocube": {"version": __version__, "source_sha256": source_sha256(), "source_files": source_files()},
         "config": config,
         "config_hash": config_hash(config),
         "dataset": {
@@ -145,11 +157,31 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
     if trace.last_step != global_step:
         raise error(f"{path}: trace ends at global step {trace.last_step}, not at position.global_step {global_step}")
     _check_env_vars(env, path, error)
+    _check_source_files(value.get("reprocube"), path, error)
     _check_records_agree(config, fields.boolean("complete"), position.value, epochs, path, error)
     checkpoints = value.get("checkpoints")
     if not (isinstance(checkpoints, list) and all(isinstance(c, str) and NAME_PATTERN.match(c) for c in checkpoints)):
         raise error(f"{path}: checkpoints must be a list of checkpoint names")
     return Receipt(path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch)
+
+
+SOURCE_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")
+MAX_SOURCE_FILES = 1000
+
+
+def _check_source_files(code, path: Path, error) -> None:
+    """reprocube.source_files (receipts from before it are without): relative source paths (no `..`, no
+    leading `/`) to 16 hex digits, at most MAX_SOURCE_FILES."""
+    files = code.get("source_files") if isinstance(code, dict) else None
+    if files is None:
+        return
+    if not (isinstance(files, dict) and len(files) <= MAX_SOURCE_FILES):
+        raise error(f"{path}: reprocube.source_files must be an object of at most {MAX_SOURCE_FILES} files")
+    for name, digest in files.items():
+        if not (SOURCE_FILE_NAME.fullmatch(name) and ".." not in name.split("/")):
+            raise error(f"{path}: reprocube.source_files: {name[:60]!r} is not a relative source path")
+        if not (isinstance(digest, str) and TENSOR_DIGEST.match(digest)):
+            raise error(f"{path}: reprocube.source_files[{name!r}] must be 16 hex digits")
 
 
 ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

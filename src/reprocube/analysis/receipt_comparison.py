@@ -88,6 +88,7 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             "compared_steps": max(divergence.common_last - divergence.common_first, 0),
             "compared_boundaries": divergence.compared_boundaries,
             "a_epochs": len(a.epochs),
+            "a_complete": a.complete,  # False: A stopped before its last epoch and was never resumed
             "b_epochs": len(b.epochs),
         },
         "reasons": reasons,
@@ -108,7 +109,9 @@ def ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict]
         causes.append({"key": f"config.{key}", "a": before, "b": after, "kind": "config", "note": note})
     code_a, code_b = _code(a), _code(b)
     if code_a != code_b:
-        causes.append({"key": "reprocube.source_sha256", "a": code_a, "b": code_b, "kind": "code", "note": None})
+        causes.append(
+            {"key": "reprocube.source_sha256", "a": code_a, "b": code_b, "kind": "code", "note": _differing_files(a, b)}
+        )
     rows = env_differences(a.env, b.env)
     numeric = [r for r in rows if "not_a_cause" not in r]
     for row in numeric:
@@ -125,6 +128,25 @@ def ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict]
                 }
             )
     return causes
+
+
+def _differing_files(a: Receipt, b: Receipt, shown: int = 8) -> str | None:
+    """The source files the two installs differ in (receipts record each file's digest), or None."""
+    files_a, files_b = _source_files(a), _source_files(b)
+    if files_a is None or files_b is None:
+        return None
+    names = sorted(n for n in set(files_a) | set(files_b) if files_a.get(n) != files_b.get(n))
+    if not names:
+        return None
+    listed = [n + (" (only in A)" if n not in files_b else " (only in B)" if n not in files_a else "") for n in names]
+    more = f" and {len(listed) - shown} more" if len(listed) > shown else ""
+    return f"files that differ: {', '.join(listed[:shown])}{more}"
+
+
+def _source_files(receipt: Receipt) -> dict | None:
+    code = receipt.value.get("reprocube")
+    files = code.get("source_files") if isinstance(code, dict) else None
+    return files if isinstance(files, dict) else None
 
 
 def _code(receipt: Receipt) -> str:
@@ -252,9 +274,35 @@ def loss_ulp(a: Receipt, b: Receipt) -> dict | None:
     return {"basis": f"training loss of global steps {start + 1}..{last} (float32)", **stats}
 
 
+def _partial(coverage: dict) -> str:
+    """What a partial receipt (A stopped and never resumed to its last epoch) limits, or ''."""
+    if coverage.get("a_complete", True):
+        return ""
+    return (
+        f"A stopped at global step {coverage['a_steps'][1]} and was never resumed to its last epoch (a partial "
+        "receipt): B was trained and compared up to there"
+    )
+
+
 def tier(result: dict, max_ulp: int) -> tuple[str, str]:
+    coverage = result["coverage"]
+    partial = _partial(coverage)
     if result["verdict"] == "bit-identical":
-        return "bit-identical", "bit-identical: every loss bit and weight digest of A reproduced"
+        compared = (
+            f"{coverage['compared_steps']} steps (every loss bit), {coverage['compared_boundaries']} weight-digest "
+            f"boundaries, {coverage['a_epochs']} epoch records"
+        )
+        return "bit-identical", f"bit-identical: everything A's receipt records reproduced ({compared})" + (
+            f"; {partial}" if partial else ""
+        )
+    if result["first_divergence"] is None and result["epoch_differences"] and not result["reasons"]:
+        # Every step and weight digest agrees, yet A's recorded epoch metrics are not B's: never "within ULP".
+        keys = sorted({d["key"] for d in result["epoch_differences"]})
+        return "metrics-disagree", (
+            f"A's recorded epoch metrics ({', '.join(keys)}) differ from B's although every training step and "
+            "weight digest agrees: either the evaluation computes differently here, or A's metrics were not "
+            "produced by the training its trace records (an edited or damaged receipt)"
+        )
     ulp = result.get("ulp")
     if (
         ulp
@@ -281,7 +329,11 @@ def tier(result: dict, max_ulp: int) -> tuple[str, str]:
 
 def summary(result: dict) -> str:
     if result["verdict"] == "bit-identical":
-        return f"bit-identical ({result['coverage']['compared_steps']} steps, {result['coverage']['a_epochs']} epochs)"
+        coverage = result["coverage"]
+        partial = _partial(coverage)
+        return f"bit-identical ({coverage['compared_steps']} steps, {coverage['a_epochs']} epochs)" + (
+            f"; partial: {partial}" if partial else ""
+        )
     parts = []
     first = result["first_divergence"]
     if first:

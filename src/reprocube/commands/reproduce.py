@@ -31,9 +31,10 @@ from reprocube.analysis.receipt_comparison import (
     tier,
 )
 from reprocube.config import flatten_keys, load_config, override, result_config
+from reprocube.env import known_hang
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import refuse_inside_checkpoints, safe_name
-from reprocube.orchestration.children import last_error_line, reprocube_command, run_child
+from reprocube.orchestration.children import last_error_line, reprocube_command, run_watched
 from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import REPRODUCE_RESULT, signature_line, write_reproduce
 from reprocube.results.study_result import STUDY_RESULT, read_study
@@ -71,6 +72,10 @@ def add_arguments(parser) -> None:
         help="accept overrides of result keys (reported as config differences) besides the place keys",
     )
     parser.add_argument("--ulp", type=int, default=16, help="the 'within N ULP' tier's N (default 16)")
+    parser.add_argument(
+        "--stall-timeout", type=float, metavar="SECONDS",
+        help="end a training child that makes no progress for this long (default: warn every 120 s, never end it)",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="place keys: data_dir=, device=, ...")
 
 
@@ -85,6 +90,7 @@ def run(args) -> int:
         public_key=args.public_key,
         allow_config_change=args.allow_config_change,
         ulp=args.ulp,
+        stall_timeout=args.stall_timeout,
     )
     return EXIT_OK if result["verdict"] == "bit-identical" else EXIT_DIFFERENT
 
@@ -115,6 +121,7 @@ def reproduce(
     public_key: Path | None = None,
     allow_config_change: bool = False,
     ulp: int = 16,
+    stall_timeout: float | None = None,
     echo=_print_now,
 ) -> dict:
     started = time.perf_counter()
@@ -122,6 +129,8 @@ def reproduce(
         raise ConfigError(f"--seeds must be 0 or from 2 to 64 (a standard deviation needs two runs), got {seeds}")
     if ulp < 0:
         raise ConfigError(f"--ulp must be >= 0, got {ulp}")
+    if stall_timeout is not None and not (0 < stall_timeout < float("inf")):
+        raise ConfigError(f"--stall-timeout must be a number of seconds > 0, got {stall_timeout}")
     source = Path(source)
     if not source.exists():
         raise ConfigError(f"{source} does not exist (give a receipt.json or a run directory)")
@@ -135,7 +144,7 @@ def reproduce(
     beside = _study_beside(receipt.path) if study is None else None
     if beside is not None and signature is not None:  # the signature covers receipt.json, nothing beside it
         unsigned.append(
-            f"{beside / STUDY_RESULT}: beside the signed receipt, not signed: ignored (pass --study to use it)"
+            f"{beside / STUDY_RESULT.name}: beside the signed receipt, not signed: ignored (pass --study to use it)"
         )
     elif beside is not None:
         study_path = beside
@@ -163,7 +172,8 @@ def reproduce(
             f"  {name}: reprocube train ({' '.join(extra) or 'A config'})"
             + (f" with {settings_text(env)}" if env else "")
         )
-        status = _run_with_env(command, log, env)
+        status = _run_with_env(command, log, env, progress=ws.runs / name / "metrics.jsonl",
+                               stall_timeout=stall_timeout, echo=echo)  # fmt: skip
         if status not in expect:
             raise CheckpointError(f"{name} exited {status}: {last_error_line(log)} (log: {log})")
         return ws.runs / name
@@ -291,7 +301,7 @@ def _epochs_to_train(receipt: Receipt) -> int:
 def _study_beside(receipt_path: Path) -> Path | None:
     """A study published with the run: beside the receipt, or in a study/ directory there."""
     for directory in (receipt_path.parent, receipt_path.parent / "study"):
-        if (directory / STUDY_RESULT).is_file():
+        if (directory / STUDY_RESULT.name).is_file():
             return directory
     return None
 
@@ -300,25 +310,33 @@ def _read_spread_study(path: Path) -> dict:
     """The different-seed group of a study (its directory or study.json): the std of the final test
     accuracy and loss, and each run's values (read_study checks every field)."""
     path = Path(path)
-    if not path.is_dir() and path.name != STUDY_RESULT:
-        raise ConfigError(f"--study {path}: give a study directory or its {STUDY_RESULT}")
+    if not path.is_dir() and path.name != STUDY_RESULT.name:
+        raise ConfigError(f"--study {path}: give a study directory or its {STUDY_RESULT.name}")
     directory = path if path.is_dir() else path.parent
     study = read_study(directory)
     runs = [r for r in study["runs"] if r["group"] == "different_seeds"]
     group = study["groups"]["different_seeds"]
-    spread = {"source": "study", "path": str(directory / STUDY_RESULT), "runs": group["runs"]}
+    spread = {"source": "study", "path": str(directory / STUDY_RESULT.name), "runs": group["runs"]}
     for metric in ("test_accuracy", "test_loss"):
         spread[metric] = {"std": group[metric]["std"], "values": [r[metric] for r in runs]}
     return spread
 
 
-def _run_with_env(command: list[str], log: Path, env: dict | None) -> int:
-    """A child with A's settings for an intervention: this environment with `env` applied (None unsets)."""
-    if not env:
-        return run_child(command, log)
-    child_env = {k: v for k, v in os.environ.items() if k not in env or env[k] is not None}
-    child_env.update({k: v for k, v in env.items() if v is not None})
-    return run_child(command, log, env=child_env)
+def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Path, stall_timeout: float | None,
+                  echo) -> int:  # fmt: skip
+    """A training child, watched (a hang is reported, and ended after --stall-timeout); with A's settings for
+    an intervention: this environment with `env` applied (None unsets)."""
+    child_env = None
+    if env:
+        child_env = {k: v for k, v in os.environ.items() if k not in env or env[k] is not None}
+        child_env.update({k: v for k, v in env.items() if v is not None})
+
+    def on_stall(seconds: float) -> None:
+        hint = known_hang((child_env or os.environ).get("OMP_THREAD_LIMIT"))
+        echo(f"  {progress.parent.name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
+             f"still waiting{f' ({hint})' if hint else ''}; Ctrl-C or --stall-timeout ends it")  # fmt: skip
+
+    return run_watched(command, log, [progress], on_stall, env=child_env, stop_after_s=stall_timeout)
 
 
 def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:

@@ -9,8 +9,11 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+from reprocube.errors import TrainingError
 
 MAX_ERROR_LINE = 300
 
@@ -117,6 +120,67 @@ def start_child(
         return subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, preexec_fn=_die_with_parent()
         )
+
+
+class StalledChild(TrainingError):
+    """A watched child made no progress for its stop time and was ended (exit 5)."""
+
+
+def run_watched(
+    command: list[str],
+    log: Path,
+    progress: list[Path],
+    on_stall: Callable[[float], None],
+    env: dict[str, str] | None = None,
+    warn_after_s: float = 120.0,
+    stop_after_s: float | None = None,
+    poll_s: float = 1.0,
+) -> int:
+    """run_child's contract, with a watchdog: progress is any growth of `log` or of a `progress` file (a
+    run's metrics.jsonl gains a line every log.every_steps). After warn_after_s without progress,
+    on_stall(seconds) is called, and again each time as long again passes; after stop_after_s (if given)
+    the child is ended (SIGTERM, then SIGKILL) and StalledChild raised. A hang is never silent."""
+    if stop_after_s is not None:
+        warn_after_s = min(warn_after_s, stop_after_s / 2)  # a stall is reported before it is ended
+    child = start_child(command, log, env=env)
+    last_sizes, last_change, warned_at = None, time.monotonic(), 0.0
+    try:
+        while child.poll() is None:
+            sizes = [_size(path) for path in (log, *progress)]
+            now = time.monotonic()
+            if sizes != last_sizes:
+                last_sizes, last_change, warned_at = sizes, now, 0.0
+            quiet = now - last_change
+            if stop_after_s is not None and quiet >= stop_after_s:
+                _end(child)
+                raise StalledChild(
+                    f"{shlex.join(command[2:])[:80]} made no progress for {quiet:.0f} s and was ended "
+                    f"(--stall-timeout {stop_after_s:g}); log: {log}"
+                )
+            if quiet >= warn_after_s and quiet - warned_at >= warn_after_s:
+                warned_at = quiet
+                on_stall(quiet)
+            time.sleep(poll_s)
+    finally:
+        if child.poll() is None:  # an exception here (Ctrl-C): the child does not outlive the wait
+            _end(child)
+    return child.returncode
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def _end(child: subprocess.Popen, grace_s: float = 10.0) -> None:
+    child.terminate()
+    try:
+        child.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def last_error_line(log: Path) -> str:

@@ -217,7 +217,10 @@ def _trace_map(a: Receipt, b: Receipt, result: dict) -> bytes:
     top.imshow(grid, cmap=colours, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     top.set_yticks(range(len(names)), names, fontsize=7)
     top.set_xticks(
-        range(len(columns)), [str(c.step) for c in columns] or [""], fontsize=7, rotation=90 if len(columns) > 20 else 0
+        range(grid.shape[1]),
+        [str(c.step) for c in columns] or [""],
+        fontsize=7,
+        rotation=90 if len(columns) > 20 else 0,
     )
     top.set_xlabel("global step of the trace boundary (weights digested there; both runs hold it)", fontsize=8)
     top.set_xticks(np.arange(-0.5, grid.shape[1]), minor=True)
@@ -259,7 +262,7 @@ def _trace_map(a: Receipt, b: Receipt, result: dict) -> bytes:
     for j, note in enumerate(notes):
         dark = medians[j] > 0.55 * max(1.0, max(medians))
         bottom.text(j, 0, note, ha="center", va="center", fontsize=8, color="white" if dark else "black")
-    bottom.set_xticks(range(len(labels)), labels or ["no epoch in common"], fontsize=8)
+    bottom.set_xticks(range(row.shape[1]), labels or ["no epoch in common"], fontsize=8)
     bottom.set_yticks([])
     bottom.set_title("training-loss bits per epoch: median ULP distance B vs A over the steps that differ", fontsize=10)
     fig.colorbar(image, ax=bottom, label="log10(1 + median ULP)", fraction=0.05, pad=0.01)

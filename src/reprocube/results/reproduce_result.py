@@ -29,7 +29,7 @@ REPRODUCE_RESULT = ResultFile(
         "identical",
         "first_divergence",
         "epoch_differences",
-        "coverage",
+        "coverage",  # steps, boundaries and epochs compared; a_complete: false for a partial receipt
         "reasons",
         "causes",  # ranked: kind in CAUSE_KINDS
         "self_consistent",
@@ -173,7 +173,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# reprocube reproduce: {result['run_a']}",
         "",
-        f"**Verdict: {result['verdict']}** ({result['tier']})",
+        f"**Verdict: {result['verdict']}**" + ("" if result["tier"] == result["verdict"] else f" ({result['tier']})"),
         "",
         result["summary"],
         "",
@@ -192,7 +192,8 @@ def markdown(result: dict) -> str:
             f"- global step **{first['step']}** (epoch {first['epoch']}), found by its {first['by']}",
             f"- the first update that made the weights differ is one of steps {first['window'][0]}..{first['window'][1]}"
             " (trace.every_steps=1 pins it to one step)",
-            f"- last boundary where the weights still agree: {first['last_matching_boundary']}",
+            "- last boundary where the weights still agree: "
+            + ("none before it" if first["last_matching_boundary"] is None else str(first["last_matching_boundary"])),
             f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
             + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),
         ]
@@ -206,7 +207,9 @@ def markdown(result: dict) -> str:
              else "**no: B is non-deterministic** (a second computation of the same steps differs)")
             + f" (recomputed from {check.get('from')} to step {check.get('to_step')} in a fresh process)",
         ]  # fmt: skip
-    lines += ["", "## Likely causes (most likely first)", ""]
+    identical = result["verdict"] == "bit-identical"
+    heading = "Differences between A and B (none changed a bit)" if identical else "Likely causes (most likely first)"
+    lines += ["", f"## {heading}", ""]
     if result["causes"]:
         lines += ["| # | key | A | B | kind | note |", "|---|---|---|---|---|---|"]
         lines += [

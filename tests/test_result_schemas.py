@@ -1,0 +1,110 @@
+"""Each result file's schema (reprocube.results): the writer refuses a result whose keys are not the
+schema's, the reader refuses a file with a key or a version the schema does not know, and what is
+written reads back. Real results are checked against their schemas where the commands write them (the
+writer checks every time): these tests show the checks can fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reprocube.errors import CheckpointError
+from reprocube.results.compare_result import COMPARE_RESULT, read_compare
+from reprocube.results.reproduce_result import REPRODUCE_RESULT
+from reprocube.results.schema import VERSION_KEY, ResultFile
+from reprocube.results.study_result import STUDY_RESULT
+from reprocube.results.verify_result import VERIFY_RESULT, read_verify
+
+SCHEMAS = (VERIFY_RESULT, COMPARE_RESULT, REPRODUCE_RESULT, STUDY_RESULT)
+DIGEST = "ab" * 32
+
+
+def _verify_result() -> dict:
+    return {
+        "subject": {"checkpoint": "epoch-0002", "config_hash": DIGEST, "weights_digest": DIGEST},
+        "framework": "pytorch",
+        "passed": True,
+        "mode": "linear",
+        "jobs": 1,
+        "launcher": "local",
+        "tolerance": 0.0,
+        "known_not_to_resume": None,
+        "wall_s": 1.5,
+        "checks": [{"name": "restart", "check": "restart", "passed": True, "summary": "identical", "detail": None}],
+        "processes": [],
+    }
+
+
+def test_the_schemas_name_distinct_files_and_keys_once():
+    assert len({s.name for s in SCHEMAS}) == len(SCHEMAS)
+    for schema in SCHEMAS:
+        every = schema.keys + schema.optional_keys
+        assert len(every) == len(set(every)) and VERSION_KEY not in every, schema.name
+
+
+def test_a_verify_result_round_trips_with_its_version(tmp_path):
+    path = VERIFY_RESULT.write(tmp_path, _verify_result(), "# verify\n")
+    assert json.loads(path.read_text())[VERSION_KEY] == VERIFY_RESULT.version
+    assert (tmp_path / "verify.md").read_text() == "# verify\n"
+    back = read_verify(path)
+    assert back["subject"]["checkpoint"] == "epoch-0002" and back["checks"][0]["passed"] is True
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: s.name)
+def test_the_writer_refuses_a_result_that_is_not_its_schema(schema, tmp_path):
+    complete = {key: None for key in schema.keys}
+    with pytest.raises(ValueError, match="not in the schema"):
+        schema.write(tmp_path, {**complete, "surprise": 1})
+    with pytest.raises(ValueError, match="missing"):
+        schema.write(tmp_path, {k: v for k, v in complete.items() if k != schema.keys[0]})
+    assert not any(tmp_path.iterdir()), "nothing is written for a refused result"
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: s.name)
+def test_the_reader_refuses_an_unknown_key_and_another_version(schema, tmp_path):
+    path = tmp_path / schema.name
+    path.write_text(json.dumps({schema.keys[0]: None, "injected": 1}))
+    with pytest.raises(CheckpointError, match="'injected' is not a key of"):
+        schema.read(path)
+    path.write_text(json.dumps({VERSION_KEY: schema.version + 1}))
+    with pytest.raises(CheckpointError, match=f"{VERSION_KEY} {schema.version + 1} is not {schema.version}"):
+        schema.read(path)
+    path.write_text(json.dumps({schema.keys[0]: None}))  # a file written before results had a version
+    assert schema.read(path).value == {schema.keys[0]: None}
+
+
+def test_a_compare_result_is_read_strictly(tmp_path):
+    subject = {"checkpoint": "epoch-0001", "config_hash": None, "weights_digest": DIGEST}
+    result = {key: None for key in COMPARE_RESULT.keys} | {
+        "subject": {"a": subject, "b": None},
+        "run_a": "a",
+        "run_b": "b",
+        "compared_checkpoints": ["epoch-0001"],
+        "identical": True,
+        "passed": True,
+        "tolerance": 0.0,
+    }
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps(result))
+    assert read_compare(path)["subject"] == {"a": subject, "b": None}
+    path.write_text(json.dumps({**result, "subject": {"a": {**subject, "weights_digest": "x"}, "b": None}}))
+    with pytest.raises(CheckpointError, match="weights_digest must be a sha256"):
+        read_compare(path)
+    path.write_text(json.dumps({**result, "identical": "yes"}))
+    with pytest.raises(CheckpointError, match="identical must be true or false"):
+        read_compare(path)
+
+
+def test_a_result_file_is_not_read_through_a_symbolic_link(tmp_path):
+    real = VERIFY_RESULT.write(tmp_path, _verify_result())
+    link = tmp_path / "linked" / "verify.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    with pytest.raises(CheckpointError):
+        read_verify(link)
+
+
+def test_a_new_schema_is_a_few_lines():
+    schema = ResultFile("x.json", version=3, keys=("a",), optional_keys=("b",))
+    assert schema.markdown_name == "x.md" and schema.check({"a": 1, "b": 2}, "x").value == {"a": 1, "b": 2}
