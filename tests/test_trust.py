@@ -460,3 +460,26 @@ def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt
 
     with pytest.raises(CheckpointError, match="is not a relative source path"):
         read_receipt(write(forge(receipt_a, planted), tmp_path / "receipt.json"))
+
+
+def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, generated, tmp_path):
+    """Every weight digest reproduces and one step's loss bits do not (A's trace edited, hashes recomputed):
+    the verdict says the trained model is bit-identical and only the losses differ."""
+    import base64
+
+    import numpy as np
+
+    def one_loss_bit(receipt):
+        bits = np.frombuffer(base64.b64decode(receipt["trace"]["loss_f32_le_base64"]), "<u4").copy()
+        bits[6] ^= 1
+        receipt["trace"]["loss_f32_le_base64"] = base64.b64encode(bits.tobytes()).decode()
+
+    published = write(forge(receipt_a, one_loss_bit), tmp_path / "pub" / "receipt.json")
+    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
+                     cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 7, proc.stderr
+    result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
+    assert result["verdict"] == "losses-only" and result["tier"] == "losses-only"
+    assert result["first_divergence"]["step"] == 7 and result["first_divergence"]["weights_identical"] is True
+    assert result["summary"].startswith("the trained model is bit-identical; only the reported losses differ")
+    assert "the trained model is bit-identical" in (tmp_path / "r" / "report.html").read_text()

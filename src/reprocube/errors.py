@@ -10,6 +10,7 @@ EXIT_DATA = 3
 EXIT_CHECKPOINT = 4
 EXIT_TRAINING = 5
 EXIT_DIFFERENT = 6  # verify / compare: the runs are not bit-identical (a verdict, not an error)
+EXIT_LOSSES_ONLY = 7  # reproduce: the trained model is bit-identical, only the reported losses differ
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
 
 

@@ -29,6 +29,11 @@ SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations 
 
 
 # --- the comparison --------------------------------------------------------------------------------
+# Epoch records computed from the training steps' own losses and predictions: they may differ while the
+# weights agree (the loss reduced in another order), unlike the test metrics of those weights.
+TRAINING_REPORTED_FIELDS = ("train_loss", "train_accuracy")
+
+
 def steps_per_epoch(receipt: Receipt) -> int | None:
     for record in receipt.epochs:
         if record["epoch"] > 0 and record["global_step"] % record["epoch"] == 0:
@@ -78,7 +83,22 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
     elif epoch_differences:
         first = None  # the training steps agree; an evaluation differs (see epoch_differences)
     identical = not reasons and not epoch_differences and step is None
+    # Losses only: every weight digest both hold agrees (at every boundary, and the per-step fingerprints
+    # where the traces have them) and only what the training forward pass reports differs.
+    losses_only = (
+        not identical
+        and not reasons
+        and first is not None
+        and divergence.first_boundary is None
+        and divergence.compared_boundaries > 0
+        and getattr(divergence, "weights_identical", True)
+        and all(d["key"] in TRAINING_REPORTED_FIELDS for d in epoch_differences)
+    )
+    if losses_only:
+        first |= {"by": "loss", "window": None, "weights_identical": True}
+    verdict = "bit-identical" if identical else "losses-only" if losses_only else "differs"
     return {
+        "verdict": verdict,
         "identical": identical,
         "first_divergence": first,
         "epoch_differences": epoch_differences,
@@ -295,6 +315,13 @@ def tier(result: dict, max_ulp: int) -> tuple[str, str]:
         return "bit-identical", f"bit-identical: everything A's receipt records reproduced ({compared})" + (
             f"; {partial}" if partial else ""
         )
+    if result["verdict"] == "losses-only":
+        return "losses-only", (
+            f"the trained model is bit-identical (every weight digest at {coverage['compared_boundaries']} "
+            f"boundaries and {coverage['a_epochs']} epochs); only the reported training losses differ"
+            + (f" (max {result['ulp']['max_ulp']} ULP)" if result.get("ulp") else "")
+            + ": the loss is computed in another order here, the updates are not"
+        )
     if result["first_divergence"] is None and result["epoch_differences"] and not result["reasons"]:
         # Every step and weight digest agrees, yet A's recorded epoch metrics are not B's: never "within ULP".
         keys = sorted({d["key"] for d in result["epoch_differences"]})
@@ -336,7 +363,11 @@ def summary(result: dict) -> str:
         )
     parts = []
     first = result["first_divergence"]
-    if first:
+    if result["verdict"] == "losses-only":
+        parts.append(
+            f"the trained model is bit-identical; only the reported losses differ (from global step {first['step']})"
+        )
+    elif first:
         tensor = f", tensor {first['tensor']}" if first.get("tensor") else ""
         parts.append(f"differs from global step {first['step']} (epoch {first['epoch']}{tensor})")
     elif result["epoch_differences"]:

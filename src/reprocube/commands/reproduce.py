@@ -32,7 +32,15 @@ from reprocube.analysis.receipt_comparison import (
 )
 from reprocube.config import flatten_keys, load_config, override, result_config
 from reprocube.env import known_hang
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, ReprocubeError
+from reprocube.errors import (
+    EXIT_DIFFERENT,
+    EXIT_LOSSES_ONLY,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    CheckpointError,
+    ConfigError,
+    ReprocubeError,
+)
 from reprocube.files import refuse_inside_checkpoints, safe_name
 from reprocube.orchestration.children import last_error_line, reprocube_command, run_watched
 from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
@@ -92,7 +100,7 @@ def run(args) -> int:
         ulp=args.ulp,
         stall_timeout=args.stall_timeout,
     )
-    return EXIT_OK if result["verdict"] == "bit-identical" else EXIT_DIFFERENT
+    return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(result["verdict"], EXIT_DIFFERENT)
 
 
 @dataclass
@@ -198,8 +206,7 @@ def reproduce(
         "run_a": receipt.run_name,
         "run_b": str(b_path),
         "framework": framework,
-        "verdict": "bit-identical" if outcome["identical"] else "differs",
-        **outcome,
+        **outcome,  # verdict, identical, first_divergence, epoch_differences, coverage, reasons
         "causes": [],
         "self_consistent": None,
         "match": None,

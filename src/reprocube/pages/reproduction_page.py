@@ -312,7 +312,8 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
     identical = result["verdict"] == "bit-identical"
     unverifiable = result.get("subject") is None  # nothing ties this result to the receipt shown as A
     coverage = result["coverage"]
-    verdict_class = "warn" if unverifiable else "ok" if identical else "bad"
+    losses_only = result["verdict"] == "losses-only"  # the trained model is bit-identical
+    verdict_class = "warn" if unverifiable or losses_only else "ok" if identical else "bad"
     parts = [
         f"<{h1}>reprocube reproduce: {esc(result['run_a'])}</{h1}>",
         f"<p class='verdict'>Verdict: <span class='{verdict_class}'>{esc(result['verdict'])}"
@@ -367,7 +368,12 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
 
     first = result["first_divergence"]
     parts.append(f"<{h2}>B − A: per epoch and per step</{h2}>")
-    if first is not None:
+    if first is not None and first.get("weights_identical"):
+        parts.append(
+            f"<p>The loss bits first differ at global step <b>{first['step']}</b> (epoch {first['epoch']}); the weights "
+            "agree at every trace boundary and epoch both runs hold: <b>the trained model is bit-identical</b>.</p>"
+        )
+    elif first is not None:
         tensors = ", ".join(f"<code>{esc(t)}</code>" for t in first["tensors"]) or "n/a"
         agree, differ = first["last_matching_boundary"], first["first_differing_boundary"]
         parts.append(

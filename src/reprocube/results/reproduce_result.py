@@ -43,7 +43,7 @@ REPRODUCE_RESULT = ResultFile(
     ),
     optional_keys=("self_check",),  # where self_consistent is not null
 )
-VERDICTS = ("bit-identical", "differs")
+VERDICTS = ("bit-identical", "losses-only", "differs")
 CAUSE_KINDS = ("config", "code", "environment", "not-numeric")
 
 
@@ -89,6 +89,8 @@ def check_reproduce(value, where: str) -> dict:
             "tensors": first.texts("tensors"),
             # where the first differing update lies (older results have no window)
             "window": first.step_range("window") if first.value.get("window") is not None else None,
+            # losses-only: every weight digest agrees (older results have no such key)
+            "weights_identical": first.boolean("weights_identical") if first.has("weights_identical") else False,
         }
     result["first_divergence"] = first
     result["causes"] = [
@@ -184,7 +186,15 @@ def markdown(result: dict) -> str:
         f"- compared: {result['coverage']['compared_steps']} steps (every loss bit), "
         f"{result['coverage']['compared_boundaries']} weight-digest boundaries, {result['coverage']['a_epochs']} epochs",
     ]
-    if first:
+    if first and first.get("weights_identical"):
+        lines += [
+            "",
+            "## First divergence: the reported losses only",
+            "",
+            f"- the loss bits first differ at global step **{first['step']}** (epoch {first['epoch']})",
+            "- the weights agree wherever both runs recorded them: every trace boundary and epoch digest",
+        ]
+    elif first:
         lines += [
             "",
             "## First divergence",
