@@ -307,3 +307,36 @@ def test_a_stopped_run_reproduces_to_where_a_stopped_and_says_so(generated, tmp_
     assert "A stopped at global step 8" in result["tier_text"], result["tier_text"]
     assert (tmp_path / "r" / "report.html").is_file(), proc.stderr
     assert "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_sessions(generated, tmp_path):
+    """A trains steps 1..15 under ONEDNN_MAX_CPU_ISA=SSE41, is stopped, and is resumed without it: the resume
+    says so, the receipt holds both sessions, reproduce reports A's mixed settings, ranks the variable of
+    the session that computed the first differing step first, compares B's digest at step 15, and --match
+    (B stopped at 15 and resumed as A was) reproduces A bit for bit."""
+    args = ["train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}", "run_name=a"]
+    first = reprocube(*args, "preempt_at_step=15", cwd=tmp_path, check=False,
+                      env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41"})  # fmt: skip
+    assert first.returncode == 75, first.stderr
+    resumed = reprocube(*args, "resume=latest", cwd=tmp_path)
+    assert "numeric settings differ from the previous session's" in resumed.stdout
+    assert "env_vars.ONEDNN_MAX_CPU_ISA: SSE41 -> <absent>" in resumed.stdout, resumed.stdout
+    receipt = read_receipt(tmp_path / "a" / "a")
+    assert [(s["from_step"], s["to_step"]) for s in receipt.sessions] == [(0, 15), (15, 2 * STEPS_PER_EPOCH)]
+    assert receipt.sessions[0]["env"]["env_vars"]["ONEDNN_MAX_CPU_ISA"] == "SSE41"
+    assert "ONEDNN_MAX_CPU_ISA" not in receipt.env["env_vars"]
+
+    published = publish_receipt_only(tmp_path / "a" / "a", tmp_path)
+    proc = reprocube("reproduce", str(published), "--match", "--out", str(tmp_path / "r"),
+                     f"data_dir={generated.data_dir}", cwd=tmp_path, check=False)  # fmt: skip
+    result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
+    assert result["verdict"] == "differs" and result["first_divergence"]["step"] <= 15, result["summary"]
+    assert result["a_sessions"] and result["a_sessions"][0]["steps"] == [16, 2 * STEPS_PER_EPOCH]
+    assert "A itself was resumed under other numeric settings at step 16" in result["summary"]
+    environment = [c for c in result["causes"] if c["kind"] == "environment"]
+    assert environment[0]["key"] == "env.env_vars.ONEDNN_MAX_CPU_ISA", environment[:3]
+    b_trace = read_receipt(tmp_path / "r" / "runs" / "b").trace
+    assert 15 in [boundary.step for boundary in b_trace.boundaries], "B digests the weights where A resumed"
+    match = result["match"]
+    assert match["segments"] and match["bit_identical"] is True, match["summary"]
+    assert proc.returncode == 6 and "A's sessions followed" in match["summary"]

@@ -33,6 +33,7 @@ MAX_BATCH_SIZE = 1 << 16
 
 # Keys that name places, cadences or presentation, not the computation: they may differ between a run
 # and its resumption (and `epochs`, which extends a run). Everything else is part of the config hash.
+MAX_TRACE_AT_STEPS = 1000
 NON_RESULT_KEYS = frozenset(
     {
         "epochs",
@@ -49,6 +50,7 @@ NON_RESULT_KEYS = frozenset(
         "log.every_steps",
         "log.progress",
         "trace.every_steps",
+        "trace.at_steps",
         "preempt_at_step",
         "stop_after_epoch",
         "run",
@@ -229,6 +231,13 @@ def validate(cfg: DictConfig) -> None:
     boolean("verify.full")
     integer("verify.jobs", 1, MAX_THREADS + 1, allow_none=True)
     integer("bench.repeats", 1)
+    steps = OmegaConf.select(cfg, "trace.at_steps")
+    if not (
+        OmegaConf.is_list(steps)
+        and len(steps) <= MAX_TRACE_AT_STEPS
+        and all(_is_int(n) and 1 <= n < 2**62 for n in steps)
+    ):
+        fail("trace.at_steps", f"a list of at most {MAX_TRACE_AT_STEPS} global steps >= 1, e.g. [40,90]")
     counts = OmegaConf.select(cfg, "bench.verify_epochs")
     if not (OmegaConf.is_list(counts) and all(_is_int(n) and 1 <= n <= 1000 for n in counts)):
         fail("bench.verify_epochs", "a list of epoch counts, e.g. [2,4,8] ([] to skip)")

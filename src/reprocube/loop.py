@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences
 from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
 from reprocube.checkpoint import Checkpoint, epoch_name, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
@@ -26,8 +27,8 @@ from reprocube.preemption import StopRequest
 from reprocube.receipt import build_receipt, write_receipt
 from reprocube.rng import seed_host_rng
 from reprocube.runs import RunDirectory, open_run
-from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
-from reprocube.terminal import raw_stderr
+from reprocube.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState
+from reprocube.terminal import raw_stderr, shown_value
 from reprocube.trace import StepTrace
 
 
@@ -43,6 +44,7 @@ class Schedule:
     checkpoint_every_epochs: int = 1
     preempt_at_step: int | None = None
     trace_every_steps: int = 0  # 0: weight digests at epoch ends and checkpoints only
+    trace_at_steps: frozenset[int] = frozenset()  # and at these global steps
 
     @classmethod
     def from_config(cls, cfg, steps_per_epoch: int) -> Schedule:
@@ -54,6 +56,7 @@ class Schedule:
             cfg.checkpoint.every_epochs,
             cfg.preempt_at_step,
             cfg.trace.every_steps,
+            frozenset(cfg.trace.at_steps),
         )
 
     def group_end(self, position: Position) -> int:
@@ -65,9 +68,14 @@ class Schedule:
         for every in (self.log_every_steps, self.checkpoint_every_steps, self.trace_every_steps):
             if every:
                 end = min(end, step + every - done % every)
-        if self.preempt_at_step is not None and self.preempt_at_step > done:
-            end = min(end, step + self.preempt_at_step - done)
+        for at in (self.preempt_at_step, min((s for s in self.trace_at_steps if s > done), default=None)):
+            if at is not None and at > done:
+                end = min(end, step + at - done)
         return end
+
+    def trace_boundary_due(self, global_step: int) -> bool:
+        every = self.trace_every_steps
+        return bool(every) and global_step % every == 0 or global_step in self.trace_at_steps
 
     def log_due(self, global_step: int) -> bool:
         return bool(self.log_every_steps) and global_step % self.log_every_steps == 0
@@ -108,7 +116,7 @@ def train(cfg, out=print) -> int:
             if checkpoint:
                 loop.restore(checkpoint)
             # Only now, with data, trainer and checkpoint all accepted, is the run directory written.
-            loop.env = collect_env(loop.framework_info)
+            loop.begin_session(collect_env(loop.framework_info))
             run.initialize(
                 config, loop.history, loop.env, checkpoint.path if checkpoint else None, loop.position.as_dict()
             )
@@ -136,6 +144,7 @@ class TrainingLoop:
         self.framework_info = backend.info()
         self.env: dict = {}  # env.json's fingerprint of this process, for the receipt
         self.trace = StepTrace(cfg.trace.every_steps, first_step=0)
+        self.sessions: list[dict] = []  # [{from_step, env}] of every process that trained this run
         self.pipeline: BatchPipeline | None = pipeline  # data.pipeline=loader; None: the resident dataset
         self.loader_state: dict | None = None  # to restore when the resumed epoch starts
         self.loader_origin = "the checkpoint"  # where it was read (named by the pipeline's checks)
@@ -146,7 +155,9 @@ class TrainingLoop:
         self.trace.add_boundary(self.position.global_step, framework.weights)
         mid_epoch = self.pipeline is not None and self.position.step_in_epoch > 0
         loader = self.pipeline.state() if mid_epoch else None
-        state = TrainState.capture(self.position, self.backend, self.history, framework, self.trace, loader)
+        state = TrainState.capture(
+            self.position, self.backend, self.history, framework, self.trace, loader, self.sessions
+        )
         if not math.isfinite(state.epoch_totals.loss_sum):
             raise TrainingError(
                 f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
@@ -163,7 +174,9 @@ class TrainingLoop:
         # After the checkpoint: a receipt never describes a state that no checkpoint holds.
         write_receipt(
             self.run_dir.path,
-            build_receipt(self.config, self.env, self.history, self.trace, self.position, self.run_dir.checkpoints),
+            build_receipt(
+                self.config, self.env, self.history, self.trace, self.position, self.run_dir.checkpoints, self.sessions
+            ),
         )
         return path
 
@@ -176,6 +189,7 @@ class TrainingLoop:
                 f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
             ) from None
         self.position, self.history = state.position, state.history
+        self.sessions = list(state.sessions or [])  # the earlier processes'; begin_session adds this one
         if self.pipeline is not None:
             check_position(
                 state.loader, self.position.epoch, self.position.step_in_epoch, f"checkpoint {checkpoint.path}"
@@ -191,6 +205,22 @@ class TrainingLoop:
             f"resumed from {checkpoint.path} at epoch {p.epoch}, step {p.step_in_epoch} (global step {p.global_step})"
         )
         self._note_environment_change(checkpoint)
+
+    def begin_session(self, env: dict) -> None:
+        """This process's session: from where it starts, under its environment. A resume whose settings
+        that change numbers differ from the previous session's is said (the run then mixes two settings)."""
+        self.env = env
+        if self.sessions:
+            previous = self.sessions[-1][SESSION_ENV]
+            changed = [row for row in env_differences(previous, env) if "not_a_cause" not in row]
+            changed = [row for row in changed if row["key"].startswith(NUMERIC_SETTINGS)]
+            if changed:
+                shown = "; ".join(f"{r['key']}: {shown_value(r['a'])} -> {shown_value(r['b'])}" for r in changed[:6])
+                self.out(
+                    f"note: this session's numeric settings differ from the previous session's ({shown}); the run's "
+                    "steps before and after this resume are computed under different settings (the receipt records both)"
+                )
+        self.sessions.append({SESSION_FROM_STEP: self.position.global_step, SESSION_ENV: env})
 
     def _note_environment_change(self, checkpoint: Checkpoint) -> None:
         """Resuming elsewhere (another device, library version, CPU kernels) is allowed, but the result
@@ -256,7 +286,7 @@ class TrainingLoop:
                 self.trace.add_losses(losses)
                 bar.update(end - step)
                 self._log_step(float(losses[-1]))
-                if self.trace.boundary_due(position.global_step) and end < sampler.steps_per_epoch:
+                if self.schedule.trace_boundary_due(position.global_step) and end < sampler.steps_per_epoch:
                     self.trace.add_boundary(position.global_step, backend.export_state().weights)
                 if position.global_step == cfg.preempt_at_step:
                     os.kill(os.getpid(), signal.SIGTERM)  # a drill through the real signal path

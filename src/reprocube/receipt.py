@@ -66,7 +66,16 @@ def self_digest(receipt: dict) -> str:
     return hashlib.sha256(_canonical({k: v for k, v in receipt.items() if k != SELF_DIGEST})).hexdigest()
 
 
-def build_receipt(config: dict, env: dict, history: MetricsHistory, trace: StepTrace, position, checkpoints: Path):
+def build_receipt(
+    config: dict,
+    env: dict,
+    history: MetricsHistory,
+    trace: StepTrace,
+    position,
+    checkpoints: Path,
+    sessions: list[dict] | None = None,
+):
+    """`env` is this process's environment; `sessions` every process's ({from_step, env}, this one last)."""
     present = (
         sorted(p.name for p in checkpoints.iterdir() if NAME_PATTERN.match(p.name)) if checkpoints.is_dir() else []
     )
@@ -86,9 +95,20 @@ def build_receipt(config: dict, env: dict, history: MetricsHistory, trace: StepT
         "epochs": history.epochs,
         "checkpoints": present,
         "trace": trace.to_json(),
+        "sessions": _session_records(sessions or [{"from_step": trace.first_step, "env": env}], env, position),
     }
     receipt[SELF_DIGEST] = self_digest(receipt)
     return receipt
+
+
+def _session_records(sessions: list[dict], env: dict, position) -> list[dict]:
+    """Each session's steps (from_step + 1 .. to_step) and environment; null where it is the receipt's env
+    (the last session's, usually every session's: written once)."""
+    ends = [s["from_step"] for s in sessions[1:]] + [position.global_step]
+    return [
+        {"from_step": s["from_step"], "to_step": end, "env": None if s["env"] == env else s["env"]}
+        for s, end in zip(sessions, ends, strict=True)
+    ]
 
 
 def write_receipt(run_path: Path, receipt: dict) -> None:
@@ -108,6 +128,7 @@ class Receipt:
     complete: bool
     global_step: int
     epoch: int
+    sessions: list[dict]  # [{from_step, to_step, env}] (a receipt without sessions: one, under env)
 
     @property
     def run_name(self) -> str:
@@ -162,7 +183,42 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
     checkpoints = value.get("checkpoints")
     if not (isinstance(checkpoints, list) and all(isinstance(c, str) and NAME_PATTERN.match(c) for c in checkpoints)):
         raise error(f"{path}: checkpoints must be a list of checkpoint names")
-    return Receipt(path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch)
+    sessions = _sessions(value.get("sessions"), env, trace.first_step, global_step, path, error)
+    return Receipt(
+        path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch, sessions
+    )
+
+
+MAX_SESSIONS = 1000
+
+
+def _sessions(value, env: dict, first_step: int, global_step: int, path: Path, error) -> list[dict]:
+    """The receipt's sessions, consecutive and covering the trace to position.global_step; each env an
+    object whose variables are checked as env's are (null: the receipt's env)."""
+    if value is None:  # a receipt from before sessions were recorded
+        return [{"from_step": first_step, "to_step": global_step, "env": env}]
+    where = f"{path}: sessions"
+    if not (isinstance(value, list) and 1 <= len(value) <= MAX_SESSIONS):
+        raise error(f"{where} must be a list of 1 to {MAX_SESSIONS} sessions")
+    sessions = []
+    for i, item in enumerate(value):
+        session = Fields(item, f"{where}[{i}]", error)
+        if set(item) != {"from_step", "to_step", "env"}:
+            raise error(f"{where}[{i}] must hold exactly from_step, to_step and env")
+        start, end = session.integer("from_step"), session.integer("to_step")
+        expected_start = sessions[-1]["to_step"] if sessions else start
+        if start != expected_start or end < start:
+            raise error(f"{where}[{i}]: sessions must be consecutive (from_step {start}, to_step {end})")
+        own = item["env"] if item["env"] is not None else env
+        if not isinstance(own, dict):
+            raise error(f"{where}[{i}].env must be an object or null")
+        _check_env_vars(own, path, error)
+        sessions.append({"from_step": start, "to_step": end, "env": own})
+    if sessions[0]["from_step"] > first_step or sessions[-1]["to_step"] != global_step:
+        raise error(
+            f"{where} must cover the trace: from step {first_step} or before to position.global_step {global_step}"
+        )
+    return sessions
 
 
 SOURCE_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")

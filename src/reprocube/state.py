@@ -13,6 +13,9 @@ A run's state between two optimizer steps (TrainState) is:
                 (reprocube.trace; absent in checkpoints made before it existed)
   loader        data.pipeline=loader, mid-epoch: the framework loader's state   state.json "loader"
                 (reprocube.data.pipeline; absent otherwise)
+  sessions      each process that trained the run: the global step it started   state.json "sessions"
+                at and its environment (env.json's fingerprint); not needed to resume, carried so that the
+                receipt says under which settings each step was computed
 The data order needs nothing more: epoch e's permutation is a pure function of (seed, e)
 (reprocube.data.sampler), so the position alone says which examples come next.
 
@@ -55,6 +58,10 @@ CORRECT = "correct"
 HOST_RNG = "rng"
 TRACE = "trace"
 LOADER = "loader"
+SESSIONS = "sessions"
+SESSION_FROM_STEP = "from_step"
+SESSION_ENV = "env"
+MAX_SESSIONS = 1000
 LEGACY_FRAMEWORK = "framework"
 # manifest.json keys the state owns (the position's three keys are copied there too)
 STEPS_PER_EPOCH = "steps_per_epoch"
@@ -102,6 +109,7 @@ class TrainState:
     history: MetricsHistory
     trace: StepTrace | None = None  # None: read from a checkpoint made before traces existed
     loader: dict | None = None  # the loader's state mid-epoch (data.pipeline=loader)
+    sessions: list[dict] | None = None  # [{from_step, env}]; None: read from a checkpoint made before sessions
 
     @classmethod
     def capture(
@@ -112,6 +120,7 @@ class TrainState:
         framework: FrameworkState | None = None,
         trace: StepTrace | None = None,
         loader: dict | None = None,
+        sessions: list[dict] | None = None,
     ) -> TrainState:
         """The state of this process now. `framework` may be passed when it was just exported."""
         return cls(
@@ -122,6 +131,7 @@ class TrainState:
             history=history,
             trace=trace,
             loader=loader,
+            sessions=sessions,
         )
 
     def restore(self, backend) -> None:
@@ -144,6 +154,8 @@ class TrainState:
             state_json[TRACE] = self.trace.to_json()
         if self.loader is not None:
             state_json[LOADER] = self.loader
+        if self.sessions is not None:
+            state_json[SESSIONS] = self.sessions
         rng = {**self.host_rng.arrays, **self.framework.rng}
         content = CheckpointContent(self.framework.weights, self.framework.optimizer, rng, state_json, config)
         manifest_fields = {
@@ -202,6 +214,7 @@ class TrainState:
                     f"{position.global_step}"
                 )
         loader = _mapping(state, LOADER, where) if LOADER in state else None  # checked by the pipeline
+        sessions = _sessions(state[SESSIONS], position.global_step, where) if SESSIONS in state else None
         return cls(
             position,
             totals,
@@ -210,7 +223,27 @@ class TrainState:
             MetricsHistory.from_manifest(manifest, f"{checkpoint.path}/manifest.json"),
             trace,
             loader,
+            sessions,
         )
+
+
+def _sessions(value, global_step: int, where: str) -> list[dict]:
+    """state.json sessions: at most MAX_SESSIONS of {from_step, env}, from_step never decreasing and not past
+    the checkpoint's global step; each env a JSON object (its values are shown as data, never used)."""
+    if not (isinstance(value, list) and len(value) <= MAX_SESSIONS):
+        raise CheckpointError(f"{where}: state.json {SESSIONS} must be a list of at most {MAX_SESSIONS} sessions")
+    previous = 0
+    for i, session in enumerate(value):
+        if not (isinstance(session, dict) and set(session) == {SESSION_FROM_STEP, SESSION_ENV}):
+            raise CheckpointError(f"{where}: state.json {SESSIONS}[{i}] must hold exactly from_step and env")
+        step = _count(session, SESSION_FROM_STEP, f"{where}: state.json {SESSIONS}[{i}]")
+        if not previous <= step <= global_step or not isinstance(session[SESSION_ENV], dict):
+            raise CheckpointError(
+                f"{where}: state.json {SESSIONS}[{i}]: from_step must not decrease nor pass the checkpoint's "
+                "global step, and env must be an object"
+            )
+        previous = step
+    return value
 
 
 def _mapping(parent: dict, key: str, where: str) -> dict:

@@ -61,6 +61,9 @@ ENV_RELEVANCE = (
     "platform",
     "hostname",
 )
+# The parts of an environment that set how numbers are computed (a session that resumed with other values
+# of these computes its steps differently).
+NUMERIC_SETTINGS = ("env_vars.", "framework.", "cpu.isa", "cpu.model", "packages.", "python")
 # Differences known not to change these trainers' numbers, listed last with the reason.
 NOT_NUMERIC = {
     "env_vars.PYTHONHASHSEED": "every generator is seeded explicitly; no computation iterates a hash-ordered set",

@@ -5,10 +5,11 @@ distance, the seed-to-seed spread). Pure functions of two checked receipts (repr
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
-from reprocube.analysis.environment import NOT_NUMERIC, env_differences
+from reprocube.analysis.environment import NOT_NUMERIC, NUMERIC_SETTINGS, env_differences
 from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import config_differences
 from reprocube.env import refused_match_setting
@@ -116,9 +117,31 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
 
 
 # --- causes ----------------------------------------------------------------------------------------
-def ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict]:
-    """Config differences first, then the code, then the environment (most likely first); variables
-    known not to affect these trainers last, with the reason."""
+def session_env(a: Receipt, step: int | None) -> dict:
+    """The environment of A's session that computed global step `step` (None: the first session's)."""
+    if step is not None:
+        for session in a.sessions:
+            if session["from_step"] < step <= session["to_step"]:
+                return session["env"]
+    return a.sessions[0]["env"]
+
+
+def session_changes(a: Receipt) -> list[dict]:
+    """A finding about A itself: each session whose settings that change numbers differ from the previous
+    session's (the steps it trained and what changed): A's steps were computed under mixed settings."""
+    findings = []
+    for before, after in zip(a.sessions, a.sessions[1:], strict=False):
+        rows = [r for r in env_differences(before["env"], after["env"]) if "not_a_cause" not in r]
+        rows = [r for r in rows if r["key"].startswith(NUMERIC_SETTINGS)]
+        if rows:
+            findings.append({"steps": [after["from_step"] + 1, after["to_step"]], "changes": rows})
+    return findings
+
+
+def ranked_causes(a: Receipt, b: Receipt, user_changes: list[str], at_step: int | None = None) -> list[dict]:
+    """Config differences first, then the code, then the environment (most likely first) of A's session
+    that computed `at_step` (the first divergence) against B's; variables known not to affect these
+    trainers last, with the reason."""
     causes = []
     for line in config_differences(a.config, b.config):
         key, _, change = line.partition(": ")
@@ -132,7 +155,7 @@ def ranked_causes(a: Receipt, b: Receipt, user_changes: list[str]) -> list[dict]
         causes.append(
             {"key": "reprocube.source_sha256", "a": code_a, "b": code_b, "kind": "code", "note": _differing_files(a, b)}
         )
-    rows = env_differences(a.env, b.env)
+    rows = env_differences(session_env(a, at_step), b.env)
     numeric = [r for r in rows if "not_a_cause" not in r]
     for row in numeric:
         causes.append({"key": f"env.{row['key']}", "a": row["a"], "b": row["b"], "kind": "environment", "note": None})
@@ -177,13 +200,32 @@ def _code(receipt: Receipt) -> str:
 
 
 def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
-    """What --match would set to emulate A here: A's documented numeric variables where B's differ (None:
-    unset it), AVX2 caps on an AVX-512 B for an AVX2 A; what cannot be emulated and why; the variables
-    refused (only documented ones with checked values are ever set: reprocube.env)."""
+    """What --match would set to emulate A here, session by session: A's documented numeric variables
+    where B's differ (None: unset it), AVX2 caps on an AVX-512 B for an AVX2 A; what cannot be emulated and
+    why; the variables refused (only documented ones with checked values are ever set: reprocube.env).
+    Where A's sessions ran under different settings, `segments` says which settings train which steps."""
+    segments, cannot, not_applied = [], [], []
+    for session in a.sessions:
+        plan = _session_plan(session["env"], b.env, causes)
+        segments.append(
+            {"from_step": session["from_step"], "to_step": session["to_step"], "settings": plan["settings"]}
+        )
+        cannot += [c for c in plan["cannot"] if c not in cannot]
+        not_applied += [r for r in plan["not_applied"] if r not in not_applied]
+    segments = [s for s in segments if s["to_step"] > s["from_step"]] or segments[:1]
+    followed = len({json.dumps(s["settings"], sort_keys=True) for s in segments}) > 1
+    return {
+        "settings": segments[0]["settings"],
+        "segments": segments if followed else None,  # None: one set of settings for every step
+        "cannot": cannot,
+        "not_applied": not_applied,
+    }
 
+
+def _session_plan(a_env: dict, b_env: dict, causes: list[dict]) -> dict:
     env, cannot, not_applied = {}, [], []
-    a_vars = a.env.get("env_vars") if isinstance(a.env.get("env_vars"), dict) else {}
-    b_vars = b.env.get("env_vars") if isinstance(b.env.get("env_vars"), dict) else {}
+    a_vars = a_env.get("env_vars") if isinstance(a_env.get("env_vars"), dict) else {}
+    b_vars = b_env.get("env_vars") if isinstance(b_env.get("env_vars"), dict) else {}
     for key in sorted(set(a_vars) | set(b_vars)):
         if f"env_vars.{key}" in NOT_NUMERIC or a_vars.get(key) == b_vars.get(key):
             continue
@@ -192,8 +234,8 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
             not_applied.append({"key": key, "reason": refused})
         else:
             env[key] = a_vars.get(key)  # None: unset it
-    isa_a = set(_isa(a.env))
-    isa_b = set(_isa(b.env))
+    isa_a = set(_isa(a_env))
+    isa_b = set(_isa(b_env))
     if "avx512f" in isa_b and "avx512f" not in isa_a and isa_a:
         for key, value in AVX2_CAPS.items():
             if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
@@ -217,17 +259,26 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
 def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     """--match's result: `matched` is B retrained under plan["settings"] (None: nothing to emulate)."""
     cannot, not_applied = plan["cannot"], plan["not_applied"]
-    if matched is None:
-        return {"settings": {}, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
+    if matched is None and not plan["segments"]:
+        return {"settings": {}, "segments": None, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
                 "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
     outcome = compare_receipts(a, matched)
     shown = settings_text(plan["settings"])
+    if plan["segments"]:
+        shown = (
+            "A's sessions followed ("
+            + "; ".join(
+                f"steps {s['from_step'] + 1}..{s['to_step']}: {settings_text(s['settings']) or 'this environment'}"
+                for s in plan["segments"]
+            )
+            + ")"
+        )
     summary = (
         f"with {shown}, B reproduces A bit for bit"
         if outcome["identical"]
         else f"with {shown}, B still differs (first at step {(outcome['first_divergence'] or {}).get('step')})"
     )
-    return {"settings": plan["settings"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"],
+    return {"settings": plan["settings"], "segments": plan["segments"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"],
             "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
 
 
@@ -354,12 +405,28 @@ def tier(result: dict, max_ulp: int) -> tuple[str, str]:
     return "spread-unknown", "differs; whether it matters is unknown (pass --study PATH or --seeds N)"
 
 
+def _sessions_finding(result: dict) -> str:
+    findings = result.get("a_sessions") or []
+    if not findings:
+        return ""
+    first = findings[0]
+    change = first["changes"][0]
+    return (
+        f"A itself was resumed under other numeric settings at step {first['steps'][0]} ({change['key']}: "
+        f"{shown_value(change['a'])} -> {shown_value(change['b'])}{', ...' if len(first['changes']) > 1 else ''})"
+        + (f" and {len(findings) - 1} more time(s)" if len(findings) > 1 else "")
+    )
+
+
 def summary(result: dict) -> str:
     if result["verdict"] == "bit-identical":
         coverage = result["coverage"]
         partial = _partial(coverage)
-        return f"bit-identical ({coverage['compared_steps']} steps, {coverage['a_epochs']} epochs)" + (
-            f"; partial: {partial}" if partial else ""
+        sessions = _sessions_finding(result)
+        return one_line(
+            f"bit-identical ({coverage['compared_steps']} steps, {coverage['a_epochs']} epochs)"
+            + (f"; partial: {partial}" if partial else "")
+            + (f"; {sessions}" if sessions else "")
         )
     parts = []
     first = result["first_divergence"]
@@ -376,6 +443,8 @@ def summary(result: dict) -> str:
     else:
         parts.append("differs")
     parts += result["reasons"]
+    if _sessions_finding(result):
+        parts.append(_sessions_finding(result))
     if result["self_consistent"] is not None:
         parts.append(
             "B is deterministic but computes differently" if result["self_consistent"] else "B is NON-DETERMINISTIC"

@@ -25,6 +25,7 @@ from reprocube.analysis.receipt_comparison import (
     ranked_causes,
     seed_spread,
     seed_spread_of,
+    session_changes,
     settings_text,
     steps_per_epoch,
     summary,
@@ -212,7 +213,9 @@ def reproduce(
         "match": None,
         "seed_spread": None,
     }
-    result["causes"] = ranked_causes(receipt, b, user_config_changes)
+    first_step = (outcome["first_divergence"] or {}).get("step")
+    result["causes"] = ranked_causes(receipt, b, user_config_changes, at_step=first_step)
+    result["a_sessions"] = session_changes(receipt)
     if not outcome["identical"]:
         if outcome["first_divergence"] is not None:
             result["self_consistent"], result["self_check"] = _self_check(receipt, b, outcome, train)
@@ -288,6 +291,10 @@ def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> list[str]:
         overrides += [override(k, v) for k, v in sorted(keys.items())]
     except ConfigError as exc:
         raise CheckpointError(f"{receipt.path}: config: {exc}") from None
+    # Where A's sessions were stopped and resumed, A's trace has weight digests: B records them there too.
+    resumed_at = sorted({s["from_step"] for s in receipt.sessions[1:] if s["from_step"] > 0})
+    if resumed_at:
+        overrides.append(f"trace.at_steps=[{','.join(str(int(step)) for step in resumed_at)}]")
     overrides += user_overrides
     try:
         load_config(overrides)  # here, not in a child: a key this reprocube does not know is named at once
@@ -350,6 +357,13 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
     """An intervention: re-run B with A's settings where this machine can emulate them, and see whether
     that restores bit-identity (a proof of the cause, and the recipe to reproduce exactly)."""
     plan = match_plan(a, b, causes)
+    if plan["segments"]:  # A's sessions ran under different settings: B stops and resumes where A did
+        for i, segment in enumerate(plan["segments"]):
+            last = i == len(plan["segments"]) - 1
+            extra = [] if i == 0 else ["resume=latest"]
+            extra += [] if last else [f"preempt_at_step={segment['to_step']}"]
+            path = train("b-matched", *extra, env=segment["settings"], expect=(EXIT_OK,) if last else (EXIT_PREEMPTED,))
+        return match_outcome(plan, a, read_receipt(path))
     matched = read_receipt(train("b-matched", env=plan["settings"])) if plan["settings"] else None
     return match_outcome(plan, a, matched)
 

@@ -32,6 +32,7 @@ REPRODUCE_RESULT = ResultFile(
         "coverage",  # steps, boundaries and epochs compared; a_complete: false for a partial receipt
         "reasons",
         "causes",  # ranked: kind in CAUSE_KINDS
+        "a_sessions",  # A's sessions whose numeric settings differ from the previous one's (a finding about A)
         "self_consistent",
         "match",
         "seed_spread",
@@ -206,6 +207,15 @@ def markdown(result: dict) -> str:
             + ("none before it" if first["last_matching_boundary"] is None else str(first["last_matching_boundary"])),
             f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
             + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),
+        ]
+    if result["a_sessions"]:
+        lines += ["", "## A's own sessions", "", "A was stopped and resumed under other numeric settings:"]
+        lines += [
+            f"- steps {f['steps'][0]}..{f['steps'][1]}: "
+            + "; ".join(
+                f"`{shown_value(c['key'])}` {shown_value(c['a'])} -> {shown_value(c['b'])}" for c in f["changes"][:6]
+            )
+            for f in result["a_sessions"]
         ]
     if result["self_consistent"] is not None:
         check = result.get("self_check", {})
