@@ -340,3 +340,14 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     match = result["match"]
     assert match["segments"] and match["bit_identical"] is True, match["summary"]
     assert proc.returncode == 6 and "A's sessions followed" in match["summary"]
+
+
+def test_a_flag_list_setting_says_which_of_bs_flags_it_drops():
+    from reprocube.analysis.receipt_comparison import settings_text
+
+    b_env = {"env_vars": {"XLA_FLAGS": "--xla_cpu_prefer_vector_width=128 --xla_gpu_deterministic_ops=true"}}
+    a_value = {"XLA_FLAGS": "--xla_gpu_deterministic_ops=true", "ONEDNN_MAX_CPU_ISA": None}
+    assert settings_text(a_value, b_env) == (
+        "XLA_FLAGS=--xla_gpu_deterministic_ops=true (drops --xla_cpu_prefer_vector_width=128), ONEDNN_MAX_CPU_ISA unset"
+    )
+    assert settings_text(a_value) == "XLA_FLAGS=--xla_gpu_deterministic_ops=true, ONEDNN_MAX_CPU_ISA unset"

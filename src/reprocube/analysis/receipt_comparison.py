@@ -30,6 +30,8 @@ SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations 
 
 
 # --- the comparison --------------------------------------------------------------------------------
+# Variables holding a list of flags: --match shows which of B's flags A's value drops and adds.
+FLAG_LISTS = ("XLA_FLAGS",)
 # Epoch records computed from the training steps' own losses and predictions: they may differ while the
 # weights agree (the loss reduced in another order), unlike the test metrics of those weights.
 TRAINING_REPORTED_FIELDS = ("train_loss", "train_accuracy")
@@ -216,6 +218,7 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
     followed = len({json.dumps(s["settings"], sort_keys=True) for s in segments}) > 1
     return {
         "settings": segments[0]["settings"],
+        "b_env": b.env,  # what the settings replace (settings_text says which flags are dropped)
         "segments": segments if followed else None,  # None: one set of settings for every step
         "cannot": cannot,
         "not_applied": not_applied,
@@ -263,7 +266,7 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
         return {"settings": {}, "segments": None, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
                 "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
     outcome = compare_receipts(a, matched)
-    shown = settings_text(plan["settings"])
+    shown = settings_text(plan["settings"], plan.get("b_env"))
     if plan["segments"]:
         shown = (
             "A's sessions followed ("
@@ -282,8 +285,20 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
             "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
 
 
-def settings_text(env: dict) -> str:
-    return ", ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in env.items())
+def settings_text(env: dict, b_env: dict | None = None) -> str:
+    """The settings as KEY=VALUE (or KEY unset); with B's environment, a flag list (XLA_FLAGS) also says
+    which of B's flags it drops and which it adds: the value alone names the flags the trainer adds."""
+    b_vars = (b_env or {}).get("env_vars") if isinstance((b_env or {}).get("env_vars"), dict) else {}
+    shown = []
+    for key, value in env.items():
+        text = f"{key}={value}" if value is not None else f"{key} unset"
+        if key in FLAG_LISTS and b_env is not None:
+            mine, theirs = set((value or "").split()), set(str(b_vars.get(key) or "").split())
+            change = [f"drops {' '.join(sorted(theirs - mine))}" if theirs - mine else "",
+                      f"adds {' '.join(sorted(mine - theirs))}" if mine - theirs else ""]  # fmt: skip
+            text += f" ({'; '.join(c for c in change if c)})" if any(change) else ""
+        shown.append(text)
+    return ", ".join(shown)
 
 
 def _isa(env: dict) -> list[str]:

@@ -327,7 +327,13 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         ),
         f"<p><b>{esc(result['summary'])}</b></p>",
         f"<p>Does it matter? {esc(result['tier_text'])}</p>",
-        f"<p class='caption'>A (published): <code>{esc(result['source'])}</code> &middot; B (retrained here): "
+        f"<p class='caption'>A (published): <code>{esc(result['source'])}</code>"
+        + (
+            f" (file sha256 <code>{result['subject']['receipt_sha256'][:16]}…</code>, as sha256sum and a signature see it)"
+            if result.get("subject")
+            else ""
+        )
+        + " &middot; B (retrained here): "
         f"<code>{esc(str(b.path.parent))}</code> &middot; compared {coverage['compared_steps']} steps (every loss bit), "
         f"{coverage['compared_boundaries']} weight-digest boundaries, {coverage['a_epochs']} epochs of A "
         f"({coverage['b_epochs']} of B) &middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
