@@ -16,7 +16,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from reprocube.cli import _parser
+from reprocube.cli import parser_for
 from reprocube.config import load_config
 from test_mlcube import generated_dataset_config
 
@@ -194,7 +194,7 @@ def test_run_sh_passes_every_path_to_reprocube_literally(tmp_path, stub_reprocub
     result = run_sh(task, *files, *[f"--{name}={value}" for name, value in params.items()], cwd=tmp_path, stub=stubs)
     assert result.returncode == 0, result.stderr
     (argv,) = calls(log)
-    args = _parser().parse_args(argv)
+    args = parser_for(argv).parse_args(argv)
     assert args.print_config is False and args.config_file[0] == "--print-config"
     cfg = load_config(args.overrides, [str(tmp_path / f) for f in args.config_file])
     for key, name in keys.items():
@@ -216,7 +216,7 @@ def test_run_sh_passes_run_directories_as_positionals(tmp_path, stub_reprocube, 
     assert result.returncode == 0, result.stderr
     (argv,) = calls(log)
     assert argv == expected
-    args = _parser().parse_args(argv)
+    args = parser_for(argv).parse_args(argv)
     assert str(args.out) == "-o"
     assert [str(p) for p in ([args.run_a, args.run_b] if task == "compare" else args.runs)] == expected[3:]
 

@@ -140,7 +140,7 @@ def _set(path: list, value):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (_set(["verdict"], "maybe"), "verdict must be one of bit-identical, differs"),
+        (_set(["verdict"], "maybe"), "verdict must be one of bit-identical, losses-only, differs"),
         (_set(["causes", 0, "kind"], 5), "causes[0]: kind must be a string"),
         (_set(["first_divergence", "step"], "4"), "first_divergence: step must be an integer"),
         (_set(["seed_spread", "test_accuracy", "values"], ["x"]), "values must be a list of finite numbers"),

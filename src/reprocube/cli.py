@@ -43,9 +43,14 @@ def _chosen_command(argv: list[str]) -> str | None:
     return first if first in COMMANDS else None
 
 
+def parser_for(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for this command line: every command's name, the chosen command's options."""
+    return _parser(_chosen_command(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser(_chosen_command(argv))
+    parser = parser_for(argv)
     # Overrides may follow options (`reproduce RUN --out DIR data_dir=...`), which argparse's positional
     # matching alone refuses.
     args, extra = parser.parse_known_args(argv)
