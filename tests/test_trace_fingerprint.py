@@ -40,10 +40,11 @@ def python_int_fingerprint(array: np.ndarray) -> int:
     return sum(int(x) for x in np.asarray(array, np.float32).reshape(-1).view(np.uint32)) % 2**32
 
 
-def random_bits(rng, shape, max_exponent: int = 254) -> np.ndarray:
-    """float32 of every sign, with exponents 0 (zeros, subnormals) to max_exponent, and no -0.0."""
+def random_bits(rng, shape, max_exponent: int = 254, min_exponent: int = 0) -> np.ndarray:
+    """float32 of every sign, with biased exponents min_exponent (0: zeros, subnormals) to max_exponent,
+    and no -0.0."""
     bits = rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
-    exponent = rng.integers(0, max_exponent + 1, size=shape, dtype=np.uint32)
+    exponent = rng.integers(min_exponent, max_exponent + 1, size=shape, dtype=np.uint32)
     bits = (bits & np.uint32(0x807FFFFF)) | (exponent << np.uint32(23))
     bits[bits == 0x80000000] = 0
     return bits.view(np.float32)
@@ -68,14 +69,15 @@ def test_the_reference_is_the_wrapping_sum_of_the_bit_patterns_in_any_order():
 
 
 def torch_layout_weights(seed: int) -> dict[str, np.ndarray]:
-    """Weights of the benchmark's CNN in PyTorch's names and layouts, finite and of moderate size (a step
-    with lr 0 then leaves them exactly as they are), with sums of bit patterns that wrap many times."""
+    """Weights of the benchmark's CNN in PyTorch's names and layouts, normal (XLA's CPU kernels flush
+    subnormals to zero) and of moderate size, so that a step with lr 0 leaves them exactly as they are, with
+    sums of bit patterns that wrap many times."""
     rng = np.random.default_rng(seed)
     shapes = {"conv1": (10, 1, 5, 5), "conv2": (20, 10, 5, 5), "fc1": (50, 320), "fc2": (10, 50)}
     weights = {}
     for layer, shape in shapes.items():
-        weights[f"{layer}.weight"] = random_bits(rng, shape, max_exponent=126)  # |w| < 1
-        weights[f"{layer}.bias"] = random_bits(rng, (shape[0],), max_exponent=126)
+        weights[f"{layer}.weight"] = random_bits(rng, shape, max_exponent=126, min_exponent=1)  # |w| < 1
+        weights[f"{layer}.bias"] = random_bits(rng, (shape[0],), max_exponent=126, min_exponent=1)
     return weights
 
 
