@@ -149,7 +149,7 @@ class PytorchBackend:
         self.optimizer.step()
         with torch.no_grad():
             loss = loss.detach()
-            torch.cat(self._fingerprint_views, out=self._fingerprint_rows[len(self._group_losses)])
+            self._record_fingerprint(len(self._group_losses))
             self._group_losses.append(loss)
             self._loss_sum += loss * batch
             self._correct += (log_probs.argmax(dim=1) == labels).sum()
@@ -163,6 +163,9 @@ class PytorchBackend:
 
     def group_losses(self) -> np.ndarray:
         return torch.stack(self._group_losses).cpu().numpy()
+
+    def _record_fingerprint(self, row: int) -> None:
+        torch.cat(self._fingerprint_views, out=self._fingerprint_rows[row])
 
     def group_fingerprints(self) -> np.ndarray:
         bits = self._fingerprint_rows[: len(self._group_losses)].view(torch.int32)
