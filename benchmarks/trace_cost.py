@@ -113,10 +113,10 @@ CHILD = textwrap.dedent(
         elif framework == "tensorflow":
             import tensorflow as tf
             if "loop" not in globals():
-                @tf.function
-                def loop():
-                    for i in tf.range(STEPS_PER_CALL):
-                        backend._fingerprints[i].assign(backend._fingerprint_graph())
+                def body(i):
+                    backend._fingerprints[i].assign(backend._fingerprint_graph())
+                    return (i + 1,)
+                loop = tf.function(lambda: tf.while_loop(lambda i: i < STEPS_PER_CALL, body, (tf.constant(0),)))
                 loop()
             loop()
             backend._fingerprints.numpy()

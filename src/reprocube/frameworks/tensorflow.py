@@ -90,10 +90,8 @@ class TensorflowBackend:
         self._losses = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.float32), trainable=False)
         # ... and its weight fingerprint (reprocube.trace.fingerprint), computed in the graph after the update.
         self._fingerprint_variables = [v for _, v in sorted((_name(v), v) for v in self.model.weights)]
-        sizes = [int(np.prod(v.shape)) for v in self._fingerprint_variables]
-        self._fingerprint_segments = tf.constant(np.repeat(np.arange(len(sizes)), sizes), tf.int32)
         self._fingerprints = tf.Variable(
-            tf.zeros([STEPS_PER_CALL, len(sizes)], tf.int64), trainable=False
+            tf.zeros([STEPS_PER_CALL, len(self._fingerprint_variables)], tf.int64), trainable=False
         )
         self._group_size = 0
         span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
@@ -159,10 +157,10 @@ class TensorflowBackend:
     def _fingerprint_graph(self):
         """Each weight's float32 bits summed as integers modulo 2**32, in sorted name order: read after the
         update (tf.function orders the reads of a variable after its writes). Exact: int64 sums of at most
-        2**31 int32 values cannot overflow, then the low 32 bits."""
-        bits = tf.concat([tf.reshape(tf.bitcast(v.value, tf.int32), [-1]) for v in self._fingerprint_variables], 0)
-        sums = tf.math.segment_sum(tf.cast(bits, tf.int64), self._fingerprint_segments)
-        return tf.bitwise.bitwise_and(sums, tf.constant(0xFFFFFFFF, tf.int64))
+        2**31 int32 values cannot overflow, then the low 32 bits. One sum per variable: a concat and one
+        segment_sum took twice as long (~0.1 ms a step under load here)."""
+        sums = [tf.reduce_sum(tf.cast(tf.bitcast(v.value, tf.int32), tf.int64)) for v in self._fingerprint_variables]
+        return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
 
     def _eval_step_graph(self, lo, hi):
         logits = self.model(self.x_test[lo:hi], training=False)
