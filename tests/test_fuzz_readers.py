@@ -374,6 +374,10 @@ TRACE_PATHS = [
     ["trace", "boundaries", 0, 0],
     ["trace", "boundaries", 1, 1],
     ["trace", "boundaries", 1, 1, 0],
+    ["trace", "fingerprint_first_step"],
+    ["trace", "fingerprint_u32_le_base64"],
+    ["trace", "tensor_fingerprint_steps"],
+    ["trace", "tensor_fingerprint_u32_le_base64"],
 ]
 STATE_PATHS = [
     ["version"],

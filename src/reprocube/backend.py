@@ -44,6 +44,11 @@ class Backend(Protocol):
         """The float32 mean loss of each step of the last train_steps call, in order: one host sync per
         group (the loop's trace records every step's loss bits; reprocube.trace)."""
 
+    def group_fingerprints(self) -> np.ndarray:
+        """uint32 (steps, tensors): the weight fingerprint (reprocube.trace.fingerprint) after each step of
+        the last group, one column per weight tensor in sorted name order; computed on the device in the
+        step and fetched with the losses (no host sync of its own)."""
+
     def epoch_totals(self) -> EpochTotals:
         """The loss sum and correct count of the steps since the last set_epoch_totals."""
 

@@ -254,6 +254,8 @@ class TrainingLoop:
 
     def _run(self, stop: StopRequest, show_progress: bool) -> int:
         cfg, sampler, backend = self.cfg, self.sampler, self.backend
+        if not self.trace.tensor_names:  # the columns of the per-tensor fingerprints, before any boundary
+            self.trace.tensor_names = sorted(backend.export_state().weights)
         while self.position.epoch < cfg.epochs:
             position = self.position
             order = sampler.epoch_order(position.epoch)
@@ -283,7 +285,7 @@ class TrainingLoop:
                     backend.train_batches(self.pipeline.next_batches(end - step), position.global_step)
                 position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
                 losses = backend.group_losses()
-                self.trace.add_losses(losses)
+                self.trace.add_losses(losses, backend.group_fingerprints())
                 bar.update(end - step)
                 self._log_step(float(losses[-1]))
                 if self.schedule.trace_boundary_due(position.global_step) and end < sampler.steps_per_epoch:

@@ -1,12 +1,23 @@
-"""The step trace: the exact bits of every optimizer step's loss, and a digest of every weight tensor at
-fixed global steps (every `trace.every_steps`, each epoch's end and each checkpoint). It travels in every
-checkpoint (state.json "trace") and in the run's receipt, so that another machine can find the first
-step at which its run computes differently from ours without any of our checkpoints.
+"""The step trace: the exact bits of every optimizer step's loss, a fingerprint of the weights after every
+step, and a digest of every weight tensor at fixed global steps (every `trace.every_steps`, each epoch's
+end and each checkpoint). It travels in every checkpoint (state.json "trace") and in the run's receipt, so
+that another machine can find the first step at which its run computes differently from ours without any
+of our checkpoints.
 
 The losses are fetched once per group of steps (the loop already returns to Python there), never with a
 host sync per step. They are stored as the little-endian bytes of one float32 array, base64-encoded:
 4 bytes a step. The trace depends only on the global steps, not on how the loop grouped them or where a
-run was resumed, so an interrupted run's trace equals the uninterrupted one's."""
+run was resumed, so an interrupted run's trace equals the uninterrupted one's.
+
+The weight fingerprint (`fingerprint`): per tensor, the sum modulo 2**32 of its float32 bit patterns read
+as unsigned integers. It is exact and independent of the order of the additions, so each framework
+computes it on its device inside the step (no host sync) and all agree on equal weights, whatever the
+tensor's layout (a transposed kernel has the same fingerprint). The trace stores, for every step, the
+model's fingerprint (the tensors' fingerprints summed modulo 2**32: 4 bytes a step, like the losses), and
+the fingerprint of each tensor for the first TENSOR_FINGERPRINT_STEPS global steps only (where a machine
+usually first computes differently; 8 tensors x 4 bytes every step would make a receipt 80 KB an epoch).
+Traces written before fingerprints existed have none; a trace resumed from one starts them at the
+resume (`fingerprint_first_step`)."""
 
 from __future__ import annotations
 
@@ -21,9 +32,33 @@ import numpy as np
 from reprocube.errors import ReprocubeError
 from reprocube.untrusted import Fields
 
-TRACE_VERSION = 1
+TRACE_VERSION = 1  # the fingerprint keys came later within version 1: optional, absent in older traces
 TENSOR_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 MAX_TRACE_STEPS = 50_000_000  # 200 MB of loss bits: beyond any run this benchmark trains
+FINGERPRINT_KEYS = (
+    "fingerprint_first_step",
+    "fingerprint_u32_le_base64",
+    "tensor_fingerprint_steps",
+    "tensor_fingerprint_u32_le_base64",
+)
+TENSOR_FINGERPRINT_STEPS = 64  # per-tensor fingerprints for the global steps 1..64 (2.7 KB of base64 for 8 tensors)
+
+
+def fingerprint(weights: dict[str, np.ndarray]) -> np.ndarray:
+    """The reference of what each trainer computes on its device after a step: for each float32 tensor, in
+    sorted name order, the sum modulo 2**32 of its bit patterns as uint32 (exact, any order of addition)."""
+    sums = []
+    for name in sorted(weights):
+        array = np.ascontiguousarray(weights[name])
+        if array.dtype != np.float32:
+            raise ValueError(f"fingerprint of {name}: {array.dtype} is not float32")
+        sums.append(array.reshape(-1).view(np.uint32).sum(dtype=np.uint32))
+    return np.array(sums, dtype=np.uint32)
+
+
+def model_fingerprint(tensor_fingerprints: np.ndarray) -> np.ndarray:
+    """(steps, tensors) uint32 -> (steps,) uint32: each step's tensor fingerprints summed modulo 2**32."""
+    return np.asarray(tensor_fingerprints, dtype=np.uint32).sum(axis=-1, dtype=np.uint32)
 
 
 def tensor_digest(array: np.ndarray) -> str:
@@ -49,6 +84,11 @@ class StepTrace:
     tensor_names: list[str] = field(default_factory=list)
     boundaries: list[Boundary] = field(default_factory=list)
     _chunks: list[np.ndarray] = field(default_factory=list, repr=False)
+    # Global steps done before the first fingerprinted step; None: the trace holds no fingerprints.
+    fingerprint_first_step: int | None = None
+    tensor_fingerprint_steps: int = TENSOR_FINGERPRINT_STEPS  # per-tensor rows for global steps up to this
+    _model_chunks: list[np.ndarray] = field(default_factory=list, repr=False)  # uint32 (steps,)
+    _tensor_chunks: list[np.ndarray] = field(default_factory=list, repr=False)  # uint32 (steps, tensors)
 
     @property
     def losses(self) -> np.ndarray:
@@ -62,8 +102,56 @@ class StepTrace:
     def last_step(self) -> int:
         return self.first_step + sum(len(c) for c in self._chunks)
 
-    def add_losses(self, losses: np.ndarray) -> None:
-        self._chunks.append(np.asarray(losses, dtype=np.float32).reshape(-1))
+    @property
+    def fingerprints(self) -> np.ndarray:
+        """uint32 model fingerprints of the global steps fingerprint_first_step+1 .. last_step."""
+        if len(self._model_chunks) != 1:
+            joined = np.concatenate(self._model_chunks) if self._model_chunks else np.zeros(0, np.uint32)
+            self._model_chunks = [joined]
+        return self._model_chunks[0]
+
+    @property
+    def tensor_fingerprints(self) -> np.ndarray:
+        """uint32 (steps, len(tensor_names)): each tensor's fingerprint at the global steps
+        fingerprint_first_step+1 .. min(last_step, tensor_fingerprint_steps)."""
+        if len(self._tensor_chunks) != 1:
+            width = len(self.tensor_names)
+            joined = (
+                np.concatenate(self._tensor_chunks) if self._tensor_chunks else np.zeros((0, width), np.uint32)
+            )
+            self._tensor_chunks = [joined]
+        return self._tensor_chunks[0]
+
+    @property
+    def tensor_fingerprint_last(self) -> int:
+        """The last global step with per-tensor fingerprints (fingerprint_first_step when none)."""
+        first = self.fingerprint_first_step if self.fingerprint_first_step is not None else self.first_step
+        return max(first, min(self.last_step, self.tensor_fingerprint_steps))
+
+    def add_losses(self, losses: np.ndarray, fingerprints: np.ndarray | None = None) -> None:
+        """One group of steps: their float32 losses and, from a trainer that computes them, their
+        (steps, tensors) uint32 weight fingerprints (columns in sorted weight-name order)."""
+        losses = np.asarray(losses, dtype=np.float32).reshape(-1)
+        if fingerprints is None:
+            if self.fingerprint_first_step is not None:
+                raise ValueError("a trace with weight fingerprints needs them for every step")
+            self._chunks.append(losses)
+            return
+        fingerprints = np.asarray(fingerprints, dtype=np.uint32)
+        if fingerprints.ndim != 2 or len(fingerprints) != len(losses):
+            raise ValueError(f"fingerprints {fingerprints.shape} do not match {len(losses)} losses")
+        if self.tensor_names and fingerprints.shape[1] != len(self.tensor_names):
+            raise ValueError(f"fingerprints of {fingerprints.shape[1]} tensors, the trace names {len(self.tensor_names)}")
+        before = self.last_step
+        if self.fingerprint_first_step is None:
+            self.fingerprint_first_step = before  # a fresh trace, or one resumed from before fingerprints
+        self._chunks.append(losses)
+        self._model_chunks.append(model_fingerprint(fingerprints))
+        keep = max(0, min(len(fingerprints), self.tensor_fingerprint_steps - before))
+        if keep:
+            if not self.tensor_names:
+                raise ValueError("per-tensor fingerprints need the trace's tensor_names first")
+            self._tensor_chunks.append(fingerprints[:keep].copy())
 
     def boundary_due(self, global_step: int) -> bool:
         return bool(self.every_steps) and global_step % self.every_steps == 0
@@ -81,7 +169,7 @@ class StepTrace:
 
     def to_json(self) -> dict:
         blob = self.losses.astype("<f4", copy=False).tobytes()
-        return {
+        value = {
             "version": TRACE_VERSION,
             "every_steps": self.every_steps,
             "first_step": self.first_step,
@@ -90,6 +178,14 @@ class StepTrace:
             "tensor_names": self.tensor_names,
             "boundaries": [[b.step, b.tensors] for b in self.boundaries],
         }
+        if self.fingerprint_first_step is not None:
+            value.update(
+                fingerprint_first_step=self.fingerprint_first_step,
+                fingerprint_u32_le_base64=_encode_u32(self.fingerprints),
+                tensor_fingerprint_steps=self.tensor_fingerprint_steps,
+                tensor_fingerprint_u32_le_base64=_encode_u32(self.tensor_fingerprints),
+            )
+        return value
 
     @classmethod
     def from_json(cls, value, where: str, error: type[ReprocubeError]) -> StepTrace:
@@ -136,7 +232,84 @@ class StepTrace:
             previous = entry[0]
             boundaries.append(Boundary(entry[0], list(entry[1])))
         losses = np.frombuffer(blob, dtype="<f4").astype(np.float32)
-        return cls(every, first, list(names), boundaries, [losses])
+        trace = cls(every, first, list(names), boundaries, [losses])
+        present = [key for key in FINGERPRINT_KEYS if key in value]
+        if present:  # none: a trace from before fingerprints (or from a trainer without them)
+            if len(present) != len(FINGERPRINT_KEYS):
+                missing = ", ".join(key for key in FINGERPRINT_KEYS if key not in value)
+                raise error(f"{where}: the fingerprint keys come together; {missing} missing")
+            _read_fingerprints(trace, fields, where, error)
+        return trace
+
+
+def _encode_u32(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array, dtype="<u4").tobytes()).decode("ascii")
+
+
+def _decode_u32(fields: Fields, key: str, count: int, what: str, where: str, error) -> np.ndarray:
+    encoded = fields.text(key)
+    try:
+        blob = base64.b64decode(encoded.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise error(f"{where}.{key} is not base64") from None
+    if len(blob) != 4 * count:
+        raise error(f"{where}.{key} holds {len(blob)} bytes, not 4 for each of its {count} {what}")
+    return np.frombuffer(blob, dtype="<u4").astype(np.uint32)
+
+
+def _read_fingerprints(trace: StepTrace, fields: Fields, where: str, error) -> None:
+    """The optional fingerprint keys of a trace, each checked against the losses' steps and the tensor names."""
+    last = trace.last_step
+    trace.fingerprint_first_step = fields.integer("fingerprint_first_step", trace.first_step, last)
+    trace.tensor_fingerprint_steps = fields.integer("tensor_fingerprint_steps", 0, MAX_TRACE_STEPS)
+    steps = last - trace.fingerprint_first_step
+    trace._model_chunks = [_decode_u32(fields, "fingerprint_u32_le_base64", steps, "fingerprinted steps", where, error)]
+    rows, width = trace.tensor_fingerprint_last - trace.fingerprint_first_step, len(trace.tensor_names)
+    if rows and not width:
+        raise error(f"{where}.tensor_fingerprint_u32_le_base64 needs tensor_names")
+    values = _decode_u32(
+        fields, "tensor_fingerprint_u32_le_base64", rows * width, f"values ({rows} steps x {width} tensors)", where, error
+    )
+    tensors = values.reshape(rows, width)
+    if rows and not np.array_equal(model_fingerprint(tensors), trace.fingerprints[:rows]):
+        raise error(f"{where}.tensor_fingerprint_u32_le_base64 does not sum to the model fingerprints")
+    trace._tensor_chunks = [tensors]
+
+
+def first_weight_difference(a: StepTrace, b: StepTrace) -> dict | None:
+    """The first global step after which the two runs' weights differ, by their fingerprints: {"step",
+    "tensors"} (the names of the tensors whose fingerprints differ there, in name order; None where the
+    traces hold no per-tensor fingerprints for that step or name different tensors). None when every
+    step both traces fingerprint agrees (or there is none: see fingerprint_overlap)."""
+    first, last = fingerprint_overlap(a, b)
+    if last <= first:
+        return None
+    fa = a.fingerprints[first - a.fingerprint_first_step : last - a.fingerprint_first_step]
+    fb = b.fingerprints[first - b.fingerprint_first_step : last - b.fingerprint_first_step]
+    differs = fa != fb
+    same_names = a.tensor_names == b.tensor_names
+    # Per-tensor rows both traces hold: a difference whose tensor sums cancel in the model's sum still counts.
+    tensor_last = min(a.tensor_fingerprint_last, b.tensor_fingerprint_last, last)
+    ta = tb = None
+    if same_names and tensor_last > first:
+        ta = a.tensor_fingerprints[first - a.fingerprint_first_step : tensor_last - a.fingerprint_first_step]
+        tb = b.tensor_fingerprints[first - b.fingerprint_first_step : tensor_last - b.fingerprint_first_step]
+        differs[: tensor_last - first] |= (ta != tb).any(axis=1)
+    where = np.flatnonzero(differs)
+    if not where.size:
+        return None
+    index = int(where[0])
+    tensors = None
+    if ta is not None and index < len(ta):
+        tensors = [n for n, x, y in zip(a.tensor_names, ta[index], tb[index], strict=True) if x != y]
+    return {"step": first + index + 1, "tensors": tensors}
+
+
+def fingerprint_overlap(a: StepTrace, b: StepTrace) -> tuple[int, int]:
+    """(first, last): both traces fingerprint the global steps first+1 .. last (last <= first: none)."""
+    if a.fingerprint_first_step is None or b.fingerprint_first_step is None:
+        return 0, 0
+    return max(a.fingerprint_first_step, b.fingerprint_first_step), min(a.last_step, b.last_step)
 
 
 @dataclass(frozen=True)
@@ -150,13 +323,24 @@ class Divergence:
     last_matching_boundary: int | None  # the last boundary step before the first difference, digests equal
     tensors: list[str]  # at first_boundary: the tensors whose digests differ (in name order)
     compared_boundaries: int
+    # The weight fingerprints (first_weight_difference): the first step after which the weights differ,
+    # and the tensors that differ there (None: no per-tensor fingerprints for that step).
+    first_weight_step: int | None = None
+    first_weight_tensors: list[str] | None = None
+    fingerprinted_steps: int = 0  # the steps both traces fingerprint (0: one of them has none)
+    # Every common fingerprint and boundary digest equal (without fingerprints: the boundaries alone).
+    weights_identical: bool = True
+    # Loss bits differ while every common step's fingerprint and every boundary agree, and the
+    # fingerprints cover every common step: the weights never differed (a loss computed differently).
+    loss_only: bool = False
 
     @property
     def step(self) -> int | None:
-        """The first diverging global step: the first loss that differs, or the first boundary whose
-        weights differ if that comes first (a step whose forward pass agrees but whose update does not)."""
+        """The first diverging global step: the first loss that differs, or the first step whose weights
+        differ (fingerprint, else boundary) if that comes first (a step whose forward pass agrees but whose
+        update does not)."""
         boundary = self.first_boundary.step if self.first_boundary is not None else None
-        candidates = [s for s in (self.first_loss_step, boundary) if s is not None]
+        candidates = [s for s in (self.first_loss_step, self.first_weight_step, boundary) if s is not None]
         return min(candidates) if candidates else None
 
 
@@ -170,6 +354,9 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
         differing = np.flatnonzero(bits_a != bits_b)
         if differing.size:
             first_loss = first + int(differing[0]) + 1
+    weights = first_weight_difference(a, b)
+    weight_step = weights["step"] if weights else None
+    earliest = min((s for s in (first_loss, weight_step) if s is not None), default=None)
     b_at = {boundary.step: boundary for boundary in b.boundaries}
     compared, first_bad, last_good, tensors = 0, None, None, []
     same_names = a.tensor_names == b.tensor_names
@@ -179,7 +366,7 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
             continue
         compared += 1
         if same_names and other.tensors == boundary.tensors:
-            if first_bad is None and (first_loss is None or boundary.step < first_loss):
+            if first_bad is None and (earliest is None or boundary.step < earliest):
                 last_good = boundary.step
             continue
         if first_bad is None:
@@ -188,4 +375,20 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
                 tensors = [n for n, x, y in zip(a.tensor_names, boundary.tensors, other.tensors, strict=True) if x != y]
             else:
                 tensors = sorted(set(a.tensor_names) ^ set(b.tensor_names))
-    return Divergence(first, last, first_loss, first_bad, last_good, tensors, compared)
+    fp_first, fp_last = fingerprint_overlap(a, b)
+    fingerprinted = max(fp_last - fp_first, 0)
+    identical = weights is None and first_bad is None and same_names
+    return Divergence(
+        first,
+        last,
+        first_loss,
+        first_bad,
+        last_good,
+        tensors,
+        compared,
+        first_weight_step=weight_step,
+        first_weight_tensors=weights["tensors"] if weights else None,
+        fingerprinted_steps=fingerprinted,
+        weights_identical=identical,
+        loss_only=first_loss is not None and identical and last > first and (fp_first, fp_last) == (first, last),
+    )

@@ -69,6 +69,14 @@ def _max_pool_2x2(x):
     return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
+def _fingerprint(params):
+    """Each weight's float32 bits summed as uint32 (wrapping: modulo 2**32), in sorted name order, inside
+    the jitted step (reprocube.trace.fingerprint)."""
+    flat = _flat_params(params)
+    leaves = [flat[path] for path in sorted(flat, key=".".join)]
+    return jnp.stack([jax.lax.bitcast_convert_type(leaf, jnp.uint32).sum(dtype=jnp.uint32) for leaf in leaves])
+
+
 def _nll_sum(logits, one_hot):
     return -jnp.sum(jax.nn.log_softmax(logits) * one_hot)
 
@@ -96,6 +104,7 @@ class JaxBackend:
         self.opt_state = self.tx.init(self.params)
         self._order = None
         self._group_losses: list[jax.Array] = []
+        self._group_fingerprints: list[jax.Array] = []
         self.set_epoch_totals(EpochTotals())
         self._train_step = jax.jit(self._train_step_fn, static_argnums=(5,))
         self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(2,))
@@ -144,7 +153,7 @@ class JaxBackend:
         params = optax.apply_updates(params, updates)
         loss_sum, correct = totals
         totals = (loss_sum + loss * batch_size, correct + _count_correct(logits, one_hot))
-        return params, opt_state, totals, loss
+        return params, opt_state, totals, loss, _fingerprint(params)
 
     def _eval_step_fn(self, params, lo, batch_size):
         images = jax.lax.dynamic_slice_in_dim(self.x_test, lo, batch_size)
@@ -158,25 +167,32 @@ class JaxBackend:
     def train_steps(self, bounds, first_global_step: int) -> None:
         # One jitted call per step: on XLA's CPU backend a loop of steps inside one computation (scan,
         # fori_loop) runs its convolutions several times slower than separate calls.
-        self._group_losses = []
+        self._group_losses, self._group_fingerprints = [], []
         for i, (lo, hi) in enumerate(bounds.tolist()):
-            self.params, self.opt_state, self._totals, loss = self._train_step(
+            self.params, self.opt_state, self._totals, loss, fingerprint = self._train_step(
                 self.params, self.opt_state, self._totals, self._order, lo, hi - lo, first_global_step + i
             )
             self._group_losses.append(loss)
+            self._group_fingerprints.append(fingerprint)
 
     def train_batches(self, batches, first_global_step: int) -> None:
-        self._group_losses = []
+        self._group_losses, self._group_fingerprints = [], []
         for i, (images, labels) in enumerate(batches):
             one_hot = jax.nn.one_hot(labels, self.y_train.shape[1], dtype=jnp.float32)
-            self.params, self.opt_state, self._totals, loss = self._train_batch(
+            self.params, self.opt_state, self._totals, loss, fingerprint = self._train_batch(
                 self.params, self.opt_state, self._totals, jnp.asarray(images.transpose(0, 2, 3, 1)), one_hot,
                 first_global_step + i,
             )  # fmt: skip
             self._group_losses.append(loss)
+            self._group_fingerprints.append(fingerprint)
 
     def group_losses(self) -> np.ndarray:
         return np.asarray(jax.device_get(self._group_losses), dtype=np.float32)  # one transfer for the group
+
+    def group_fingerprints(self) -> np.ndarray:
+        return np.asarray(jax.device_get(self._group_fingerprints), dtype=np.uint32).reshape(
+            len(self._group_fingerprints), -1
+        )
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._totals[0]), int(self._totals[1]))
