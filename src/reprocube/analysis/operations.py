@@ -176,7 +176,7 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
 
 def _earlier_steps(a_ops: dict, b_ops: dict) -> str:
     """Where each replay trained steps of its own before step N, they may have diverged there."""
-    start = max(a_ops.get("start_step", 0), b_ops.get("start_step", 0))
+    start = min(a_ops.get("start_step", 0), b_ops.get("start_step", 0))
     step = a_ops["step"]
     if start >= step - 1:
         return ""
