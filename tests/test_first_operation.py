@@ -177,17 +177,24 @@ def pytorch_run(generated, tmp_path_factory) -> Path:
     return where / "a"
 
 
+def tree(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(directory.rglob("*"))}  # fmt: skip
+
+
 def test_replayed_steps_agree_and_another_isa_names_its_first_operation(pytorch_run, tmp_path):
     """Replays of one step agree op for op and match the run's loss; under ONEDNN_MAX_CPU_ISA=SSE41
     (which changes PyTorch's CPU results on this project's AVX2 and AVX-512 machines) an operation whose
     inputs agree computes differently, and it is named. Which one is not asserted: it depends on the
     oneDNN kernels each machine has (here, AVX2: the first convolution's forward)."""
     run, step = pytorch_run, 6  # resumed from step-000005: both environments start from A's state
+    before = tree(run)
     recordings = {}
     for name, env in (("plain", None), ("again", None), ("sse41", {"ONEDNN_MAX_CPU_ISA": "SSE41"})):
         proc = replay_step(run, step, tmp_path / f"{name}.json", tmp_path, env)
         assert proc.returncode == 0, proc.stderr
         recordings[name] = read_ops(tmp_path / f"{name}.json")
+    assert tree(run) == before  # a replay writes nothing into the run
     plain = recordings["plain"]
     assert plain["resumed_from"] == "step-000005" and plain["start_step"] == 5 and plain["step"] == step
     assert plain["loss_matches_run"] is True and plain["weights_match_run"] is True  # a boundary at step 6
