@@ -1,0 +1,195 @@
+"""The first operation that computes differently: two recordings of one step (OPS.json, written by
+`python -m reprocube.orchestration.replay_step`, reprocube.replay) compared operation by operation.
+
+Pure: no framework is imported. An operation is compared by its name, its non-tensor arguments
+("params", a digest), the digest of each input tensor before it ran and of each output after. The first
+operation where anything differs is the answer:
+- inputs and arguments equal, an output differs: this operation computes differently here (a kernel, an
+  instruction set, a thread split); a random operation's output differs when its generator state does;
+- an input differs (every earlier output being equal): the state or data entering the step differs;
+- the names differ, or one recording ends: the two runs took different operation sequences (another
+  kernel path, another library version)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from reprocube.errors import CheckpointError
+from reprocube.untrusted import Fields, read_json
+
+OPS_VERSION = 1
+MAX_OPS_BYTES = 64 << 20
+MAX_OPS = 1_000_000
+MAX_TENSORS_PER_OP = 10_000
+DIGEST = re.compile(r"^[0-9a-f]{16}$")
+LOSS_BITS = re.compile(r"^[0-9a-f]{8}$")
+OP_NAME = re.compile(r"^[A-Za-z0-9_.]{1,200}$")
+MAX_TEXT = 500
+TOP_KEYS = (
+    "version", "framework", "step", "run", "resumed_from", "start_step", "framework_info", "env_vars", "loss_f32",
+    "run_loss_f32", "loss_matches_run", "weights_match_run", "recording_changed_nothing", "ops",
+)  # fmt: skip
+OP_KEYS = ("index", "op", "where", "params", "inputs", "outputs")
+RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "exponential", "multinomial", "dropout", "random")
+
+
+def read_ops(path: Path) -> dict:
+    """OPS.json, every key checked: a regular file (no link) of at most MAX_OPS_BYTES, strict JSON, the
+    keys TOP_KEYS and OP_KEYS exactly, each typed; anything else is one CheckpointError line."""
+    value = read_json(Path(path), CheckpointError, MAX_OPS_BYTES)
+    where = str(path)
+    fields = Fields(value, where, CheckpointError)
+    _exact_keys(value, TOP_KEYS, where)
+    version = fields.integer("version")
+    if version != OPS_VERSION:
+        raise CheckpointError(f"{where}: version {version} is not one this reprocube reads ({OPS_VERSION})")
+    fields.text("framework")
+    fields.integer("step", 1)
+    fields.text("run")
+    fields.nullable("resumed_from", fields.text)
+    if fields.integer("start_step") >= value["step"]:
+        raise CheckpointError(f"{where}: start_step must be before step")
+    info = fields.mapping("framework_info")
+    for key, item in info.value.items():
+        if not (item is None or isinstance(item, (str, int, float, bool))):
+            raise CheckpointError(f"{where}: framework_info.{key} must be a string, number, true, false or null")
+    env = fields.mapping("env_vars")
+    for key in env.value:
+        env.text(key)
+    _pattern(fields, "loss_f32", LOSS_BITS, "8 hex digits (a float32's bits)")
+    if fields.present("run_loss_f32") is not None:
+        _pattern(fields, "run_loss_f32", LOSS_BITS, "8 hex digits (a float32's bits) or null")
+    fields.nullable("loss_matches_run", fields.boolean)
+    fields.nullable("weights_match_run", fields.boolean)
+    fields.boolean("recording_changed_nothing")
+    ops = fields.records("ops")
+    if len(ops) > MAX_OPS:
+        raise CheckpointError(f"{where}: ops holds {len(ops)} operations, more than the {MAX_OPS} allowed")
+    for i, op in enumerate(ops):
+        _exact_keys(op.value, OP_KEYS, op.where)
+        if op.integer("index") != i:
+            raise CheckpointError(f"{op.where}: index must be {i} (operations in order)")
+        _pattern(op, "op", OP_NAME, "an operation name (letters, digits, _ and .)")
+        if len(op.text("where")) > MAX_TEXT:
+            raise CheckpointError(f"{op.where}: where is longer than {MAX_TEXT} characters")
+        _pattern(op, "params", DIGEST, "16 hex digits")
+        for key in ("inputs", "outputs"):
+            digests = op.texts(key)
+            if len(digests) > MAX_TENSORS_PER_OP or not all(DIGEST.match(d) for d in digests):
+                raise CheckpointError(
+                    f"{op.where}: {key} must be a list of 16-hex digests (at most {MAX_TENSORS_PER_OP})"
+                )
+    return value
+
+
+def _exact_keys(value: dict, keys: tuple[str, ...], where: str) -> None:
+    unknown, missing = sorted(set(value) - set(keys)), [k for k in keys if k not in value]
+    if unknown or missing:
+        problem = f"unknown key {unknown[0]!r}" if unknown else f"{missing[0]} is missing"
+        raise CheckpointError(f"{where}: {problem}")
+
+
+def _pattern(fields: Fields, key: str, pattern: re.Pattern, expected: str) -> str:
+    value = fields.value.get(key)
+    if not (isinstance(value, str) and pattern.match(value)):
+        fields._fail(key, expected)
+    return value
+
+
+def operation_name(op: str) -> str:
+    """`aten.convolution_backward.default` -> `convolution backward`."""
+    parts = op.split(".")
+    name = parts[1] if len(parts) >= 2 else op
+    return name.strip("_").replace("_", " ") or op
+
+
+def _describe(op: dict) -> str:
+    return f"{operation_name(op['op'])} ({op['op']}) in {op['where']}"
+
+
+def _differing(a: list[str], b: list[str]) -> list[int]:
+    return [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y] + list(
+        range(min(len(a), len(b)), max(len(a), len(b)))
+    )
+
+
+def _listed(indices: list[int], total: int, noun: str) -> str:
+    if total == 1:
+        return noun
+    shown = ", ".join(str(i) for i in indices[:5]) + (", ..." if len(indices) > 5 else "")
+    return f"{noun} {shown} of {total}"
+
+
+def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
+    """The first operation at which recording B (OPS.json content, as read_ops returns it) departs from
+    recording A, or None when every operation agrees (same names, arguments, inputs and outputs). Keys:
+    index, kind ("output": inputs and arguments equal, an output differs; "inputs": an input differs;
+    "params": the non-tensor arguments differ; "sequence": the operations themselves differ or one
+    recording ends), op and where (A's; None where A has ended), b_op and b_where (B's), inputs_equal,
+    params_equal, differing_inputs and differing_outputs (indices; [] for a sequence divergence),
+    random (a random operation: its generator state is an input no digest covers), compared (operations
+    compared before it) and text (one line). Raises ValueError for recordings of different steps or
+    frameworks (not one step to compare)."""
+    for key in ("framework", "step"):
+        if a_ops.get(key) != b_ops.get(key):
+            raise ValueError(f"the recordings are of different {key}s ({a_ops.get(key)} and {b_ops.get(key)})")
+    a_list, b_list = a_ops["ops"], b_ops["ops"]
+    for i, (x, y) in enumerate(zip(a_list, b_list, strict=False)):
+        if x["op"] != y["op"] or len(x["inputs"]) != len(y["inputs"]) or len(x["outputs"]) != len(y["outputs"]):
+            return _sequence(i, x, y)
+        inputs, outputs = _differing(x["inputs"], y["inputs"]), _differing(x["outputs"], y["outputs"])
+        params_equal = x["params"] == y["params"]
+        if not (inputs or outputs or not params_equal):
+            continue
+        random = any(word in x["op"] for word in RANDOM_OPS)
+        output_text = (
+            f"{_listed(outputs, len(x['outputs']), 'output')} differ{'s' if len(outputs) == 1 else ''}"
+            if outputs
+            else "outputs equal"
+        )
+        if inputs:
+            kind = "inputs"
+            text = (
+                f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} differ{'s' if len(inputs) == 1 else ''}, "
+                f"{output_text} (every earlier operation agrees: the state or data entering step {a_ops['step']} differs"
+                + _earlier_steps(a_ops, b_ops)
+                + ")"
+            )
+        elif not params_equal:
+            kind = "params"
+            text = f"{_describe(x)}: inputs equal, non-tensor arguments differ, {output_text}"
+        else:
+            kind = "output"
+            cause = " (a random operation: its generator state differs)" if random else ""
+            text = f"{_describe(x)}: inputs equal, {output_text}{cause}"
+        return {
+            "index": i, "kind": kind, "op": x["op"], "where": x["where"], "b_op": y["op"], "b_where": y["where"],
+            "inputs_equal": not inputs, "params_equal": params_equal, "differing_inputs": inputs,
+            "differing_outputs": outputs, "random": random, "compared": i, "text": text,
+        }  # fmt: skip
+    if len(a_list) != len(b_list):
+        i = min(len(a_list), len(b_list))
+        return _sequence(i, a_list[i] if i < len(a_list) else None, b_list[i] if i < len(b_list) else None)
+    return None
+
+
+def _earlier_steps(a_ops: dict, b_ops: dict) -> str:
+    """Where each replay trained steps of its own before step N, they may have diverged there."""
+    start = min(a_ops.get("start_step", 0), b_ops.get("start_step", 0))
+    step = a_ops["step"]
+    if start >= step - 1:
+        return ""
+    return f"; steps {start + 1} to {step - 1} were replayed too: record step {start + 1} to compare from one state"
+
+
+def _sequence(i: int, x: dict | None, y: dict | None) -> dict:
+    a_text = _describe(x) if x is not None else "nothing (its recording ends)"
+    b_text = _describe(y) if y is not None else "nothing (its recording ends)"
+    return {
+        "index": i, "kind": "sequence", "op": x["op"] if x else None, "where": x["where"] if x else None,
+        "b_op": y["op"] if y else None, "b_where": y["where"] if y else None, "inputs_equal": None,
+        "params_equal": None, "differing_inputs": [], "differing_outputs": [], "random": False, "compared": i,
+        "text": f"the operation sequences diverge at operation {i}: A runs {a_text}, B runs {b_text} "
+        f"(another kernel path or library version)",
+    }  # fmt: skip

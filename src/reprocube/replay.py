@@ -1,0 +1,250 @@
+"""Replaying one optimizer step of a run with every operation recorded, to find which operation first
+computes differently on two machines (reprocube.analysis.operations compares two recordings).
+
+The replay resumes from the newest checkpoint of the run at or before step N-1 (a fresh start when
+there is none), trains to step N-1 exactly as the loop does (same data order, same trainer calls, no
+checkpoint, no metric, nothing written to the run), then runs step N twice from the same state: once
+plainly, once recorded by the trainer (Backend.record_ops; PyTorch only). That the recording changed
+nothing is checked, not assumed: both runs of step N must give the same loss bits and the same weights,
+optimizer tensors and generator states. The recorded loss is also compared with the run's own trace
+(and the weights with its boundary at step N, where it has one).
+
+The evaluation at each epoch's end is skipped: it draws no random number and changes no state the
+training reads (the comparison with the run's trace would show otherwise)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from reprocube.backend import STEPS_PER_CALL, create_backend
+from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
+from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
+from reprocube.data.pipeline import check_position, create_pipeline
+from reprocube.data.sampler import EpochSampler
+from reprocube.data.store import load_dataset
+from reprocube.env import ENV_PREFIXES, ENV_VARS
+from reprocube.errors import CheckpointError, ConfigError
+from reprocube.metrics import MetricsHistory
+from reprocube.rng import seed_host_rng
+from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
+from reprocube.trace import StepTrace, tensor_digest
+
+OPS_VERSION = 1
+RECORDABLE = ("pytorch",)  # the frameworks whose trainer has record_ops
+# Besides the run's result keys: the places and counts a replay of it needs (where its data is).
+REPLAY_PLACE_KEYS = ("epochs", "data_dir", "data.source_dir", "data.workers", "framework.inter_op_threads")
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    cfg: object  # the run's config (DictConfig), with the caller's place overrides
+    run: Path
+    step: int  # the global step to record (1-based: the step that makes global_step == step)
+    latest: Checkpoint  # the run's newest checkpoint: its trace is the reference
+    start: Checkpoint | None  # where the replay resumes (None: a fresh start)
+
+
+def not_recordable(framework: str) -> str:
+    return (
+        f"replay_step: recording each operation of a step is not implemented for {framework} yet "
+        f"(only for {', '.join(RECORDABLE)})"
+    )
+
+
+def plan_replay(run: Path, step: int, overrides: list[str] = (), config_files: list[str] = ()) -> ReplayPlan:
+    """Read the run (its newest checkpoint holds its config and trace), build its config with the
+    caller's overrides (place keys only: a result-affecting change is refused), and pick the checkpoint
+    to resume from. Refuses a framework without record_ops before importing it (ConfigError, exit 2)."""
+    run = Path(run)
+    found, _ = scan_checkpoints(run / "checkpoints")
+    if not found:
+        raise CheckpointError(f"{run}: no readable checkpoint in {run / 'checkpoints'} (is it a run directory?)")
+    latest = read_checkpoint(found[-1])
+    config = latest.content.config
+    framework = config.get("framework", {}).get("name") if isinstance(config.get("framework"), dict) else None
+    if framework not in RECORDABLE:
+        raise ConfigError(not_recordable(str(framework)))
+    cfg = load_config(run_overrides(config, latest.path) + list(overrides), config_files)
+    differences = config_differences(config, to_plain(cfg))
+    if differences:
+        raise ConfigError(
+            f"replay_step replays the run's own config; these overrides change it: {'; '.join(differences)}"
+        )
+    last = latest.manifest["global_step"]
+    if not 1 <= step <= last:
+        raise ConfigError(f"--step {step}: the run {run} has steps 1 to {last}")
+    start = None
+    for path in reversed(found):
+        if _global_step(path) <= step - 1:
+            start = read_checkpoint(path)
+            break
+    if start is not None and config_differences(start.content.config, config):
+        raise CheckpointError(f"checkpoint {start.path} was made with another config than {latest.path}")
+    return ReplayPlan(cfg, run, step, latest, start)
+
+
+def _global_step(path: Path) -> int:
+    return read_manifest(path)["global_step"]
+
+
+def run_overrides(config: dict, where: Path) -> list[str]:
+    """A run's config as Hydra overrides (each value as data, through config.override): its framework
+    group, every result-affecting key, and the places a replay needs."""
+    flat = flatten_keys(config)
+    keys = dict(result_config(config))
+    keys.update({k: flat[k] for k in REPLAY_PLACE_KEYS if k in flat})
+    try:
+        return [override("framework", config["framework"]["name"])] + [override(k, v) for k, v in sorted(keys.items())]
+    except ConfigError as exc:
+        raise CheckpointError(f"checkpoint {where}: config: {exc}") from None
+
+
+def replay(plan: ReplayPlan) -> dict:
+    """Replay step plan.step and return the content of OPS.json (reprocube.analysis.operations reads it)."""
+    cfg = plan.cfg
+    dataset = load_dataset(cfg)
+    try:
+        sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    seed_host_rng(cfg.seed)  # as train() does, before the trainer seeds its own generators
+    backend = create_backend(cfg, dataset)
+    if not hasattr(backend, "record_ops"):
+        raise ConfigError(not_recordable(cfg.framework.name))
+    pipeline = create_pipeline(cfg, dataset.train, cfg.batch_size) if cfg.data.pipeline == "loader" else None
+    reference = TrainState.from_checkpoint(plan.latest, sampler.steps_per_epoch).trace
+    try:
+        steps = _Steps(backend, sampler, pipeline)
+        if plan.start is not None:
+            steps.restore(plan.start)
+        start_step = steps.position.global_step
+        steps.advance_to(plan.step - 1)
+        run_step = steps.next_step()
+        before = TrainState.capture(steps.position, backend, MetricsHistory())
+        run_step()
+        plain = _outcome(backend)
+        before.restore(backend)
+        ops = backend.record_ops(run_step)
+        recorded = _outcome(backend)
+    finally:
+        if pipeline is not None:
+            pipeline.close()
+    run_loss, weights_match = _run_reference(reference, plan.step, recorded[2])
+    return {
+        "version": OPS_VERSION,
+        "framework": cfg.framework.name,
+        "step": plan.step,
+        "run": str(plan.run),
+        "resumed_from": plan.start.path.name if plan.start is not None else None,
+        "start_step": start_step,  # the steps after it, to N-1, were trained here before step N
+        "framework_info": backend.info(),
+        "env_vars": {k: v for k, v in sorted(os.environ.items()) if k in ENV_VARS or k.startswith(ENV_PREFIXES)},
+        "loss_f32": recorded[0],
+        "run_loss_f32": run_loss,
+        "loss_matches_run": None if run_loss is None else run_loss == recorded[0],
+        "weights_match_run": weights_match,
+        "recording_changed_nothing": plain[:2] == recorded[:2],
+        "ops": ops,
+    }
+
+
+def _outcome(backend) -> tuple[str, dict[str, str], dict[str, np.ndarray]]:
+    """After a step: its loss bits (8 hex), a digest of every weight, optimizer tensor and generator state,
+    and the weights."""
+    loss = np.asarray(backend.group_losses(), dtype=np.float32)[-1]
+    state: FrameworkState = backend.export_state()
+    digests = {
+        f"{kind}/{name}": tensor_digest(array)
+        for kind, arrays in (("weights", state.weights), ("optimizer", state.optimizer), ("rng", state.rng))
+        for name, array in arrays.items()
+    }
+    return loss_hex(loss), digests, state.weights
+
+
+def loss_hex(loss) -> str:
+    return f"{int(np.asarray(loss, dtype=np.float32).view(np.uint32)):08x}"
+
+
+def _run_reference(
+    trace: StepTrace | None, step: int, weights: dict[str, np.ndarray]
+) -> tuple[str | None, bool | None]:
+    """The run's loss bits at `step` (None where its trace does not cover it), and whether the weights
+    equal its boundary digests at `step` (None where it has no boundary there)."""
+    if trace is None or not trace.first_step < step <= trace.last_step:
+        return None, None
+    run_loss = loss_hex(trace.losses[step - trace.first_step - 1])
+    boundary = next((b for b in trace.boundaries if b.step == step), None)
+    if boundary is None or sorted(weights) != sorted(trace.tensor_names):
+        return run_loss, None
+    return run_loss, [tensor_digest(weights[n]) for n in trace.tensor_names] == boundary.tensors
+
+
+class _Steps:
+    """The loop's way through the steps (reprocube.loop.TrainingLoop._run) without its records: the
+    epoch's order handed over (or the loader started) when an epoch begins, steps in groups that never
+    cross an epoch's end."""
+
+    def __init__(self, backend, sampler: EpochSampler, pipeline):
+        self.backend, self.sampler, self.pipeline = backend, sampler, pipeline
+        self.position = Position()
+        self.started_epoch: int | None = None
+        self.loader_state: dict | None = None
+        self.loader_origin = "the checkpoint"
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        state = TrainState.from_checkpoint(checkpoint, self.sampler.steps_per_epoch)
+        try:
+            state.restore(self.backend)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
+            ) from None
+        self.position = state.position
+        if self.pipeline is not None:
+            where = f"checkpoint {checkpoint.path}"
+            check_position(state.loader, self.position.epoch, self.position.step_in_epoch, where)
+            self.loader_state, self.loader_origin = state.loader, where
+
+    def _begin_epoch(self) -> None:
+        p = self.position
+        if self.started_epoch == p.epoch:
+            return
+        order = self.sampler.epoch_order(p.epoch)
+        if self.pipeline is None:
+            self.backend.begin_epoch(order)
+        else:
+            self.pipeline.start(p.epoch, order, p.step_in_epoch, self.loader_state, self.loader_origin)
+            self.loader_state = None
+        if p.step_in_epoch == 0:
+            self.backend.set_epoch_totals(EpochTotals())
+        self.started_epoch = p.epoch
+
+    def advance_to(self, global_step: int) -> None:
+        p, per_epoch = self.position, self.sampler.steps_per_epoch
+        while p.global_step < global_step:
+            self._begin_epoch()
+            first = p.step_in_epoch
+            end = min(per_epoch, first + STEPS_PER_CALL, first + global_step - p.global_step)
+            if self.pipeline is None:
+                self.backend.train_steps(self.sampler.steps_bounds(first, end), p.global_step)
+            else:
+                self.backend.train_batches(self.pipeline.next_batches(end - first), p.global_step)
+            p.step_in_epoch, p.global_step = end, p.global_step + end - first
+            if end == per_epoch:
+                p.epoch, p.step_in_epoch = p.epoch + 1, 0
+
+    def next_step(self) -> Callable[[], None]:
+        """The next step as a call that can be made twice from the same state (its batch fetched once)."""
+        self._begin_epoch()
+        p = self.position
+        done = p.global_step
+        if self.pipeline is None:
+            bounds = self.sampler.steps_bounds(p.step_in_epoch, p.step_in_epoch + 1)
+            return lambda: self.backend.train_steps(bounds, done)
+        batches = self.pipeline.next_batches(1)
+        return lambda: self.backend.train_batches(batches, done)
