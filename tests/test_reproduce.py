@@ -105,6 +105,28 @@ def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_ste
     assert step == first_weights and first["window"] == [step, step]
     assert first["first_loss_step"] == first_loss >= step  # a loss may show it only some steps later
     assert first["tensor"] == first["tensors"][0] and first["tensors"]
+    # The per-step weight fingerprints find the same update from the trace alone (no boundary needed), and
+    # the tensors it changed: those whose digests differ at that step's boundary.
+    boundary_a = {bd.step: bd for bd in read_receipt(a).trace.boundaries}[step]
+    boundary_b = {bd.step: bd for bd in read_receipt(tmp_path / "out" / "runs" / "b").trace.boundaries}[step]
+    names = read_receipt(a).trace.tensor_names
+    changed = [n for n, x, y in zip(names, boundary_a.tensors, boundary_b.tensors, strict=True) if x != y]
+    assert first["fingerprinted"] and first["first_weight_step"] == first_weights
+    assert first["weight_tensors"] == changed, (first["weight_tensors"], changed)
+    assert f"the first update that changed the weights: step {first_weights}" in result["summary"]
+
+    # The operation behind it: replayed as B ran it and under A's settings (PyTorch only; plainly said else).
+    operation = result["first_operation"]
+    if framework == "pytorch":
+        # Capping oneDNN at SSE4.1 changes a kernel: an operation whose inputs agree computes differently
+        # (which one depends on the kernels the machine has: on AVX2, the first convolution's forward).
+        print(operation["text"])
+        assert operation["status"] == "found", operation
+        assert operation["step"] == step and operation["inputs_equal"] is True and operation["kind"] == "output"
+        assert operation["op"].startswith("aten."), operation
+        assert operation["text"] in result["summary"]
+    else:
+        assert operation["status"] == "unavailable" and "pytorch only" in operation["text"], operation
 
     report = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert report["first_divergence"]["step"] == step and report["verdict"] == "differs"
@@ -351,3 +373,20 @@ def test_a_flag_list_setting_says_which_of_bs_flags_it_drops():
         "XLA_FLAGS=--xla_gpu_deterministic_ops=true (drops --xla_cpu_prefer_vector_width=128), ONEDNN_MAX_CPU_ISA unset"
     )
     assert settings_text(a_value) == "XLA_FLAGS=--xla_gpu_deterministic_ops=true, ONEDNN_MAX_CPU_ISA unset"
+
+
+def test_a_setting_that_changes_only_the_losses_is_losses_only_by_the_fingerprints(generated, tmp_path, monkeypatch):
+    """JAX under XLA_FLAGS=--xla_cpu_prefer_vector_width=128 reduces the reported loss in another order
+    while every update stays bit-identical: from the receipt's per-step weight fingerprints (every step
+    compared, at the default trace.every_steps), the verdict is losses-only and the model bit-identical."""
+    a = train_a(generated, tmp_path, "jax", "trace.every_steps=100")
+    published = publish_receipt_only(a, tmp_path)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_prefer_vector_width=128")
+    result = reproduce(published, tmp_path / "out", [f"data_dir={generated.data_dir}"], echo=quiet)
+    first = result["first_divergence"]
+    assert result["verdict"] == "losses-only", result["summary"]
+    assert first["fingerprinted"] is True and first["first_weight_step"] is None and first["weights_identical"]
+    assert result["coverage"]["compared_boundaries"] == 2  # the epoch ends only: the fingerprints did the rest
+    b = read_receipt(tmp_path / "out" / "runs" / "b")
+    assert b.epochs[-1]["weights_digest"] == read_receipt(a).epochs[-1]["weights_digest"]
+    assert result["summary"].startswith("the trained model is bit-identical; only the reported losses differ")

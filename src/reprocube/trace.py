@@ -116,9 +116,7 @@ class StepTrace:
         fingerprint_first_step+1 .. min(last_step, tensor_fingerprint_steps)."""
         if len(self._tensor_chunks) != 1:
             width = len(self.tensor_names)
-            joined = (
-                np.concatenate(self._tensor_chunks) if self._tensor_chunks else np.zeros((0, width), np.uint32)
-            )
+            joined = np.concatenate(self._tensor_chunks) if self._tensor_chunks else np.zeros((0, width), np.uint32)
             self._tensor_chunks = [joined]
         return self._tensor_chunks[0]
 
@@ -141,7 +139,9 @@ class StepTrace:
         if fingerprints.ndim != 2 or len(fingerprints) != len(losses):
             raise ValueError(f"fingerprints {fingerprints.shape} do not match {len(losses)} losses")
         if self.tensor_names and fingerprints.shape[1] != len(self.tensor_names):
-            raise ValueError(f"fingerprints of {fingerprints.shape[1]} tensors, the trace names {len(self.tensor_names)}")
+            raise ValueError(
+                f"fingerprints of {fingerprints.shape[1]} tensors, the trace names {len(self.tensor_names)}"
+            )
         before = self.last_step
         if self.fingerprint_first_step is None:
             self.fingerprint_first_step = before  # a fresh trace, or one resumed from before fingerprints
@@ -268,7 +268,12 @@ def _read_fingerprints(trace: StepTrace, fields: Fields, where: str, error) -> N
     if rows and not width:
         raise error(f"{where}.tensor_fingerprint_u32_le_base64 needs tensor_names")
     values = _decode_u32(
-        fields, "tensor_fingerprint_u32_le_base64", rows * width, f"values ({rows} steps x {width} tensors)", where, error
+        fields,
+        "tensor_fingerprint_u32_le_base64",
+        rows * width,
+        f"values ({rows} steps x {width} tensors)",
+        where,
+        error,
     )
     tensors = values.reshape(rows, width)
     if rows and not np.array_equal(model_fingerprint(tensors), trace.fingerprints[:rows]):

@@ -15,6 +15,7 @@ from reprocube.config import config_differences
 from reprocube.env import refused_match_setting
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import Receipt
+from reprocube.results.reproduce_result import tensor_list
 from reprocube.terminal import one_line, shown_value
 from reprocube.trace import compare_traces
 
@@ -68,17 +69,30 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
     step = divergence.step
     spe = steps_per_epoch(a) or steps_per_epoch(b)
     first = None
+    # The weight fingerprints cover every step both traces hold: the first update that changed the weights
+    # is known to the step (None: it is none of them); otherwise only a window between two boundaries.
+    fingerprinted = divergence.fingerprinted_steps > 0 and divergence.fingerprinted_steps == max(
+        divergence.common_last - divergence.common_first, 0
+    )
     if step is not None:
+        weight_step = divergence.first_weight_step
         first = {
             "step": step,
             "epoch": (step - 1) // spe + 1 if spe else None,
             "by": "loss" if divergence.first_loss_step == step else "weights",
             "first_loss_step": divergence.first_loss_step,  # the first step whose loss bits differ
+            # The first update after which the weights differ, by the per-step fingerprints, and the
+            # tensors it changed (None: no per-tensor fingerprints that far).
+            "first_weight_step": weight_step,
+            "weight_tensors": divergence.first_weight_tensors if weight_step is not None else None,
+            "fingerprinted": fingerprinted,
             "last_matching_boundary": divergence.last_matching_boundary,
-            # The first update that made the weights differ lies in this window: at the last matching
-            # boundary they agree, and a loss computed from differing weights (or a differing forward
-            # pass) differs at `step`. trace.every_steps=1 narrows it to one step.
-            "window": [(divergence.last_matching_boundary or max(a.trace.first_step, b.trace.first_step)) + 1, step],
+            # Without fingerprints, the first update that made the weights differ lies in this window: at
+            # the last matching boundary they agree, and a loss computed from differing weights (or a
+            # differing forward pass) differs at `step`. trace.every_steps=1 narrows it to one step.
+            "window": [weight_step, weight_step]
+            if weight_step is not None
+            else [(divergence.last_matching_boundary or max(a.trace.first_step, b.trace.first_step)) + 1, step],
             "first_differing_boundary": divergence.first_boundary.step if divergence.first_boundary else None,
             "tensor": divergence.tensors[0] if divergence.tensors else None,
             "tensors": divergence.tensors,
@@ -86,15 +100,16 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
     elif epoch_differences:
         first = None  # the training steps agree; an evaluation differs (see epoch_differences)
     identical = not reasons and not epoch_differences and step is None
-    # Losses only: every weight digest both hold agrees (at every boundary, and the per-step fingerprints
-    # where the traces have them) and only what the training forward pass reports differs.
+    # Losses only: every weight digest both hold agrees (every per-step fingerprint, every boundary) and
+    # only what the training forward pass reports differs. Without fingerprints over every step, at least
+    # one boundary must have been compared.
     losses_only = (
         not identical
         and not reasons
         and first is not None
         and divergence.first_boundary is None
-        and divergence.compared_boundaries > 0
-        and getattr(divergence, "weights_identical", True)
+        and (fingerprinted or divergence.compared_boundaries > 0)
+        and divergence.weights_identical
         and all(d["key"] in TRAINING_REPORTED_FIELDS for d in epoch_differences)
     )
     if losses_only:
@@ -449,9 +464,19 @@ def summary(result: dict) -> str:
         parts.append(
             f"the trained model is bit-identical; only the reported losses differ (from global step {first['step']})"
         )
+    elif first and first.get("first_weight_step") is not None:
+        tensors = first.get("weight_tensors")
+        parts.append(
+            f"differs from global step {first['step']} (epoch {first['epoch']}); the first update that changed "
+            f"the weights: step {first['first_weight_step']}" + (f" ({tensor_list(tensors)})" if tensors else "")
+        )
     elif first:
-        tensor = f", tensor {first['tensor']}" if first.get("tensor") else ""
-        parts.append(f"differs from global step {first['step']} (epoch {first['epoch']}{tensor})")
+        tensor = (
+            f"; at the boundary of step {first['first_differing_boundary']}: {tensor_list(first['tensors'])}"
+            if first.get("tensors")
+            else ""
+        )
+        parts.append(f"differs from global step {first['step']} (epoch {first['epoch']}){tensor}")
     elif result["epoch_differences"]:
         d = result["epoch_differences"][0]
         parts.append(f"training steps agree but epoch {d['epoch']} {d['key']} differs")
@@ -471,5 +496,8 @@ def summary(result: dict) -> str:
         )
     if result["match"] and result["match"]["ran"]:
         parts.append(result["match"]["summary"])
+    operation = result.get("first_operation")
+    if operation and operation["status"] == "found":
+        parts.append(operation["text"])
     parts.append(result["tier_text"])
     return one_line("; ".join(parts))  # one line, whatever A's tensor names and values hold

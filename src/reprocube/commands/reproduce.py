@@ -44,6 +44,7 @@ from reprocube.errors import (
 )
 from reprocube.files import refuse_inside_checkpoints, safe_name
 from reprocube.orchestration.children import last_error_line, reprocube_command, run_watched
+from reprocube.orchestration.operation_replay import first_operation, unavailable
 from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import REPRODUCE_RESULT, signature_line, write_reproduce
 from reprocube.results.study_result import STUDY_RESULT, read_study
@@ -212,6 +213,7 @@ def reproduce(
         "self_consistent": None,
         "match": None,
         "seed_spread": None,
+        "first_operation": None,
     }
     first_step = (outcome["first_divergence"] or {}).get("step")
     result["causes"] = ranked_causes(receipt, b, user_config_changes, at_step=first_step)
@@ -221,6 +223,7 @@ def reproduce(
             result["self_consistent"], result["self_check"] = _self_check(receipt, b, outcome, train)
         if match:
             result["match"] = _match(receipt, b, result["causes"], train)
+        result["first_operation"] = _first_operation(result, b_path, user_overrides, ws, stall_timeout, echo)
     if spread_study is None and seeds >= 2 and final_record(receipt) and final_record(b):
         spread_study = _seed_runs(receipt, seeds, train)
     result["seed_spread"] = seed_spread(receipt, b, spread_study)
@@ -366,6 +369,34 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
         return match_outcome(plan, a, read_receipt(path))
     matched = read_receipt(train("b-matched", env=plan["settings"])) if plan["settings"] else None
     return match_outcome(plan, a, matched)
+
+
+def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: _Workspace,
+                     stall_timeout: float | None, echo) -> dict | None:  # fmt: skip
+    """The operation behind the first differing step: replayed as B ran it and under A's settings, where
+    --match showed that B emulates A (bit-identical under A's settings); otherwise why not, plainly."""
+    first, match = result["first_divergence"], result["match"]
+    if first is None:
+        return None  # the training steps agree: no step to replay
+    step = first["step"]
+    if match is None:
+        return unavailable(step, "B must emulate A first: pass --match")
+    if not match["bit_identical"]:
+        return unavailable(step, "--match did not make B reproduce A bit for bit, so A's step cannot be replayed here")
+    settings = match["settings"]
+    for segment in match["segments"] or []:  # A's settings for the session that computed the step
+        if segment["from_step"] < step <= segment["to_step"]:
+            settings = segment["settings"]
+    echo(f"  first differing operation: replaying step {step} as B ran it and under A's settings")
+
+    def run_child(command: list[str], log: Path, env: dict | None) -> int:
+        return _run_with_env(command, log, env, progress=log, stall_timeout=stall_timeout, echo=echo)
+
+    places = [o for o in user_overrides if o.partition("=")[0].strip() in PLACE_KEYS]
+    return first_operation(
+        result["framework"], step, b_path, Path(match["run"]), settings, ws.out / "operations", ws.logs, places,
+        run_child,
+    )  # fmt: skip
 
 
 def _seed_runs(a: Receipt, seeds: int, train) -> dict:

@@ -20,7 +20,13 @@ from reprocube.files import write_file_atomic
 from reprocube.pages.html import ENV_ROWS, STYLE, cell, img, number, png
 from reprocube.plots import plt
 from reprocube.receipt import Receipt, read_receipt
-from reprocube.results.reproduce_result import REPRODUCE_RESULT, check_reproduce, check_subject, read_reproduce
+from reprocube.results.reproduce_result import (
+    REPRODUCE_RESULT,
+    check_reproduce,
+    check_subject,
+    first_update_text,
+    read_reproduce,
+)
 from reprocube.results.study_result import STUDY_RESULT, read_study
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
@@ -371,6 +377,10 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         cls = "ok" if match["bit_identical"] else ("bad" if match["ran"] else "dim")
         parts.append(f"<p class='{cls}'>{esc(match['summary'])}</p>")
         parts += [f"<p class='caption'>cannot emulate: {esc(c)}</p>" for c in match["cannot"]]
+    operation = result.get("first_operation")
+    if operation:
+        cls = "bad" if operation["status"] == "found" else "dim"
+        parts.append(f"<p class='{cls}'>{esc(operation['text'])}</p>")
 
     first = result["first_divergence"]
     parts.append(f"<{h2}>B − A: per epoch and per step</{h2}>")
@@ -387,12 +397,7 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             f"{esc(first['by'])}; the weights "
             + (f"last agree at the boundary of step {agree}" if agree is not None else "agree at no boundary before it")
             + (f", first differ at step {differ}: {tensors}" if differ is not None else "")
-            + (
-                f"; the first update that made them differ is one of steps {first['window'][0]}..{first['window'][1]}"
-                if first["window"] is not None
-                else ""
-            )
-            + "</p>"
+            + f"; {esc(first_update_text(first))}</p>"
         )
     sections = (
         ("difference.png", None,

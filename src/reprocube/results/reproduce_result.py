@@ -42,10 +42,14 @@ REPRODUCE_RESULT = ResultFile(
         "summary",
         "wall_s",
     ),
-    optional_keys=("self_check",),  # where self_consistent is not null
+    # self_check: where self_consistent is not null; first_operation: the operation behind the first
+    # differing step (reprocube.orchestration.operation_replay), null where the training steps agree
+    # (results written before it have no such key)
+    optional_keys=("self_check", "first_operation"),
 )
 VERDICTS = ("bit-identical", "losses-only", "differs")
 CAUSE_KINDS = ("config", "code", "environment", "not-numeric")
+OPERATION_STATUSES = ("found", "none", "unavailable", "failed")  # first_operation.status
 
 
 def write_reproduce(result: dict, directory: Path) -> Path:
@@ -88,6 +92,12 @@ def check_reproduce(value, where: str) -> dict:
             "last_matching_boundary": first.nullable("last_matching_boundary", integer),
             "first_differing_boundary": first.nullable("first_differing_boundary", integer),
             "tensors": first.texts("tensors"),
+            # the per-step weight fingerprints (older results have none of these keys)
+            "first_weight_step": first.nullable("first_weight_step", integer)
+            if first.has("first_weight_step")
+            else None,
+            "weight_tensors": first.nullable("weight_tensors", first.texts) if first.has("weight_tensors") else None,
+            "fingerprinted": first.boolean("fingerprinted") if first.has("fingerprinted") else False,
             # where the first differing update lies (older results have no window)
             "window": first.step_range("window") if first.value.get("window") is not None else None,
             # losses-only: every weight digest agrees (older results have no such key)
@@ -117,6 +127,12 @@ def check_reproduce(value, where: str) -> dict:
         "bit_identical": match.nullable("bit_identical", match.boolean),
         "cannot": match.texts("cannot"),
         "summary": match.text("summary"),
+    }
+    operation = fields.nullable("first_operation", fields.mapping) if fields.has("first_operation") else None
+    result["first_operation"] = operation and {
+        "status": operation.one_of("status", OPERATION_STATUSES),
+        "step": operation.nullable("step", operation.integer),
+        "text": operation.text("text"),
     }
     result["seed_spread"] = fields.nullable("seed_spread", lambda key: _check_spread(fields.mapping(key)))
     ulp = fields.nullable("ulp", fields.mapping)
@@ -171,6 +187,33 @@ def check_subject(result: dict, a: Receipt, where: str) -> None:
         )
 
 
+def tensor_list(tensors: list[str], shown: int = 4) -> str:
+    """`a`, `b`, ... (N tensors): a few names, and how many there are."""
+    names = ", ".join(tensors[:shown]) + (", ..." if len(tensors) > shown else "")
+    return f"{names} ({len(tensors)} tensor{'s' if len(tensors) != 1 else ''})"
+
+
+def first_update_text(first: dict) -> str:
+    """Where the first update that changed the weights is known: by the per-step fingerprints to the step
+    (and the tensors it changed, for the steps that have per-tensor fingerprints), else a window."""
+    if first.get("first_weight_step") is not None:
+        tensors = first.get("weight_tensors")
+        return f"the first update that changed the weights: step {first['first_weight_step']}" + (
+            f", which changed {tensor_list(tensors)}"
+            if tensors
+            else " (the model's fingerprint; no per-tensor one that far)"
+        )
+    if first.get("fingerprinted"):
+        return "the weights agree after every step both runs fingerprint"
+    window = first.get("window")
+    if window is None:
+        return "the first update that changed the weights is not known"
+    return (
+        f"the first update that made the weights differ is one of steps {window[0]}..{window[1]} (A's receipt has "
+        "no per-step weight fingerprints; trace.every_steps=1 pins it to one step)"
+    )
+
+
 def markdown(result: dict) -> str:
     first = result["first_divergence"]
     lines = [
@@ -201,13 +244,17 @@ def markdown(result: dict) -> str:
             "## First divergence",
             "",
             f"- global step **{first['step']}** (epoch {first['epoch']}), found by its {first['by']}",
-            f"- the first update that made the weights differ is one of steps {first['window'][0]}..{first['window'][1]}"
-            " (trace.every_steps=1 pins it to one step)",
+            f"- {first_update_text(first)}",
             "- last boundary where the weights still agree: "
             + ("none before it" if first["last_matching_boundary"] is None else str(first["last_matching_boundary"])),
             f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
             + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),
         ]
+    operation = result.get("first_operation")
+    if operation:
+        lines += ["", "## First differing operation", "", operation["text"]]
+        if operation.get("recordings"):
+            lines += ["", "recordings: " + ", ".join(f"`{path}`" for path in operation["recordings"])]
     if result["a_sessions"]:
         lines += ["", "## A's own sessions", "", "A was stopped and resumed under other numeric settings:"]
         lines += [

@@ -1,0 +1,92 @@
+"""The first differing operation of a reproduction: the first differing global step replayed twice in
+fresh processes (`python -m reprocube.orchestration.replay_step`), once as B ran it (this environment,
+from B's run) and once under A's settings (as --match emulated them, from the matched run, which is A
+bit for bit), each recording every operation of the step; the two recordings compared operation by
+operation (reprocube.analysis.operations).
+
+Both replays start from the same state: every step before the first differing one agrees. Each replay
+must give its own run's loss bits at that step (B's and A's): otherwise the replay did not compute what
+the run computed, and no operation is named."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from reprocube.analysis.operations import first_differing_operation, read_ops
+from reprocube.errors import ReprocubeError
+from reprocube.orchestration.children import last_error_line, python_module_command
+from reprocube.replay import RECORDABLE
+
+# run_replay(command, log, env) -> exit status: a child run watched like reproduce's training children
+RunChild = Callable[[list[str], Path, dict | None], int]
+
+
+def unavailable(step: int | None, why: str) -> dict:
+    return {"status": "unavailable", "step": step, "text": f"first differing operation: not found: {why}"}
+
+
+def first_operation(
+    framework: str,
+    step: int,
+    b_run: Path,
+    matched_run: Path,
+    a_settings: dict,
+    out: Path,
+    logs: Path,
+    place_overrides: list[str],
+    run_child: RunChild,
+) -> dict:
+    """Replay `step` as B ran it and under A's settings, and name the first operation whose output
+    differs (with its inputs' agreement). One entry of reproduce.json: status in STATUSES, step, text."""
+    if framework not in RECORDABLE:
+        return unavailable(
+            step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    recordings = {}
+    for name, run, env in (("b", b_run, None), ("a-settings", matched_run, a_settings)):
+        path = out / f"step-{step}-{name}.json"
+        log = logs / f"replay-{name}.log"
+        command = python_module_command(
+            "reprocube.orchestration.replay_step", "--run", str(run), "--step", str(step), "--out", str(path),
+            *place_overrides,
+        )  # fmt: skip
+        status = run_child(command, log, env)
+        if status != 0:
+            return {"status": "failed", "step": step,
+                    "text": f"first differing operation: the replay as {name} exited {status}: {last_error_line(log)}"}  # fmt: skip
+        try:
+            recordings[name] = read_ops(path)
+        except ReprocubeError as exc:
+            return {"status": "failed", "step": step, "text": f"first differing operation: {exc}"}
+    b_ops, a_ops = recordings["b"], recordings["a-settings"]
+    faithful = [
+        n for n, ops in recordings.items() if ops["loss_matches_run"] is True and ops["recording_changed_nothing"]
+    ]
+    entry = {"step": step, "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
+             "operations": len(a_ops["ops"])}  # fmt: skip
+    if len(faithful) != len(recordings):
+        unfaithful = ", ".join(sorted(set(recordings) - set(faithful)))
+        return entry | {
+            "status": "failed",
+            "text": f"first differing operation: the replay as {unfaithful} did not give its run's loss bits at step "
+            f"{step} (or recording it changed the step): no operation is named",
+        }
+    found = first_differing_operation(a_ops, b_ops)
+    if found is None:
+        return entry | {
+            "status": "none",
+            "text": f"first differing operation: none: every one of the {len(a_ops['ops'])} operations of step {step} "
+            "agrees when replayed under A's settings and as B ran it",
+        }
+    return entry | {
+        "status": "found",
+        "index": found["index"],
+        "op": found["op"],
+        "where": found["where"],
+        "kind": found["kind"],
+        "inputs_equal": found["inputs_equal"],
+        "text": f"first differing operation (step {step}, operation {found['index'] + 1} of {len(a_ops['ops'])}): "
+        f"{found['text']}",
+    }
