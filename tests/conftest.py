@@ -121,16 +121,22 @@ def encode_idx(array: np.ndarray) -> bytes:
     return header + np.ascontiguousarray(array).tobytes()
 
 
-def slow_steps_pythonpath(where: Path, seconds: float, pythonpath: str = "") -> str:
+def slow_steps_pythonpath(
+    where: Path, seconds: float, pythonpath: str = "", after_groups: int = 0, only_with_arg: str | None = None
+) -> str:
     """A PYTHONPATH whose start-up hook (sitecustomize) sleeps `seconds` before each group of steps, so
-    that a signal lands while a child still trains."""
+    that a signal lands while a child still trains: from the group after the first `after_groups`, and
+    only in a process whose command line holds `only_with_arg` (if given)."""
     hook = where / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import time, reprocube.loop as loop\n"
+        "import sys, time, reprocube.loop as loop\n"
         "original = loop.Schedule.group_end\n"
+        "calls = []\n"
         "def slow(self, *args, **kwargs):\n"
-        f"    time.sleep({seconds})\n"
+        "    calls.append(1)\n"
+        f"    if len(calls) > {after_groups} and {only_with_arg!r} in (None, *sys.argv):\n"
+        f"        time.sleep({seconds})\n"
         "    return original(self, *args, **kwargs)\n"
         "loop.Schedule.group_end = slow\n"
     )

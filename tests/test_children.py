@@ -162,25 +162,80 @@ def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_rec
 def test_a_silent_child_is_reported_then_ended(tmp_path):
     import time
 
-    from reprocube.orchestration.children import StalledChild, run_watched
+    from reprocube.orchestration.children import StalledChild, Watchdog, run_watched
 
     stalls = []
     started = time.monotonic()
     command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"]
-    with pytest.raises(StalledChild, match="made no progress for [23] s and was ended"):
+    watchdog = Watchdog(warn_after_s=60, stop_after_s=2.0, setting="watchdog.stop_minutes=...")
+    with pytest.raises(StalledChild, match="made no progress for [23] s, stuck before logging any step, and was ended"):
         run_watched(command, tmp_path / "child.log", [tmp_path / "metrics.jsonl"], stalls.append,
-                    warn_after_s=60, stop_after_s=2.0, poll_s=0.1)  # fmt: skip
+                    watchdog=watchdog, poll_s=0.1)  # fmt: skip
     assert stalls and 1.0 <= stalls[0] < 2.0, "reported (at half the stop time) before it was ended"
     assert time.monotonic() - started < 30, "ended, not waited for"
 
 
+def test_a_stalled_child_is_ended_naming_the_last_step_it_logged(tmp_path):
+    from reprocube.orchestration.children import StalledChild, Watchdog, run_watched
+
+    progress = tmp_path / "metrics.jsonl"
+    # Logs steps 1..7 (the last line half written), then hangs.
+    script = (
+        "import json, time\n"
+        f"with open({str(progress)!r}, 'a') as f:\n"
+        "    for step in range(1, 8):\n"
+        "        f.write(json.dumps({'kind': 'step', 'global_step': step, 'loss': 1.0}) + '\\n')\n"
+        '    f.write(\'{"kind": "step", "glo\')\n'
+        "time.sleep(120)\n"
+    )
+    with pytest.raises(StalledChild) as ended:
+        run_watched([sys.executable, "-c", script], tmp_path / "child.log", [progress], lambda s: None,
+                    watchdog=Watchdog(stop_after_s=2.0, setting="watchdog.stop_minutes=0.03"), poll_s=0.1)  # fmt: skip
+    assert "stuck after global step 7 (the last it logged), and was ended (watchdog.stop_minutes=0.03)" in str(
+        ended.value
+    )
+
+
 def test_a_child_that_makes_progress_is_never_reported(tmp_path):
-    from reprocube.orchestration.children import run_watched
+    from reprocube.orchestration.children import Watchdog, run_watched
 
     progress = tmp_path / "metrics.jsonl"
     stalls = []
     # Silent on stdout, but a progress file grows every 0.3 s for 3 s.
     script = f"import time\nfor i in range(10):\n    open({str(progress)!r}, 'a').write('x\\n'); time.sleep(0.3)\n"
     status = run_watched([sys.executable, "-c", script], tmp_path / "child.log", [progress], stalls.append,
-                         warn_after_s=1.0, stop_after_s=2.0, poll_s=0.1)  # fmt: skip
+                         watchdog=Watchdog(warn_after_s=1.0, stop_after_s=2.0), poll_s=0.1)  # fmt: skip
     assert status == 0 and not stalls
+
+
+STALL = ["watchdog.stop_minutes=0.1", "log.every_steps=1", "epochs=1", "threads=1"]  # ended after 6 s
+
+
+def test_verify_ends_a_stalled_check_naming_its_step_and_fails(generated, tmp_path):
+    """verify's reference hangs after its first group of steps: after watchdog.stop_minutes it is ended,
+    in one line naming the last step it logged; the checks that need it are not run; verify fails."""
+    hanging = slow_steps_pythonpath(tmp_path, 120, os.environ.get("PYTHONPATH", ""), after_groups=1)
+    started = time.monotonic()
+    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *STALL, "verify.mid_epoch=false",
+                     cwd=tmp_path, check=False, env_extra={"PYTHONPATH": hanging}, timeout=300)  # fmt: skip
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 120, "ended by the watchdog, not waited for"
+    [failed] = [line for line in proc.stdout.splitlines() if "FAILED reference" in line]
+    assert "made no progress for 6 s, stuck after global step " in failed, failed
+    assert "(the last it logged), and was ended (watchdog.stop_minutes=0.1)" in failed, failed
+
+
+def test_study_records_a_stalled_run_as_failed_and_finishes_the_others(generated, tmp_path):
+    study = tmp_path / "study"
+    hanging = slow_steps_pythonpath(tmp_path, 120, os.environ.get("PYTHONPATH", ""), after_groups=1,
+                                    only_with_arg="run_name=same-seed-00")  # fmt: skip
+    proc = reprocube("study", "framework=pytorch", "runs=2", *generated.overrides(), *STALL, "data.train_limit=320",
+                     f"study.dir={study}", cwd=tmp_path, check=False, env_extra={"PYTHONPATH": hanging}, timeout=600)  # fmt: skip
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    import json
+
+    result = json.loads((study / "study.json").read_text())
+    [failure] = result["failures"]
+    assert failure["member"] == 0 and "stuck after global step " in failure["error"], failure
+    assert "and was ended (watchdog.stop_minutes=0.1)" in failure["error"]
+    assert sorted(r["member"] for r in result["runs"]) == [1, 2, 3]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -304,11 +305,12 @@ def test_a_hanging_b_is_reported_and_ended_by_the_stall_timeout(generated, tmp_p
     proc = reprocube(
         "reproduce", str(published), "--out", str(tmp_path / "r"), "--stall-timeout", "6",
         f"data_dir={generated.data_dir}", cwd=tmp_path, check=False,
-        env_extra={"PYTHONPATH": slow_steps_pythonpath(tmp_path, 60)},
+        env_extra={"PYTHONPATH": slow_steps_pythonpath(tmp_path, 60, os.environ.get("PYTHONPATH", ""))},
     )  # fmt: skip
     assert proc.returncode == 5, proc.stderr
     assert "b: no progress for 3 s" in proc.stdout, proc.stdout
-    assert error_lines(proc) == [error_lines(proc)[0]] and "made no progress for 6 s and was ended" in proc.stderr
+    assert error_lines(proc) == [error_lines(proc)[0]] and "made no progress for 6 s, stuck " in proc.stderr
+    assert "and was ended (--stall-timeout 6)" in proc.stderr
     assert not (tmp_path / "r" / "reproduce.json").exists()
 
 

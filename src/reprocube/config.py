@@ -57,6 +57,7 @@ NON_RESULT_KEYS = frozenset(
         "verify",
         "bench",
         "study",
+        "watchdog",
     }
 )
 
@@ -211,6 +212,7 @@ def validate(cfg: DictConfig) -> None:
         "study",
         "study.slurm",
         "verify.slurm",
+        "watchdog",
         "dataset",
         "framework",
     ):
@@ -255,6 +257,9 @@ def validate(cfg: DictConfig) -> None:
     text("bench.reference", allow_none=True)
     text("bench.out")
     number("verify.tolerance")
+    number("watchdog.warn_minutes", positive=True)
+    if OmegaConf.select(cfg, "watchdog.stop_minutes") is not None:
+        number("watchdog.stop_minutes", positive=True)
     integer("study.runs", 2)  # a standard deviation needs two runs per group
     text("study.dir")
     integer("study.member", 0, 2 * cfg.study.runs, allow_none=True)

@@ -78,3 +78,17 @@ def read_epoch_records(path: Path, error: type[ReprocubeError] = CheckpointError
         else:
             raise error(f"{path}:{number}: kind must be step or epoch, got {kind!r}")
     return epochs
+
+
+def last_logged_step(path: Path) -> int | None:
+    """The global step of a metrics.jsonl's last complete record (a stalled child's: where it was stuck),
+    None where there is none or the file cannot be read as one (a line may be half written)."""
+    last = None
+    try:
+        for _, value in iter_json_lines(path, CheckpointError, MAX_METRICS_BYTES):
+            step = value.get("global_step") if isinstance(value, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                last = step
+    except ReprocubeError:
+        pass
+    return last

@@ -43,7 +43,7 @@ from reprocube.errors import (
     ReprocubeError,
 )
 from reprocube.files import refuse_inside_checkpoints, safe_name
-from reprocube.orchestration.children import last_error_line, reprocube_command, run_watched
+from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, unavailable
 from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import REPRODUCE_RESULT, signature_line, write_reproduce
@@ -353,7 +353,8 @@ def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Pat
         echo(f"  {progress.parent.name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
              f"still waiting{f' ({hint})' if hint else ''}; Ctrl-C or --stall-timeout ends it")  # fmt: skip
 
-    return run_watched(command, log, [progress], on_stall, env=child_env, stop_after_s=stall_timeout)
+    watchdog = Watchdog(stop_after_s=stall_timeout, setting=f"--stall-timeout {stall_timeout or 0:g}")
+    return run_watched(command, log, [progress], on_stall, env=child_env, watchdog=watchdog)
 
 
 def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:

@@ -121,6 +121,8 @@ def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
             "train_args": request["train_args"],
             "cwd": request["cwd"],
         },
+        # each member's training child is watched (reprocube.orchestration.children.Watchdog)
+        "watchdog": {"warn_minutes": cfg.watchdog.warn_minutes, "stop_minutes": cfg.watchdog.stop_minutes},
     }
     return launch_multirun("reprocube.orchestration.study_job", "study", study_dir, config, "study.member", 2 * cfg.study.runs,
                            study_dir / "logs" / "launcher.log", echo=lambda line: out(f"  {line}"))  # fmt: skip

@@ -19,7 +19,7 @@ from reprocube.config import config_differences, override, to_plain
 from reprocube.data.sampler import EpochSampler
 from reprocube.env import usable_cpus
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError
-from reprocube.orchestration.children import child_args
+from reprocube.orchestration.children import Watchdog, child_args
 from reprocube.orchestration.invocation import add_config_arguments
 from reprocube.orchestration.launcher import check_slurm
 from reprocube.orchestration.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
@@ -117,7 +117,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     if cfg.verify.launcher == "slurm":
         run_slurm(plan, commands, cfg, base, out)
     else:
-        run_local(plan, commands, jobs, reference, logs, out)
+        run_local(plan, commands, jobs, reference, logs, out, base=base, watchdog=Watchdog.of_config(cfg))
     checks = judge(plan, reference, base, cfg.verify.tolerance)
     result = {
         # What this verdict is about: the reference's final epoch checkpoint (report checks it against the run).

@@ -11,9 +11,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube.errors import TrainingError
+from reprocube.metrics import last_logged_step
 
 MAX_ERROR_LINE = 300
 
@@ -126,40 +128,80 @@ class StalledChild(TrainingError):
     """A watched child made no progress for its stop time and was ended (exit 5)."""
 
 
+@dataclass(frozen=True)
+class Watchdog:
+    """How long a child may make no progress: reported after warn_after_s (and each time as long again),
+    ended after stop_after_s (None: never). `setting` names what the user set, for the line that ends it."""
+
+    warn_after_s: float = 120.0
+    stop_after_s: float | None = None
+    setting: str = "a stop time"  # the user's words for stop_after_s: `--stall-timeout 6`
+
+    @classmethod
+    def of_config(cls, cfg) -> Watchdog:
+        """verify's and the study's: the config's watchdog.warn_minutes and watchdog.stop_minutes."""
+        stop = cfg.watchdog.stop_minutes
+        return cls(
+            warn_after_s=60.0 * cfg.watchdog.warn_minutes,
+            stop_after_s=None if stop is None else 60.0 * stop,
+            setting=f"watchdog.stop_minutes={stop:g}" if stop is not None else "watchdog.stop_minutes",
+        )
+
+
+DEFAULT_WATCHDOG = Watchdog()  # reported after 2 minutes without progress, never ended
+
+
+class ProgressWatch:
+    """One child's progress: any growth of its log or of a `progress` file (a run's metrics.jsonl gains a
+    line every log.every_steps). poll() reports a stall through on_stall(seconds) and, past the stop time,
+    ends the child and raises StalledChild naming the last global step the child logged."""
+
+    def __init__(self, command: list[str], log: Path, progress: list[Path], watchdog: Watchdog,
+                 on_stall: Callable[[float], None]) -> None:  # fmt: skip
+        self.command, self.log, self.progress, self.on_stall = command, log, progress, on_stall
+        self.warn_after_s = watchdog.warn_after_s
+        if watchdog.stop_after_s is not None:  # a stall is reported before it is ended
+            self.warn_after_s = min(self.warn_after_s, watchdog.stop_after_s / 2)
+        self.watchdog = watchdog
+        self.last_sizes, self.last_change, self.warned_at = None, time.monotonic(), 0.0
+
+    def poll(self, child: subprocess.Popen) -> None:
+        sizes = [_size(path) for path in (self.log, *self.progress)]
+        now = time.monotonic()
+        if sizes != self.last_sizes:
+            self.last_sizes, self.last_change, self.warned_at = sizes, now, 0.0
+        quiet = now - self.last_change
+        stop = self.watchdog.stop_after_s
+        if stop is not None and quiet >= stop:
+            _end(child)
+            steps = [s for s in (last_logged_step(p) for p in self.progress if p.name == "metrics.jsonl") if s]
+            where = f"after global step {max(steps)} (the last it logged)" if steps else "before logging any step"
+            raise StalledChild(
+                f"{shlex.join(self.command[2:])[:80]} made no progress for {quiet:.0f} s, stuck {where}, and was "
+                f"ended ({self.watchdog.setting}); log: {self.log}"
+            )
+        if quiet >= self.warn_after_s and quiet - self.warned_at >= self.warn_after_s:
+            self.warned_at = quiet
+            self.on_stall(quiet)
+
+
 def run_watched(
     command: list[str],
     log: Path,
     progress: list[Path],
     on_stall: Callable[[float], None],
     env: dict[str, str] | None = None,
-    warn_after_s: float = 120.0,
-    stop_after_s: float | None = None,
+    watchdog: Watchdog = DEFAULT_WATCHDOG,
+    cwd: str | Path | None = None,
     poll_s: float = 1.0,
 ) -> int:
-    """run_child's contract, with a watchdog: progress is any growth of `log` or of a `progress` file (a
-    run's metrics.jsonl gains a line every log.every_steps). After warn_after_s without progress,
-    on_stall(seconds) is called, and again each time as long again passes; after stop_after_s (if given)
-    the child is ended (SIGTERM, then SIGKILL) and StalledChild raised. A hang is never silent."""
-    if stop_after_s is not None:
-        warn_after_s = min(warn_after_s, stop_after_s / 2)  # a stall is reported before it is ended
-    child = start_child(command, log, env=env)
-    last_sizes, last_change, warned_at = None, time.monotonic(), 0.0
+    """run_child's contract, with a watchdog (ProgressWatch): a hang is never silent, and is ended after
+    the watchdog's stop time (StalledChild)."""
+    child = start_child(command, log, cwd=cwd, env=env)
+    watch = ProgressWatch(command, log, progress, watchdog, on_stall)
     try:
         while child.poll() is None:
-            sizes = [_size(path) for path in (log, *progress)]
-            now = time.monotonic()
-            if sizes != last_sizes:
-                last_sizes, last_change, warned_at = sizes, now, 0.0
-            quiet = now - last_change
-            if stop_after_s is not None and quiet >= stop_after_s:
-                _end(child)
-                raise StalledChild(
-                    f"{shlex.join(command[2:])[:80]} made no progress for {quiet:.0f} s and was ended "
-                    f"(--stall-timeout {stop_after_s:g}); log: {log}"
-                )
-            if quiet >= warn_after_s and quiet - warned_at >= warn_after_s:
-                warned_at = quiet
-                on_stall(quiet)
+            watch.poll(child)
             time.sleep(poll_s)
     finally:
         if child.poll() is None:  # an exception here (Ctrl-C): the child does not outlive the wait

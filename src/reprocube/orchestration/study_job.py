@@ -10,6 +10,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from reprocube.errors import EXIT_PREEMPTED
+from reprocube.orchestration.children import Watchdog
 
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
@@ -18,8 +19,9 @@ def main(cfg) -> dict:
 
     study = cfg.study
     record = run_member(
-        Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)), study.cwd
-    )
+        Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)),
+        study.cwd, Watchdog.of_config(cfg),
+    )  # fmt: skip
     print(
         f"study member {record['member']} ({record['group']}, seed {record['seed']}): {record['status']}"
         + (

@@ -10,10 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube.config import override
-from reprocube.errors import ReprocubeError
+from reprocube.errors import EXIT_TRAINING, ReprocubeError
 from reprocube.files import write_json_atomic
 from reprocube.metrics import read_epoch_records
-from reprocube.orchestration.children import last_error_line, reprocube_command, run_child
+from reprocube.orchestration.children import (
+    DEFAULT_WATCHDOG,
+    StalledChild,
+    Watchdog,
+    last_error_line,
+    reprocube_command,
+    run_watched,
+)
 from reprocube.results.study_result import GROUPS, read_member
 
 
@@ -105,15 +112,27 @@ def _square(value):
     return None if value is None else value * value
 
 
-def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: list[str], cwd: str) -> dict:
-    """Train one member with `reprocube train` in a fresh process and record its result. Never raises
-    for a failed run: the failure is recorded, so that the other runs go on and are reported."""
+def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: list[str], cwd: str,
+               watchdog: Watchdog = DEFAULT_WATCHDOG) -> dict:  # fmt: skip
+    """Train one member with `reprocube train` in a fresh process, watched, and record its result. Never
+    raises for a failed or stalled run: the failure is recorded, so that the other runs go on and are
+    reported."""
     member = members(runs, seed)[index]
     paths = study_paths(study_dir)
     log_path = paths["logs"] / f"{member.run_name}.log"
     command = reprocube_command("train", *train_args, f"seed={member.seed}", override("output_dir", str(paths["runs"])),
                                 f"run_name={member.run_name}", "resume=auto", "log.progress=false")  # fmt: skip
-    status = run_child(command, log_path, cwd=cwd)
+    run_dir = paths["runs"] / member.run_name
+
+    def on_stall(seconds: float) -> None:
+        print(f"study: {member.run_name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
+              "still waiting", flush=True)  # fmt: skip
+
+    stalled = None
+    try:
+        status = run_watched(command, log_path, [run_dir / "metrics.jsonl"], on_stall, watchdog=watchdog, cwd=cwd)
+    except StalledChild as exc:
+        status, stalled = EXIT_TRAINING, str(exc)
     record = {"member": member.index, "group": member.group, "seed": member.seed, "run": str(paths["runs"] / member.run_name),
               "log": str(log_path), "exit_code": status, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}  # fmt: skip
     if status == 0:
@@ -126,7 +145,8 @@ def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: li
                 **{k: final[k] for k in ("epoch", "test_accuracy", "test_loss", "train_loss", "weights_digest")},
             )
     else:
-        record.update(status="failed", error=f"reprocube train exited {status}: {last_error_line(log_path)}")
+        error = stalled or f"reprocube train exited {status}: {last_error_line(log_path)}"
+        record.update(status="failed", error=error)
     write_json_atomic(paths["results"] / f"{member.run_name}.json", record, indent=2)
     return record
 

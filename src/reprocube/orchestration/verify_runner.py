@@ -14,7 +14,16 @@ from pathlib import Path
 from reprocube.config import override
 from reprocube.errors import EXIT_OK, CheckpointError
 from reprocube.files import write_json_atomic
-from reprocube.orchestration.children import last_error_line, reprocube_command, run_child, start_child
+from reprocube.orchestration.children import (
+    DEFAULT_WATCHDOG,
+    ProgressWatch,
+    StalledChild,
+    Watchdog,
+    last_error_line,
+    reprocube_command,
+    run_child,
+    start_child,
+)
 from reprocube.orchestration.launcher import hydra_settings, launch_multirun, wait_for_slurm_jobs
 from reprocube.untrusted import Fields, read_json
 
@@ -66,9 +75,12 @@ def _stage_failed(check: Check, stage: Stage, status: int, log: Path) -> str | N
     return f"exited {status}: {last_error_line(log)} (log: {log})"
 
 
-def run_local(checks: list[Check], commands: dict[str, list[list[str]]], jobs: int, reference: Path, logs: Path, out):
-    """Run the checks, at most `jobs` processes at once, in list order as far as their needs allow."""
-    pending, running = list(checks), {}  # name -> (check, stage index, process)
+def run_local(checks: list[Check], commands: dict[str, list[list[str]]], jobs: int, reference: Path, logs: Path, out,
+              base: Path, watchdog: Watchdog = DEFAULT_WATCHDOG):  # fmt: skip
+    """Run the checks, at most `jobs` processes at once, in list order as far as their needs allow; each
+    process watched (a check that makes no progress is reported, and ended and failed past the watchdog's
+    stop time)."""
+    pending, running = list(checks), {}  # name -> (check, stage index, process, its watch)
 
     def ready(check: Check) -> bool:
         return check.needs is None or (reference / "checkpoints" / check.needs).is_dir()
@@ -77,11 +89,13 @@ def run_local(checks: list[Check], commands: dict[str, list[list[str]]], jobs: i
         if index == 0:
             out(f"  start {check.name}: {check.label}")
         env = {**os.environ, **check.env} if check.env else None
-        running[check.name] = (
-            check,
-            index,
-            start_child(commands[check.name][index], logs / f"{check.name}.log", env=env),
-        )
+        command, log = commands[check.name][index], logs / f"{check.name}.log"
+
+        def on_stall(seconds: float) -> None:
+            out(f"  {check.name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); still waiting")
+
+        watch = ProgressWatch(command, log, [base / check.name / "metrics.jsonl"], watchdog, on_stall)
+        running[check.name] = (check, index, start_child(command, log, env=env), watch)
 
     while pending or running:
         for check in [c for c in pending if ready(c)]:
@@ -94,10 +108,18 @@ def run_local(checks: list[Check], commands: dict[str, list[list[str]]], jobs: i
                 check.error = f"not run: the reference wrote no {check.needs}"
             pending = []
         time.sleep(POLL_S)
-        for name, (check, index, process) in list(running.items()):
+        for name, (check, index, process, watch) in list(running.items()):
             status = process.poll()
             if status is None:
-                continue
+                try:
+                    watch.poll(process)
+                    continue
+                except StalledChild as exc:  # ended: the check fails, the others go on
+                    del running[name]
+                    check.statuses.append(process.wait())
+                    check.error = str(exc)
+                    out(f"  FAILED {check.name}: {check.error}")
+                    continue
             del running[name]
             check.error = _stage_failed(check, check.stages[index], status, logs / f"{check.name}.log")
             if check.error is None and index + 1 < len(check.stages):
