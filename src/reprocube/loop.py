@@ -21,7 +21,7 @@ from reprocube.data.pipeline import BatchPipeline, check_position, create_pipeli
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.env import collect_env, usable_cpus
-from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, TrainingError
+from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest
 from reprocube.receipt import build_receipt, write_receipt
@@ -181,13 +181,7 @@ class TrainingLoop:
         return path
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        state = TrainState.from_checkpoint(checkpoint, self.sampler.steps_per_epoch)
-        try:
-            state.restore(self.backend)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            raise CheckpointError(
-                f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
-            ) from None
+        state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
         self.position, self.history = state.position, state.history
         self.sessions = list(state.sessions or [])  # the earlier processes'; begin_session adds this one
         if self.pipeline is not None:

@@ -197,13 +197,7 @@ class _Steps:
         self.loader_origin = "the checkpoint"
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        state = TrainState.from_checkpoint(checkpoint, self.sampler.steps_per_epoch)
-        try:
-            state.restore(self.backend)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            raise CheckpointError(
-                f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
-            ) from None
+        state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
         self.position = state.position
         if self.pipeline is not None:
             where = f"checkpoint {checkpoint.path}"

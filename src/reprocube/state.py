@@ -167,6 +167,18 @@ class TrainState:
         return content, manifest_fields
 
     @classmethod
+    def resume_from(cls, checkpoint: Checkpoint, steps_per_epoch: int, backend) -> TrainState:
+        """Read a checkpoint's state and put it into the trainer; a framework's refusal of it is one line."""
+        state = cls.from_checkpoint(checkpoint, steps_per_epoch)
+        try:
+            state.restore(backend)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path}: unusable framework state ({' '.join(str(exc).split())})"
+            ) from None
+        return state
+
+    @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, steps_per_epoch: int) -> TrainState:
         """The mirror of to_checkpoint, key by key, with every value checked (one line naming the key)."""
         where = f"checkpoint {checkpoint.path}"
