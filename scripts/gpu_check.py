@@ -109,13 +109,19 @@ def check_framework(check: Check, framework: str, args) -> dict:
     runs = check.out / framework / "runs"
     base = [f"framework={framework}", f"device={args.device}", f"epochs={args.epochs}", f"output_dir={runs}",
             "log.progress=false", *check.overrides]  # fmt: skip
-    checks, timings = [], {}
+    checks, timings, failures = [], {}, []
 
     def train(name: str, *extra: str, expect: int = 0) -> bool:
         started = time.perf_counter()
         status = check.reprocube(f"{framework}-{name}", "train", *base, f"run_name={name}", *extra)
         timings[name] = round(time.perf_counter() - started, 2)
+        if status != expect:
+            failures.append(f"training {name} exited {status}: {check.last_line(f'{framework}-{name}')}")
         return status == expect
+
+    def failed() -> dict:
+        # The reason, not only the fact: a GPU host's first run failed on data that was still .gz.
+        return {"identical": False, "summary": failures[-1] if failures else "training failed"}
 
     def compare(name: str, a: str, b: str) -> dict:
         out = check.out / framework / f"compare-{a}-vs-{b}"
@@ -130,14 +136,10 @@ def check_framework(check: Check, framework: str, args) -> dict:
         print(f"  {name}: {'ok' if ok else 'FAILED'}: {summary}", flush=True)
 
     first_ok = train("first") and train("second")
-    restart = compare("restart", "first", "second") if first_ok else {"identical": False, "summary": "training failed"}
+    restart = compare("restart", "first", "second") if first_ok else failed()
     record("restart", restart["identical"], restart["summary"])
     resumed = train("resume-epoch", "stop_after_epoch=1") and train("resume-epoch", "resume=latest")
-    outcome = (
-        compare("resume-epoch", "first", "resume-epoch")
-        if resumed
-        else {"identical": False, "summary": "training failed"}
-    )
+    outcome = compare("resume-epoch", "first", "resume-epoch") if resumed else failed()
     record("resume-epoch", outcome["identical"], outcome["summary"])
     steps = _steps_per_epoch(runs / "first")
     at = args.sigterm_step or (steps + max(steps // 2, 1) if steps else None)
@@ -146,11 +148,7 @@ def check_framework(check: Check, framework: str, args) -> dict:
     else:
         stopped = train("resume-sigterm", f"preempt_at_step={at}", expect=EXIT_PREEMPTED)
         resumed = stopped and train("resume-sigterm", "resume=latest")
-        outcome = (
-            compare("resume-sigterm", "first", "resume-sigterm")
-            if resumed
-            else {"identical": False, "summary": f"stop at step {at} or its resume failed"}
-        )
+        outcome = compare("resume-sigterm", "first", "resume-sigterm") if resumed else failed()
         record("resume-sigterm", outcome["identical"], f"SIGTERM after global step {at}: {outcome['summary']}")
     started = time.perf_counter()
     status = check.reprocube(f"{framework}-verify", "verify", *[o for o in base if not o.startswith("output_dir=")],

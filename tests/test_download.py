@@ -128,6 +128,19 @@ def test_copy_from_a_local_directory(tmp_path, payloads):
         assert (dataset.directory / name).read_bytes() == payloads[key]
 
 
+def test_gzipped_files_in_the_dataset_directory_are_named_with_the_command_that_fixes_them(tmp_path, payloads):
+    """Copied .gz files (a GPU host's first failure): training names them and the command, which works."""
+    dataset = _dataset(tmp_path, payloads)
+    dataset.write_gz(dataset.directory)
+    proc = reprocube("train", *dataset.overrides(), "epochs=1", cwd=tmp_path, check=False)
+    assert proc.returncode == 3, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "train-images-idx3-ubyte.gz is there" in line and "data.source_dir=" in line, line
+    reprocube("download", *dataset.overrides(), f"data.source_dir={dataset.directory}", cwd=tmp_path)
+    for key, name in FILE_KEYS.items():
+        assert (dataset.directory / name).read_bytes() == payloads[key]
+
+
 def test_a_stored_file_that_changed_is_refused_at_training_time(tmp_path, payloads):
     dataset = _dataset(tmp_path, payloads)
     dataset.directory.mkdir(parents=True)

@@ -13,10 +13,11 @@ from reprocube.receipt import read_receipt
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh"
 
 
-def run_script(tmp_path: Path, generated, *args: str) -> subprocess.CompletedProcess:
+def run_script(tmp_path: Path, generated, *args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess:
+    overrides = [f"data_dir={data_dir}" if data_dir and o.startswith("data_dir=") else o for o in generated.overrides()]
     return subprocess.run(
         [str(SCRIPT), "--device", "cpu", "--frameworks", "pytorch", "--out", str(tmp_path / "out"), *args,
-         *generated.overrides(), "log.every_steps=5"],
+         *overrides, "log.every_steps=5"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )  # fmt: skip
 
@@ -54,3 +55,17 @@ def test_the_gpu_check_refuses_an_out_directory_that_holds_something(generated, 
     proc = run_script(tmp_path, generated)
     assert proc.returncode == 2 and "must be a new or empty directory" in proc.stderr
     assert (tmp_path / "out" / "mine.txt").read_text() == "not the script's"
+
+
+def test_a_failed_training_is_reported_with_its_reason(generated, tmp_path):
+    """A GPU host's first run failed on Fashion-MNIST still gzipped, and the results said only "training
+    failed": each failed check now carries the training's exit status and its own last line."""
+    still_gzipped = tmp_path / "gz"
+    generated.write_gz(still_gzipped / "generated")
+    proc = run_script(tmp_path, generated, "--no-bench", data_dir=still_gzipped)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    restart = results["frameworks"]["pytorch"]["checks"][0]
+    assert restart["check"] == "restart" and not restart["passed"]
+    assert restart["summary"].startswith("training first exited "), restart
+    assert "reprocube:" in restart["summary"] and "train-images-idx3-ubyte.gz is there" in restart["summary"], restart

@@ -59,6 +59,15 @@ def load_dataset(cfg: DictConfig) -> Dataset:
             f"`reprocube download dataset={cfg.dataset.name} data_dir={cfg.data_dir}`"
         )
     files = cfg.dataset.files
+    for spec in files.values():
+        gzipped = directory / f"{spec.name}.gz"
+        if not (directory / spec.name).exists() and gzipped.exists():
+            # Training reads decompressed, checksummed IDX files; copied .gz files were a GPU host's first failure.
+            raise DataError(
+                f"{directory / spec.name} is missing ({gzipped.name} is there: `reprocube download "
+                f"dataset={cfg.dataset.name} data_dir={cfg.data_dir} data.source_dir={directory}` decompresses "
+                f"and checks it)"
+            )
     arrays = {
         key: parse_idx(read_verified(directory / spec.name, spec), str(directory / spec.name))
         for key, spec in files.items()
