@@ -8,7 +8,9 @@ operation where anything differs is the answer:
   instruction set, a thread split); a random operation's output differs when its generator state does;
 - an input differs (every earlier output being equal): the state or data entering the step differs;
 - the names differ, or one recording ends: the two runs took different operation sequences (another
-  kernel path, another library version)."""
+  kernel path, another library version).
+JAX's recordings hold the step's inputs and its kernels only (KERNELS_ONLY): an input of a kernel that
+differs there means an unrecorded operation before it computed differently."""
 
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ TOP_KEYS = (
     "run_loss_f32", "loss_matches_run", "weights_match_run", "recording_changed_nothing", "ops",
 )  # fmt: skip
 OP_KEYS = ("index", "op", "where", "params", "inputs", "outputs")
+# JAX's recordings hold the step's inputs (one STEP_INPUT entry each) and its kernels only (convolutions,
+# matrix products): recording every intermediate changes how XLA fuses the step (reprocube.frameworks.jax).
+KERNELS_ONLY = ("jax",)
+STEP_INPUT = "jax.step_input"
 RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "exponential", "multinomial", "dropout", "random")
 
 
@@ -148,7 +154,21 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
             if outputs
             else "outputs equal"
         )
-        if inputs:
+        if inputs and x["op"] == STEP_INPUT:
+            kind = "inputs"
+            initial = " (the initial weights: the initialisation computed differently)" if (
+                a_ops["step"] == 1 and ".params." in f".{x['where'].removeprefix('step input ')}"
+            ) else ""  # fmt: skip
+            text = f"the state or data entering step {a_ops['step']} differs, first at {x['where']}{initial}"
+            text += _earlier_steps(a_ops, b_ops)
+        elif inputs and a_ops["framework"] in KERNELS_ONLY:
+            kind = "inputs"
+            text = (
+                f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} differ{'s' if len(inputs) == 1 else ''}, "
+                f"{output_text} (the step's inputs and every earlier kernel agree: an operation between them that "
+                "is not recorded (elementwise or a reduction, which XLA fuses) computes differently)"
+            )
+        elif inputs:
             kind = "inputs"
             text = (
                 f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} differ{'s' if len(inputs) == 1 else ''}, "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from reprocube.analysis.operations import first_differing_operation, read_ops
+from reprocube.analysis.operations import KERNELS_ONLY, first_differing_operation, read_ops
 from reprocube.errors import ReprocubeError
 from reprocube.orchestration.children import last_error_line, python_module_command
 from reprocube.replay import RECORDABLE
@@ -74,6 +74,13 @@ def first_operation(
             f"{step} (or recording it changed the step): no operation is named",
         }
     found = first_differing_operation(a_ops, b_ops)
+    if found is None and framework in KERNELS_ONLY:
+        return entry | {
+            "status": "none",
+            "text": f"first differing operation: step {step}'s inputs and every one of its kernels agree when "
+            "replayed under A's settings and as B ran it: an operation after the last kernel that is not recorded "
+            "(the optimizer's update or the totals: elementwise, fused by XLA) computes differently",
+        }
     if found is None:
         return entry | {
             "status": "none",
