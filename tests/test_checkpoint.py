@@ -43,7 +43,7 @@ def checkpoint(tmp_path):
 def test_round_trip(checkpoint):
     loaded = read_checkpoint(checkpoint)
     original = _content()
-    assert loaded.manifest["weights_digest"] == weights_digest(original.weights)
+    assert loaded.manifest.weights_digest == weights_digest(original.weights)
     for name, array in original.weights.items():
         assert loaded.content.weights[name].tobytes() == array.tobytes()
     assert loaded.content.state == original.state

@@ -137,7 +137,7 @@ class Cube:
 
 
 def final_digests(run: Path) -> list[str]:
-    return [read_checkpoint(path).manifest["weights_digest"] for path in list_checkpoints(run / "checkpoints")]
+    return [read_checkpoint(path).manifest.weights_digest for path in list_checkpoints(run / "checkpoints")]
 
 
 @pytest.fixture(scope="module")

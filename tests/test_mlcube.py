@@ -238,7 +238,7 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
 
     final = latest_checkpoint(workspace / "runs" / "pytorch-seed0" / "checkpoints")
     assert final is not None and final.name == "epoch-0001"
-    assert read_checkpoint(final).manifest["weights_digest"]
+    assert read_checkpoint(final).manifest.weights_digest
 
 
 def test_singularity_recipe_parses_and_runs_the_entrypoint():

@@ -312,7 +312,7 @@ def test_an_interrupted_run_has_the_uninterrupted_fingerprints(framework, genera
     assert [p.name for p in checkpoints] == ["epoch-0001", "epoch-0002", "step-000032"]
     for path in checkpoints:
         checkpoint = read_checkpoint(path)
-        step = checkpoint.manifest["global_step"]
+        step = checkpoint.manifest.global_step
         assert fingerprint(checkpoint.content.weights).tolist() == a.tensor_fingerprints[step - 1].tolist(), path
         saved = StepTrace.from_json(checkpoint.content.state["trace"], str(path), CheckpointError)
         assert saved.fingerprints.tolist() == a.fingerprints[:step].tolist()

@@ -83,10 +83,36 @@ class CheckpointContent:
     config: dict  # the resolved config (plain)
 
 
+@dataclass(frozen=True)
+class Manifest:
+    """A checkpoint's manifest.json as read_manifest checked it, its keys read by name here only. `fields`
+    is the file's whole content (reprocube.state and reprocube.metrics read their own keys from it)."""
+
+    fields: dict
+
+    epoch = property(lambda self: self.fields["epoch"])  # epochs done
+    step_in_epoch = property(lambda self: self.fields["step_in_epoch"])
+    global_step = property(lambda self: self.fields["global_step"])
+    steps_per_epoch = property(lambda self: self.fields["steps_per_epoch"])
+    weights_digest = property(lambda self: self.fields["weights_digest"])
+    files = property(lambda self: self.fields["files"])  # file name -> sha256
+    file_bytes = property(lambda self: self.fields.get("file_bytes", {}))  # absent in older manifests
+    config_hash = property(lambda self: self.fields.get("config_hash"))
+    framework_info = property(lambda self: self.fields.get("framework_info"))
+
+
+def run_fields(framework: str, framework_info=None, seed=None, config_hash=None, reason=None) -> dict:
+    """The run's identity, recorded in each manifest beside the state's own fields (write_checkpoint);
+    what is not given is left out."""
+    fields = {"framework": framework, "framework_info": framework_info, "seed": seed, "config_hash": config_hash,
+              "reason": reason}  # fmt: skip
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 @dataclass
 class Checkpoint:
     path: Path
-    manifest: dict
+    manifest: Manifest
     content: CheckpointContent = field(repr=False)
 
 
@@ -173,7 +199,7 @@ def _contiguous(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, order="C") for k, v in arrays.items()}
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> Manifest:
     """Parse, type-check and self-check a checkpoint's manifest (cheap: no tensor is read)."""
     manifest_path = path / MANIFEST
     if path.is_symlink() or not path.is_dir():
@@ -212,14 +238,14 @@ def read_manifest(path: Path) -> dict:
         fields.integer("seed", 0, 2**32 - 1)
     if fields.has("framework_info"):
         fields.mapping("framework_info")
-    return manifest
+    return Manifest(manifest)
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
     """Verify every file of a checkpoint against its manifest, then load it."""
     path = Path(path)
     manifest = read_manifest(path)
-    expected = manifest["files"]
+    expected = manifest.files
     present = {p.name for p in path.iterdir()} - {MANIFEST}
     missing = sorted((set(expected) | set(FILE_NAMES)) - present)
     if missing:
@@ -229,7 +255,7 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(
             f"checkpoint {path} holds files its manifest does not list: {', '.join(map(repr, unexpected))}"
         )
-    sizes = manifest.get("file_bytes", {})
+    sizes = manifest.file_bytes
     blobs = {}
     for fname, digest in sorted(expected.items()):
         blob = read_bytes(path / fname, sizes.get(fname, MAX_FILE_BYTES), CheckpointError)
@@ -242,11 +268,11 @@ def read_checkpoint(path: Path) -> Checkpoint:
     state = parse_json(blobs["state.json"], str(path / "state.json"), CheckpointError)
     config = parse_json(blobs["config.json"], str(path / "config.json"), CheckpointError)
     if not isinstance(config, dict) or (
-        "config_hash" in manifest and not config_hash_matches(config, manifest["config_hash"])
+        manifest.config_hash is not None and not config_hash_matches(config, manifest.config_hash)
     ):
         raise CheckpointError(f"checkpoint {path}: config.json does not match the manifest's config_hash")
     content = CheckpointContent(tensors["weights"], tensors["optimizer"], tensors["rng"], state, config)
-    if weights_digest(content.weights) != manifest["weights_digest"]:
+    if weights_digest(content.weights) != manifest.weights_digest:
         raise CheckpointError(f"checkpoint {path}: weights do not match the manifest's weights_digest")
     return Checkpoint(path, manifest, content)
 
@@ -292,7 +318,7 @@ def scan_checkpoints(checkpoints_dir: Path) -> tuple[list[Path], dict[Path, Chec
     for path in checkpoints_dir.iterdir():
         if NAME_PATTERN.match(path.name) and not path.is_symlink() and path.is_dir():
             try:
-                step = read_manifest(path)["global_step"]
+                step = read_manifest(path).global_step
             except CheckpointError as exc:
                 unreadable[path] = exc
                 continue

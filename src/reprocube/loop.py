@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences
 from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
-from reprocube.checkpoint import Checkpoint, epoch_name, step_name, weights_digest, write_checkpoint
+from reprocube.checkpoint import Checkpoint, epoch_name, run_fields, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
 from reprocube.data.pipeline import BatchPipeline, check_position, create_pipeline
 from reprocube.data.sampler import EpochSampler
@@ -162,14 +162,8 @@ class TrainingLoop:
             raise TrainingError(
                 f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
             )
-        run_fields = {
-            "framework": self.cfg.framework.name,
-            "framework_info": self.framework_info,
-            "seed": self.cfg.seed,
-            "config_hash": self.config_hash,
-            "reason": reason,
-        }
-        content, manifest_fields = state.to_checkpoint(self.config, self.sampler.steps_per_epoch, run_fields)
+        identity = run_fields(self.cfg.framework.name, self.framework_info, self.cfg.seed, self.config_hash, reason)
+        content, manifest_fields = state.to_checkpoint(self.config, self.sampler.steps_per_epoch, identity)
         path = write_checkpoint(self.run_dir.checkpoints, name, content, manifest_fields)
         # After the checkpoint: a receipt never describes a state that no checkpoint holds.
         write_receipt(
@@ -219,7 +213,7 @@ class TrainingLoop:
     def _note_environment_change(self, checkpoint: Checkpoint) -> None:
         """Resuming elsewhere (another device, library version, CPU kernels) is allowed, but the result
         may then differ from an uninterrupted run where the checkpoint was made: say so."""
-        saved = checkpoint.manifest.get("framework_info")
+        saved = checkpoint.manifest.framework_info
         if not isinstance(saved, dict):
             return
         changed = [

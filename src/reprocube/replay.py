@@ -75,7 +75,7 @@ def plan_replay(run: Path, step: int, overrides: list[str] = (), config_files: l
         raise ConfigError(
             f"replay_step replays the run's own config; these overrides change it: {'; '.join(differences)}"
         )
-    last = latest.manifest["global_step"]
+    last = latest.manifest.global_step
     if not 1 <= step <= last:
         raise ConfigError(f"--step {step}: the run {run} has steps 1 to {last}")
     start = None
@@ -89,7 +89,7 @@ def plan_replay(run: Path, step: int, overrides: list[str] = (), config_files: l
 
 
 def _global_step(path: Path) -> int:
-    return read_manifest(path)["global_step"]
+    return read_manifest(path).global_step
 
 
 def run_overrides(config: dict, where: Path) -> list[str]:

@@ -213,13 +213,13 @@ def _is_own_temporary(name: str) -> bool:
 
 def _check_compatible(checkpoint: Checkpoint, config: dict) -> None:
     saved = checkpoint.content.config  # read_checkpoint checked it against the manifest's config_hash
-    if "config_hash" not in checkpoint.manifest:
+    if checkpoint.manifest.config_hash is None:
         raise CheckpointError(f"checkpoint {checkpoint.path}: its manifest has no config_hash")
     differences = config_differences(saved, config)
     if differences:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} was made with a different config: " + "; ".join(differences)
         )
-    done = checkpoint.manifest.get("epoch", 0)
+    done = checkpoint.manifest.epoch
     if done > config["epochs"]:
         raise ConfigError(f"checkpoint {checkpoint.path} is at epoch {done}, beyond epochs={config['epochs']}")

@@ -204,8 +204,8 @@ class TrainState:
         totals = EpochTotals(loss_sum, _count(totals_json, CORRECT, f"{where}: state.json {EPOCH_TOTALS}"))
         if (
             position.step_in_epoch > steps_per_epoch
-            or manifest.get(GLOBAL_STEP) != position.global_step
-            or manifest.get(STEPS_PER_EPOCH) != steps_per_epoch
+            or manifest.global_step != position.global_step
+            or manifest.steps_per_epoch != steps_per_epoch
         ):
             raise CheckpointError(f"{where}: its position does not match its manifest or this dataset")
         host_arrays, framework_rng = HostRng.split(checkpoint.content.rng)
@@ -232,7 +232,7 @@ class TrainState:
             totals,
             host_rng,
             framework,
-            MetricsHistory.from_manifest(manifest, f"{checkpoint.path}/manifest.json"),
+            MetricsHistory.from_manifest(manifest.fields, f"{checkpoint.path}/manifest.json"),
             trace,
             loader,
             sessions,

@@ -58,13 +58,13 @@ def _named_by_its_position(checkpoint: Checkpoint) -> Checkpoint:
     matched and counted, so an epoch checkpoint renamed step-n (to hide it) is refused."""
     manifest, name = checkpoint.manifest, checkpoint.path.name
     if name.startswith("epoch-"):
-        agrees = name == epoch_name(manifest["epoch"]) and manifest["step_in_epoch"] == 0
+        agrees = name == epoch_name(manifest.epoch) and manifest.step_in_epoch == 0
     else:
-        agrees = name == step_name(manifest["global_step"]) and manifest["step_in_epoch"] > 0
+        agrees = name == step_name(manifest.global_step) and manifest.step_in_epoch > 0
     if not agrees:
         raise CheckpointError(
-            f"checkpoint {checkpoint.path}: its manifest's position (epoch {manifest['epoch']}, step "
-            f"{manifest['step_in_epoch']}, global step {manifest['global_step']}) is not the one its name says"
+            f"checkpoint {checkpoint.path}: its manifest's position (epoch {manifest.epoch}, step "
+            f"{manifest.step_in_epoch}, global step {manifest.global_step}) is not the one its name says"
         )
     return checkpoint
 
@@ -74,7 +74,7 @@ def _started_by_epoch(checkpoints: dict[str, Checkpoint], unreadable: dict[str, 
     verified manifests: an epoch-k checkpoint means the run trained epoch k (it started after at most k - 1
     epochs), a step checkpoint after `epoch` epochs means it started after at most that many. A run
     started from another's epoch-k checkpoint may lack epochs 1..k; a run holding epoch-0001 may lack none."""
-    bounds = [c.manifest["epoch"] - (1 if name.startswith("epoch-") else 0) for name, c in checkpoints.items()]
+    bounds = [c.manifest.epoch - (1 if name.startswith("epoch-") else 0) for name, c in checkpoints.items()]
     bounds += [int(name[len("epoch-") :]) - 1 for name in unreadable if name.startswith("epoch-")]
     return max(min(bounds, default=0), 0)
 
@@ -101,11 +101,11 @@ def run_subject(run: dict) -> dict | None:
     epochs = [c for name, c in run["checkpoints"].items() if name.startswith("epoch-")]
     if not epochs:
         return None
-    final = max(epochs, key=lambda c: c.manifest["epoch"])
+    final = max(epochs, key=lambda c: c.manifest.epoch)
     return {
         "checkpoint": final.path.name,
-        "config_hash": final.manifest.get("config_hash"),
-        "weights_digest": final.manifest["weights_digest"],
+        "config_hash": final.manifest.config_hash,
+        "weights_digest": final.manifest.weights_digest,
     }
 
 
@@ -132,7 +132,7 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
     checkpoints, first = [], None
     for name in common:
         ca, cb = a["checkpoints"][name], b["checkpoints"][name]
-        same = ca.manifest["weights_digest"] == cb.manifest["weights_digest"]
+        same = ca.manifest.weights_digest == cb.manifest.weights_digest
         tensors = tensor_differences(ca.content.weights, cb.content.weights)
         # Tolerance 0 is bit-exact: +0.0 against -0.0 differs by 0 but is not the same bits.
         within = same or (
@@ -141,7 +141,7 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         )
         row = {
             "checkpoint": name,
-            "global_step": ca.manifest.get("global_step"),
+            "global_step": ca.manifest.global_step,
             "identical": same,
             "within_tolerance": within,
             "tensors": tensors,

@@ -345,7 +345,7 @@ def compare_link(ref: dict, run: dict, name: str, tolerance: float) -> dict:
     if divergence.step is not None:
         state.append(f"step trace from global step {divergence.step}")
     identical = result["identical"] and not state
-    steps = a.manifest.get("global_step")
+    steps = a.manifest.global_step
     if identical:
         summary = f"identical at {name} (weights, optimizer, RNG, {steps} step losses)"
     else:
@@ -358,7 +358,7 @@ def compare_link(ref: dict, run: dict, name: str, tolerance: float) -> dict:
 def _trace(run: dict, name: str | None = None):
     """The step trace a run's checkpoint holds (the newest if no name is given)."""
     checkpoint = run["checkpoints"][name] if name else next(reversed(run["checkpoints"].values()))
-    trace = TrainState.from_checkpoint(checkpoint, checkpoint.manifest["steps_per_epoch"]).trace
+    trace = TrainState.from_checkpoint(checkpoint, checkpoint.manifest.steps_per_epoch).trace
     if trace is None:
         raise CheckpointError(f"checkpoint {checkpoint.path} holds no step trace (made before reprocube traced steps)")
     return trace

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from reprocube.backend import create_backend
-from reprocube.checkpoint import read_checkpoint, write_checkpoint
+from reprocube.checkpoint import read_checkpoint, run_fields, write_checkpoint
 from reprocube.config import load_config
 from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
@@ -73,7 +73,7 @@ def measure(cfg) -> dict:
             raise TrainingError(
                 f"the measured epoch diverged (loss sum {state.epoch_totals.loss_sum}); try a smaller optimizer.lr"
             )
-        content, manifest_fields = state.to_checkpoint({}, sampler.steps_per_epoch, {"framework": cfg.framework.name})
+        content, manifest_fields = state.to_checkpoint({}, sampler.steps_per_epoch, run_fields(cfg.framework.name))
         path = write_checkpoint(Path(scratch), "epoch-0003", content, manifest_fields)
         checkpoint_write_s = time.perf_counter() - started
         started = time.perf_counter()
