@@ -122,3 +122,32 @@ def test_the_checker_sees_a_cycle(tmp_path, monkeypatch):
         assert "reprocube.loop" in str(exc) and "reprocube.state" in str(exc)
     else:
         raise AssertionError("a planted cycle went unnoticed")
+
+
+def manifest_key_lookups(source: str) -> list[str]:
+    """`x.manifest["key"]`, `manifest.get("key")`, `read_manifest(p)["key"]`: a manifest key spelled as a
+    literal (the Manifest in checkpoint.py names them)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        target, key = None, None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target, key = node.value, node.slice.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target = node.func.value
+            key = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+        text = ast.unparse(target) if target is not None else ""
+        if isinstance(key, str) and ("manifest" in text.split(".")[-1] or text.startswith("read_manifest(")):
+            found.append(f"{text}[{key!r}]")
+    return found
+
+
+def test_no_module_but_checkpoint_spells_a_manifest_key():
+    found = {
+        str(path.relative_to(PACKAGE)): manifest_key_lookups(path.read_text())
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "checkpoint.py"
+    }
+    assert not {path: keys for path, keys in found.items() if keys}
+    assert manifest_key_lookups('a = c.manifest["epoch"]; b = manifest.get("seed"); d = read_manifest(p)["x"]') == [
+        "c.manifest['epoch']", "manifest['seed']", "read_manifest(p)['x']"
+    ]  # fmt: skip
