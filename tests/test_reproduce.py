@@ -126,14 +126,14 @@ def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_ste
         assert operation["step"] == step and operation["inputs_equal"] is True and operation["kind"] == "output"
         assert operation["op"].startswith("aten."), operation
         assert operation["text"] in result["summary"]
-    elif framework == "jax":
-        # JAX records the step's inputs and kernels only; capping XLA's code at AVX (no FMA) changes fused
-        # elementwise work. Each replay gave its run's loss bits (else the status is "failed").
+    else:
+        # JAX and TensorFlow record the step's inputs and kernels only (capping XLA's code at AVX, without
+        # FMA, changes fused elementwise work). Each replay gave its run's loss bits (else: "failed").
         print(operation["text"])
         assert operation["status"] in ("found", "none"), operation
-        assert operation["step"] == step and (operation["status"] == "none" or operation["op"].startswith("jax."))
-    else:
-        assert operation["status"] == "unavailable" and "pytorch, jax only" in operation["text"], operation
+        prefix = {"jax": "jax.", "tensorflow": "tf."}[framework]
+        assert operation["step"] == step
+        assert operation["status"] == "none" or operation["op"].startswith((prefix, "reprocube.step_input")), operation
 
     report = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert report["first_divergence"]["step"] == step and report["verdict"] == "differs"

@@ -35,9 +35,18 @@ SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
 
 
+def python_mix(x: int) -> int:
+    """lowbias32 with Python's unbounded integers, each product reduced modulo 2**32."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) % 2**32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) % 2**32
+    return x ^ (x >> 16)
+
+
 def python_int_fingerprint(array: np.ndarray) -> int:
-    """The definition, with Python's unbounded integers: the sum of the bit patterns, then modulo 2**32."""
-    return sum(int(x) for x in np.asarray(array, np.float32).reshape(-1).view(np.uint32)) % 2**32
+    """The definition, with Python's unbounded integers: the sum of the mixed bit patterns, then modulo 2**32."""
+    return sum(python_mix(int(x)) for x in np.asarray(array, np.float32).reshape(-1).view(np.uint32)) % 2**32
 
 
 def random_bits(rng, shape, max_exponent: int = 254, min_exponent: int = 0) -> np.ndarray:
@@ -66,6 +75,20 @@ def test_the_reference_is_the_wrapping_sum_of_the_bit_patterns_in_any_order():
     flipped["t3"].view(np.uint32)[7] ^= 1
     assert (fingerprint(flipped) != expected).tolist() == [n == "t3" for n in sorted(weights)]
     assert model_fingerprint(expected[None]) == np.uint32(int(expected.astype(np.uint64).sum()) % 2**32)
+
+
+def test_opposite_last_bit_changes_do_not_cancel():
+    """What another CPU's kernels give (one element a unit up, another a unit down in its last bit) left
+    a plain sum of the bit patterns unchanged; the mixed sum changes."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        weights = random_bits(rng, (500,), max_exponent=130, min_exponent=120)
+        moved = weights.copy()
+        i, j = rng.choice(500, size=2, replace=False)
+        moved.view(np.uint32)[i] += 1
+        moved.view(np.uint32)[j] -= 1
+        assert moved.view(np.uint32).sum(dtype=np.uint32) == weights.view(np.uint32).sum(dtype=np.uint32)
+        assert fingerprint({"w": moved}) != fingerprint({"w": weights})
 
 
 def torch_layout_weights(seed: int) -> dict[str, np.ndarray]:

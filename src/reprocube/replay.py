@@ -4,7 +4,7 @@ computes differently on two machines (reprocube.analysis.operations compares two
 The replay resumes from the newest checkpoint of the run at or before step N-1 (a fresh start when
 there is none), trains to step N-1 exactly as the loop does (same data order, same trainer calls, no
 checkpoint, no metric, nothing written to the run), then runs step N twice from the same state: once
-plainly, once recorded by the trainer (Backend.record_ops: PyTorch's every operation, JAX's inputs and kernels; not TensorFlow). That the recording changed
+plainly, once recorded by the trainer (Backend.record_ops: PyTorch's every operation, JAX's and TensorFlow's inputs and kernels). That the recording changed
 nothing is checked, not assumed: both runs of step N must give the same loss bits and the same weights,
 optimizer tensors and generator states. The recorded loss is also compared with the run's own trace
 (and the weights with its boundary at step N, where it has one).
@@ -35,7 +35,7 @@ from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
 from reprocube.trace import StepTrace, tensor_digest
 
 OPS_VERSION = 1
-RECORDABLE = ("pytorch", "jax")  # the frameworks whose trainer has record_ops
+RECORDABLE = ("pytorch", "jax", "tensorflow")  # the frameworks whose trainer has record_ops
 # Besides the run's result keys: the places and counts a replay of it needs (where its data is).
 REPLAY_PLACE_KEYS = ("epochs", "data_dir", "data.source_dir", "data.workers", "framework.inter_op_threads")
 

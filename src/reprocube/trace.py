@@ -10,7 +10,10 @@ host sync per step. They are stored as the little-endian bytes of one float32 ar
 run was resumed, so an interrupted run's trace equals the uninterrupted one's.
 
 The weight fingerprint (`fingerprint`): per tensor, the sum modulo 2**32 of its float32 bit patterns read
-as unsigned integers. It is exact and independent of the order of the additions, so each framework
+as unsigned integers, each first mixed by MIX (a fixed 32-bit integer hash): without it, two elements one
+unit apart in opposite directions (+1 and -1 in their last bit, what another CPU's kernels often give)
+left the sum unchanged, and an AVX-512 machine capped at SSE4.1 changed conv1.weight and fc2.weight
+without changing their fingerprints. It is exact and independent of the order of the additions, so each framework
 computes it on its device inside the step (no host sync) and all agree on equal weights, whatever the
 tensor's layout (a transposed kernel has the same fingerprint). The trace stores, for every step, the
 model's fingerprint (the tensors' fingerprints summed modulo 2**32: 4 bytes a step, like the losses), and
@@ -44,15 +47,31 @@ FINGERPRINT_KEYS = (
 TENSOR_FINGERPRINT_STEPS = 64  # per-tensor fingerprints for the global steps 1..64 (2.7 KB of base64 for 8 tensors)
 
 
+# The mix each trainer applies to every uint32 bit pattern before summing (the "lowbias32" integer hash:
+# xor-shift, multiply, xor-shift, multiply, xor-shift; each step a bijection of the 32-bit integers).
+MIX_SHIFTS = (16, 15, 16)
+MIX_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
+
+
+def mix(bits: np.ndarray) -> np.ndarray:
+    """MIX of uint32 values (the reference: each trainer computes the same on its device)."""
+    x = np.asarray(bits, dtype=np.uint32)
+    x = x ^ (x >> np.uint32(MIX_SHIFTS[0]))
+    x = x * np.uint32(MIX_MULTIPLIERS[0])
+    x = x ^ (x >> np.uint32(MIX_SHIFTS[1]))
+    x = x * np.uint32(MIX_MULTIPLIERS[1])
+    return x ^ (x >> np.uint32(MIX_SHIFTS[2]))
+
+
 def fingerprint(weights: dict[str, np.ndarray]) -> np.ndarray:
     """The reference of what each trainer computes on its device after a step: for each float32 tensor, in
-    sorted name order, the sum modulo 2**32 of its bit patterns as uint32 (exact, any order of addition)."""
+    sorted name order, the sum modulo 2**32 of its mixed bit patterns (exact, any order of addition)."""
     sums = []
     for name in sorted(weights):
         array = np.ascontiguousarray(weights[name])
         if array.dtype != np.float32:
             raise ValueError(f"fingerprint of {name}: {array.dtype} is not float32")
-        sums.append(array.reshape(-1).view(np.uint32).sum(dtype=np.uint32))
+        sums.append(mix(array.reshape(-1).view(np.uint32)).sum(dtype=np.uint32))
     return np.array(sums, dtype=np.uint32)
 
 

@@ -9,8 +9,8 @@ operation where anything differs is the answer:
 - an input differs (every earlier output being equal): the state or data entering the step differs;
 - the names differ, or one recording ends: the two runs took different operation sequences (another
   kernel path, another library version).
-JAX's recordings hold the step's inputs and its kernels only (KERNELS_ONLY): an input of a kernel that
-differs there means an unrecorded operation before it computed differently."""
+JAX's and TensorFlow's recordings hold the step's inputs and its kernels only (KERNELS_ONLY): an input
+of a kernel that differs there means an unrecorded operation before it computed differently."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ TOP_KEYS = (
     "run_loss_f32", "loss_matches_run", "weights_match_run", "recording_changed_nothing", "ops",
 )  # fmt: skip
 OP_KEYS = ("index", "op", "where", "params", "inputs", "outputs")
-# JAX's recordings hold the step's inputs (one STEP_INPUT entry each) and its kernels only (convolutions,
-# matrix products): recording every intermediate changes how XLA fuses the step (reprocube.frameworks.jax).
-KERNELS_ONLY = ("jax",)
-STEP_INPUT = "jax.step_input"
+# JAX's and TensorFlow's recordings hold the step's inputs (one STEP_INPUT entry each) and its kernels only (convolutions,
+# matrix products): recording every intermediate changes how the step is fused (XLA, oneDNN's graph rewrites).
+KERNELS_ONLY = ("jax", "tensorflow")
+STEP_INPUT = "reprocube.step_input"
 RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "exponential", "multinomial", "dropout", "random")
 
 
@@ -166,7 +166,8 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
             text = (
                 f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} differ{'s' if len(inputs) == 1 else ''}, "
                 f"{output_text} (the step's inputs and every earlier kernel agree: an operation between them that "
-                "is not recorded (elementwise or a reduction, which XLA fuses) computes differently)"
+                "is not recorded (elementwise or a reduction, fused with others in the compiled step) computes "
+                "differently)"
             )
         elif inputs:
             kind = "inputs"

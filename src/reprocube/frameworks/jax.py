@@ -30,7 +30,7 @@ from reprocube.analysis.operations import STEP_INPUT
 from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.state import EpochTotals, FrameworkState
-from reprocube.trace import tensor_digest
+from reprocube.trace import MIX_MULTIPLIERS, MIX_SHIFTS, tensor_digest
 
 RUN_KEY = "jax.run_key"
 
@@ -81,7 +81,17 @@ def _fingerprint(params):
     the jitted step (reprocube.trace.fingerprint)."""
     flat = _flat_params(params)
     leaves = [flat[path] for path in sorted(flat, key=".".join)]
-    return jnp.stack([jax.lax.bitcast_convert_type(leaf, jnp.uint32).sum(dtype=jnp.uint32) for leaf in leaves])
+    return jnp.stack([_mix(jax.lax.bitcast_convert_type(leaf, jnp.uint32)).sum(dtype=jnp.uint32) for leaf in leaves])
+
+
+def _mix(x):
+    """reprocube.trace.mix on uint32 (wrapping products, logical shifts)."""
+    a, b, c = MIX_SHIFTS
+    x = x ^ (x >> a)
+    x = x * jnp.uint32(MIX_MULTIPLIERS[0])
+    x = x ^ (x >> b)
+    x = x * jnp.uint32(MIX_MULTIPLIERS[1])
+    return x ^ (x >> c)
 
 
 def _nll_sum(logits, one_hot):
@@ -252,7 +262,7 @@ class JaxBackend:
         totals, batch, step number) as an entry named after it, then each convolution and matrix product of the step's jaxpr, forward
         and backward, with where it ran and a digest of each input and output. The step stays one compiled
         XLA program that also returns those values. Only the kernels: returning every intermediate value
-        made XLA fuse the step differently and changed its loss bits here (2 ULP at step 3 on an AVX2
+        made XLA fuse the step differently and changed its loss bits here (2 ULP at step 3 on an AVX-512
         CPU), while returning the kernels' left it bit-identical (the replay checks this each time)."""
         recorder = _JaxprRecorder()
         compiled = self._train_step, self._train_batch

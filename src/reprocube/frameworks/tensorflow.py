@@ -11,7 +11,10 @@ non-XLA step was also the faster (see benchmarks/README.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, not errors
 # TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX512_VNNI/BF16 or AMX; on an AVX2 CPU
@@ -23,9 +26,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
 
+from reprocube.analysis.operations import STEP_INPUT  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
+from reprocube.trace import MIX_MULTIPLIERS, MIX_SHIFTS, tensor_digest  # noqa: E402
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 
@@ -159,7 +164,7 @@ class TensorflowBackend:
         update (tf.function orders the reads of a variable after its writes). Exact: int64 sums of at most
         2**31 int32 values cannot overflow, then the low 32 bits. One sum per variable: a concat and one
         segment_sum took twice as long (~0.1 ms a step under load here)."""
-        sums = [tf.reduce_sum(tf.cast(tf.bitcast(v.value, tf.int32), tf.int64)) for v in self._fingerprint_variables]
+        sums = [tf.reduce_sum(_mix(tf.bitcast(v.value, tf.int32))) for v in self._fingerprint_variables]
         return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
 
     def _eval_step_graph(self, lo, hi):
@@ -227,6 +232,101 @@ class TensorflowBackend:
 
     def _seed_states(self) -> dict:
         return {SEED_STATE_PREFIX + layer: generator.state for layer, generator in self.seed_generators.items()}
+
+    def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
+        """Run `run_step` (one optimizer step through train_steps or train_batches) with its inputs and
+        its kernels recorded (reprocube.replay), as the JAX trainer does: first each variable the step
+        reads (weights, optimizer slots, dropout seed states) as an entry named after it, then each
+        convolution and matrix product of the step's graph, forward and backward (gradient_tape/...),
+        with a digest of each input and output, returned by the traced step as extra outputs. Whether
+        that changed the step (oneDNN fuses a convolution with what follows it) is checked by the
+        replay, not assumed."""
+        recorder = _GraphRecorder({layer.name for layer in self.model.layers})
+        compiled = self._train_steps, self._train_batch
+        self._train_steps = recorder.recording(self._record_steps_graph, self._step_variables())
+        self._train_batch = recorder.recording(self._step_graph, self._step_variables())
+        try:
+            run_step()
+        finally:
+            self._train_steps, self._train_batch = compiled
+        return recorder.ops
+
+    def _record_steps_graph(self, bounds):
+        """_train_steps_graph for the one step a replay records, without the graph's loop."""
+        loss, fingerprint = self._train_step_graph(bounds[0, 0], bounds[0, 1])
+        self._losses[0].assign(loss)
+        self._fingerprints[0].assign(fingerprint)
+
+    def _step_variables(self) -> dict:
+        variables = {_name(v): v for v in self.model.variables}
+        variables.update({f"optimizer.{_name(v)}": v for v in self.optimizer.variables})
+        return dict(sorted(variables.items()))
+
+
+# --- recording one step's operations (reprocube.replay) -------------------------------------------------
+RECORDED_KERNELS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul")
+
+
+class _GraphRecorder:
+    """A step traced anew as a tf.function that also returns each kernel's inputs and outputs (found in
+    its graph when traced); the step's variables are read before it runs."""
+
+    def __init__(self, layers: set[str]):
+        self.layers, self.ops = layers, []
+
+    def recording(self, body, variables: dict):
+        sites: list[tuple[str, str]] = []
+
+        def traced(*args):
+            result = body(*args)
+            kernels = [op for op in tf.compat.v1.get_default_graph().get_operations() if op.type in RECORDED_KERNELS]
+            sites[:] = [(op.type, op.name) for op in kernels]
+            return result, [list(op.inputs) for op in kernels], [list(op.outputs) for op in kernels]
+
+        step = tf.function(traced, jit_compile=False)
+
+        def call(*args):
+            for name, variable in variables.items():
+                self._append(STEP_INPUT, f"step input {name}", [variable.numpy()], [])
+            result, inputs, outputs = step(*args)
+            for (kind, name), ins, outs in zip(sites, inputs, outputs, strict=True):
+                self._append(
+                    f"tf.{kind}", _where(name, self.layers), [t.numpy() for t in ins], [t.numpy() for t in outs]
+                )
+            return result
+
+        return call
+
+    def _append(self, op: str, where: str, inputs: list, outputs: list) -> None:
+        self.ops.append({"index": len(self.ops), "op": op, "where": where, "params": _text_digest(""),
+                         "inputs": [tensor_digest(a) for a in inputs],
+                         "outputs": [tensor_digest(a) for a in outputs]})  # fmt: skip
+
+
+def _where(op_name: str, layers: set[str]) -> str:
+    """`forward, conv1` or `backward, fc2`, from a graph op's name (Keras' layer scopes, which it makes
+    unique with a suffix: net_1/conv1_1/convolution)."""
+    parts = op_name.split("/")
+    layer = next((base for p in parts if (base := re.sub(r"_\d+$", "", p)) in layers), None)
+    phase = "backward" if parts[0].startswith("gradient_tape") else "forward"
+    return f"{phase}, {layer}" if layer else phase
+
+
+def _text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _mix(bits):
+    """reprocube.trace.mix of int32 bit patterns, in int64 holding the uint32 values (products keep
+    their low 32 bits: masked after each step), returned as int64 in 0..2**32-1."""
+    a, b, c = MIX_SHIFTS
+    low = tf.constant(0xFFFFFFFF, tf.int64)
+    x = tf.bitwise.bitwise_and(tf.cast(bits, tf.int64), low)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, a))
+    x = tf.bitwise.bitwise_and(x * MIX_MULTIPLIERS[0], low)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, b))
+    x = tf.bitwise.bitwise_and(x * MIX_MULTIPLIERS[1], low)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c))
 
 
 def _op_determinism_enabled() -> bool:

@@ -79,7 +79,7 @@ def first_operation(
             "status": "none",
             "text": f"first differing operation: step {step}'s inputs and every one of its kernels agree when "
             "replayed under A's settings and as B ran it: an operation after the last kernel that is not recorded "
-            "(the optimizer's update or the totals: elementwise, fused by XLA) computes differently",
+            "(the optimizer's update or the totals: elementwise, fused in the compiled step) computes differently",
         }
     if found is None:
         return entry | {
