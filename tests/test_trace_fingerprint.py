@@ -36,12 +36,8 @@ STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
 
 
 def python_mix(x: int) -> int:
-    """lowbias32 with Python's unbounded integers, each product reduced modulo 2**32."""
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) % 2**32
-    x ^= x >> 15
-    x = (x * 0x846CA68B) % 2**32
-    return x ^ (x >> 16)
+    """x XOR (x * x mod 2**32), with Python's unbounded integers."""
+    return x ^ ((x * x) % 2**32)
 
 
 def python_int_fingerprint(array: np.ndarray) -> int:

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import MIX_MULTIPLIERS, MIX_SHIFTS, tensor_digest  # noqa: E402
+from reprocube.trace import tensor_digest  # noqa: E402
 
 MOMENTUM_PREFIX = "momentum_buffer."
 CPU_GENERATOR = "torch.cpu"
@@ -254,18 +254,8 @@ class PytorchBackend:
 
 
 def _mix(bits: torch.Tensor) -> torch.Tensor:
-    """reprocube.trace.mix on int32 (two's complement: products wrap modulo 2**32 as uint32 ones do; a
-    right shift of a negative value brings in ones, which the mask clears: a logical shift)."""
-    a, b, c = MIX_SHIFTS
-    x = bits ^ ((bits >> a) & ((1 << (32 - a)) - 1))
-    x = x * _as_int32(MIX_MULTIPLIERS[0])
-    x = x ^ ((x >> b) & ((1 << (32 - b)) - 1))
-    x = x * _as_int32(MIX_MULTIPLIERS[1])
-    return x ^ ((x >> c) & ((1 << (32 - c)) - 1))
-
-
-def _as_int32(value: int) -> int:
-    return value - (1 << 32) if value >= 1 << 31 else value
+    """reprocube.trace.mix on int32 (two's complement: the product wraps modulo 2**32 as a uint32 one)."""
+    return bits ^ (bits * bits)
 
 
 def _spec(tensor: torch.Tensor) -> tuple[tuple[int, ...], np.dtype]:

@@ -30,7 +30,7 @@ from reprocube.analysis.operations import STEP_INPUT  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import MIX_MULTIPLIERS, MIX_SHIFTS, tensor_digest  # noqa: E402
+from reprocube.trace import tensor_digest  # noqa: E402
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 
@@ -160,11 +160,13 @@ class TensorflowBackend:
         return loss, self._fingerprint_graph()
 
     def _fingerprint_graph(self):
-        """Each weight's float32 bits summed as integers modulo 2**32, in sorted name order: read after the
+        """Each weight's float32 bits, mixed (reprocube.trace.mix), summed as integers modulo 2**32, in sorted name order: read after the
         update (tf.function orders the reads of a variable after its writes). Exact: int64 sums of at most
         2**31 int32 values cannot overflow, then the low 32 bits. One sum per variable: a concat and one
         segment_sum took twice as long (~0.1 ms a step under load here)."""
-        sums = [tf.reduce_sum(_mix(tf.bitcast(v.value, tf.int32))) for v in self._fingerprint_variables]
+        sums = [
+            tf.reduce_sum(tf.cast(_mix(tf.bitcast(v.value, tf.int32)), tf.int64)) for v in self._fingerprint_variables
+        ]
         return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
 
     def _eval_step_graph(self, lo, hi):
@@ -317,16 +319,8 @@ def _text_digest(text: str) -> str:
 
 
 def _mix(bits):
-    """reprocube.trace.mix of int32 bit patterns, in int64 holding the uint32 values (products keep
-    their low 32 bits: masked after each step), returned as int64 in 0..2**32-1."""
-    a, b, c = MIX_SHIFTS
-    low = tf.constant(0xFFFFFFFF, tf.int64)
-    x = tf.bitwise.bitwise_and(tf.cast(bits, tf.int64), low)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, a))
-    x = tf.bitwise.bitwise_and(x * MIX_MULTIPLIERS[0], low)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, b))
-    x = tf.bitwise.bitwise_and(x * MIX_MULTIPLIERS[1], low)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c))
+    """reprocube.trace.mix on int32 bit patterns (two's complement: the product wraps modulo 2**32)."""
+    return tf.bitwise.bitwise_xor(bits, bits * bits)
 
 
 def _op_determinism_enabled() -> bool:
