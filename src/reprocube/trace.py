@@ -73,6 +73,12 @@ def model_fingerprint(tensor_fingerprints: np.ndarray) -> np.ndarray:
     return np.asarray(tensor_fingerprints, dtype=np.uint32).sum(axis=-1, dtype=np.uint32)
 
 
+def text_digest(text: str) -> str:
+    """64 bits of the sha256 of a text, as tensor_digest gives for a tensor (an operation's non-tensor
+    arguments in a replay's recording)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def tensor_digest(array: np.ndarray) -> str:
     """64 bits of the sha256 of one tensor's dtype, shape and little-endian bytes: enough to tell two
     tensors apart by accident (the receipt's own sha256 and signature guard against forgery)."""

@@ -11,7 +11,6 @@ is sized by the CPUs this process may use: it is pinned to `threads` CPUs."""
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 import re
@@ -30,7 +29,7 @@ from reprocube.analysis.operations import STEP_INPUT
 from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.state import EpochTotals, FrameworkState
-from reprocube.trace import tensor_digest
+from reprocube.trace import tensor_digest, text_digest
 
 RUN_KEY = "jax.run_key"
 
@@ -254,11 +253,12 @@ class JaxBackend:
     def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
         """Run `run_step` (one optimizer step through train_steps or train_batches) with its inputs and
         its kernels recorded (reprocube.replay): first each of the step's inputs (weights, optimizer state,
-        totals, batch, step number) as an entry named after it, then each convolution and matrix product of the step's jaxpr, forward
-        and backward, with where it ran and a digest of each input and output. The step stays one compiled
-        XLA program that also returns those values. Only the kernels: returning every intermediate value
-        made XLA fuse the step differently and changed its loss bits here (2 ULP at step 3 on an AVX-512
-        CPU), while returning the kernels' left it bit-identical (the replay checks this each time)."""
+        totals, batch, step number) as an entry named after it, then each convolution and matrix product
+        of the step's jaxpr, forward and backward, with where it ran and a digest of each input and output.
+        The step stays one compiled XLA program that also returns those values. Only the kernels:
+        returning every intermediate value made XLA fuse the step differently and changed its loss bits
+        here (2 ULP at step 3 on an AVX-512 CPU), while returning the kernels' left it bit-identical (the
+        replay checks this each time)."""
         recorder = _JaxprRecorder()
         compiled = self._train_step, self._train_batch
         self._train_step = recorder.recording(self._train_step_fn, static_argnums=(5,))
@@ -301,7 +301,7 @@ class _JaxprRecorder:
             names = [n for n in inspect.signature(fn).parameters][: len(args)]
             named = {n: a for i, (n, a) in enumerate(zip(names, args, strict=True)) if i not in static_argnums}
             leaves = jax.tree_util.tree_flatten_with_path(named)[0]
-            sites[:0] = [(STEP_INPUT, f"step input {_path_name(path)}", _text_digest("")) for path, _ in leaves]
+            sites[:0] = [(STEP_INPUT, f"step input {_path_name(path)}", text_digest("")) for path, _ in leaves]
             values[:0] = [([leaf], []) for _, leaf in leaves]
             for (op, where, params), (inputs, results) in zip(sites, values, strict=True):
                 self.ops.append(
@@ -343,7 +343,7 @@ def _evaluate(jaxpr, consts, args, stack: str, sites: list, values: list) -> lis
             outputs = list(result) if eqn.primitive.multiple_results else [result]
             if eqn.primitive.name in RECORDED_KERNELS:
                 sites.append((f"jax.{eqn.primitive.name}", _where(where),
-                              _text_digest(_ADDRESS.sub("", repr(sorted(eqn.params.items()))))))  # fmt: skip
+                              text_digest(_ADDRESS.sub("", repr(sorted(eqn.params.items()))))))  # fmt: skip
                 values.append((inputs, outputs))
         for var, value in zip(eqn.outvars, outputs, strict=True):
             if not isinstance(var, jax_core.DropVar):
@@ -376,10 +376,6 @@ def _op_digest(value) -> str:
     if hasattr(array, "dtype") and jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended):
         array = jax.random.key_data(array)  # a typed PRNG key: its bits
     return tensor_digest(np.asarray(array))
-
-
-def _text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _flat_params(params) -> dict[tuple[str, ...], jax.Array]:

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import tensor_digest  # noqa: E402
+from reprocube.trace import tensor_digest, text_digest  # noqa: E402
 
 MOMENTUM_PREFIX = "momentum_buffer."
 CPU_GENERATOR = "torch.cpu"
@@ -402,7 +402,7 @@ class _OpRecorder(TorchDispatchMode):
                 "index": len(self.ops),
                 "op": str(func),
                 "where": where,
-                "params": _text_digest(repr(params)),
+                "params": text_digest(repr(params)),
                 "inputs": inputs,
                 "outputs": outputs,
             }
@@ -449,9 +449,9 @@ def _op_digest(value, uninitialized: bool = False) -> str:
     """tensor_digest of a tensor's dtype, shape and bytes (read on the host); for memory nothing wrote
     yet, of its dtype and shape only; of any other value, its repr."""
     if not isinstance(value, torch.Tensor):
-        return _text_digest(repr(value))
+        return text_digest(repr(value))
     if uninitialized:
-        return _text_digest(f"uninitialized {value.dtype}{list(value.shape)}")
+        return text_digest(f"uninitialized {value.dtype}{list(value.shape)}")
     tensor = value.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
@@ -462,7 +462,3 @@ def _op_digest(value, uninitialized: bool = False) -> str:
         digest = hashlib.sha256(f"{tensor.dtype}{list(tensor.shape)}".encode())
         digest.update(raw.tobytes())
         return digest.hexdigest()[:16]
-
-
-def _text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

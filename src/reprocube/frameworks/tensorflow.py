@@ -11,7 +11,6 @@ non-XLA step was also the faster (see benchmarks/README.md)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from reprocube.analysis.operations import STEP_INPUT  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import tensor_digest  # noqa: E402
+from reprocube.trace import tensor_digest, text_digest  # noqa: E402
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 
@@ -160,10 +159,10 @@ class TensorflowBackend:
         return loss, self._fingerprint_graph()
 
     def _fingerprint_graph(self):
-        """Each weight's float32 bits, mixed (reprocube.trace.mix), summed as integers modulo 2**32, in sorted name order: read after the
-        update (tf.function orders the reads of a variable after its writes). Exact: int64 sums of at most
-        2**31 int32 values cannot overflow, then the low 32 bits. One sum per variable: a concat and one
-        segment_sum took twice as long (~0.1 ms a step under load here)."""
+        """Each weight's float32 bits, mixed (reprocube.trace.mix), summed as integers modulo 2**32, in
+        sorted name order: read after the update (tf.function orders the reads of a variable after its
+        writes). Exact: int64 sums of at most 2**31 int32 values cannot overflow, then the low 32 bits. One
+        sum per variable: a concat and one segment_sum took twice as long (~0.1 ms a step under load here)."""
         sums = [
             tf.reduce_sum(tf.cast(_mix(tf.bitcast(v.value, tf.int32)), tf.int64)) for v in self._fingerprint_variables
         ]
@@ -300,7 +299,7 @@ class _GraphRecorder:
         return call
 
     def _append(self, op: str, where: str, inputs: list, outputs: list) -> None:
-        self.ops.append({"index": len(self.ops), "op": op, "where": where, "params": _text_digest(""),
+        self.ops.append({"index": len(self.ops), "op": op, "where": where, "params": text_digest(""),
                          "inputs": [tensor_digest(a) for a in inputs],
                          "outputs": [tensor_digest(a) for a in outputs]})  # fmt: skip
 
@@ -312,10 +311,6 @@ def _where(op_name: str, layers: set[str]) -> str:
     layer = next((base for p in parts if (base := re.sub(r"_\d+$", "", p)) in layers), None)
     phase = "backward" if parts[0].startswith("gradient_tape") else "forward"
     return f"{phase}, {layer}" if layer else phase
-
-
-def _text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _mix(bits):
