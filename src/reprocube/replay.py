@@ -4,10 +4,11 @@ computes differently on two machines (reprocube.analysis.operations compares two
 The replay resumes from the newest checkpoint of the run at or before step N-1 (a fresh start when
 there is none), trains to step N-1 exactly as the loop does (same data order, same trainer calls, no
 checkpoint, no metric, nothing written to the run), then runs step N twice from the same state: once
-plainly, once recorded by the trainer (Backend.record_ops: PyTorch's every operation, JAX's and TensorFlow's inputs and kernels). That the recording changed
-nothing is checked, not assumed: both runs of step N must give the same loss bits and the same weights,
-optimizer tensors and generator states. The recorded loss is also compared with the run's own trace
-(and the weights with its boundary at step N, where it has one).
+plainly, once recorded by the trainer (Backend.record_ops: PyTorch's every operation, JAX's and
+TensorFlow's inputs and kernels). That the recording changed nothing is checked, not assumed: both runs
+of step N must give the same loss bits and the same weights, optimizer tensors and generator states.
+The recorded loss is also compared with the run's own trace (and the weights with its boundary at step
+N, where it has one).
 
 The evaluation at each epoch's end is skipped: it draws no random number and changes no state the
 training reads (the comparison with the run's trace would show otherwise)."""
