@@ -6,8 +6,7 @@ group's losses and added to a trace) and without it (the same trainer with its f
 by nothing: PyTorch's per-step copy skipped, TensorFlow's graph and JAX's jitted step traced again with a
 constant), each block ending in the group's host sync. Alternating blocks of a few hundred milliseconds
 cancel this VM's drift better than separate processes do (which gave -60% to +170% here under load).
-With --receipts, also one real 1-epoch run per framework, for the receipt's bytes with and without the
-fingerprint keys.
+With --receipts, also one real 1-epoch run per framework, for its receipt's bytes and their parts.
 
     python benchmarks/trace_cost.py --data-dir data --repeats 2 --receipts --out benchmarks/cpu/trace-fingerprint.json
 
@@ -33,101 +32,122 @@ FRAMEWORKS = ("pytorch", "tensorflow", "jax")
 
 CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import functools, json, sys, time
     import numpy as np
     from reprocube.backend import STEPS_PER_CALL, create_backend
     from reprocube.config import load_config
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
     from reprocube.loop import seed_host_rng
-    from reprocube.trace import StepTrace
+    from reprocube.trace import TENSOR_FINGERPRINT_STEPS, StepTrace
 
     framework, data_dir, threads, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     cfg = load_config([f"framework={framework}", "dataset=fashion_mnist", f"data_dir={data_dir}",
                        f"threads={threads}", "device=cpu"])
     dataset = load_dataset(cfg)
     sampler = EpochSampler(cfg.seed, len(dataset.train), cfg.batch_size, cfg.data.drop_last)
+    steps_per_epoch = sampler.steps_per_epoch
     seed_host_rng(cfg.seed)
     backend = create_backend(cfg, dataset)
     trace = StepTrace(0, first_step=0, tensor_names=sorted(backend.export_state().weights))
+    width = len(trace.tensor_names)
 
-    SWAPPED = {"pytorch": "_record_fingerprint", "tensorflow": "_train_steps", "jax": "_train_step"}[framework]
-
-    def block(first, end, fingerprints):
+    def block(epoch, first, end, fingerprints):
+        # As the loop runs a group of the epoch (from the second on: past the per-tensor steps).
         started = time.perf_counter()
-        backend.train_steps(sampler.steps_bounds(first, end), first)
+        backend.train_steps(sampler.steps_bounds(first, end), epoch * steps_per_epoch + first)
         losses = backend.group_losses()  # the host sync
         if fingerprints:
             trace.add_losses(losses, backend.group_fingerprints())
         return time.perf_counter() - started
 
     backend.begin_epoch(sampler.epoch_order(0))
-    block(0, 21, True)  # the first step (and compilation) and 20 more, untimed
-    with_fingerprints = getattr(backend, SWAPPED)
+    block(0, 0, 21, True)  # the first step (and compilation) and 20 more, untimed
     # The same trainer without its fingerprint work, traced and compiled now.
     if framework == "pytorch":
+        SWAPPED = "_record_fingerprint"
+        with_fingerprints = backend._record_fingerprint
         backend._record_fingerprint = lambda row: None
     elif framework == "tensorflow":
         import tensorflow as tf
-        zeros = tf.zeros([len(trace.tensor_names)], tf.int64)
-        backend._fingerprint_graph = lambda: zeros  # the graph still writes these zeros to its slot: one tiny op
-        backend._train_steps = tf.function(
-            backend._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False
-        )
+        SWAPPED = "_train_steps"
+        with_fingerprints = backend._train_steps
+        zeros = {True: tf.zeros([width], tf.uint32), False: tf.zeros([], tf.uint32)}
+        backend._fingerprint_graph = lambda per_tensor: zeros[per_tensor]  # still written to its row: one tiny op
+        backend._train_steps = {
+            per_tensor: tf.function(functools.partial(backend._train_steps_graph, per_tensor=per_tensor),
+                                    input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False)
+            for per_tensor in (True, False)
+        }
     else:
         import jax, jax.numpy as jnp
         import reprocube.frameworks.jax as module
-        original, zeros = module._fingerprint, jnp.zeros(len(trace.tensor_names), jnp.uint32)
+        SWAPPED = "_train_step"
+        with_fingerprints = backend._train_step
+        original, zeros = module._fingerprint, jnp.zeros(width, jnp.uint32)
         module._fingerprint = lambda params: zeros
         backend._train_step = jax.jit(backend._train_step_fn, static_argnums=(5,))
-    block(21, 42, False)
+    block(0, 21, 42, False)
     if framework == "jax":
         module._fingerprint = original
     elif framework == "tensorflow":
         del backend._fingerprint_graph  # the method again (the graphs are traced)
     without_fingerprints = getattr(backend, SWAPPED)
-    trace = StepTrace(0, first_step=0, tensor_names=trace.tensor_names)  # the timed blocks' only
+    trace = StepTrace(0, first_step=steps_per_epoch, tensor_names=trace.tensor_names)  # the timed blocks' only
 
     rows = []
-    for epoch in range(epochs):
-        backend.begin_epoch(sampler.epoch_order(1 + epoch))
-        for i, first in enumerate(range(0, sampler.steps_per_epoch, STEPS_PER_CALL)):
-            end = min(first + STEPS_PER_CALL, sampler.steps_per_epoch)
+    for epoch in range(1, epochs + 1):
+        backend.begin_epoch(sampler.epoch_order(epoch))
+        for i, first in enumerate(range(0, steps_per_epoch, STEPS_PER_CALL)):
+            end = min(first + STEPS_PER_CALL, steps_per_epoch)
             order = (True, False) if (i + epoch) % 2 == 0 else (False, True)
             pair = {}
             for fingerprints in order:
                 setattr(backend, SWAPPED, with_fingerprints if fingerprints else without_fingerprints)
-                pair["with" if fingerprints else "without"] = block(first, end, fingerprints)
+                pair["with" if fingerprints else "without"] = block(epoch, first, end, fingerprints)
             rows.append({"steps": end - first, **pair})
-    # The fingerprint's work alone, for 100 steps, where it can be run alone (the minimum of 20: what it
-    # costs when no other process holds the cores): PyTorch's per-step copy and per-group sums exactly;
-    # JAX's and TensorFlow's as a separate call (jitted / a graph loop), which also pays a dispatch.
-    alone = []
-    for _ in range(20):
-        started = time.perf_counter()
-        if framework == "pytorch":
+
+    # The fingerprint's own work for 100 steps, measured alone in the same process (the minimum of 30
+    # repetitions: what it costs when no other process holds the cores), as the trainer computes it past
+    # the per-tensor steps ("model") and within them ("tensors"). PyTorch: its per-step copy and the
+    # group's sums, exactly. TensorFlow: a graph loop computing it and writing its row, minus the same
+    # loop writing a constant (the loop's own cost). JAX: a jitted call computing it, minus a jitted
+    # call returning a constant (the dispatch).
+    def timed(run):
+        run()
+        best = float("inf")
+        for _ in range(30):
+            started = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    alone = {}
+    if framework == "pytorch":
+        def pytorch_group():
             for row in range(STEPS_PER_CALL):
                 backend._record_fingerprint(row)
             backend._group_losses = [None] * STEPS_PER_CALL
             backend.group_fingerprints()
-        elif framework == "tensorflow":
-            import tensorflow as tf
-            if "loop" not in globals():
-                def body(i):
-                    backend._fingerprints[i].assign(backend._fingerprint_graph())
-                    return (i + 1,)
-                loop = tf.function(lambda: tf.while_loop(lambda i: i < STEPS_PER_CALL, body, (tf.constant(0),)))
-                loop()
-            loop()
-            backend._fingerprints.numpy()
-        else:
-            import jax
-            import reprocube.frameworks.jax as module
-            if "alone_jit" not in globals():
-                alone_jit = jax.jit(module._fingerprint)
-                alone_jit(backend.params).block_until_ready()
-            jax.device_get([alone_jit(backend.params) for _ in range(STEPS_PER_CALL)])
-        alone.append(time.perf_counter() - started)
+        alone["tensors"] = alone["model"] = timed(pytorch_group)  # one way for every step
+    elif framework == "tensorflow":
+        def loop(body, rows):
+            def step(i):
+                rows[i].assign(body())
+                return (i + 1,)
+            graph = tf.function(lambda: tf.while_loop(lambda i: i < STEPS_PER_CALL, step, (tf.constant(0),)))
+            return lambda: (graph(), rows.numpy())
+        for name, per_tensor in (("tensors", True), ("model", False)):
+            rows_variable = backend._fingerprint_rows(per_tensor)
+            measured = timed(loop(lambda p=per_tensor: backend._fingerprint_graph(p), rows_variable))
+            baseline = timed(loop(lambda p=per_tensor: zeros[p], rows_variable))
+            alone[name] = measured - baseline
+    else:
+        fingerprint_jit = jax.jit(module._fingerprint)
+        constant_jit = jax.jit(lambda params: zeros)
+        measured = timed(lambda: jax.device_get([fingerprint_jit(backend.params) for _ in range(STEPS_PER_CALL)]))
+        baseline = timed(lambda: jax.device_get([constant_jit(backend.params) for _ in range(STEPS_PER_CALL)]))
+        alone["tensors"] = alone["model"] = measured - baseline
     print(json.dumps({"blocks": rows, "alone_100_steps_s": alone}))
     """
 )
@@ -145,43 +165,25 @@ def child(framework: str, data_dir: Path, threads: int, epochs: int) -> dict:
 
 
 def receipt_bytes(framework: str, data_dir: Path, work: Path, threads: int) -> dict:
-    """A 1-epoch Fashion-MNIST receipt (1875 steps), with and without the fingerprint keys: the real receipt
-    of a 1-step run of the framework (config, environment, epoch record as written) with its trace replaced
-    by one of 1875 steps in the same format (boundaries every 100 steps and at the end; the trace's bytes
-    do not depend on the values in it). Training a whole epoch here for it took minutes under load."""
-    import numpy as np
-
-    sys.path.insert(0, str(ROOT / "src"))
-    from reprocube.trace import StepTrace
-
+    """The receipt of a real 1-epoch Fashion-MNIST run (1875 steps, the default trace settings), in bytes as
+    written, and its parts: the trace's keys and the rest (config, environment, source digests, epochs)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONHASHSEED": "0"}
     subprocess.run(
         [sys.executable, "-m", "reprocube", "train", f"framework={framework}", "epochs=1", f"threads={threads}",
-         f"data_dir={data_dir}", f"output_dir={work}", f"run_name={framework}", "log.progress=false", "device=cpu",
-         "data.train_limit=32", "data.test_limit=64"],
+         f"data_dir={data_dir}", f"output_dir={work}", f"run_name={framework}", "log.progress=false", "device=cpu"],
         check=True, capture_output=True, env=env, cwd=work, timeout=3600,
     )  # fmt: skip
-    receipt = json.loads((work / framework / "receipt.json").read_bytes())
-    names = receipt["trace"]["tensor_names"]
-    rng = np.random.default_rng(0)
-    sizes = {}
-    for fingerprints in (False, True):
-        trace = StepTrace(100, 0, tensor_names=list(names))
-        for step in range(1, 1876):
-            values = rng.integers(0, 2**32, size=(1, len(names)), dtype=np.uint64).astype(np.uint32)
-            trace.add_losses(rng.random(1, dtype=np.float32), values if fingerprints else None)
-            if step % 100 == 0 or step == 1875:
-                trace.add_boundary(step, {n: rng.random(3, dtype=np.float32) for n in names})
-        body = {**receipt, "trace": trace.to_json()}
-        sizes[fingerprints] = len(json.dumps(body, separators=(",", ":"), sort_keys=True))  # as written
+    raw = (work / framework / "receipt.json").read_bytes()
+    receipt = json.loads(raw)
+    compact = lambda value: len(json.dumps(value, separators=(",", ":")))  # noqa: E731  (as written)
+    trace = receipt["trace"]
     return {
-        "steps": 1875,
-        "receipt_bytes": sizes[True],
-        "receipt_bytes_without_fingerprints": sizes[False],
-        "fingerprint_bytes": sizes[True] - sizes[False],
-        "rest_of_receipt_bytes": len(json.dumps({k: v for k, v in receipt.items() if k != "trace"},
-                                                separators=(",", ":"), sort_keys=True)),
-    }  # fmt: skip
+        "steps": trace["steps"],
+        "receipt_bytes": len(raw),
+        "trace_bytes": {key: compact(value) for key, value in trace.items()},
+        "rest_of_receipt_bytes": compact({k: v for k, v in receipt.items() if k != "trace"}),
+        "source_files": len(receipt["reprocube"]["source_files"]),
+    }
 
 
 def machine() -> dict:
@@ -198,24 +200,33 @@ def machine() -> dict:
     }
 
 
-def summarize(blocks: list[dict], alone: list[float]) -> dict:
+def summarize(blocks: list[dict], alone: dict[str, float], steps_per_epoch: int = 1875) -> dict:
     with_s, without_s = sum(b["with"] for b in blocks), sum(b["without"] for b in blocks)
     ratios = [b["with"] / b["without"] - 1 for b in blocks]
     steps = sum(b["steps"] for b in blocks)
     fastest = {k: min(b[k] / b["steps"] for b in blocks) for k in ("with", "without")}
+    mean = statistics.fmean(ratios)
+    half_width = 1.96 * statistics.stdev(ratios) / len(ratios) ** 0.5
+    # An epoch's fingerprint work: per tensor for the first TENSOR_FINGERPRINT_STEPS (64) steps of a run,
+    # the model's alone after them (TensorFlow; the others compute it one way throughout).
+    per_step = {k: v / 100 for k, v in alone.items()}
+    epoch_us = (64 * per_step["tensors"] + (steps_per_epoch - 64) * per_step["model"]) / steps_per_epoch
     return {
-        # The least contended blocks: the fastest step time of each kind (this VM is shared).
-        "cost_fastest_blocks": round(fastest["with"] / fastest["without"] - 1, 4),
+        "alone_us_per_step": {k: round(1e6 * v, 1) for k, v in per_step.items()},
+        "alone_share_of_fastest_step": {k: round(v / fastest["without"], 4) for k, v in per_step.items()},
+        "alone_share_of_first_epoch": round(epoch_us / fastest["without"], 4),
         "step_ms_fastest_without": round(1000 * fastest["without"], 3),
-        "alone_us_per_step_min": round(1e6 * min(alone) / 100, 1),
-        "alone_share_of_fastest_step": round(min(alone) / 100 / fastest["without"], 4),
+        # The blocks (past the per-tensor steps): with / without, per pair, with the mean's 95% interval.
+        "cost_mean_of_pairs": round(mean, 4),
+        "cost_mean_of_pairs_95ci": [round(mean - half_width, 4), round(mean + half_width, 4)],
+        "cost_median_of_pairs": round(statistics.median(ratios), 4),
+        "cost_pairs_p25_p75": [round(q, 4) for q in statistics.quantiles(ratios, n=4)[::2]],
+        "cost_fastest_blocks": round(fastest["with"] / fastest["without"] - 1, 4),
+        "cost_total": round(with_s / without_s - 1, 4),  # the blocks' time with / without, minus one
         "blocks": len(blocks),
         "steps": steps,
         "with_s": round(with_s, 4),
         "without_s": round(without_s, 4),
-        "cost_total": round(with_s / without_s - 1, 4),  # the epoch's time with / without, minus one
-        "cost_median_of_pairs": round(statistics.median(ratios), 4),
-        "cost_pairs_p25_p75": [round(q, 4) for q in statistics.quantiles(ratios, n=4)[::2]],
         "step_ms_without": round(1000 * without_s / steps, 3),
         "added_us_per_step": round(1e6 * (with_s - without_s) / steps, 1),
     }

@@ -366,7 +366,7 @@ TRACE_PATHS = [
     ["trace", "every_steps"],
     ["trace", "first_step"],
     ["trace", "steps"],
-    ["trace", "loss_f32_le_base64"],
+    ["trace", "loss_f32_le_planes_deflate_base64"],
     ["trace", "tensor_names"],
     ["trace", "tensor_names", 0],
     ["trace", "boundaries"],

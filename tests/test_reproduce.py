@@ -233,7 +233,7 @@ def test_a_damaged_or_hostile_receipt_is_one_line_and_exit_4(generated, tmp_path
     cases = {
         "edited": lambda r: r.update(seed=1),  # no longer matches its own sha256
         "trace too short": lambda r: r["trace"].update(steps=r["trace"]["steps"] + 1),
-        "trace not base64": lambda r: r["trace"].update(loss_f32_le_base64="***"),
+        "trace not base64": lambda r: r["trace"].update(loss_f32_le_planes_deflate_base64="***"),
         "boundary out of order": lambda r: r["trace"]["boundaries"].reverse(),
         "digest not hex": lambda r: r["trace"]["boundaries"][0][1].__setitem__(0, "zz" * 8),
         "epochs a string": lambda r: r.update(epochs="many"),

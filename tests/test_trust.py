@@ -21,6 +21,7 @@ from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import json_text, safe_name
 from reprocube.receipt import self_digest
 from reprocube.terminal import printable
+from reprocube.trace import LOSS_KEYS, TRACE_VERSION, decode_losses, encode_losses
 from reprocube.untrusted import iter_json_lines, read_json
 
 from conftest import error_lines, reprocube
@@ -293,7 +294,7 @@ def _paths(value, prefix=()):
     yield prefix
     if isinstance(value, dict):
         for key, item in value.items():
-            if key != "loss_f32_le_base64":
+            if key != LOSS_KEYS[TRACE_VERSION]:
                 yield from _paths(item, (*prefix, key))
     elif isinstance(value, list):
         for i, item in enumerate(value[:3]):
@@ -465,14 +466,13 @@ def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt
 def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, generated, tmp_path):
     """Every weight digest reproduces and one step's loss bits do not (A's trace edited, hashes recomputed):
     the verdict says the trained model is bit-identical and only the losses differ."""
-    import base64
-
     import numpy as np
 
     def one_loss_bit(receipt):
-        bits = np.frombuffer(base64.b64decode(receipt["trace"]["loss_f32_le_base64"]), "<u4").copy()
+        trace, key = receipt["trace"], LOSS_KEYS[TRACE_VERSION]
+        bits = decode_losses(trace[key], trace["steps"], key, CheckpointError).view(np.uint32).copy()
         bits[6] ^= 1
-        receipt["trace"]["loss_f32_le_base64"] = base64.b64encode(bits.tobytes()).decode()
+        trace[key] = encode_losses(bits.view(np.float32))
 
     published = write(forge(receipt_a, one_loss_bit), tmp_path / "pub" / "receipt.json")
     proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",

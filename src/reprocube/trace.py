@@ -5,8 +5,10 @@ that another machine can find the first step at which its run computes different
 of our checkpoints.
 
 The losses are fetched once per group of steps (the loop already returns to Python there), never with a
-host sync per step. They are stored as the little-endian bytes of one float32 array, base64-encoded:
-4 bytes a step. The trace depends only on the global steps, not on how the loop grouped them or where a
+host sync per step. They are stored as the little-endian bytes of one float32 array in byte planes (every
+step's first byte, then every second, ...), deflated and base64-encoded (`encode_losses`): a run's losses
+share their sign and exponent bytes, which makes them about 3 bytes a step instead of 4 (trace version
+2; version 1, the plain bytes, is still read). The trace depends only on the global steps, not on how the loop grouped them or where a
 run was resumed, so an interrupted run's trace equals the uninterrupted one's.
 
 The weight fingerprint (`fingerprint`): per tensor, the sum modulo 2**32 of its float32 bit patterns read
@@ -28,6 +30,7 @@ import base64
 import binascii
 import hashlib
 import re
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +38,8 @@ import numpy as np
 from reprocube.errors import ReprocubeError
 from reprocube.untrusted import Fields
 
-TRACE_VERSION = 1  # the fingerprint keys came later within version 1: optional, absent in older traces
+TRACE_VERSION = 2  # 2: the losses deflated (1: their plain bytes; the fingerprint keys optional in both)
+LOSS_KEYS = {1: "loss_f32_le_base64", 2: "loss_f32_le_planes_deflate_base64"}  # by trace version
 TENSOR_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 MAX_TRACE_STEPS = 50_000_000  # 200 MB of loss bits: beyond any run this benchmark trains
 FINGERPRINT_KEYS = (
@@ -145,8 +149,10 @@ class StepTrace:
         return max(first, min(self.last_step, self.tensor_fingerprint_steps))
 
     def add_losses(self, losses: np.ndarray, fingerprints: np.ndarray | None = None) -> None:
-        """One group of steps: their float32 losses and, from a trainer that computes them, their
-        (steps, tensors) uint32 weight fingerprints (columns in sorted weight-name order)."""
+        """One group of steps: their float32 losses and, from a trainer that computes them, their weight
+        fingerprints: uint32 (steps, tensors), columns in sorted weight-name order, or (steps,) the
+        model's alone (a trainer may skip the per-tensor sums where the trace keeps none: beyond
+        tensor_fingerprint_steps; given earlier, the per-tensor rows end where they stop)."""
         losses = np.asarray(losses, dtype=np.float32).reshape(-1)
         if fingerprints is None:
             if self.fingerprint_first_step is not None:
@@ -154,9 +160,10 @@ class StepTrace:
             self._chunks.append(losses)
             return
         fingerprints = np.asarray(fingerprints, dtype=np.uint32)
-        if fingerprints.ndim != 2 or len(fingerprints) != len(losses):
+        if fingerprints.ndim not in (1, 2) or len(fingerprints) != len(losses):
             raise ValueError(f"fingerprints {fingerprints.shape} do not match {len(losses)} losses")
-        if self.tensor_names and fingerprints.shape[1] != len(self.tensor_names):
+        per_tensor = fingerprints.ndim == 2
+        if per_tensor and self.tensor_names and fingerprints.shape[1] != len(self.tensor_names):
             raise ValueError(
                 f"fingerprints of {fingerprints.shape[1]} tensors, the trace names {len(self.tensor_names)}"
             )
@@ -164,7 +171,10 @@ class StepTrace:
         if self.fingerprint_first_step is None:
             self.fingerprint_first_step = before  # a fresh trace, or one resumed from before fingerprints
         self._chunks.append(losses)
-        self._model_chunks.append(model_fingerprint(fingerprints))
+        self._model_chunks.append(model_fingerprint(fingerprints) if per_tensor else fingerprints.copy())
+        if not per_tensor:
+            self.tensor_fingerprint_steps = min(self.tensor_fingerprint_steps, max(before, self.fingerprint_first_step))
+            return
         keep = max(0, min(len(fingerprints), self.tensor_fingerprint_steps - before))
         if keep:
             if not self.tensor_names:
@@ -186,13 +196,12 @@ class StepTrace:
         return self.losses.view(np.uint32)
 
     def to_json(self) -> dict:
-        blob = self.losses.astype("<f4", copy=False).tobytes()
         value = {
             "version": TRACE_VERSION,
             "every_steps": self.every_steps,
             "first_step": self.first_step,
             "steps": len(self.losses),
-            "loss_f32_le_base64": base64.b64encode(blob).decode("ascii"),
+            LOSS_KEYS[TRACE_VERSION]: encode_losses(self.losses),
             "tensor_names": self.tensor_names,
             "boundaries": [[b.step, b.tensors] for b in self.boundaries],
         }
@@ -210,18 +219,24 @@ class StepTrace:
         """The mirror of to_json, every key checked (one line naming the key when wrong)."""
         fields = Fields(value, where, error)
         version = fields.integer("version")
-        if version != TRACE_VERSION:
-            raise error(f"{where}: trace version {version} is not one this reprocube reads ({TRACE_VERSION})")
+        if version not in LOSS_KEYS:
+            raise error(
+                f"{where}: trace version {version} is not one this reprocube reads ({', '.join(map(str, LOSS_KEYS))})"
+            )
         every = fields.integer("every_steps")
         first = fields.integer("first_step")
         steps = fields.integer("steps", 0, MAX_TRACE_STEPS)
-        encoded = fields.text("loss_f32_le_base64", optional=True) or ""
-        try:
-            blob = base64.b64decode(encoded.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise error(f"{where}.loss_f32_le_base64 is not base64") from None
-        if len(blob) != 4 * steps:
-            raise error(f"{where}.loss_f32_le_base64 holds {len(blob)} bytes, not 4 for each of its {steps} steps")
+        key = LOSS_KEYS[version]
+        other = next((k for k in LOSS_KEYS.values() if k != key and k in value), None)
+        if other is not None:
+            raise error(f"{where}.{other} is not a key of a version {version} trace")
+        if version == 1:  # the plain bytes (an empty trace may leave the key out)
+            blob = _decode_base64(fields.text(key, optional=True) or "", f"{where}.{key}", error)
+            if len(blob) != 4 * steps:
+                raise error(f"{where}.{key} holds {len(blob)} bytes, not 4 for each of its {steps} steps")
+            losses = np.frombuffer(blob, dtype="<f4").astype(np.float32)
+        else:
+            losses = decode_losses(fields.text(key), steps, f"{where}.{key}", error)
         names = value.get("tensor_names")
         if not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)):
             raise error(f"{where}.tensor_names must be a list of tensor names")
@@ -249,7 +264,6 @@ class StepTrace:
                 )
             previous = entry[0]
             boundaries.append(Boundary(entry[0], list(entry[1])))
-        losses = np.frombuffer(blob, dtype="<f4").astype(np.float32)
         trace = cls(every, first, list(names), boundaries, [losses])
         present = [key for key in FINGERPRINT_KEYS if key in value]
         if present:  # none: a trace from before fingerprints (or from a trainer without them)
@@ -260,16 +274,56 @@ class StepTrace:
         return trace
 
 
+def encode_losses(losses: np.ndarray) -> str:
+    """float32 losses as trace version 2 stores them: their little-endian bytes in byte planes, raw
+    deflate, base64."""
+    planes = np.ascontiguousarray(losses, dtype="<f4").view(np.uint8).reshape(-1, 4).T.tobytes()
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return base64.b64encode(compressor.compress(planes) + compressor.flush()).decode("ascii")
+
+
+def decode_losses(text: str, steps: int, where: str, error) -> np.ndarray:
+    """The float32 losses of encode_losses' text for `steps` steps (one line naming `where` if it is not)."""
+    blob = _inflate_planes(_decode_base64(text, where, error), 4 * steps, where, error)
+    if len(blob) != 4 * steps:
+        raise error(f"{where} holds {len(blob)} bytes, not 4 for each of its {steps} steps")
+    return np.frombuffer(blob, dtype="<f4").astype(np.float32)
+
+
+# The most a deflated loss trace may expand: real losses shrink to about 0.77 (benchmarks/README.md); a
+# small forged trace must not expand to hundreds of MB.
+MAX_INFLATION = 16
+INFLATION_SLACK = 1 << 16
+
+
+def _decode_base64(text: str, where: str, error) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise error(f"{where} is not base64") from None
+
+
+def _inflate_planes(deflated: bytes, size: int, where: str, error) -> bytes:
+    """Byte planes (encode_losses) back to little-endian float32 bytes: exactly `size` bytes of one whole
+    raw deflate stream, expanded at most MAX_INFLATION times."""
+    if size > MAX_INFLATION * len(deflated) + INFLATION_SLACK:
+        raise error(f"{where}: {len(deflated)} deflated bytes cannot hold {size // 4} steps' losses")
+    inflater = zlib.decompressobj(-15)
+    try:
+        planes = inflater.decompress(deflated, size + 1)
+    except zlib.error:
+        raise error(f"{where} is not a deflate stream") from None
+    if len(planes) != size or not inflater.eof or inflater.unused_data or inflater.unconsumed_tail:
+        raise error(f"{where} does not hold exactly {size // 4} steps' losses in one deflate stream")
+    return np.frombuffer(planes, np.uint8).reshape(4, -1).T.tobytes()
+
+
 def _encode_u32(array: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(array, dtype="<u4").tobytes()).decode("ascii")
 
 
 def _decode_u32(fields: Fields, key: str, count: int, what: str, where: str, error) -> np.ndarray:
-    encoded = fields.text(key)
-    try:
-        blob = base64.b64decode(encoded.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError):
-        raise error(f"{where}.{key} is not base64") from None
+    blob = _decode_base64(fields.text(key), f"{where}.{key}", error)
     if len(blob) != 4 * count:
         raise error(f"{where}.{key} holds {len(blob)} bytes, not 4 for each of its {count} {what}")
     return np.frombuffer(blob, dtype="<u4").astype(np.uint32)

@@ -11,6 +11,7 @@ non-XLA step was also the faster (see benchmarks/README.md)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from reprocube.analysis.operations import STEP_INPUT  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import tensor_digest, text_digest  # noqa: E402
+from reprocube.trace import TENSOR_FINGERPRINT_STEPS, tensor_digest, text_digest  # noqa: E402
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 
@@ -92,24 +93,39 @@ class TensorflowBackend:
         # Each step of a group writes its loss here, as the step used to write the last loss into a variable:
         # returning them from the graph's loop (a TensorArray) cost ~30% of an epoch on this CPU.
         self._losses = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.float32), trainable=False)
-        # ... and its weight fingerprint (reprocube.trace.fingerprint), computed in the graph after the update.
+        # ... and its weight fingerprint (reprocube.trace.fingerprint), computed in the graph after the update:
+        # per tensor while a group holds steps whose per-tensor fingerprints the trace keeps, else only the
+        # model's (_fingerprint_graph says why); _group_per_tensor: which the last group computed.
         self._fingerprint_variables = [v for _, v in sorted((_name(v), v) for v in self.model.weights)]
-        self._fingerprints = tf.Variable(
-            tf.zeros([STEPS_PER_CALL, len(self._fingerprint_variables)], tf.int64), trainable=False
+        self._tensor_fingerprints = tf.Variable(
+            tf.zeros([STEPS_PER_CALL, len(self._fingerprint_variables)], tf.uint32), trainable=False
         )
-        self._group_size = 0
-        span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
+        self._model_fingerprints = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.uint32), trainable=False)
+        self._group_size, self._group_per_tensor = 0, True
         # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
-        # per step costs about as much as the step itself here.
-        self._train_steps = tf.function(
-            self._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False
-        )
+        # per step costs about as much as the step itself here. Two of each: per-tensor fingerprints or not.
+        self._train_steps = {
+            per_tensor: tf.function(
+                functools.partial(self._train_steps_graph, per_tensor=per_tensor),
+                input_signature=[tf.TensorSpec([None, 2], tf.int32)],
+                jit_compile=False,
+            )
+            for per_tensor in (True, False)
+        }
+        span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
         self._eval_step = tf.function(self._eval_step_graph, input_signature=span, jit_compile=False)
         batch_spec = [
             tf.TensorSpec([None, 28, 28, 1], tf.float32),
             tf.TensorSpec([None, dataset.num_classes], tf.float32),
         ]
-        self._train_batch = tf.function(self._step_graph, input_signature=batch_spec, jit_compile=False)
+        self._train_batch = {
+            per_tensor: tf.function(
+                functools.partial(self._batch_graph, per_tensor=per_tensor),
+                input_signature=batch_spec,
+                jit_compile=False,
+            )
+            for per_tensor in (True, False)
+        }
 
     def info(self) -> dict:
         build = tf.sysconfig.get_build_info()
@@ -137,11 +153,14 @@ class TensorflowBackend:
     def _nll_sum(self, logits, one_hot):
         return -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot)
 
-    def _train_steps_graph(self, bounds):
+    def _train_steps_graph(self, bounds, per_tensor: bool):
         for i in tf.range(tf.shape(bounds)[0]):
-            loss, fingerprint = self._train_step_graph(bounds[i, 0], bounds[i, 1])
-            self._losses[i].assign(loss)
-            self._fingerprints[i].assign(fingerprint)
+            self._losses[i].assign(self._train_step_graph(bounds[i, 0], bounds[i, 1]))
+            self._fingerprint_rows(per_tensor)[i].assign(self._fingerprint_graph(per_tensor))
+
+    def _batch_graph(self, images, one_hot, per_tensor: bool):
+        """One step of the loader pipeline: its loss and fingerprint."""
+        return self._step_graph(images, one_hot), self._fingerprint_graph(per_tensor)
 
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
@@ -156,17 +175,22 @@ class TensorflowBackend:
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
         self._loss_sum.assign_add(loss * batch)
         self._correct.assign_add(self._count_correct(logits, one_hot))
-        return loss, self._fingerprint_graph()
+        return loss
 
-    def _fingerprint_graph(self):
-        """Each weight's float32 bits, mixed (reprocube.trace.mix), summed as integers modulo 2**32, in
-        sorted name order: read after the update (tf.function orders the reads of a variable after its
-        writes). Exact: int64 sums of at most 2**31 int32 values cannot overflow, then the low 32 bits. One
-        sum per variable: a concat and one segment_sum took twice as long (~0.1 ms a step under load here)."""
-        sums = [
-            tf.reduce_sum(tf.cast(_mix(tf.bitcast(v.value, tf.int32)), tf.int64)) for v in self._fingerprint_variables
-        ]
-        return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
+    def _fingerprint_graph(self, per_tensor: bool):
+        """The weights' fingerprint after the step (tf.function orders the reads of a variable after its
+        writes): per tensor, in sorted name order, or the model's alone. Each graph op costs TensorFlow's
+        executor microseconds whatever its size (benchmarks/README.md): the eight tensors' sums (a read,
+        bitcast, product, xor and sum each) cost about 1.5% of a step on the AVX2 machine, the model's (the
+        reads, one concat, the mix, one sum) under half that. uint32 throughout: its products and sums wrap
+        modulo 2**32 by definition."""
+        if per_tensor:
+            return tf.stack([tf.reduce_sum(_mix(tf.bitcast(v.value, tf.uint32))) for v in self._fingerprint_variables])
+        flat = tf.concat([tf.reshape(v.value, [-1]) for v in self._fingerprint_variables], axis=0)
+        return tf.reduce_sum(_mix(tf.bitcast(flat, tf.uint32)))
+
+    def _fingerprint_rows(self, per_tensor: bool) -> tf.Variable:
+        return self._tensor_fingerprints if per_tensor else self._model_fingerprints
 
     def _eval_step_graph(self, lo, hi):
         logits = self.model(self.x_test[lo:hi], training=False)
@@ -181,22 +205,28 @@ class TensorflowBackend:
         self._order.assign(order)
 
     def train_steps(self, bounds, first_global_step: int) -> None:
-        self._train_steps(tf.constant(bounds))
+        self._group_per_tensor = first_global_step < TENSOR_FINGERPRINT_STEPS
+        self._train_steps[self._group_per_tensor](tf.constant(bounds))
         self._group_size = len(bounds)
 
     def train_batches(self, batches, first_global_step: int) -> None:
+        self._group_per_tensor = first_global_step < TENSOR_FINGERPRINT_STEPS
+        rows = self._fingerprint_rows(self._group_per_tensor)
         for i, (images, labels) in enumerate(batches):
             one_hot = tf.one_hot(labels, self.y_train.shape[1], dtype=tf.float32)
-            loss, fingerprint = self._train_batch(tf.constant(images.transpose(0, 2, 3, 1)), one_hot)
+            step = self._train_batch[self._group_per_tensor]
+            loss, fingerprint = step(tf.constant(images.transpose(0, 2, 3, 1)), one_hot)
             self._losses[i].assign(loss)
-            self._fingerprints[i].assign(fingerprint)
+            rows[i].assign(fingerprint)
         self._group_size = len(batches)
 
     def group_losses(self) -> np.ndarray:
         return self._losses.numpy()[: self._group_size]
 
     def group_fingerprints(self) -> np.ndarray:
-        return self._fingerprints.numpy()[: self._group_size].astype(np.uint32)
+        """(steps, tensors) while the group holds steps the trace keeps per-tensor fingerprints of, else
+        (steps,): the model's alone."""
+        return self._fingerprint_rows(self._group_per_tensor).numpy()[: self._group_size]
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._loss_sum.numpy()), int(self._correct.numpy()))
@@ -243,20 +273,25 @@ class TensorflowBackend:
         that changed the step (oneDNN fuses a convolution with what follows it) is checked by the
         replay, not assumed."""
         recorder = _GraphRecorder({layer.name for layer in self.model.layers})
-        compiled = self._train_steps, self._train_batch
-        self._train_steps = recorder.recording(self._record_steps_graph, self._step_variables())
-        self._train_batch = recorder.recording(self._step_graph, self._step_variables())
+        compiled, variables = (self._train_steps, self._train_batch), self._step_variables()
+        self._train_steps = {
+            per_tensor: recorder.recording(lambda b, p=per_tensor: self._record_steps_graph(b, p), variables)
+            for per_tensor in (True, False)
+        }
+        self._train_batch = {
+            per_tensor: recorder.recording(lambda x, y, p=per_tensor: self._batch_graph(x, y, p), variables)
+            for per_tensor in (True, False)
+        }
         try:
             run_step()
         finally:
             self._train_steps, self._train_batch = compiled
         return recorder.ops
 
-    def _record_steps_graph(self, bounds):
+    def _record_steps_graph(self, bounds, per_tensor: bool):
         """_train_steps_graph for the one step a replay records, without the graph's loop."""
-        loss, fingerprint = self._train_step_graph(bounds[0, 0], bounds[0, 1])
-        self._losses[0].assign(loss)
-        self._fingerprints[0].assign(fingerprint)
+        self._losses[0].assign(self._train_step_graph(bounds[0, 0], bounds[0, 1]))
+        self._fingerprint_rows(per_tensor)[0].assign(self._fingerprint_graph(per_tensor))
 
     def _step_variables(self) -> dict:
         variables = {_name(v): v for v in self.model.variables}
