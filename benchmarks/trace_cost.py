@@ -142,6 +142,16 @@ CHILD = textwrap.dedent(
             measured = timed(loop(lambda p=per_tensor: backend._fingerprint_graph(p), rows_variable))
             baseline = timed(loop(lambda p=per_tensor: zeros[p], rows_variable))
             alone[name] = measured - baseline
+        # Before 8a64ed5, every step: each tensor's int32 bits mixed, cast to int64, summed, the low 32 bits.
+        def int64_sums():
+            sums = []
+            for v in backend._fingerprint_variables:
+                bits = tf.bitcast(v.value, tf.int32)
+                sums.append(tf.reduce_sum(tf.cast(tf.bitwise.bitwise_xor(bits, bits * bits), tf.int64)))
+            return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
+        int64_rows = tf.Variable(tf.zeros([STEPS_PER_CALL, width], tf.int64))
+        zeros64 = tf.zeros([width], tf.int64)
+        alone["tensors_int64_before"] = timed(loop(int64_sums, int64_rows)) - timed(loop(lambda: zeros64, int64_rows))
     else:
         fingerprint_jit = jax.jit(module._fingerprint)
         constant_jit = jax.jit(lambda params: zeros)
