@@ -95,7 +95,62 @@ CHILD = textwrap.dedent(
     without_fingerprints = getattr(backend, SWAPPED)
     trace = StepTrace(0, first_step=steps_per_epoch, tensor_names=trace.tensor_names)  # the timed blocks' only
 
-    rows = []
+    # The fingerprint's own work for 100 steps, timed alone between the blocks (so in the same state of
+    # the process as the steps it is compared with), as the trainer computes it past the per-tensor steps
+    # ("model") and within them ("tensors"). PyTorch: its per-step copy and the group's sums, exactly.
+    # TensorFlow: a graph loop computing it and writing its row, minus the same loop writing a constant
+    # (the loop's own cost). JAX: jitted calls computing it, minus jitted calls returning a constant.
+    probes = {}
+    if framework == "pytorch":
+        def pytorch_group():
+            for row in range(STEPS_PER_CALL):
+                with_fingerprints(row)
+            backend._group_losses = [None] * STEPS_PER_CALL
+            backend.group_fingerprints()
+        probes["model"] = (pytorch_group, None)  # one way for every step
+    elif framework == "tensorflow":
+        def loop(body, rows):
+            def step(i):
+                rows[i].assign(body())
+                return (i + 1,)
+            graph = tf.function(lambda: tf.while_loop(lambda i: i < STEPS_PER_CALL, step, (tf.constant(0),)))
+            return lambda: (graph(), rows.numpy())
+        for name, per_tensor in (("tensors", True), ("model", False)):
+            rows_variable = backend._fingerprint_rows(per_tensor)
+            probes[name] = (loop(lambda p=per_tensor: backend._fingerprint_graph(p), rows_variable),
+                            loop(lambda p=per_tensor: zeros[p], rows_variable))
+        # Before 8a64ed5, every step: each tensor's int32 bits mixed, cast to int64, summed, the low 32 bits.
+        def int64_sums():
+            sums = []
+            for v in backend._fingerprint_variables:
+                bits = tf.bitcast(v.value, tf.int32)
+                sums.append(tf.reduce_sum(tf.cast(tf.bitwise.bitwise_xor(bits, bits * bits), tf.int64)))
+            return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
+        int64_rows = tf.Variable(tf.zeros([STEPS_PER_CALL, width], tf.int64))
+        zeros64 = tf.zeros([width], tf.int64)
+        probes["tensors_int64_before"] = (loop(int64_sums, int64_rows), loop(lambda: zeros64, int64_rows))
+    else:
+        fingerprint_jit = jax.jit(module._fingerprint)
+        constant_jit = jax.jit(lambda params: zeros)
+        probes["model"] = (
+            lambda: jax.device_get([fingerprint_jit(backend.params) for _ in range(STEPS_PER_CALL)]),
+            lambda: jax.device_get([constant_jit(backend.params) for _ in range(STEPS_PER_CALL)]),
+        )
+    for measured, baseline in probes.values():  # traced and compiled
+        measured()
+        baseline and baseline()
+
+    def probe(measured, baseline):
+        started = time.perf_counter()
+        measured()
+        took = time.perf_counter() - started
+        if baseline is not None:
+            started = time.perf_counter()
+            baseline()
+            took -= time.perf_counter() - started
+        return took
+
+    rows, alone = [], {name: [] for name in probes}
     for epoch in range(1, epochs + 1):
         backend.begin_epoch(sampler.epoch_order(epoch))
         for i, first in enumerate(range(0, steps_per_epoch, STEPS_PER_CALL)):
@@ -106,58 +161,8 @@ CHILD = textwrap.dedent(
                 setattr(backend, SWAPPED, with_fingerprints if fingerprints else without_fingerprints)
                 pair["with" if fingerprints else "without"] = block(epoch, first, end, fingerprints)
             rows.append({"steps": end - first, **pair})
-
-    # The fingerprint's own work for 100 steps, measured alone in the same process (the minimum of 30
-    # repetitions: what it costs when no other process holds the cores), as the trainer computes it past
-    # the per-tensor steps ("model") and within them ("tensors"). PyTorch: its per-step copy and the
-    # group's sums, exactly. TensorFlow: a graph loop computing it and writing its row, minus the same
-    # loop writing a constant (the loop's own cost). JAX: a jitted call computing it, minus a jitted
-    # call returning a constant (the dispatch).
-    def timed(run):
-        run()
-        best = float("inf")
-        for _ in range(30):
-            started = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - started)
-        return best
-
-    alone = {}
-    if framework == "pytorch":
-        def pytorch_group():
-            for row in range(STEPS_PER_CALL):
-                backend._record_fingerprint(row)
-            backend._group_losses = [None] * STEPS_PER_CALL
-            backend.group_fingerprints()
-        alone["tensors"] = alone["model"] = timed(pytorch_group)  # one way for every step
-    elif framework == "tensorflow":
-        def loop(body, rows):
-            def step(i):
-                rows[i].assign(body())
-                return (i + 1,)
-            graph = tf.function(lambda: tf.while_loop(lambda i: i < STEPS_PER_CALL, step, (tf.constant(0),)))
-            return lambda: (graph(), rows.numpy())
-        for name, per_tensor in (("tensors", True), ("model", False)):
-            rows_variable = backend._fingerprint_rows(per_tensor)
-            measured = timed(loop(lambda p=per_tensor: backend._fingerprint_graph(p), rows_variable))
-            baseline = timed(loop(lambda p=per_tensor: zeros[p], rows_variable))
-            alone[name] = measured - baseline
-        # Before 8a64ed5, every step: each tensor's int32 bits mixed, cast to int64, summed, the low 32 bits.
-        def int64_sums():
-            sums = []
-            for v in backend._fingerprint_variables:
-                bits = tf.bitcast(v.value, tf.int32)
-                sums.append(tf.reduce_sum(tf.cast(tf.bitwise.bitwise_xor(bits, bits * bits), tf.int64)))
-            return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
-        int64_rows = tf.Variable(tf.zeros([STEPS_PER_CALL, width], tf.int64))
-        zeros64 = tf.zeros([width], tf.int64)
-        alone["tensors_int64_before"] = timed(loop(int64_sums, int64_rows)) - timed(loop(lambda: zeros64, int64_rows))
-    else:
-        fingerprint_jit = jax.jit(module._fingerprint)
-        constant_jit = jax.jit(lambda params: zeros)
-        measured = timed(lambda: jax.device_get([fingerprint_jit(backend.params) for _ in range(STEPS_PER_CALL)]))
-        baseline = timed(lambda: jax.device_get([constant_jit(backend.params) for _ in range(STEPS_PER_CALL)]))
-        alone["tensors"] = alone["model"] = measured - baseline
+            for name, (measured, baseline) in probes.items():
+                alone[name].append(probe(measured, baseline))
     print(json.dumps({"blocks": rows, "alone_100_steps_s": alone}))
     """
 )
@@ -210,21 +215,29 @@ def machine() -> dict:
     }
 
 
-def summarize(blocks: list[dict], alone: dict[str, float], steps_per_epoch: int = 1875) -> dict:
+def summarize(blocks: list[dict], alone: dict[str, list[float]], steps_per_epoch: int = 1875) -> dict:
     with_s, without_s = sum(b["with"] for b in blocks), sum(b["without"] for b in blocks)
     ratios = [b["with"] / b["without"] - 1 for b in blocks]
     steps = sum(b["steps"] for b in blocks)
     fastest = {k: min(b[k] / b["steps"] for b in blocks) for k in ("with", "without")}
+    step_median = statistics.median(b["without"] / b["steps"] for b in blocks)
     mean = statistics.fmean(ratios)
     half_width = 1.96 * statistics.stdev(ratios) / len(ratios) ** 0.5
-    # An epoch's fingerprint work: per tensor for the first TENSOR_FINGERPRINT_STEPS (64) steps of a run,
-    # the model's alone after them (TensorFlow; the others compute it one way throughout).
-    per_step = {k: v / 100 for k, v in alone.items()}
-    epoch_us = (64 * per_step["tensors"] + (steps_per_epoch - 64) * per_step["model"]) / steps_per_epoch
+    # The fingerprint's work alone, per step: the median of its timings between the blocks, against the
+    # median step without it (both in the same state of the process).
+    per_step = {k: statistics.median(v) / 100 for k, v in alone.items()}
+    per_step.setdefault("tensors", per_step["model"])
+    # An epoch's share: per tensor for the first TENSOR_FINGERPRINT_STEPS (64) steps of a run, the model's
+    # alone after them (TensorFlow; the others compute it one way throughout).
+    epoch_s = (64 * per_step["tensors"] + (steps_per_epoch - 64) * per_step["model"]) / steps_per_epoch
     return {
-        "alone_us_per_step": {k: round(1e6 * v, 1) for k, v in per_step.items()},
-        "alone_share_of_fastest_step": {k: round(v / fastest["without"], 4) for k, v in per_step.items()},
-        "alone_share_of_first_epoch": round(epoch_us / fastest["without"], 4),
+        "alone_us_per_step_median": {k: round(1e6 * v, 1) for k, v in per_step.items()},
+        "alone_us_per_step_p25_p75": {
+            k: [round(1e4 * q, 1) for q in statistics.quantiles(v, n=4)[::2]] for k, v in alone.items()
+        },
+        "alone_share_of_median_step": {k: round(v / step_median, 4) for k, v in per_step.items()},
+        "alone_share_of_first_epoch": round(epoch_s / step_median, 4),
+        "step_ms_median_without": round(1000 * step_median, 3),
         "step_ms_fastest_without": round(1000 * fastest["without"], 3),
         # The blocks (past the per-tensor steps): with / without, per pair, with the mean's 95% interval.
         "cost_mean_of_pairs": round(mean, 4),
@@ -237,7 +250,6 @@ def summarize(blocks: list[dict], alone: dict[str, float], steps_per_epoch: int 
         "steps": steps,
         "with_s": round(with_s, 4),
         "without_s": round(without_s, 4),
-        "step_ms_without": round(1000 * without_s / steps, 3),
         "added_us_per_step": round(1e6 * (with_s - without_s) / steps, 1),
     }
 
