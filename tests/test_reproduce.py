@@ -202,7 +202,7 @@ def test_an_interrupted_run_has_the_uninterrupted_trace(generated, tmp_path):
     assert trace_a.loss_bits().tobytes() == trace_c.loss_bits().tobytes()
     assert trace_a.last_step == 2 * STEPS_PER_EPOCH
     steps_c = {b.step: b.tensors for b in trace_c.boundaries}
-    assert [b.step for b in trace_a.boundaries] == [5, 10, 15, 20, 21, 25, 30, 35, 40, 42]
+    assert [b.step for b in trace_a.boundaries] == [0, 5, 10, 15, 20, 21, 25, 30, 35, 40, 42]  # 0: the initial weights
     assert all(steps_c[b.step] == b.tensors for b in trace_a.boundaries)
     assert 30 in steps_c  # the SIGTERM's checkpoint is a boundary too
 
@@ -394,7 +394,9 @@ def test_a_setting_that_changes_only_the_losses_is_losses_only_by_the_fingerprin
     first = result["first_divergence"]
     assert result["verdict"] == "losses-only", result["summary"]
     assert first["fingerprinted"] is True and first["first_weight_step"] is None and first["weights_identical"]
-    assert result["coverage"]["compared_boundaries"] == 2  # the epoch ends only: the fingerprints did the rest
+    assert (
+        result["coverage"]["compared_boundaries"] == 3
+    )  # the initial weights and the epoch ends only: the fingerprints did the rest
     b = read_receipt(tmp_path / "out" / "runs" / "b")
     assert b.epochs[-1]["weights_digest"] == read_receipt(a).epochs[-1]["weights_digest"]
     assert result["summary"].startswith("the trained model is bit-identical; only the reported losses differ")

@@ -314,6 +314,32 @@ def test_the_first_weight_difference_names_the_step_and_the_tensors():
     assert first_weight_difference(a, d) == {"step": 121, "tensors": None}
 
 
+def test_initial_weights_are_compared_apart_from_the_steps():
+    """The boundary at global step 0 (the initial weights): a difference there is named as such, the first
+    differing step stays step 1, and a trace without it (older receipts) compares as before."""
+    rng = np.random.default_rng(9)
+    weights = {name: rng.standard_normal(4, dtype=np.float32) for name in NAMES}
+    rows = rng.integers(0, 2**32, size=(20, len(NAMES)), dtype=np.uint64).astype(np.uint32)
+
+    def run(initial: dict | None) -> StepTrace:
+        trace = StepTrace(every_steps=10, first_step=0, tensor_names=list(NAMES))
+        if initial is not None:
+            trace.add_boundary(0, initial)
+        trace.add_losses(np.ones(20, np.float32), rows)
+        trace.add_boundary(20, weights)
+        return StepTrace.from_json(json.loads(json.dumps(trace.to_json())), "t", CheckpointError)
+
+    same = compare_traces(run(weights), run(weights))
+    assert same.initial_tensors == [] and same.step is None and same.weights_identical
+    assert same.compared_boundaries == 2
+    other = {**weights, "fc1.bias": weights["fc1.bias"] + 1}
+    differs = compare_traces(run(weights), run(other))
+    assert differs.initial_tensors == ["fc1.bias"] and differs.step == 1
+    assert not differs.weights_identical and not differs.loss_only and differs.first_boundary is None
+    unknown = compare_traces(run(None), run(other))
+    assert unknown.initial_tensors is None and unknown.step is None and unknown.weights_identical
+
+
 def test_losses_that_differ_while_every_fingerprint_agrees_are_loss_only():
     base = np.random.default_rng(7).integers(0, 2**32, size=(60, len(NAMES)), dtype=np.uint64).astype(np.uint32)
     a = trace_with(np.random.default_rng(8), 60, NAMES, base)

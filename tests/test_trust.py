@@ -463,6 +463,30 @@ def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt
         read_receipt(write(forge(receipt_a, planted), tmp_path / "receipt.json"))
 
 
+def test_initial_weights_that_differ_are_named_as_such_not_as_the_first_update(receipt_a, generated, tmp_path):
+    """A's digests of its initial weights (the trace's boundary at global step 0) differ from B's for one
+    tensor (A's trace edited, hashes recomputed): the verdict names the initial weights, before any update,
+    and that tensor; not "the first update that changed the weights"."""
+    assert receipt_a["trace"]["boundaries"][0][0] == 0  # a fresh run records its initial weights
+
+    def other_initial_conv1_bias(receipt):
+        trace = receipt["trace"]
+        index = trace["tensor_names"].index("conv1.bias")
+        trace["boundaries"][0][1][index] = "0123456789abcdef"
+
+    published = write(forge(receipt_a, other_initial_conv1_bias), tmp_path / "pub" / "receipt.json")
+    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
+                     cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr
+    result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
+    first = result["first_divergence"]
+    assert result["verdict"] == "differs" and first["initial_tensors"] == ["conv1.bias"] and first["step"] == 1
+    assert "the initial weights already differ, before any update (conv1.bias (1 tensor))" in result["summary"]
+    report = (tmp_path / "r" / "reproduce.md").read_text()
+    assert "the initial weights already differ, before any update: conv1.bias (1 tensor)" in report
+    assert "the first update that changed the weights" not in report
+
+
 def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, generated, tmp_path):
     """Every weight digest reproduces and one step's loss bits do not (A's trace edited, hashes recomputed):
     the verdict says the trained model is bit-identical and only the losses differ."""

@@ -244,6 +244,8 @@ class TrainingLoop:
         cfg, sampler, backend = self.cfg, self.sampler, self.backend
         if not self.trace.tensor_names:  # the columns of the per-tensor fingerprints, before any boundary
             self.trace.tensor_names = sorted(backend.export_state().weights)
+        if self.position.global_step == 0 and self.trace.last_step == 0:  # the initial weights' digests
+            self.trace.add_boundary(0, backend.export_state().weights)
         while self.position.epoch < cfg.epochs:
             position = self.position
             order = sampler.epoch_order(position.epoch)

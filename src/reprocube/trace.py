@@ -4,6 +4,9 @@ end and each checkpoint). It travels in every checkpoint (state.json "trace") an
 that another machine can find the first step at which its run computes differently from ours without any
 of our checkpoints.
 
+A fresh run's trace also holds a boundary at global step 0: the digests of the initial weights, so
+that an initialisation computed differently is told apart from the first update doing so.
+
 The losses are fetched once per group of steps (the loop already returns to Python there), never with a
 host sync per step. They are stored as the little-endian bytes of one float32 array in byte planes (every
 step's first byte, then every second, ...), deflated and base64-encoded (`encode_losses`): a run's losses
@@ -410,6 +413,9 @@ class Divergence:
     # Loss bits differ while every common step's fingerprint and every boundary agree, and the
     # fingerprints cover every common step: the weights never differed (a loss computed differently).
     loss_only: bool = False
+    # The initial weights (both traces' boundary at global step 0, before any update): the tensors whose
+    # digests differ ([]: they agree; None: a trace has no such boundary, as those written before it).
+    initial_tensors: list[str] | None = None
 
     @property
     def step(self) -> int | None:
@@ -418,6 +424,8 @@ class Divergence:
         update does not)."""
         boundary = self.first_boundary.step if self.first_boundary is not None else None
         candidates = [s for s in (self.first_loss_step, self.first_weight_step, boundary) if s is not None]
+        if self.initial_tensors:  # differing initial weights: the first step already starts elsewhere
+            candidates.append(self.common_first + 1)
         return min(candidates) if candidates else None
 
 
@@ -435,26 +443,26 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
     weight_step = weights["step"] if weights else None
     earliest = min((s for s in (first_loss, weight_step) if s is not None), default=None)
     b_at = {boundary.step: boundary for boundary in b.boundaries}
-    compared, first_bad, last_good, tensors = 0, None, None, []
+    compared, first_bad, last_good, tensors, initial = 0, None, None, [], None
     same_names = a.tensor_names == b.tensor_names
     for boundary in a.boundaries:
         other = b_at.get(boundary.step)
         if other is None:
             continue
         compared += 1
+        if boundary.step == 0:  # the initial weights: named apart, the first differing step stays a step
+            initial = _differing(a.tensor_names, boundary, b.tensor_names, other)
+            continue
         if same_names and other.tensors == boundary.tensors:
             if first_bad is None and (earliest is None or boundary.step < earliest):
                 last_good = boundary.step
             continue
         if first_bad is None:
             first_bad = boundary
-            if same_names:
-                tensors = [n for n, x, y in zip(a.tensor_names, boundary.tensors, other.tensors, strict=True) if x != y]
-            else:
-                tensors = sorted(set(a.tensor_names) ^ set(b.tensor_names))
+            tensors = _differing(a.tensor_names, boundary, b.tensor_names, other)
     fp_first, fp_last = fingerprint_overlap(a, b)
     fingerprinted = max(fp_last - fp_first, 0)
-    identical = weights is None and first_bad is None and same_names
+    identical = weights is None and first_bad is None and same_names and not initial
     return Divergence(
         first,
         last,
@@ -468,4 +476,13 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
         fingerprinted_steps=fingerprinted,
         weights_identical=identical,
         loss_only=first_loss is not None and identical and last > first and (fp_first, fp_last) == (first, last),
+        initial_tensors=initial,
     )
+
+
+def _differing(names_a: list[str], a: Boundary, names_b: list[str], b: Boundary) -> list[str]:
+    """The tensors whose digests differ at a boundary both traces hold (with other tensor names: the
+    names only one of them has)."""
+    if names_a != names_b:
+        return sorted(set(names_a) ^ set(names_b))
+    return [n for n, x, y in zip(names_a, a.tensors, b.tensors, strict=True) if x != y]

@@ -85,6 +85,9 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             # tensors it changed (None: no per-tensor fingerprints that far).
             "first_weight_step": weight_step,
             "weight_tensors": divergence.first_weight_tensors if weight_step is not None else None,
+            # The initial weights, before any update: the tensors that differ ([]: none; None: A's trace
+            # has no digests of them, as receipts written before they were recorded).
+            "initial_tensors": divergence.initial_tensors,
             "fingerprinted": fingerprinted,
             "last_matching_boundary": divergence.last_matching_boundary,
             # Without fingerprints, the first update that made the weights differ lies in this window: at
@@ -463,6 +466,11 @@ def summary(result: dict) -> str:
     if result["verdict"] == "losses-only":
         parts.append(
             f"the trained model is bit-identical; only the reported losses differ (from global step {first['step']})"
+        )
+    elif first and first.get("initial_tensors"):
+        parts.append(
+            f"differs from global step {first['step']} (epoch {first['epoch']}); the initial weights already "
+            f"differ, before any update ({tensor_list(first['initial_tensors'])})"
         )
     elif first and first.get("first_weight_step") is not None:
         tensors = first.get("weight_tensors")

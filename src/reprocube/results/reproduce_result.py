@@ -98,6 +98,8 @@ def check_reproduce(value, where: str) -> dict:
             else None,
             "weight_tensors": first.nullable("weight_tensors", first.texts) if first.has("weight_tensors") else None,
             "fingerprinted": first.boolean("fingerprinted") if first.has("fingerprinted") else False,
+            # the initial weights' digests (older results and receipts have none)
+            "initial_tensors": first.nullable("initial_tensors", first.texts) if first.has("initial_tensors") else None,
             # where the first differing update lies (older results have no window)
             "window": first.step_range("window") if first.value.get("window") is not None else None,
             # losses-only: every weight digest agrees (older results have no such key)
@@ -195,7 +197,13 @@ def tensor_list(tensors: list[str], shown: int = 4) -> str:
 
 def first_update_text(first: dict) -> str:
     """Where the first update that changed the weights is known: by the per-step fingerprints to the step
-    (and the tensors it changed, for the steps that have per-tensor fingerprints), else a window."""
+    (and the tensors it changed, for the steps that have per-tensor fingerprints), else a window; or that
+    the initial weights already differ (no update made them differ)."""
+    if first.get("initial_tensors"):
+        return (
+            f"the initial weights already differ, before any update: {tensor_list(first['initial_tensors'])} "
+            "(the initialisation computed differently)"
+        )
     if first.get("first_weight_step") is not None:
         tensors = first.get("weight_tensors")
         return f"the first update that changed the weights: step {first['first_weight_step']}" + (
