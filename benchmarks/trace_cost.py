@@ -32,14 +32,14 @@ FRAMEWORKS = ("pytorch", "tensorflow", "jax")
 
 CHILD = textwrap.dedent(
     """
-    import functools, json, sys, time
+    import json, sys, time
     import numpy as np
     from reprocube.backend import STEPS_PER_CALL, create_backend
     from reprocube.config import load_config
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
     from reprocube.loop import seed_host_rng
-    from reprocube.trace import TENSOR_FINGERPRINT_STEPS, StepTrace
+    from reprocube.trace import StepTrace
 
     framework, data_dir, threads, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     cfg = load_config([f"framework={framework}", "dataset=fashion_mnist", f"data_dir={data_dir}",
@@ -53,7 +53,7 @@ CHILD = textwrap.dedent(
     width = len(trace.tensor_names)
 
     def block(epoch, first, end, fingerprints):
-        # As the loop runs a group of the epoch (from the second on: past the per-tensor steps).
+        # As the loop runs a group of the epoch (from the second epoch on).
         started = time.perf_counter()
         backend.train_steps(sampler.steps_bounds(first, end), epoch * steps_per_epoch + first)
         losses = backend.group_losses()  # the host sync
@@ -72,13 +72,11 @@ CHILD = textwrap.dedent(
         import tensorflow as tf
         SWAPPED = "_train_steps"
         with_fingerprints = backend._train_steps
-        zeros = {True: tf.zeros([width], tf.uint32), False: tf.zeros([], tf.uint32)}
-        backend._fingerprint_graph = lambda per_tensor: zeros[per_tensor]  # still written to its row: one tiny op
-        backend._train_steps = {
-            per_tensor: tf.function(functools.partial(backend._train_steps_graph, per_tensor=per_tensor),
-                                    input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False)
-            for per_tensor in (True, False)
-        }
+        zeros = tf.zeros([width], tf.uint32)
+        backend._fingerprint_graph = lambda: zeros  # still written to its row: one tiny op
+        backend._train_steps = tf.function(
+            backend._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False
+        )
     else:
         import jax, jax.numpy as jnp
         import reprocube.frameworks.jax as module
@@ -91,15 +89,17 @@ CHILD = textwrap.dedent(
     if framework == "jax":
         module._fingerprint = original
     elif framework == "tensorflow":
-        del backend._fingerprint_graph  # the method again (the graphs are traced)
+        del backend._fingerprint_graph  # the method again (the graph is traced)
     without_fingerprints = getattr(backend, SWAPPED)
     trace = StepTrace(0, first_step=steps_per_epoch, tensor_names=trace.tensor_names)  # the timed blocks' only
 
     # The fingerprint's own work for 100 steps, timed alone between the blocks (so in the same state of
-    # the process as the steps it is compared with), as the trainer computes it past the per-tensor steps
-    # ("model") and within them ("tensors"). PyTorch: its per-step copy and the group's sums, exactly.
-    # TensorFlow: a graph loop computing it and writing its row, minus the same loop writing a constant
-    # (the loop's own cost). JAX: jitted calls computing it, minus jitted calls returning a constant.
+    # the process as the steps it is compared with). PyTorch: its per-step copy and the group's sums,
+    # exactly. TensorFlow: a graph loop computing it and writing its row, minus the same loop writing a
+    # constant (the loop's own cost); beside it, two ways it is not computed: int64 sums (before 8a64ed5)
+    # and the model's sum alone (cheaper, but per-tensor rows for the first steps would need a second
+    # step graph, traced once for about half a second). JAX: jitted calls computing it, minus jitted
+    # calls returning a constant.
     probes = {}
     if framework == "pytorch":
         def pytorch_group():
@@ -107,7 +107,7 @@ CHILD = textwrap.dedent(
                 with_fingerprints(row)
             backend._group_losses = [None] * STEPS_PER_CALL
             backend.group_fingerprints()
-        probes["model"] = (pytorch_group, None)  # one way for every step
+        probes["fingerprint"] = (pytorch_group, None)
     elif framework == "tensorflow":
         def loop(body, rows):
             def step(i):
@@ -115,24 +115,27 @@ CHILD = textwrap.dedent(
                 return (i + 1,)
             graph = tf.function(lambda: tf.while_loop(lambda i: i < STEPS_PER_CALL, step, (tf.constant(0),)))
             return lambda: (graph(), rows.numpy())
-        for name, per_tensor in (("tensors", True), ("model", False)):
-            rows_variable = backend._fingerprint_rows(per_tensor)
-            probes[name] = (loop(lambda p=per_tensor: backend._fingerprint_graph(p), rows_variable),
-                            loop(lambda p=per_tensor: zeros[p], rows_variable))
-        # Before 8a64ed5, every step: each tensor's int32 bits mixed, cast to int64, summed, the low 32 bits.
+        probes["fingerprint"] = (loop(backend._fingerprint_graph, backend._fingerprints),
+                                 loop(lambda: zeros, backend._fingerprints))
+        variables = backend._fingerprint_variables
         def int64_sums():
             sums = []
-            for v in backend._fingerprint_variables:
+            for v in variables:
                 bits = tf.bitcast(v.value, tf.int32)
                 sums.append(tf.reduce_sum(tf.cast(tf.bitwise.bitwise_xor(bits, bits * bits), tf.int64)))
             return tf.bitwise.bitwise_and(tf.stack(sums), tf.constant(0xFFFFFFFF, tf.int64))
         int64_rows = tf.Variable(tf.zeros([STEPS_PER_CALL, width], tf.int64))
         zeros64 = tf.zeros([width], tf.int64)
-        probes["tensors_int64_before"] = (loop(int64_sums, int64_rows), loop(lambda: zeros64, int64_rows))
+        probes["int64_sums_before"] = (loop(int64_sums, int64_rows), loop(lambda: zeros64, int64_rows))
+        def model_sum():
+            bits = tf.bitcast(tf.concat([tf.reshape(v.value, [-1]) for v in variables], axis=0), tf.uint32)
+            return tf.reduce_sum(tf.bitwise.bitwise_xor(bits, bits * bits))
+        model_rows, zero = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.uint32)), tf.zeros([], tf.uint32)
+        probes["model_sum_alternative"] = (loop(model_sum, model_rows), loop(lambda: zero, model_rows))
     else:
         fingerprint_jit = jax.jit(module._fingerprint)
         constant_jit = jax.jit(lambda params: zeros)
-        probes["model"] = (
+        probes["fingerprint"] = (
             lambda: jax.device_get([fingerprint_jit(backend.params) for _ in range(STEPS_PER_CALL)]),
             lambda: jax.device_get([constant_jit(backend.params) for _ in range(STEPS_PER_CALL)]),
         )
@@ -215,7 +218,7 @@ def machine() -> dict:
     }
 
 
-def summarize(blocks: list[dict], alone: dict[str, list[float]], steps_per_epoch: int = 1875) -> dict:
+def summarize(blocks: list[dict], alone: dict[str, list[float]]) -> dict:
     with_s, without_s = sum(b["with"] for b in blocks), sum(b["without"] for b in blocks)
     ratios = [b["with"] / b["without"] - 1 for b in blocks]
     steps = sum(b["steps"] for b in blocks)
@@ -226,20 +229,15 @@ def summarize(blocks: list[dict], alone: dict[str, list[float]], steps_per_epoch
     # The fingerprint's work alone, per step: the median of its timings between the blocks, against the
     # median step without it (both in the same state of the process).
     per_step = {k: statistics.median(v) / 100 for k, v in alone.items()}
-    per_step.setdefault("tensors", per_step["model"])
-    # An epoch's share: per tensor for the first TENSOR_FINGERPRINT_STEPS (64) steps of a run, the model's
-    # alone after them (TensorFlow; the others compute it one way throughout).
-    epoch_s = (64 * per_step["tensors"] + (steps_per_epoch - 64) * per_step["model"]) / steps_per_epoch
     return {
         "alone_us_per_step_median": {k: round(1e6 * v, 1) for k, v in per_step.items()},
         "alone_us_per_step_p25_p75": {
             k: [round(1e4 * q, 1) for q in statistics.quantiles(v, n=4)[::2]] for k, v in alone.items()
         },
         "alone_share_of_median_step": {k: round(v / step_median, 4) for k, v in per_step.items()},
-        "alone_share_of_first_epoch": round(epoch_s / step_median, 4),
         "step_ms_median_without": round(1000 * step_median, 3),
         "step_ms_fastest_without": round(1000 * fastest["without"], 3),
-        # The blocks (past the per-tensor steps): with / without, per pair, with the mean's 95% interval.
+        # The blocks: with / without, per pair, with the mean's 95% interval.
         "cost_mean_of_pairs": round(mean, 4),
         "cost_mean_of_pairs_95ci": [round(mean - half_width, 4), round(mean + half_width, 4)],
         "cost_median_of_pairs": round(statistics.median(ratios), 4),

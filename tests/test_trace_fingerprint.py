@@ -109,7 +109,6 @@ DEVICE_PROBE = textwrap.dedent(
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
     from reprocube.state import FrameworkState
-    from reprocube.trace import TENSOR_FINGERPRINT_STEPS
     from test_trace_fingerprint import in_layout, torch_layout_weights
 
     framework, overrides = sys.argv[1], sys.argv[2:]
@@ -125,9 +124,6 @@ DEVICE_PROBE = textwrap.dedent(
     for first, end in ((0, 1), (1, 4)):  # a group of one step, then one of three
         backend.train_steps(sampler.steps_bounds(first, end), first)
         groups.append(backend.group_fingerprints().tolist())
-    # A group beyond the steps with per-tensor fingerprints (TensorFlow computes the model's alone there).
-    backend.train_steps(sampler.steps_bounds(4, 6), TENSOR_FINGERPRINT_STEPS)
-    groups.append(backend.group_fingerprints().tolist())
     after = {name: array.reshape(-1).view(np.uint32)[:3].tolist() for name, array in backend.export_state().weights.items()}
     print(json.dumps({"groups": groups, "after": after}))
     """
@@ -163,11 +159,7 @@ def test_each_trainer_computes_the_reference_on_its_device(framework, generated,
     weights = torch_layout_weights(7)
     expected = fingerprint(in_layout(framework, weights)).tolist()
     assert expected == fingerprint(weights).tolist()  # the layouts do not change it: one value for all three
-    assert result["groups"][:2] == [[expected], [expected] * 3]
-    # Beyond TENSOR_FINGERPRINT_STEPS a trainer may give the model's fingerprint alone; TensorFlow does.
-    model = int(model_fingerprint(np.array([expected], np.uint32))[0])
-    late = [model] * 2 if framework == "tensorflow" else [expected] * 2
-    assert result["groups"][2] == late
+    assert result["groups"] == [[expected], [expected] * 3]
     imported = in_layout(framework, weights)
     assert result["after"] == {n: a.reshape(-1).view(np.uint32)[:3].tolist() for n, a in imported.items()}
 
@@ -196,36 +188,6 @@ def test_a_trace_stores_one_fingerprint_a_step_and_each_tensors_for_the_first_st
     assert back.tensor_fingerprints.shape == (TENSOR_FINGERPRINT_STEPS, len(NAMES))
     assert back.tensor_fingerprints.tolist() == trace.tensor_fingerprints.tolist()
     assert back.to_json() == value
-
-
-def test_model_fingerprints_alone_beyond_the_per_tensor_steps_give_the_same_trace():
-    """A trainer that gives only the model's fingerprint for groups past TENSOR_FINGERPRINT_STEPS
-    (TensorFlow) writes the trace, byte for byte, of one that gives every tensor's for every step."""
-    rng = np.random.default_rng(11)
-    steps = 3 * TENSOR_FINGERPRINT_STEPS
-    rows = rng.integers(0, 2**32, size=(steps, len(NAMES)), dtype=np.uint64).astype(np.uint32)
-    losses = rng.random(steps, dtype=np.float32)
-    mixed = StepTrace(every_steps=10, first_step=0, tensor_names=list(NAMES))
-    for lo in range(0, steps, 7):
-        group = rows[lo : lo + 7]
-        mixed.add_losses(losses[lo : lo + 7], group if lo < TENSOR_FINGERPRINT_STEPS else model_fingerprint(group))
-    full = StepTrace(every_steps=10, first_step=0, tensor_names=list(NAMES))
-    for lo in range(0, steps, 7):
-        full.add_losses(losses[lo : lo + 7], rows[lo : lo + 7])
-    assert mixed.to_json() == full.to_json()
-    assert mixed.tensor_fingerprints.shape == (TENSOR_FINGERPRINT_STEPS, len(NAMES))
-    # Given earlier than that (a trace whose horizon is further than this trainer's), the per-tensor rows
-    # end where they stop and the trace still reads back.
-    short = StepTrace(every_steps=10, first_step=0, tensor_names=list(NAMES))
-    short.add_losses(losses[:10], rows[:10])
-    short.add_losses(losses[10:20], model_fingerprint(rows[10:20]))
-    short.add_losses(losses[20:30], rows[20:30])  # per-tensor again: no rows kept past the end
-    assert short.tensor_fingerprint_last == 10 and short.tensor_fingerprints.shape == (10, len(NAMES))
-    assert short.fingerprints.tolist() == model_fingerprint(rows[:30]).tolist()
-    back = StepTrace.from_json(json.loads(json.dumps(short.to_json())), "t", CheckpointError)
-    assert back.to_json() == short.to_json()
-    with pytest.raises(ValueError, match="do not match"):
-        short.add_losses(losses[:3], model_fingerprint(rows[:2]))
 
 
 def test_a_trace_without_fingerprints_is_read_and_compared_as_before():
@@ -362,6 +324,7 @@ def test_a_receipt_with_fingerprints_stays_under_32_kb_per_fashion_mnist_epoch()
     for epochs in (1, 4):
         losses = training_like_losses(epochs * 1875)
         trace = StepTrace(every_steps=100, first_step=0, tensor_names=sorted(weights))
+        trace.add_boundary(0, weights)  # the initial weights
         for step in range(1, epochs * 1875 + 1):
             fingerprints = rng.integers(0, 2**32, size=(1, 8), dtype=np.uint64).astype(np.uint32)
             trace.add_losses(losses[step - 1 : step], fingerprints)

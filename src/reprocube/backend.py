@@ -47,9 +47,7 @@ class Backend(Protocol):
     def group_fingerprints(self) -> np.ndarray:
         """uint32 (steps, tensors): the weight fingerprint (reprocube.trace.fingerprint) after each step of
         the last group, one column per weight tensor in sorted name order; computed on the device in the
-        step and fetched with the losses (no host sync of its own). A group whose first global step is
-        at least trace.TENSOR_FINGERPRINT_STEPS may give (steps,), the model's fingerprint alone (the
-        trace keeps no per-tensor ones there; TensorFlow's graph saves two thirds of its cost so)."""
+        step and fetched with the losses (no host sync of its own)."""
 
     def epoch_totals(self) -> EpochTotals:
         """The loss sum and correct count of the steps since the last set_epoch_totals."""

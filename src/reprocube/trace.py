@@ -152,10 +152,8 @@ class StepTrace:
         return max(first, min(self.last_step, self.tensor_fingerprint_steps))
 
     def add_losses(self, losses: np.ndarray, fingerprints: np.ndarray | None = None) -> None:
-        """One group of steps: their float32 losses and, from a trainer that computes them, their weight
-        fingerprints: uint32 (steps, tensors), columns in sorted weight-name order, or (steps,) the
-        model's alone (a trainer may skip the per-tensor sums where the trace keeps none: beyond
-        tensor_fingerprint_steps; given earlier, the per-tensor rows end where they stop)."""
+        """One group of steps: their float32 losses and, from a trainer that computes them, their
+        (steps, tensors) uint32 weight fingerprints (columns in sorted weight-name order)."""
         losses = np.asarray(losses, dtype=np.float32).reshape(-1)
         if fingerprints is None:
             if self.fingerprint_first_step is not None:
@@ -163,10 +161,9 @@ class StepTrace:
             self._chunks.append(losses)
             return
         fingerprints = np.asarray(fingerprints, dtype=np.uint32)
-        if fingerprints.ndim not in (1, 2) or len(fingerprints) != len(losses):
+        if fingerprints.ndim != 2 or len(fingerprints) != len(losses):
             raise ValueError(f"fingerprints {fingerprints.shape} do not match {len(losses)} losses")
-        per_tensor = fingerprints.ndim == 2
-        if per_tensor and self.tensor_names and fingerprints.shape[1] != len(self.tensor_names):
+        if self.tensor_names and fingerprints.shape[1] != len(self.tensor_names):
             raise ValueError(
                 f"fingerprints of {fingerprints.shape[1]} tensors, the trace names {len(self.tensor_names)}"
             )
@@ -174,10 +171,7 @@ class StepTrace:
         if self.fingerprint_first_step is None:
             self.fingerprint_first_step = before  # a fresh trace, or one resumed from before fingerprints
         self._chunks.append(losses)
-        self._model_chunks.append(model_fingerprint(fingerprints) if per_tensor else fingerprints.copy())
-        if not per_tensor:
-            self.tensor_fingerprint_steps = min(self.tensor_fingerprint_steps, max(before, self.fingerprint_first_step))
-            return
+        self._model_chunks.append(model_fingerprint(fingerprints))
         keep = max(0, min(len(fingerprints), self.tensor_fingerprint_steps - before))
         if keep:
             if not self.tensor_names:

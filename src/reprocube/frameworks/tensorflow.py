@@ -11,7 +11,6 @@ non-XLA step was also the faster (see benchmarks/README.md)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from reprocube.analysis.operations import STEP_INPUT  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import TENSOR_FINGERPRINT_STEPS, tensor_digest, text_digest  # noqa: E402
+from reprocube.trace import tensor_digest, text_digest  # noqa: E402
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 
@@ -93,39 +92,24 @@ class TensorflowBackend:
         # Each step of a group writes its loss here, as the step used to write the last loss into a variable:
         # returning them from the graph's loop (a TensorArray) cost ~30% of an epoch on this CPU.
         self._losses = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.float32), trainable=False)
-        # ... and its weight fingerprint (reprocube.trace.fingerprint), computed in the graph after the update:
-        # per tensor while a group holds steps whose per-tensor fingerprints the trace keeps, else only the
-        # model's (_fingerprint_graph says why); _group_per_tensor: which the last group computed.
+        # ... and its weight fingerprint (reprocube.trace.fingerprint), computed in the graph after the update.
         self._fingerprint_variables = [v for _, v in sorted((_name(v), v) for v in self.model.weights)]
-        self._tensor_fingerprints = tf.Variable(
+        self._fingerprints = tf.Variable(
             tf.zeros([STEPS_PER_CALL, len(self._fingerprint_variables)], tf.uint32), trainable=False
         )
-        self._model_fingerprints = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.uint32), trainable=False)
-        self._group_size, self._group_per_tensor = 0, True
-        # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
-        # per step costs about as much as the step itself here. Two of each: per-tensor fingerprints or not.
-        self._train_steps = {
-            per_tensor: tf.function(
-                functools.partial(self._train_steps_graph, per_tensor=per_tensor),
-                input_signature=[tf.TensorSpec([None, 2], tf.int32)],
-                jit_compile=False,
-            )
-            for per_tensor in (True, False)
-        }
+        self._group_size = 0
         span = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]  # one trace for every batch
+        # One graph runs a whole group of steps (a while loop over their bounds): calling a tf.function
+        # per step costs about as much as the step itself here.
+        self._train_steps = tf.function(
+            self._train_steps_graph, input_signature=[tf.TensorSpec([None, 2], tf.int32)], jit_compile=False
+        )
         self._eval_step = tf.function(self._eval_step_graph, input_signature=span, jit_compile=False)
         batch_spec = [
             tf.TensorSpec([None, 28, 28, 1], tf.float32),
             tf.TensorSpec([None, dataset.num_classes], tf.float32),
         ]
-        self._train_batch = {
-            per_tensor: tf.function(
-                functools.partial(self._batch_graph, per_tensor=per_tensor),
-                input_signature=batch_spec,
-                jit_compile=False,
-            )
-            for per_tensor in (True, False)
-        }
+        self._train_batch = tf.function(self._batch_graph, input_signature=batch_spec, jit_compile=False)
 
     def info(self) -> dict:
         build = tf.sysconfig.get_build_info()
@@ -153,14 +137,14 @@ class TensorflowBackend:
     def _nll_sum(self, logits, one_hot):
         return -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot)
 
-    def _train_steps_graph(self, bounds, per_tensor: bool):
+    def _train_steps_graph(self, bounds):
         for i in tf.range(tf.shape(bounds)[0]):
             self._losses[i].assign(self._train_step_graph(bounds[i, 0], bounds[i, 1]))
-            self._fingerprint_rows(per_tensor)[i].assign(self._fingerprint_graph(per_tensor))
+            self._fingerprints[i].assign(self._fingerprint_graph())
 
-    def _batch_graph(self, images, one_hot, per_tensor: bool):
+    def _batch_graph(self, images, one_hot):
         """One step of the loader pipeline: its loss and fingerprint."""
-        return self._step_graph(images, one_hot), self._fingerprint_graph(per_tensor)
+        return self._step_graph(images, one_hot), self._fingerprint_graph()
 
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
@@ -177,20 +161,14 @@ class TensorflowBackend:
         self._correct.assign_add(self._count_correct(logits, one_hot))
         return loss
 
-    def _fingerprint_graph(self, per_tensor: bool):
-        """The weights' fingerprint after the step (tf.function orders the reads of a variable after its
-        writes): per tensor, in sorted name order, or the model's alone. Each graph op costs TensorFlow's
-        executor microseconds whatever its size (benchmarks/README.md): the eight tensors' sums (a read,
-        bitcast, product, xor and sum each) cost about 1.5% of a step on the AVX2 machine, the model's (the
-        reads, one concat, the mix, one sum) under half that. uint32 throughout: its products and sums wrap
-        modulo 2**32 by definition."""
-        if per_tensor:
-            return tf.stack([tf.reduce_sum(_mix(tf.bitcast(v.value, tf.uint32))) for v in self._fingerprint_variables])
-        flat = tf.concat([tf.reshape(v.value, [-1]) for v in self._fingerprint_variables], axis=0)
-        return tf.reduce_sum(_mix(tf.bitcast(flat, tf.uint32)))
-
-    def _fingerprint_rows(self, per_tensor: bool) -> tf.Variable:
-        return self._tensor_fingerprints if per_tensor else self._model_fingerprints
+    def _fingerprint_graph(self):
+        """Each weight's float32 bits, mixed (reprocube.trace.mix), summed modulo 2**32, in sorted name order:
+        read after the update (tf.function orders the reads of a variable after its writes). uint32
+        throughout: its products and sums wrap modulo 2**32 by definition, and a sum in uint32 costs a third
+        less than the int64 cast and sum it replaced (benchmarks/README.md). One sum per variable: a concat
+        and one segment_sum took longer; the model's sum alone (one concat, the mix, one sum) is cheaper
+        per step but needs a second traced step graph for the per-tensor steps (half a second once)."""
+        return tf.stack([tf.reduce_sum(_mix(tf.bitcast(v.value, tf.uint32))) for v in self._fingerprint_variables])
 
     def _eval_step_graph(self, lo, hi):
         logits = self.model(self.x_test[lo:hi], training=False)
@@ -205,28 +183,22 @@ class TensorflowBackend:
         self._order.assign(order)
 
     def train_steps(self, bounds, first_global_step: int) -> None:
-        self._group_per_tensor = first_global_step < TENSOR_FINGERPRINT_STEPS
-        self._train_steps[self._group_per_tensor](tf.constant(bounds))
+        self._train_steps(tf.constant(bounds))
         self._group_size = len(bounds)
 
     def train_batches(self, batches, first_global_step: int) -> None:
-        self._group_per_tensor = first_global_step < TENSOR_FINGERPRINT_STEPS
-        rows = self._fingerprint_rows(self._group_per_tensor)
         for i, (images, labels) in enumerate(batches):
             one_hot = tf.one_hot(labels, self.y_train.shape[1], dtype=tf.float32)
-            step = self._train_batch[self._group_per_tensor]
-            loss, fingerprint = step(tf.constant(images.transpose(0, 2, 3, 1)), one_hot)
+            loss, fingerprint = self._train_batch(tf.constant(images.transpose(0, 2, 3, 1)), one_hot)
             self._losses[i].assign(loss)
-            rows[i].assign(fingerprint)
+            self._fingerprints[i].assign(fingerprint)
         self._group_size = len(batches)
 
     def group_losses(self) -> np.ndarray:
         return self._losses.numpy()[: self._group_size]
 
     def group_fingerprints(self) -> np.ndarray:
-        """(steps, tensors) while the group holds steps the trace keeps per-tensor fingerprints of, else
-        (steps,): the model's alone."""
-        return self._fingerprint_rows(self._group_per_tensor).numpy()[: self._group_size]
+        return self._fingerprints.numpy()[: self._group_size]
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._loss_sum.numpy()), int(self._correct.numpy()))
@@ -274,24 +246,18 @@ class TensorflowBackend:
         replay, not assumed."""
         recorder = _GraphRecorder({layer.name for layer in self.model.layers})
         compiled, variables = (self._train_steps, self._train_batch), self._step_variables()
-        self._train_steps = {
-            per_tensor: recorder.recording(lambda b, p=per_tensor: self._record_steps_graph(b, p), variables)
-            for per_tensor in (True, False)
-        }
-        self._train_batch = {
-            per_tensor: recorder.recording(lambda x, y, p=per_tensor: self._batch_graph(x, y, p), variables)
-            for per_tensor in (True, False)
-        }
+        self._train_steps = recorder.recording(self._record_steps_graph, variables)
+        self._train_batch = recorder.recording(self._batch_graph, variables)
         try:
             run_step()
         finally:
             self._train_steps, self._train_batch = compiled
         return recorder.ops
 
-    def _record_steps_graph(self, bounds, per_tensor: bool):
+    def _record_steps_graph(self, bounds):
         """_train_steps_graph for the one step a replay records, without the graph's loop."""
         self._losses[0].assign(self._train_step_graph(bounds[0, 0], bounds[0, 1]))
-        self._fingerprint_rows(per_tensor)[0].assign(self._fingerprint_graph(per_tensor))
+        self._fingerprints[0].assign(self._fingerprint_graph())
 
     def _step_variables(self) -> dict:
         variables = {_name(v): v for v in self.model.variables}
