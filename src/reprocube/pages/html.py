@@ -13,7 +13,7 @@ from reprocube.plots import plt  # Agg and no mathtext, for every figure
 STYLE_RUNS = (
     "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"
     "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.ok{color:#176317}.bad{color:#b00020;font-weight:bold}"
-    ".warn{color:#a15c00;font-weight:bold}.dim,.dim td{color:#999;font-weight:normal}</style>"
+    ".warn{color:#a15c00;font-weight:bold}.finding{font-weight:bold}.dim,.dim td{color:#999;font-weight:normal}</style>"
 )
 # The reproduce page adds: greyed rows (not a numeric cause), monospace numbers, captions, the verdict's size.
 STYLE = (

@@ -379,7 +379,7 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         parts += [f"<p class='caption'>cannot emulate: {esc(c)}</p>" for c in match["cannot"]]
     operation = result.get("first_operation")
     if operation:
-        cls = "bad" if operation["status"] == "found" else "dim"
+        cls = "finding" if operation["status"] == "found" else "dim"  # a finding, not an error: not red
         parts.append(f"<p class='{cls}'>{esc(operation['text'])}</p>")
 
     first = result["first_divergence"]
