@@ -109,3 +109,13 @@ def test_a_small_trace_cannot_claim_hundreds_of_mb_of_losses():
         decode_losses(bomb, steps, "t", CheckpointError)
     # Within the bound, a run whose losses repeat exactly (here: all zero) is read.
     assert decode_losses(_deflated(bytes(4 * 4000)), 4000, "t", CheckpointError).tolist() == [0.0] * 4000
+
+
+@pytest.mark.parametrize("steps", [16_000, 20_000, 200_000])
+def test_losses_that_repeat_past_the_bound_are_written_so_that_they_read_back(steps):
+    """Constant losses deflate about 1000:1, past what a reader expands: the writer stores them instead."""
+    losses = np.full(steps, 0.25, np.float32)
+    losses[::7] = 0.5
+    value = json.loads(json.dumps(trace_of(losses).to_json()))
+    back = StepTrace.from_json(value, "t", CheckpointError)
+    assert back.losses.view(np.uint32).tolist() == losses.view(np.uint32).tolist()

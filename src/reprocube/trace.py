@@ -273,10 +273,18 @@ class StepTrace:
 
 def encode_losses(losses: np.ndarray) -> str:
     """float32 losses as trace version 2 stores them: their little-endian bytes in byte planes, raw
-    deflate, base64."""
+    deflate, base64. Losses that repeat so much that they deflate past what a reader expands
+    (MAX_INFLATION) are stored in deflate's uncompressed blocks instead: what we write, we read."""
     planes = np.ascontiguousarray(losses, dtype="<f4").view(np.uint8).reshape(-1, 4).T.tobytes()
-    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
-    return base64.b64encode(compressor.compress(planes) + compressor.flush()).decode("ascii")
+    deflated = _deflate(planes, 9)
+    if len(planes) > MAX_INFLATION * len(deflated) + INFLATION_SLACK:
+        deflated = _deflate(planes, 0)
+    return base64.b64encode(deflated).decode("ascii")
+
+
+def _deflate(data: bytes, level: int) -> bytes:
+    compressor = zlib.compressobj(level, zlib.DEFLATED, -15)
+    return compressor.compress(data) + compressor.flush()
 
 
 def decode_losses(text: str, steps: int, where: str, error) -> np.ndarray:
@@ -443,10 +451,14 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
         other = b_at.get(boundary.step)
         if other is None:
             continue
-        compared += 1
         if boundary.step == 0:  # the initial weights: named apart, the first differing step stays a step
             initial = _differing(a.tensor_names, boundary, b.tensor_names, other)
+            if initial:  # every later boundary comes after the difference
+                earliest = min(first + 1, earliest) if earliest is not None else first + 1
+            elif same_names:
+                last_good = 0
             continue
+        compared += 1  # after the updates: what tells losses-only without fingerprints
         if same_names and other.tensors == boundary.tensors:
             if first_bad is None and (earliest is None or boundary.step < earliest):
                 last_good = boundary.step
@@ -475,8 +487,7 @@ def compare_traces(a: StepTrace, b: StepTrace) -> Divergence:
 
 
 def _differing(names_a: list[str], a: Boundary, names_b: list[str], b: Boundary) -> list[str]:
-    """The tensors whose digests differ at a boundary both traces hold (with other tensor names: the
-    names only one of them has)."""
-    if names_a != names_b:
-        return sorted(set(names_a) ^ set(names_b))
-    return [n for n, x, y in zip(names_a, a.tensors, b.tensors, strict=True) if x != y]
+    """The tensors whose digests differ at a boundary both traces hold, by name (a name only one of them
+    has differs), in name order."""
+    digests_a, digests_b = dict(zip(names_a, a.tensors, strict=True)), dict(zip(names_b, b.tensors, strict=True))
+    return sorted(n for n in digests_a.keys() | digests_b.keys() if digests_a.get(n) != digests_b.get(n))
