@@ -257,8 +257,9 @@ class JaxBackend:
         of the step's jaxpr, forward and backward, with where it ran and a digest of each input and output.
         The step stays one compiled XLA program that also returns those values. Only the kernels:
         returning every intermediate value made XLA fuse the step differently and changed its loss bits
-        here (2 ULP at step 3 on an AVX-512 CPU), while returning the kernels' left it bit-identical (the
-        replay checks this each time)."""
+        (2 ULP at step 3 on an AVX-512 CPU); each kernel's outputs come from a second evaluation of it on
+        the same inputs (_evaluated_apart), since returning the step's own changed its weights on an AVX2
+        CPU. The replay checks each time that recording changed nothing."""
         recorder = _JaxprRecorder()
         compiled = self._train_step, self._train_batch
         self._train_step = recorder.recording(self._train_step_fn, static_argnums=(5,))
@@ -344,11 +345,23 @@ def _evaluate(jaxpr, consts, args, stack: str, sites: list, values: list) -> lis
             if eqn.primitive.name in RECORDED_KERNELS:
                 sites.append((f"jax.{eqn.primitive.name}", _where(where),
                               text_digest(_ADDRESS.sub("", repr(sorted(eqn.params.items()))))))  # fmt: skip
-                values.append((inputs, outputs))
+                values.append((inputs, _evaluated_apart(eqn, inputs)))
         for var, value in zip(eqn.outvars, outputs, strict=True):
             if not isinstance(var, jax_core.DropVar):
                 env[var] = value
     return [read(var) for var in jaxpr.outvars]
+
+
+def _evaluated_apart(eqn, inputs: list) -> list:
+    """A kernel's outputs as the recording returns them: the same kernel evaluated a second time on the
+    same inputs, behind an optimization barrier (so that XLA neither merges it with the step's own nor
+    fuses it). Returning the step's own output gives it a second user, and XLA then stops fusing a
+    weight gradient's matrix product into the optimizer's update: on an AVX2 CPU that changed the
+    updated weights (the replay's check caught it); the step's own kernels keep their users."""
+    apart = jax.lax.optimization_barrier(list(inputs))
+    with eqn.ctx.manager:
+        result = eqn.primitive.bind(*apart, **eqn.primitive.get_bind_params(eqn.params))
+    return list(result) if eqn.primitive.multiple_results else [result]
 
 
 def _inner_jaxpr(eqn):
