@@ -11,8 +11,9 @@ The losses are fetched once per group of steps (the loop already returns to Pyth
 host sync per step. They are stored as the little-endian bytes of one float32 array in byte planes (every
 step's first byte, then every second, ...), deflated and base64-encoded (`encode_losses`): a run's losses
 share their sign and exponent bytes, which makes them about 3 bytes a step instead of 4 (trace version
-2; version 1, the plain bytes, is still read). The trace depends only on the global steps, not on how the loop grouped them or where a
-run was resumed, so an interrupted run's trace equals the uninterrupted one's.
+2; version 1, the plain bytes, is still read). The trace depends only on the global steps, not on how
+the loop grouped them or where a run was resumed, so an interrupted run's trace equals the uninterrupted
+one's.
 
 The weight fingerprint (`fingerprint`): per tensor, the sum modulo 2**32 of its float32 bit patterns read
 as unsigned integers, each first mixed (`mix`: x XOR x*x): without it, two elements changed by one unit
