@@ -242,10 +242,13 @@ class TrainingLoop:
 
     def _run(self, stop: StopRequest, show_progress: bool) -> int:
         cfg, sampler, backend = self.cfg, self.sampler, self.backend
-        if not self.trace.tensor_names:  # the columns of the per-tensor fingerprints, before any boundary
-            self.trace.tensor_names = sorted(backend.export_state().weights)
-        if self.position.global_step == 0 and self.trace.last_step == 0:  # the initial weights' digests
-            self.trace.add_boundary(0, backend.export_state().weights)
+        fresh = self.position.global_step == 0 and self.trace.last_step == 0
+        if fresh or not self.trace.tensor_names:
+            weights = backend.export_state().weights
+            if not self.trace.tensor_names:  # the columns of the per-tensor fingerprints, before any boundary
+                self.trace.tensor_names = sorted(weights)
+            if fresh:  # the initial weights' digests
+                self.trace.add_boundary(0, weights)
         while self.position.epoch < cfg.epochs:
             position = self.position
             order = sampler.epoch_order(position.epoch)
