@@ -10,6 +10,9 @@ With --receipts, also one real 1-epoch run per framework, for its receipt's byte
 
     python benchmarks/trace_cost.py --data-dir data --repeats 2 --receipts --out benchmarks/cpu/trace-fingerprint.json
 
+--tensorflow-fingerprint model_sum|reads_only times a measured alternative in TensorFlow's step graph
+instead of the trainer's fingerprint (the model's sum alone; only reading the weights, a lower bound).
+
 The JSON holds no absolute path.
 """
 
@@ -41,7 +44,7 @@ CHILD = textwrap.dedent(
     from reprocube.loop import seed_host_rng
     from reprocube.trace import StepTrace
 
-    framework, data_dir, threads, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    framework, data_dir, threads, epochs, tf_variant = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     cfg = load_config([f"framework={framework}", "dataset=fashion_mnist", f"data_dir={data_dir}",
                        f"threads={threads}", "device=cpu"])
     dataset = load_dataset(cfg)
@@ -61,6 +64,17 @@ CHILD = textwrap.dedent(
             trace.add_losses(losses, backend.group_fingerprints())
         return time.perf_counter() - started
 
+    if framework == "tensorflow" and tf_variant != "tensors":
+        # Measured alternatives, not what the trainer computes (its per-tensor rows are then wrong): the
+        # model's sum alone (one concat, the mix, one sum), or the variables' reads alone (a lower bound).
+        import tensorflow as tf
+        variables, count = backend._fingerprint_variables, len(backend._fingerprint_variables)
+        def model_sum():
+            bits = tf.bitcast(tf.concat([tf.reshape(v.value, [-1]) for v in variables], axis=0), tf.uint32)
+            return tf.fill([count], tf.reduce_sum(tf.bitwise.bitwise_xor(bits, bits * bits)))
+        def reads_only():
+            return tf.stack([tf.bitcast(tf.reshape(v.value, [-1])[0], tf.uint32) for v in variables])
+        backend._fingerprint_graph = {"model_sum": model_sum, "reads_only": reads_only}[tf_variant]
     backend.begin_epoch(sampler.epoch_order(0))
     block(0, 0, 21, True)  # the first step (and compilation) and 20 more, untimed
     # The same trainer without its fingerprint work, traced and compiled now.
@@ -89,7 +103,10 @@ CHILD = textwrap.dedent(
     if framework == "jax":
         module._fingerprint = original
     elif framework == "tensorflow":
-        del backend._fingerprint_graph  # the method again (the graph is traced)
+        if tf_variant == "tensors":
+            del backend._fingerprint_graph  # the method again (the graph is traced)
+        else:
+            backend._fingerprint_graph = {"model_sum": model_sum, "reads_only": reads_only}[tf_variant]
     without_fingerprints = getattr(backend, SWAPPED)
     trace = StepTrace(0, first_step=steps_per_epoch, tensor_names=trace.tensor_names)  # the timed blocks' only
 
@@ -171,10 +188,10 @@ CHILD = textwrap.dedent(
 )
 
 
-def child(framework: str, data_dir: Path, threads: int, epochs: int) -> dict:
+def child(framework: str, data_dir: Path, threads: int, epochs: int, tf_variant: str = "tensors") -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, framework, str(data_dir), str(threads), str(epochs)],
+        [sys.executable, "-c", CHILD, framework, str(data_dir), str(threads), str(epochs), tf_variant],
         capture_output=True, text=True, env=env, timeout=3600,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -259,6 +276,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--receipts", action="store_true", help="also train 1 epoch with each for its receipt")
+    parser.add_argument(
+        "--tensorflow-fingerprint",
+        choices=("tensors", "model_sum", "reads_only"),
+        default="tensors",
+        help="TensorFlow's fingerprint as the trainer computes it (default), or a measured alternative",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     data_dir = args.data_dir.resolve()
@@ -269,12 +292,18 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "commit": head.strip(),
         "machine": machine(),
-        "config": {"dataset": "fashion_mnist", "batch_size": 32, "threads": args.threads, "epochs": args.repeats},
+        "config": {
+            "dataset": "fashion_mnist",
+            "batch_size": 32,
+            "threads": args.threads,
+            "epochs": args.repeats,
+            "tensorflow_fingerprint": args.tensorflow_fingerprint,
+        },
         "frameworks": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         for framework in args.frameworks.split(","):
-            measured = child(framework, data_dir, args.threads, args.repeats)
+            measured = child(framework, data_dir, args.threads, args.repeats, args.tensorflow_fingerprint)
             blocks = measured["blocks"]
             entry = {**summarize(blocks, measured["alone_100_steps_s"]), "raw_blocks": blocks}
             print(framework, {k: v for k, v in entry.items() if k != "raw_blocks"}, file=sys.stderr, flush=True)
