@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import epoch_digests, error_lines, reprocube, slow_steps_pythonpath
+from conftest import epoch_digests, error_lines, reprocube, slow_steps_pythonpath, wait_for_global_step
 
 REPO = Path(__file__).resolve().parents[1]
 PREEMPTIBLE = REPO / "hpc" / "preemptible.sh"
@@ -154,11 +154,6 @@ def test_slurm_launcher_without_a_reachable_slurm_fails_in_one_line(tmp_path):
 # ---- hpc/preemptible.sh outside SLURM: the signal reaches reprocube, which checkpoints --------------------------
 
 
-def _lines(path: Path) -> list[str]:
-    """The complete lines of a file another process is appending to (none while it does not exist)."""
-    return [line for line in path.read_text().splitlines() if line.endswith("}")] if path.exists() else []
-
-
 def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(generated, tmp_path):
     """USR1 to the batch shell (what `--signal=B:USR1@N` does) -> reprocube checkpoints mid-epoch and
     exits 75; without SLURM_JOB_ID nothing is requeued. Run again, resume=auto finishes the run with the
@@ -181,13 +176,7 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     checkpoints = tmp_path / "runs" / "r" / "checkpoints"
     # Signalled once a step of epoch 2 is logged (steps 22-42, ~1 s at 0.05 s a step): signalled as soon as
     # epoch-0001 existed, the run was once still finishing epoch 1 and stopped there (no step checkpoint).
-    metrics, deadline = tmp_path / "runs" / "r" / "metrics.jsonl", time.monotonic() + 120
-    while (
-        time.monotonic() < deadline
-        and shell.poll() is None
-        and not any(json.loads(line).get("global_step", 0) >= 23 for line in _lines(metrics))
-    ):
-        time.sleep(0.05)
+    wait_for_global_step(tmp_path / "runs" / "r" / "metrics.jsonl", 23, shell)
     shell.send_signal(signal.SIGUSR1)
     output, _ = shell.communicate(timeout=120)
     assert shell.returncode == 75, output

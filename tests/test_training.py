@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,16 @@ import pytest
 from reprocube.backend import BACKENDS as BACKEND_CLASS
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 
-from conftest import GeneratedDataset, epoch_digests, error_lines, make_payloads, manifest, read_metrics, reprocube
+from conftest import (
+    GeneratedDataset,
+    epoch_digests,
+    error_lines,
+    make_payloads,
+    manifest,
+    read_metrics,
+    reprocube,
+    wait_for_global_step,
+)
 
 EPOCHS = 3
 # What env.json must say about determinism and threads (threads=2 by default).
@@ -241,7 +249,7 @@ def signal_mid_epoch_then_resume_latest(framework, larger, larger_reference, tmp
         stderr=subprocess.PIPE,
         text=True,
     )
-    _wait_for_global_step(run_dir / "metrics.jsonl", 250, proc)  # inside epoch 2 (steps 201-400)
+    wait_for_global_step(run_dir / "metrics.jsonl", 250, proc)  # inside epoch 2 (steps 201-400)
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 75, stderr
@@ -258,19 +266,6 @@ def signal_mid_epoch_then_resume_latest(framework, larger, larger_reference, tmp
     assert f"resumed from {checkpoint.relative_to(tmp_path)} at epoch 1" in resumed.stdout
     assert epoch_digests(run_dir) == epoch_digests(larger_reference)
     assert deterministic_metrics(run_dir) == deterministic_metrics(larger_reference)
-
-
-def _wait_for_global_step(metrics_path, step, proc, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended before the signal: {proc.communicate()}")
-        if metrics_path.exists():
-            lines = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.endswith("}")]
-            if any(r["global_step"] >= step for r in lines):
-                return
-        time.sleep(0.005)
-    raise AssertionError("training did not reach the step in time")
 
 
 # --- refusals ---------------------------------------------------------------------------------
