@@ -74,7 +74,8 @@ CHILD = textwrap.dedent(
             return tf.fill([count], tf.reduce_sum(tf.bitwise.bitwise_xor(bits, bits * bits)))
         def reads_only():
             return tf.stack([tf.bitcast(tf.reshape(v.value, [-1])[0], tf.uint32) for v in variables])
-        backend._fingerprint_graph = {"model_sum": model_sum, "reads_only": reads_only}[tf_variant]
+        variant_graph = {"model_sum": model_sum, "reads_only": reads_only}[tf_variant]
+        backend._fingerprint_graph = variant_graph
     backend.begin_epoch(sampler.epoch_order(0))
     block(0, 0, 21, True)  # the first step (and compilation) and 20 more, untimed
     # The same trainer without its fingerprint work, traced and compiled now.
@@ -106,7 +107,7 @@ CHILD = textwrap.dedent(
         if tf_variant == "tensors":
             del backend._fingerprint_graph  # the method again (the graph is traced)
         else:
-            backend._fingerprint_graph = {"model_sum": model_sum, "reads_only": reads_only}[tf_variant]
+            backend._fingerprint_graph = variant_graph
     without_fingerprints = getattr(backend, SWAPPED)
     trace = StepTrace(0, first_step=steps_per_epoch, tensor_names=trace.tensor_names)  # the timed blocks' only
 

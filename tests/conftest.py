@@ -32,8 +32,9 @@ FILE_KEYS = {
 def pytest_configure(config):
     """JAX's compiled steps shared by every process the tests start, through its persistent cache (as verify
     shares them between its links): a JAX process takes ~3.5 s instead of ~10 s here (the JAX tests took
-    350 s instead of 619 s in CI). Loaded executables are the compiled ones (the key holds the HLO, the XLA_FLAGS and the platform);
-    verify's fresh checks, which must compile anew, are tested without it (test_verify_compare_report)."""
+    350 s instead of 619 s in CI). Loaded executables are the compiled ones (the key holds the HLO, the
+    XLA_FLAGS and the platform); verify's fresh checks, which must compile anew, are tested without it
+    (test_verify_compare_report)."""
     cache = tempfile.mkdtemp(prefix="reprocube-tests-jax-cache-")
     config.jax_cache = cache
     os.environ.update({"JAX_COMPILATION_CACHE_DIR": cache, **JAX_CACHE_ENV})

@@ -20,6 +20,7 @@ import pytest
 from conftest import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
 
 REPO = Path(__file__).resolve().parents[1]
+JOB_EPOCHS = 30  # the SLURM job's: enough to outlast the warning on a fast machine (see `dataset`)
 
 
 def _slurm_missing() -> str | None:
@@ -75,7 +76,7 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
     start instead of an unbounded number of warned minutes."""
     run = [
         "framework=pytorch",
-        "epochs=30",
+        f"epochs={JOB_EPOCHS}",
         "threads=2",
         *dataset.overrides(),
         f"output_dir={tmp_path}/runs",
@@ -113,7 +114,7 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         steps_per_epoch = manifest(tmp_path / "runs" / "slurm" / "checkpoints" / "epoch-0001")["steps_per_epoch"]
         compared_epochs = int(stopped_at.group(1)) // steps_per_epoch + 2  # stopped at a global step
         plain = subprocess.Popen(
-            [sys.executable, "-m", "reprocube", "train", *(o for o in run[:-2] if o != "epochs=30"), f"epochs={compared_epochs}",
+            [sys.executable, "-m", "reprocube", "train", *(o for o in run[:-2] if o != f"epochs={JOB_EPOCHS}"), f"epochs={compared_epochs}",
              f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip

@@ -238,7 +238,7 @@ def test_other_signals_mid_epoch_then_resume_latest_are_bit_exact(larger, tmp_pa
     signal_mid_epoch_then_resume_latest("pytorch", larger, reference, tmp_path, signum)
 
 
-def signal_mid_epoch_then_resume_latest(framework, larger, larger_reference, tmp_path, signum):
+def signal_mid_epoch_then_resume_latest(framework, larger, reference, tmp_path, signum):
     args = [f"framework={framework}", *larger.overrides(), *LARGER_ARGS]
 
     run_dir = tmp_path / "runs" / "preempted"
@@ -264,8 +264,8 @@ def signal_mid_epoch_then_resume_latest(framework, larger, larger_reference, tmp
 
     resumed = reprocube("train", *args, "run_name=preempted", "resume=latest", cwd=tmp_path)
     assert f"resumed from {checkpoint.relative_to(tmp_path)} at epoch 1" in resumed.stdout
-    assert epoch_digests(run_dir) == epoch_digests(larger_reference)
-    assert deterministic_metrics(run_dir) == deterministic_metrics(larger_reference)
+    assert epoch_digests(run_dir) == epoch_digests(reference)
+    assert deterministic_metrics(run_dir) == deterministic_metrics(reference)
 
 
 # --- refusals ---------------------------------------------------------------------------------
