@@ -74,6 +74,14 @@ BACKENDS = {
     "jax": "reprocube.frameworks.jax:JaxBackend",
 }
 FRAMEWORKS = tuple(BACKENDS)  # the one list of frameworks: verify, bench and the tests use it
+# Each trainer's weight tensors, as its export_state names them (a trace's tensor_names): a receipt that
+# names other tensors, or more, describes no model of ours and is refused before anything is compared.
+_LAYERS = ("conv1", "conv2", "fc1", "fc2")
+_KERNEL = {"pytorch": "weight", "tensorflow": "kernel", "jax": "kernel"}
+WEIGHT_NAMES = {
+    framework: tuple(sorted(f"{layer}.{part}" for layer in _LAYERS for part in ("bias", kernel)))
+    for framework, kernel in _KERNEL.items()
+}
 
 
 def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:

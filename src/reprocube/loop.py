@@ -20,7 +20,7 @@ from reprocube.config import config_hash, to_plain
 from reprocube.data.pipeline import BatchPipeline, check_position, create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
-from reprocube.env import collect_env, usable_cpus
+from reprocube.env import collect_env, threads_warning, usable_cpus
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest
@@ -96,13 +96,9 @@ def train(cfg, out=print) -> int:
     """Train (or resume) the run described by `cfg`; returns the exit status."""
     with StopRequest() as stop:  # from the start: a signal during set-up still ends in a checkpoint
         config = to_plain(cfg)
-        usable = usable_cpus() or os.cpu_count()
-        if usable and cfg.threads > usable:
-            print(
-                f"reprocube: warning: threads={cfg.threads} but this process may use {usable} CPUs: "
-                "expect it to run much slower (threads is part of the config: results depend on it)",
-                file=sys.stderr,
-            )
+        warning = threads_warning(cfg.framework.name, cfg.threads, usable_cpus() or os.cpu_count())
+        if warning:
+            print(f"reprocube: warning: {warning}", file=sys.stderr)
         with open_run(cfg, config) as (run, checkpoint):
             dataset = load_dataset(cfg)
             try:
@@ -285,7 +281,9 @@ class TrainingLoop:
                     self.trace.add_boundary(position.global_step, backend.export_state().weights)
                 if position.global_step == cfg.preempt_at_step:
                     os.kill(os.getpid(), signal.SIGTERM)  # a drill through the real signal path
-                if stop.requested:
+                # A stop at an epoch's last step ends the epoch first (its evaluation, record and
+                # checkpoint): a checkpoint is never written at step_in_epoch == steps_per_epoch.
+                if stop.requested and position.step_in_epoch < sampler.steps_per_epoch:
                     bar.close()
                     path = self._save(step_name(position.global_step), reason=stop.signal_name)
                     self.out(f"stopped by {stop.signal_name}: checkpoint {path}; continue with resume=latest")

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube import __version__
+from reprocube.backend import WEIGHT_NAMES
 from reprocube.checkpoint import HEX_DIGEST, NAME_PATTERN
-from reprocube.config import config_hash, config_hash_matches
+from reprocube.config import NON_RESULT_KEYS, config_hash, config_hash_matches
 from reprocube.errors import CheckpointError
 from reprocube.files import write_json_atomic
 from reprocube.metrics import MetricsHistory, check_epoch_record
@@ -32,6 +33,39 @@ RECEIPT_VERSION = 1
 MAX_RECEIPT_BYTES = 64 << 20  # a long run's trace: 4 bytes a step
 SELF_DIGEST = "receipt_sha256"
 SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.signing)
+
+
+# What a receipt holds that is NOT a claim about A's computation, with the reason: every other leaf is
+# evidence, compared by reprocube.analysis.claims or checked by read_receipt (tests/test_receipt_mutations
+# changes each leaf of real receipts and holds the verdicts to this). A path is a tuple of keys, "*" for
+# any list index or key; under "config", the keys outside the result (NON_RESULT_KEYS) and the device.
+_DESCRIBED = "A's environment, described: compared as a cause of a difference (reproduce's causes), never as a claim"
+NOT_EVIDENCE = {
+    ("env",): _DESCRIBED,
+    ("sessions", "*", "env"): _DESCRIBED,
+    ("reprocube",): "the code that ran, described by its version and digests: a cause, not a claim of numbers",
+    ("checkpoints",): "the names of the checkpoints A kept: no content to compare (their weights are in the trace)",
+    ("epochs", "*", "wall_s"): "a timing: machines and loads differ",
+    ("epochs", "*", "samples_per_s"): "a timing: machines and loads differ",
+    ("trace", "every_steps"): "a cadence: where A's weights were digested is trace.boundaries itself",
+    ("config", "device"): "where it ran: the device used is in env, a cause",
+    (
+        "config",
+        "NON_RESULT_KEYS",
+    ): "a place, cadence or presentation key (config.NON_RESULT_KEYS): not what it computed",
+}
+
+
+def not_evidence(path: tuple) -> str | None:
+    """Why the receipt's leaf at `path` is not evidence (NOT_EVIDENCE), or None: it is a claim."""
+    for pattern, reason in NOT_EVIDENCE.items():
+        if pattern == ("config", "NON_RESULT_KEYS"):
+            dotted = ".".join(str(part) for part in path[1:])
+            if path[:1] == ("config",) and any(dotted == k or dotted.startswith(k + ".") for k in NON_RESULT_KEYS):
+                return reason
+        elif len(path) >= len(pattern) and all(p in ("*", part) for p, part in zip(pattern, path, strict=False)):
+            return reason
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,6 +198,12 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
     _check_config(config, path, error)
     if not config_hash_matches(config, fields.text("config_hash")):
         raise error(f"{path}: config_hash does not match its config")
+    expected_dataset = {
+        "name": config["dataset"]["name"],
+        "payload_sha256": {key: spec["sha256"] for key, spec in sorted(config["dataset"]["files"].items())},
+    }
+    if value.get("dataset") != expected_dataset:
+        raise error(f"{path}: dataset must name config.dataset's name and payload sha256s, as it was written")
     env = fields.mapping("env").value
     position = fields.mapping("position")
     epoch, global_step = position.integer("epoch"), position.integer("global_step")
@@ -175,6 +215,12 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
     if [r["epoch"] for r in epochs] != list(range(epoch - len(epochs) + 1, epoch + 1)):
         raise error(f"{path}: epochs must be consecutive and end at position.epoch {epoch}")
     trace = StepTrace.from_json(value.get("trace"), f"{path}: trace", error)
+    expected_names = WEIGHT_NAMES.get(config["framework"]["name"])
+    if trace.tensor_names and (expected_names is None or tuple(trace.tensor_names) != expected_names):
+        raise error(
+            f"{path}: trace.tensor_names are not the weight tensors of the {config['framework']['name'][:40]!r} "
+            f"model ({', '.join(expected_names or ('no such framework',))})"
+        )
     if trace.last_step != global_step:
         raise error(f"{path}: trace ends at global step {trace.last_step}, not at position.global_step {global_step}")
     _check_env_vars(env, path, error)

@@ -67,3 +67,8 @@ def shown_value(value, limit: int = 60) -> str:
     """A value inside a line of text (a string as is, anything else as JSON): one line, at most `limit`."""
     text = one_line(value if isinstance(value, str) else json.dumps(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """ "1 epoch", "2 epochs": a count and its noun, plural where it is not one."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

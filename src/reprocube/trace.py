@@ -301,10 +301,15 @@ INFLATION_SLACK = 1 << 16
 
 
 def _decode_base64(text: str, where: str, error) -> bytes:
+    """Canonical base64 only: bits past the data in the last character (which b64decode ignores) would let
+    two different texts claim the same bytes."""
     try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
+        blob = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
         raise error(f"{where} is not base64") from None
+    if base64.b64encode(blob).decode("ascii") != text:
+        raise error(f"{where} is not canonical base64 (bits beyond its bytes are set)")
+    return blob
 
 
 def _inflate_planes(deflated: bytes, size: int, where: str, error) -> bytes:

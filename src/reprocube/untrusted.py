@@ -4,8 +4,9 @@ and people, so every file reprocube reads goes through this module:
   forever), and inside runs a symbolic link is refused too (nothing is read from outside the run);
 - at most a stated number of bytes (the size a manifest records, else a bound per kind of file);
 - JSON strictly: UTF-8, no NaN or Infinity, no integer longer than MAX_INT_DIGITS digits, no duplicate
-  keys, nesting bounded by the interpreter's recursion limit (a RecursionError becomes an error line);
-- YAML with the safe loader and without aliases (an alias bomb is refused, not expanded);
+  keys, nesting at most MAX_DEPTH deep (what reads a value later, OmegaConf, Hydra's grammar or our own
+  walks, must never meet a RecursionError);
+- YAML with the safe loader, without aliases (an alias bomb is refused, not expanded), as shallow;
 - every value through a typed accessor (Fields) that names the file and the key when it is wrong.
 Each failure is one exception of the caller's error class (ConfigError, DataError, CheckpointError, ...),
 so that the command ends with one line and its documented exit status."""
@@ -30,6 +31,9 @@ MAX_INT_DIGITS = 40  # a 128-bit integer has 39 digits; nothing reprocube writes
 MAX_JSON_BYTES = 64 << 20  # a manifest with a long metrics history is a few MB
 MAX_YAML_BYTES = 1 << 20
 MAX_JSON_LINE_BYTES = 1 << 20
+# Containers inside containers: nothing reprocube writes is deeper than 8 (a receipt's boundaries, a
+# loader's state); OmegaConf recursed past Python's limit at 100 nested lists, hydra_literal at 600.
+MAX_DEPTH = 32
 
 
 @contextlib.contextmanager
@@ -86,6 +90,7 @@ def parse_json(blob: bytes, where: str, error: type[ReprocubeError]):
         )
         if _SURROGATE_ESCAPE.search(text):  # rare: only then walk the value
             _refuse_lone_surrogates(value)
+        _refuse_deep(value)
         return value
     except _Refused as exc:
         raise error(f"{where}: {exc}") from None
@@ -110,6 +115,19 @@ def iter_json_lines(path: Path, error: type[ReprocubeError], max_bytes: int) -> 
                 yield number, parse_json(line, f"{path}:{number}", error)
 
 
+def _refuse_deep(value) -> None:
+    """Refuse containers nested more than MAX_DEPTH deep (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth >= MAX_DEPTH:
+            raise _Refused(f"nested more than {MAX_DEPTH} deep")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     """The safe loader, refusing aliases: a few lines of nested aliases expand to billions of nodes."""
 
@@ -126,7 +144,11 @@ def parse_yaml(blob: bytes, where: str, error: type[ReprocubeError]):
     except UnicodeDecodeError:
         raise error(f"{where} is not UTF-8 text") from None
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506  (a SafeLoader subclass)
+        value = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506  (a SafeLoader subclass)
+        _refuse_deep(value)
+        return value
+    except _Refused as exc:
+        raise error(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise error(f"{where} is not valid yaml: {' '.join(str(exc).split())}") from None
     except RecursionError:

@@ -9,6 +9,15 @@ import json
 import math
 import statistics
 
+from reprocube.analysis.claims import (
+    DIFFERS,
+    KINDS,
+    LOSS_KINDS,
+    NOT_CHECKED,
+    REPRODUCED,
+    WEIGHT_KINDS,
+    account,
+)
 from reprocube.analysis.environment import NOT_NUMERIC, NUMERIC_SETTINGS, env_differences
 from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import config_differences
@@ -16,7 +25,7 @@ from reprocube.env import refused_match_setting
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import Receipt
 from reprocube.results.reproduce_result import tensor_list
-from reprocube.terminal import one_line, shown_value
+from reprocube.terminal import counted, one_line, shown_value
 from reprocube.trace import compare_traces
 
 # CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine.
@@ -33,9 +42,6 @@ SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations 
 # --- the comparison --------------------------------------------------------------------------------
 # Variables holding a list of flags: --match shows which of B's flags A's value drops and adds.
 FLAG_LISTS = ("XLA_FLAGS",)
-# Epoch records computed from the training steps' own losses and predictions: they may differ while the
-# weights agree (the loss reduced in another order), unlike the test metrics of those weights.
-TRAINING_REPORTED_FIELDS = ("train_loss", "train_accuracy")
 
 
 def steps_per_epoch(receipt: Receipt) -> int | None:
@@ -63,6 +69,19 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
         for key in (*DETERMINISTIC_EPOCH_FIELDS[1:], "weights_digest"):
             if record[key] != other[key]:
                 epoch_differences.append({"epoch": record["epoch"], "key": key, "a": record[key], "b": other[key]})
+    # B, trained from A's config, digests its weights at these steps of A's range: a receipt without them
+    # claims less than its config's run records (claims removed, or a receipt of an older reprocube).
+    a_steps = {boundary.step for boundary in a.trace.boundaries}
+    lacking = [
+        boundary.step for boundary in b.trace.boundaries
+        if a.trace.first_step <= boundary.step <= a.global_step and boundary.step not in a_steps
+    ]  # fmt: skip
+    if lacking:
+        shown = ", ".join(map(str, lacking[:8])) + (", ..." if len(lacking) > 8 else "")
+        reasons.append(
+            f"A's receipt holds no weight digests at global steps {shown}, where B, trained from its config, "
+            "records them (claims removed from the receipt, or one written by an older reprocube)"
+        )
     config_changes = [line for line in config_differences(a.config, b.config) if not line.startswith("device:")]
     if config_changes:
         reasons.append(f"B's config differs ({'; '.join(config_changes)})")
@@ -102,18 +121,34 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
         }
     elif epoch_differences:
         first = None  # the training steps agree; an evaluation differs (see epoch_differences)
-    identical = not reasons and not epoch_differences and step is None
-    # Losses only: every weight digest both hold agrees (every per-step fingerprint, every boundary) and
-    # only what the training forward pass reports differs. Without fingerprints over every step, at least
-    # one boundary must have been compared.
+    # The ledger of A's claims decides what may be said: bit-identical only when every claim was compared
+    # and reproduced; losses-only only when every weight claim was compared and reproduced, one of them
+    # at or after A's last step, and only loss claims differ.
+    ledger = account(a, b)
+    nothing_unchecked = ledger.count(NOT_CHECKED) == 0
+    unchecked = [f"{t.not_checked} {kind} ({'; '.join(t.why_not_checked)})"
+                 for kind, t in ledger.tallies.items() if t.not_checked]  # fmt: skip
+    if unchecked:
+        reasons.append(f"not checked: {', '.join(unchecked)}")
+    last_weight = ledger.last_reproduced_weight_step
+    if step is not None and ledger.count(DIFFERS, WEIGHT_KINDS) == 0 and (last_weight or -1) < a.global_step:
+        reasons.append(
+            f"A's weights are compared only up to global step {last_weight if last_weight is not None else 0}, "
+            f"not at its last step {a.global_step}: whether the trained model is the same is not known"
+        )
+    identical = (
+        not reasons and not epoch_differences and step is None and nothing_unchecked
+        and ledger.count(DIFFERS) == 0 and ledger.count(REPRODUCED) > 0
+    )  # fmt: skip
     losses_only = (
         not identical
         and not reasons
         and first is not None
+        and nothing_unchecked
+        and ledger.count(DIFFERS, [k for k in KINDS if k not in LOSS_KINDS]) == 0
+        and (last_weight or -1) >= a.global_step
         and divergence.first_boundary is None
-        and (fingerprinted or divergence.compared_boundaries > 0)
         and divergence.weights_identical
-        and all(d["key"] in TRAINING_REPORTED_FIELDS for d in epoch_differences)
     )
     if losses_only:
         first |= {"by": "loss", "window": None, "weights_identical": True}
@@ -133,6 +168,7 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             "b_epochs": len(b.epochs),
         },
         "reasons": reasons,
+        "claims": ledger.as_dict(),
     }
 
 
@@ -232,7 +268,7 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
         )
         cannot += [c for c in plan["cannot"] if c not in cannot]
         not_applied += [r for r in plan["not_applied"] if r not in not_applied]
-    segments = [s for s in segments if s["to_step"] > s["from_step"]] or segments[:1]
+    segments = _merge_equal(segments)
     followed = len({json.dumps(s["settings"], sort_keys=True) for s in segments}) > 1
     return {
         "settings": segments[0]["settings"],
@@ -241,6 +277,20 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
         "cannot": cannot,
         "not_applied": not_applied,
     }
+
+
+def _merge_equal(segments: list[dict]) -> list[dict]:
+    """Segments that train steps, consecutive ones under equal settings joined: B runs one process per
+    change of settings, however many sessions A had (at least one segment)."""
+    merged: list[dict] = []
+    for segment in segments:
+        if segment["to_step"] <= segment["from_step"]:
+            continue
+        if merged and merged[-1]["settings"] == segment["settings"]:
+            merged[-1] = {**merged[-1], "to_step": segment["to_step"]}
+        else:
+            merged.append(dict(segment))
+    return merged or segments[:1]
 
 
 def _session_plan(a_env: dict, b_env: dict, causes: list[dict]) -> dict:
@@ -389,20 +439,35 @@ def _partial(coverage: dict) -> str:
 
 
 def tier(result: dict, max_ulp: int) -> tuple[str, str]:
+    """The tier and its sentence; a partial receipt's sentence says so, whatever the verdict."""
+    name, text = _tier(result, max_ulp)
+    partial = _partial(result["coverage"])
+    return name, text + (f"; {partial}" if partial else "")
+
+
+def claims_text(claims: dict) -> str:
+    """ "N claims: R reproduced, D differ, U not checked": the ledger's totals in words."""
+    totals = claims["totals"]
+    return (
+        f"{sum(totals.values())} claims of A's receipt: {totals['reproduced']} reproduced, {totals['differs']} "
+        f"differ, {totals['not_checked']} not checked"
+    )
+
+
+def _tier(result: dict, max_ulp: int) -> tuple[str, str]:
     coverage = result["coverage"]
-    partial = _partial(coverage)
     if result["verdict"] == "bit-identical":
         compared = (
-            f"{coverage['compared_steps']} steps (every loss bit), {coverage['compared_boundaries']} weight-digest "
-            f"boundaries, {coverage['a_epochs']} epoch records"
+            f"{counted(coverage['compared_steps'], 'step')} (every loss bit), "
+            f"{counted(coverage['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} after the initial weights, "
+            f"{counted(coverage['a_epochs'], 'epoch record')}; {claims_text(result['claims'])}"
         )
-        return "bit-identical", f"bit-identical: everything A's receipt records reproduced ({compared})" + (
-            f"; {partial}" if partial else ""
-        )
+        return "bit-identical", f"bit-identical: everything A's receipt records reproduced ({compared})"
     if result["verdict"] == "losses-only":
         return "losses-only", (
-            f"the trained model is bit-identical (every weight digest at {coverage['compared_boundaries']} "
-            f"boundaries and {coverage['a_epochs']} epochs); only the reported training losses differ"
+            f"the trained model is bit-identical (every weight digest at "
+            f"{counted(coverage['compared_boundaries'], 'boundary', 'boundaries')} and {counted(coverage['a_epochs'], 'epoch')}); "
+            "only the reported training losses differ"
             + (f" (max {result['ulp']['max_ulp']} ULP)" if result.get("ulp") else "")
             + ": the loss is computed in another order here, the updates are not"
         )
@@ -457,7 +522,7 @@ def summary(result: dict) -> str:
         partial = _partial(coverage)
         sessions = _sessions_finding(result)
         return one_line(
-            f"bit-identical ({coverage['compared_steps']} steps, {coverage['a_epochs']} epochs)"
+            f"bit-identical ({counted(coverage['compared_steps'], 'step')}, {counted(coverage['a_epochs'], 'epoch')})"
             + (f"; partial: {partial}" if partial else "")
             + (f"; {sessions}" if sessions else "")
         )
@@ -490,6 +555,9 @@ def summary(result: dict) -> str:
         parts.append(f"training steps agree but epoch {d['epoch']} {d['key']} differs")
     else:
         parts.append("differs")
+    partial = _partial(result["coverage"])
+    if partial:
+        parts.append(f"partial: {partial}")
     parts += result["reasons"]
     if _sessions_finding(result):
         parts.append(_sessions_finding(result))

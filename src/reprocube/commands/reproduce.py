@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from reprocube.analysis.receipt_comparison import (
     compare_receipts,
     final_record,
@@ -31,8 +33,8 @@ from reprocube.analysis.receipt_comparison import (
     summary,
     tier,
 )
-from reprocube.config import flatten_keys, load_config, override, result_config
-from reprocube.env import known_hang
+from reprocube.config import MAX_TRACE_AT_STEPS, flatten_keys, load_config, override, result_config
+from reprocube.env import known_hang, threads_warning, usable_cpus
 from reprocube.errors import (
     EXIT_DIFFERENT,
     EXIT_LOSSES_ONLY,
@@ -42,13 +44,19 @@ from reprocube.errors import (
     ConfigError,
     ReprocubeError,
 )
-from reprocube.files import refuse_inside_checkpoints, safe_name
+from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic
 from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, unavailable
-from reprocube.receipt import SIGNATURE_FILE, Receipt, read_receipt
-from reprocube.results.reproduce_result import REPRODUCE_RESULT, signature_line, write_reproduce
+from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
+from reprocube.results.reproduce_result import (
+    A_RECEIPT_COPY,
+    B_RUN,
+    REPRODUCE_RESULT,
+    signature_line,
+    write_reproduce,
+)
 from reprocube.results.study_result import STUDY_RESULT, read_study
-from reprocube.terminal import one_line
+from reprocube.terminal import counted, one_line
 from reprocube.trace import compare_traces
 
 HELP = "retrain a published run here from its receipt; verdict, first diverging step, causes: reprocube reproduce RUN"
@@ -81,6 +89,11 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="accept overrides of result keys (reported as config differences) besides the place keys",
     )
+    parser.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="train even where A's threads exceed this machine's usable CPUs (slower; JAX's result differs)",
+    )
     parser.add_argument("--ulp", type=int, default=16, help="the 'within N ULP' tier's N (default 16)")
     parser.add_argument(
         "--stall-timeout", type=float, metavar="SECONDS",
@@ -101,6 +114,7 @@ def run(args) -> int:
         allow_config_change=args.allow_config_change,
         ulp=args.ulp,
         stall_timeout=args.stall_timeout,
+        allow_oversubscribe=args.allow_oversubscribe,
     )
     return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(result["verdict"], EXIT_DIFFERENT)
 
@@ -133,6 +147,7 @@ def reproduce(
     ulp: int = 16,
     stall_timeout: float | None = None,
     echo=_print_now,
+    allow_oversubscribe: bool = False,
 ) -> dict:
     started = time.perf_counter()
     if seeds < 0 or seeds == 1 or seeds > 64:
@@ -164,24 +179,37 @@ def reproduce(
         )
     spread_study = _read_spread_study(study_path) if study_path is not None else None
     user_overrides, user_config_changes = _check_overrides(overrides, allow_config_change)
-    base = _overrides_for(receipt, user_overrides)
+    base, b_config = _overrides_for(receipt, user_overrides)
+    oversubscribed = threads_warning(b_config.framework.name, b_config.threads, usable_cpus())
+    if oversubscribed and not allow_oversubscribe:
+        raise ConfigError(f"A's config: {oversubscribed}; pass --allow-oversubscribe to train it anyway")
+    stop_at = _stop_step(receipt)
     ws = _workspace(out, receipt)  # only now, with every input accepted, is anything written
     framework = receipt.config["framework"]["name"]
-    echo(f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {receipt.epoch} epochs, "
-         f"{receipt.global_step} steps; runs and logs in {ws.out}")  # fmt: skip
+    trained = f"{counted(receipt.epoch, 'epoch')}, {counted(receipt.global_step, 'step')}"
+    if stop_at is not None:
+        trained = f"partial: A stopped at global step {stop_at} (epoch {receipt.epoch + 1}); B trains to there"
+    echo(f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {trained}; "
+         f"runs and logs in {ws.out}")  # fmt: skip
     echo(f"  signature: {signature_line(signature)}")
+    if oversubscribed:
+        echo(f"  warning: {oversubscribed}")
     for line in unsigned:
         echo(f"  unsigned: {line}")
 
-    def train(name: str, *extra: str, env: dict | None = None, expect=(EXIT_OK,)) -> Path:
+    a_changed = [o for o in user_overrides if o.partition("=")[0].strip() in user_config_changes]
+
+    def train(name: str, *extra: str, env: dict | None = None, expect=(EXIT_OK,), stop_at: int | None = None) -> Path:
+        """One training child under A's config (`extra` added); `stop_at`: stopped there by the drill."""
+        if stop_at is not None:
+            extra, expect = (*extra, f"preempt_at_step={stop_at}"), (EXIT_PREEMPTED,)
         command = reprocube_command(
             "train", *base, override("output_dir", str(ws.runs)), f"run_name={name}", "log.progress=false", *extra
         )
         log = ws.logs / f"{name}.log"
-        echo(
-            f"  {name}: reprocube train ({' '.join(extra) or 'A config'})"
-            + (f" with {settings_text(env)}" if env else "")
-        )
+        config = "A's config" + (f" changed by {', '.join(a_changed)}" if a_changed else "")
+        echo(one_line(f"  {name}: reprocube train ({config}{''.join(' ' + e for e in extra)})"
+                      + (f" with {settings_text(env)}" if env else "")))  # fmt: skip
         status = _run_with_env(command, log, env, progress=ws.runs / name / "metrics.jsonl",
                                stall_timeout=stall_timeout, echo=echo)  # fmt: skip
         if status not in expect:
@@ -189,7 +217,7 @@ def reproduce(
         return ws.runs / name
 
     b_started = time.perf_counter()
-    b_path = train("b")
+    b_path = train("b", stop_at=stop_at)
     b_wall = time.perf_counter() - b_started
     b = read_receipt(b_path)
     outcome = compare_receipts(receipt, b)
@@ -206,7 +234,13 @@ def reproduce(
         "signature": None if signature is None else {"key_id": signature.get("key_id"), "verified": True},
         "unsigned": unsigned,
         "run_a": receipt.run_name,
-        "run_b": str(b_path),
+        "run_b": B_RUN,
+        # Every file the result draws on, inside this directory and bound by the sha256 of its bytes:
+        # `report` reads these and nothing else.
+        "inputs": {
+            "a_receipt": {"path": A_RECEIPT_COPY, "sha256": hashlib.sha256(receipt.raw).hexdigest()},
+            "b_receipt": {"path": f"{B_RUN}/{RECEIPT}", "sha256": hashlib.sha256(b.raw).hexdigest()},
+        },
         "framework": framework,
         **outcome,  # verdict, identical, first_divergence, epoch_differences, coverage, reasons
         "causes": [],
@@ -222,7 +256,7 @@ def reproduce(
         if outcome["first_divergence"] is not None:
             result["self_consistent"], result["self_check"] = _self_check(receipt, b, outcome, train)
         if match:
-            result["match"] = _match(receipt, b, result["causes"], train)
+            result["match"] = _match(receipt, b, result["causes"], train, stop_at)
         result["first_operation"] = _first_operation(result, b_path, user_overrides, ws, stall_timeout, echo)
     if spread_study is None and seeds >= 2 and final_record(receipt) and final_record(b):
         spread_study = _seed_runs(receipt, seeds, train)
@@ -231,6 +265,8 @@ def reproduce(
     result["tier"], result["tier_text"] = tier(result, ulp)
     result["summary"] = summary(result)
     result["wall_s"] = {"total": round(time.perf_counter() - started, 1), "run_b": round(b_wall, 1)}
+    (ws.out / Path(A_RECEIPT_COPY).parent).mkdir(exist_ok=True)
+    write_file_atomic(ws.out / A_RECEIPT_COPY, receipt.raw)
     write_reproduce(result, ws.out)
     _report(ws, receipt, b_path, result, echo)
     echo(f"verdict: {result['summary']}")
@@ -277,7 +313,7 @@ def _check_overrides(overrides: list[str], allow_config_change: bool) -> tuple[l
     return allowed, changes
 
 
-def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> list[str]:
+def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> tuple[list[str], DictConfig]:
     """A's exact config as Hydra overrides (the user's place keys last): its framework group, then every
     result-affecting key, then its epochs and cadences (trace.every_steps, so that B's boundaries fall
     where A's did). The receipt is untrusted: each value goes through config.override, as data (quoted;
@@ -294,18 +330,38 @@ def _overrides_for(receipt: Receipt, user_overrides: list[str]) -> list[str]:
         overrides += [override(k, v) for k, v in sorted(keys.items())]
     except ConfigError as exc:
         raise CheckpointError(f"{receipt.path}: config: {exc}") from None
-    # Where A's sessions were stopped and resumed, A's trace has weight digests: B records them there too.
-    resumed_at = sorted({s["from_step"] for s in receipt.sessions[1:] if s["from_step"] > 0})
-    if resumed_at:
-        overrides.append(f"trace.at_steps=[{','.join(str(int(step)) for step in resumed_at)}]")
+    # B digests its weights wherever A's trace holds digests (where A's sessions were stopped and resumed,
+    # or where A itself was asked to): every claim of a genuine receipt is then compared.
+    at_steps = _boundaries_to_record(receipt)
+    if at_steps:
+        overrides.append(f"trace.at_steps=[{','.join(str(int(step)) for step in at_steps)}]")
     overrides += user_overrides
     try:
-        load_config(overrides)  # here, not in a child: a key this reprocube does not know is named at once
+        cfg = load_config(overrides)  # here, not in a child: a key this reprocube does not know is named at once
     except ConfigError as exc:
         raise ConfigError(
             f"{receipt.path}: A's config (with the given place keys) cannot be built here: {exc}"
         ) from None
-    return overrides
+    return overrides, cfg
+
+
+def _boundaries_to_record(receipt: Receipt) -> list[int]:
+    """A's boundary steps that B's own cadence (trace.every_steps, epoch ends) does not give, at most
+    MAX_TRACE_AT_STEPS of them (the first; A's digests beyond stay claims not checked, and say so)."""
+    every = receipt.trace.every_steps
+    spe = steps_per_epoch(receipt)
+    steps = [
+        b.step for b in receipt.trace.boundaries
+        if b.step > 0 and not (every and b.step % every == 0) and not (spe and b.step % spe == 0)
+    ]  # fmt: skip
+    return steps[:MAX_TRACE_AT_STEPS]
+
+
+def _stop_step(receipt: Receipt) -> int | None:
+    """A partial receipt (A stopped mid-epoch and never resumed): B stops where A did, so that A's weights
+    there are compared and B trains nothing A did not (None: B trains its epochs to their end)."""
+    position = receipt.value["position"]
+    return receipt.global_step if not receipt.complete and position["step_in_epoch"] else None
 
 
 def _epochs_to_train(receipt: Receipt) -> int:
@@ -357,18 +413,18 @@ def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Pat
     return run_watched(command, log, [progress], on_stall, env=child_env, watchdog=watchdog)
 
 
-def _match(a: Receipt, b: Receipt, causes: list[dict], train) -> dict:
+def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | None) -> dict:
     """An intervention: re-run B with A's settings where this machine can emulate them, and see whether
-    that restores bit-identity (a proof of the cause, and the recipe to reproduce exactly)."""
+    that restores bit-identity (a proof of the cause, and the recipe to reproduce exactly). One process per
+    change of settings: A's consecutive sessions under equal settings are one segment (match_plan)."""
     plan = match_plan(a, b, causes)
     if plan["segments"]:  # A's sessions ran under different settings: B stops and resumes where A did
         for i, segment in enumerate(plan["segments"]):
             last = i == len(plan["segments"]) - 1
-            extra = [] if i == 0 else ["resume=latest"]
-            extra += [] if last else [f"preempt_at_step={segment['to_step']}"]
-            path = train("b-matched", *extra, env=segment["settings"], expect=(EXIT_OK,) if last else (EXIT_PREEMPTED,))
+            path = train("b-matched", *([] if i == 0 else ["resume=latest"]), env=segment["settings"],
+                         stop_at=stop_at if last else segment["to_step"])  # fmt: skip
         return match_outcome(plan, a, read_receipt(path))
-    matched = read_receipt(train("b-matched", env=plan["settings"])) if plan["settings"] else None
+    matched = read_receipt(train("b-matched", env=plan["settings"], stop_at=stop_at)) if plan["settings"] else None
     return match_outcome(plan, a, matched)
 
 
@@ -396,7 +452,7 @@ def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: 
     places = [o for o in user_overrides if o.partition("=")[0].strip() in PLACE_KEYS]
     return first_operation(
         result["framework"], step, b_path, Path(match["run"]), settings, ws.out / "operations", ws.logs, places,
-        run_child,
+        run_child, weights_identical=bool(first.get("weights_identical")),
     )  # fmt: skip
 
 

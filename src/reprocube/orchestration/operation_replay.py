@@ -36,9 +36,12 @@ def first_operation(
     logs: Path,
     place_overrides: list[str],
     run_child: RunChild,
+    weights_identical: bool = False,
 ) -> dict:
     """Replay `step` as B ran it and under A's settings, and name the first operation whose output
-    differs (with its inputs' agreement). One entry of reproduce.json: status in STATUSES, step, text."""
+    differs (with its inputs' agreement). One entry of reproduce.json: status in STATUSES, step, text.
+    `weights_identical`: the runs' weights are proven equal after every step (losses-only), so an
+    unrecorded operation that differs can only be the loss's reduction, never the update."""
     if framework not in RECORDABLE:
         return unavailable(
             step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
@@ -75,11 +78,16 @@ def first_operation(
         }
     found = first_differing_operation(a_ops, b_ops)
     if found is None and framework in KERNELS_ONLY:
+        candidate = (
+            "the loss's reduction to the reported mean (the weights agree after every step, so not the update)"
+            if weights_identical
+            else "the optimizer's update or the totals: elementwise, fused in the compiled step"
+        )
         return entry | {
             "status": "none",
             "text": f"first differing operation: step {step}'s inputs and every one of its kernels agree when "
             "replayed under A's settings and as B ran it: an operation after the last kernel that is not recorded "
-            "(the optimizer's update or the totals: elementwise, fused in the compiled step) computes differently",
+            f"({candidate}) computes differently",
         }
     if found is None:
         return entry | {

@@ -5,6 +5,7 @@ shows of reproduce.json is read strictly (reprocube.results.reproduce_result).""
 
 from __future__ import annotations
 
+import hashlib
 import html
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from reprocube.pages.html import ENV_ROWS, STYLE, cell, img, number, png
 from reprocube.plots import plt
 from reprocube.receipt import Receipt, read_receipt
 from reprocube.results.reproduce_result import (
+    A_RECEIPT_COPY,
     REPRODUCE_RESULT,
     check_reproduce,
     check_subject,
@@ -51,23 +53,25 @@ def reproduction_dir(path: Path) -> Path | None:
 
 
 def read_reproduction(directory: Path) -> dict:
-    """A reproduce directory for the page: its reproduce.json (every key shown type-checked), A's receipt
-    (result["source"], which must still be the receipt reproduced) and B's run (result["run_b"])."""
+    """A reproduce directory for the page: its reproduce.json (every key shown type-checked), and the two
+    receipts it names under `inputs`, read only inside the directory (A's copy, B's run) and each bound by
+    the sha256 of its bytes: a result cannot send the reader to any other file on this machine."""
     file = directory / REPRODUCE_RESULT.name
     result = read_reproduce(file)
-    source = Path(result["source"])
-    if not source.exists():
-        raise CheckpointError(f"{file}: source {source} (A's receipt) does not exist here")
-    a = read_receipt(source)
+    receipts = {}
+    for name, entry in result["inputs"].items():
+        path = directory / entry["path"]  # a fixed relative path (check_reproduce), never one from the file
+        receipt = read_receipt(path.parent)  # a run directory's receipt: a symbolic link is refused
+        if hashlib.sha256(receipt.raw).hexdigest() != entry["sha256"]:
+            raise CheckpointError(f"{file}: {path} is not the receipt this result compared (inputs.{name}.sha256)")
+        receipts[name] = receipt
+    a = receipts["a_receipt"]
     if a.value["receipt_sha256"] != result["source_sha256"]:
-        raise CheckpointError(f"{file}: source {source} is not the receipt reproduced (its sha256 differs)")
+        raise CheckpointError(
+            f"{file}: {directory / A_RECEIPT_COPY} is not the receipt reproduced (its sha256 differs)"
+        )
     check_subject(result, a, str(file))
-    # B lives in DIR/runs/<name>: found there even when run_b was written relative to another directory.
-    local = directory / "runs" / Path(result["run_b"]).name
-    b_path = local if local.is_dir() else Path(result["run_b"])
-    if not b_path.is_dir():
-        raise CheckpointError(f"{file}: run_b {result['run_b']} (B's run directory) does not exist here")
-    return _reproduction(directory, a, read_receipt(b_path), result)
+    return _reproduction(directory, a, receipts["b_receipt"], result)
 
 
 def _reproduction(directory: Path, a: Receipt, b: Receipt, result: dict) -> dict:
@@ -241,8 +245,10 @@ def _trace_map(a: Receipt, b: Receipt, result: dict) -> bytes:
     first = result["first_divergence"]
     if not columns:
         title = "no trace boundary in common"
-    elif first is None:
-        title = f"every tensor agrees at all {len(columns)} boundaries in common"
+    elif first is None:  # the count the verdict gives: boundaries after the initial weights
+        after = sum(1 for c in columns if c.step > 0)
+        initial = " and at the initial weights" if len(columns) > after else ""
+        title = f"every tensor agrees at all {after} boundaries in common{initial}"
     else:
         where = first["first_differing_boundary"]
         title = f"first diverging step {first['step']}" + (

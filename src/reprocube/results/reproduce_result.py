@@ -13,9 +13,11 @@ from reprocube.results.schema import ResultFile
 from reprocube.terminal import shown_value
 from reprocube.untrusted import Fields
 
+# Version 2: `inputs` binds A's receipt (copied here) and B's by digest; run_b is B_RUN, inside the
+# reproduce directory (version 1 named any path).
 REPRODUCE_RESULT = ResultFile(
     "reproduce.json",
-    version=1,
+    version=2,
     keys=(
         "subject",  # the receipt file's sha256, its config_hash and final weights digest
         "source",  # A's receipt as given
@@ -23,7 +25,8 @@ REPRODUCE_RESULT = ResultFile(
         "signature",  # null, or {key_id, verified}
         "unsigned",  # what lies beside the receipt unsigned or unchecked
         "run_a",
-        "run_b",
+        "run_b",  # B_RUN: B's run directory, relative to the reproduce directory
+        "inputs",  # {a_receipt, b_receipt}: {path (relative), sha256 of its bytes}
         "framework",
         "verdict",  # VERDICTS
         "identical",
@@ -41,6 +44,7 @@ REPRODUCE_RESULT = ResultFile(
         "tier_text",
         "summary",
         "wall_s",
+        "claims",  # A's claims counted per kind: reproduced, differs, not checked (analysis.claims)
     ),
     # self_check: where self_consistent is not null; first_operation: the operation behind the first
     # differing step (reprocube.orchestration.operation_replay), null where the training steps agree
@@ -48,6 +52,8 @@ REPRODUCE_RESULT = ResultFile(
     optional_keys=("self_check", "first_operation"),
 )
 VERDICTS = ("bit-identical", "losses-only", "differs")
+B_RUN = "runs/b"
+A_RECEIPT_COPY = "a/receipt.json"  # A's receipt, its exact bytes
 CAUSE_KINDS = ("config", "code", "environment", "not-numeric")
 OPERATION_STATUSES = ("found", "none", "unavailable", "failed")  # first_operation.status
 
@@ -81,6 +87,15 @@ def check_reproduce(value, where: str) -> dict:
     }
     result |= {key: fields.text(key) for key in ("tier", "tier_text", "summary", "run_a", "source", "run_b")}
     result["source_sha256"] = fields.text("source_sha256")
+    if result["run_b"] != B_RUN:
+        raise CheckpointError(f"{where}: run_b must be {B_RUN!r} (B's run inside the reproduce directory)")
+    inputs = fields.mapping("inputs")
+    result["inputs"] = {}
+    for name, path in (("a_receipt", A_RECEIPT_COPY), ("b_receipt", f"{B_RUN}/receipt.json")):
+        entry = inputs.mapping(name)
+        if entry.text("path") != path:
+            raise CheckpointError(f"{where}: inputs.{name}.path must be {path!r}")
+        result["inputs"][name] = {"path": path, "sha256": entry.sha256("sha256")}
     result["verdict"] = fields.one_of("verdict", VERDICTS)
     first = fields.nullable("first_divergence", fields.mapping)
     if first is not None:
