@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from forge import LOSS_KEY, losses, mutations, write_forged
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.backend import FRAMEWORKS
 from reprocube.errors import CheckpointError
 from reprocube.receipt import RECEIPT, not_evidence, read_receipt
-
-from forge import LOSS_KEY, losses, mutations, write_forged
 
 RECEIPTS = Path(__file__).parent / "receipts"
 
