@@ -169,15 +169,11 @@ def reproduced(generated, reference, root) -> Path:
 
 
 def copy_reproduction(reproduced: Path, tmp_path: Path) -> tuple[Path, Path, dict]:
-    """A copy of the reproduce directory whose A receipt is a copy too: (directory, receipt, result)."""
+    """A copy of the reproduce directory: (directory, A's receipt in it (the copy report reads), result)."""
     copy = tmp_path / "reproduced"
     shutil.copytree(reproduced, copy, ignore=shutil.ignore_patterns("*.png", "report.html"))
-    receipt = tmp_path / "a-receipt.json"
     result = json.loads((copy / "reproduce.json").read_text())
-    shutil.copy(result["source"], receipt)
-    result["source"] = str(receipt)
-    (copy / "reproduce.json").write_text(json.dumps(result))
-    return copy, receipt, result
+    return copy, copy / result["inputs"]["a_receipt"]["path"], result
 
 
 def test_reproduce_json_names_its_receipt_and_report_checks_it(reproduced, reference, tmp_path):
@@ -199,6 +195,7 @@ def test_reproduce_json_names_its_receipt_and_report_checks_it(reproduced, refer
     forged["receipt_sha256"] = self_digest(forged)
     receipt.write_text(json.dumps(forged, sort_keys=True, separators=(",", ":")))
     result["source_sha256"] = forged["receipt_sha256"]
+    result["inputs"]["a_receipt"]["sha256"] = hashlib.sha256(receipt.read_bytes()).hexdigest()
     (copy / "reproduce.json").write_text(json.dumps(result))
     proc, _ = report(copy, out=tmp_path / "forged", check=False)
     [line] = error_lines(proc)
