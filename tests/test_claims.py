@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from forge import drop_fingerprints, losses, set_losses, write_forged
 from reprocube.analysis.claims import BOUNDARY_DIGESTS, NOT_CHECKED
 from reprocube.analysis.receipt_comparison import compare_receipts, match_plan
 from reprocube.commands.reproduce import reproduce
@@ -22,7 +23,6 @@ from reprocube.errors import CheckpointError
 from reprocube.receipt import RECEIPT, read_receipt
 
 from conftest import error_lines, reprocube
-from forge import drop_fingerprints, losses, set_losses, write_forged
 
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
 SMALL = ["epochs=2", "trace.every_steps=5"]
@@ -214,7 +214,6 @@ def test_a_losses_only_replay_never_names_the_update(tmp_path):
     """With the weights proven equal after every step, an unrecorded operation that differs is the loss's
     reduction, never "the optimizer's update" (JAX records kernels only)."""
     from reprocube.orchestration.operation_replay import first_operation
-
     from test_first_operation import A, recording
 
     def run_child(command: list[str], log: Path, env) -> int:
@@ -227,3 +226,16 @@ def test_a_losses_only_replay_never_names_the_update(tmp_path):
         found = first_operation("jax", 6, tmp_path / "b", tmp_path / "m", {}, tmp_path / f"ops-{weights_identical}",
                                 tmp_path, [], run_child, weights_identical=weights_identical)  # fmt: skip
         assert found["status"] == "none" and expected in found["text"] and absent not in found["text"], found
+
+
+def test_compare_names_the_checkpoints_it_did_not_compare(runs, generated, tmp_path):
+    """A run stopped at step 24 and resumed holds step-000024, which the uninterrupted run lacks: their
+    weights agree where both have checkpoints, and the verdict names the one it did not compare."""
+    shutil.copytree(runs["partial"], tmp_path / "resumed")
+    resumed = train(generated, tmp_path, "resumed", "resume=latest")
+    compared = reprocube("compare", str(runs["full"]), str(resumed), "--out", str(tmp_path / "c"),
+                         cwd=tmp_path, check=False)  # fmt: skip
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "identical (2 checkpoints); not compared (one run only): B:step-000024" in compared.stdout
+    result = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert result["not_compared_checkpoints"] == {"a": [], "b": ["step-000024"]}

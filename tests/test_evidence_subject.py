@@ -292,7 +292,7 @@ def test_a_run_started_from_another_runs_checkpoint_may_lack_the_epochs_before(g
     assert sorted(p.name for p in (branch / "checkpoints").iterdir()) == ["epoch-0002"]
     forge_sessions(branch, 0)  # what sessions.jsonl says no longer matters either way
     proc = reprocube("compare", str(other), str(branch), "--out", str(tmp_path / "c"), cwd=tmp_path)
-    assert "identical (1 checkpoints)" in proc.stdout
+    assert "identical (1 checkpoint)" in proc.stdout
 
 
 def test_non_finite_weights_are_counted_apart_and_never_written_as_nan():

@@ -13,6 +13,7 @@ from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_c
 from reprocube.config import config_differences
 from reprocube.errors import CheckpointError
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
+from reprocube.terminal import counted
 from reprocube.untrusted import Fields, read_json
 
 MAX_ENV_BYTES = 16 << 20
@@ -193,6 +194,14 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
         "env_differences": env_differences(a["env"], b["env"]),
         "unreadable_checkpoints": unreadable,
         "missing_epoch_checkpoints": missing,
+        # Checkpoints one run holds and the other lacks, beyond the epoch checkpoints in `missing` (step
+        # checkpoints of a stop, or a cadence): their weights were not compared, and the verdict says so.
+        "not_compared_checkpoints": {
+            run: sorted(
+                set(r["checkpoints"]) - set(common) - set(missing[run]) - set(missing["b" if run == "a" else "a"])
+            )
+            for run, r in (("a", a), ("b", b))
+        },
         "max_abs": max((t.get("max_abs", 0.0) for c in checkpoints for t in c["tensors"]), default=0.0),
     }
 
@@ -233,8 +242,12 @@ def summary_line(result: dict) -> str:
     first = result["first_difference"]
     if not common:
         return "no checkpoint in common: nothing could be compared" + "".join(f"; {r}" for r in reasons)
+    others = result.get("not_compared_checkpoints", {})
+    uncompared = [f"{run.upper()}:{name}" for run in ("a", "b") for name in others.get(run, [])]
+    if uncompared:  # said in every verdict: they hold weights this comparison did not look at
+        reasons.append(f"not compared (one run only): {', '.join(uncompared)}")
     if result["identical"]:
-        return f"identical ({common} checkpoints)"
+        return f"identical ({counted(common, 'checkpoint')})" + "".join(f"; {r}" for r in reasons)
     if first is not None:
         within = (
             " (within tolerance)"

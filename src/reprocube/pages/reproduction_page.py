@@ -30,6 +30,7 @@ from reprocube.results.reproduce_result import (
     read_reproduce,
 )
 from reprocube.results.study_result import STUDY_RESULT, read_study
+from reprocube.terminal import counted
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 A_COLOUR, B_COLOUR = "#1f77b4", "#d62728"
@@ -346,9 +347,9 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             else ""
         )
         + " &middot; B (retrained here): "
-        f"<code>{esc(str(b.path.parent))}</code> &middot; compared {coverage['compared_steps']} steps (every loss bit), "
-        f"{coverage['compared_boundaries']} weight-digest boundaries, {coverage['a_epochs']} epochs of A "
-        f"({coverage['b_epochs']} of B) &middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
+        f"<code>{esc(str(b.path.parent))}</code> &middot; compared {counted(coverage['compared_steps'], 'step')} (every "
+        f"loss bit), {counted(coverage['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
+        f"after the initial weights, {counted(coverage['a_epochs'], 'epoch')} of A ({coverage['b_epochs']} of B) &middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
         f"<{h2}>{'Differences between A and B (none changed a bit)' if identical else 'Likely causes, most likely first'}</{h2}>",
     ]
     causes = sorted(result["causes"], key=lambda c: c["kind"] == "not-numeric")  # stable: reproduce's rank kept
@@ -383,6 +384,14 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         cls = "ok" if match["bit_identical"] else ("bad" if match["ran"] else "dim")
         parts.append(f"<p class='{cls}'>{esc(match['summary'])}</p>")
         parts += [f"<p class='caption'>cannot emulate: {esc(c)}</p>" for c in match["cannot"]]
+    claims = result["claims"]
+    parts.append(f"<{h2}>What was compared: every claim of A's receipt</{h2}>")
+    parts.append("<table><tr><th>claims of A</th><th>reproduced</th><th>differ</th><th>not checked</th></tr>")
+    for kind, counts in [*claims["kinds"].items(), ("all", claims["totals"])]:
+        why = "; ".join(counts.get("why_not_checked", []))
+        parts.append(f"<tr><td>{esc(kind)}</td><td>{counts['reproduced']}</td><td>{counts['differs']}</td>"
+                     f"<td>{counts['not_checked']}{f' ({esc(why)})' if why else ''}</td></tr>")  # fmt: skip
+    parts.append("</table>")
     operation = result.get("first_operation")
     if operation:
         cls = "finding" if operation["status"] == "found" else "dim"  # a finding, not an error: not red

@@ -11,7 +11,7 @@ from reprocube.results.subject import read_run_subject
 
 COMPARE_RESULT = ResultFile(
     "compare.json",
-    version=1,
+    version=2,  # 2: not_compared_checkpoints
     keys=(
         "subject",  # {"a": run subject, "b": run subject}: what the result is about (each may be null)
         "run_a",
@@ -27,6 +27,7 @@ COMPARE_RESULT = ResultFile(
         "env_differences",
         "unreadable_checkpoints",
         "missing_epoch_checkpoints",
+        "not_compared_checkpoints",  # {"a": [...], "b": [...]}: held by one run only, not compared
         "max_abs",
     ),
 )

@@ -5,12 +5,13 @@ the file and the key when one is wrong, exit 4)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
 from reprocube.receipt import Receipt
 from reprocube.results.schema import ResultFile
-from reprocube.terminal import shown_value
+from reprocube.terminal import counted, shown_value
 from reprocube.untrusted import Fields
 
 # Version 2: `inputs` binds A's receipt (copied here) and B's by digest; run_b is B_RUN, inside the
@@ -168,7 +169,38 @@ def check_reproduce(value, where: str) -> dict:
     }
     wall = fields.mapping("wall_s")
     result["wall_s"] = {"total": wall.number("total"), "run_b": wall.number("run_b")}
+    result["claims"] = _check_claims(fields.mapping("claims"))
     return result
+
+
+CLAIM_OUTCOMES = ("reproduced", "differs", "not_checked")
+CLAIM_KIND = re.compile(r"[a-z][a-z ]{0,39}")  # "loss bits", "boundary weight digests" (analysis.claims.KINDS)
+
+
+def _check_claims(claims: Fields) -> dict:
+    """The ledger's counts: per kind of claim (a name from analysis.claims.KINDS) and in total."""
+    kinds = claims.mapping("kinds")
+    checked = {}
+    for kind in kinds.value:
+        if not CLAIM_KIND.fullmatch(kind):
+            raise CheckpointError(f"{kinds.where}: {str(kind)[:40]!r} is not a kind of claim")
+        counts = kinds.mapping(kind)
+        checked[kind] = {o: counts.integer(o, 0) for o in CLAIM_OUTCOMES} | {
+            "why_not_checked": counts.texts("why_not_checked")
+        }
+    totals = claims.mapping("totals")
+    return {"kinds": checked, "totals": {o: totals.integer(o, 0) for o in CLAIM_OUTCOMES}}
+
+
+def claims_table(claims: dict) -> list[str]:
+    """A Markdown table: each kind of claim and how many were reproduced, differ or were not checked."""
+    rows = ["| claims of A | reproduced | differ | not checked |", "|---|---|---|---|"]
+    for kind, counts in claims["kinds"].items():
+        why = f" ({'; '.join(counts['why_not_checked'])})" if counts["why_not_checked"] else ""
+        rows.append(f"| {kind} | {counts['reproduced']} | {counts['differs']} | {counts['not_checked']}{why} |")
+    totals = claims["totals"]
+    rows.append(f"| **all** | **{totals['reproduced']}** | **{totals['differs']}** | **{totals['not_checked']}** |")
+    return rows
 
 
 def _check_spread(spread: Fields) -> dict:
@@ -250,8 +282,9 @@ def markdown(result: dict) -> str:
         f"- signature: {signature_line(result['signature'])}",
         *(f"- unsigned: {line}" for line in result["unsigned"]),
         f"- B: `{result['run_b']}`",
-        f"- compared: {result['coverage']['compared_steps']} steps (every loss bit), "
-        f"{result['coverage']['compared_boundaries']} weight-digest boundaries, {result['coverage']['a_epochs']} epochs",
+        f"- compared: {counted(result['coverage']['compared_steps'], 'step')} (every loss bit), "
+        f"{counted(result['coverage']['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
+        f"after the initial weights, {counted(result['coverage']['a_epochs'], 'epoch')}",
     ]
     if first and first.get("weights_identical"):
         lines += [
@@ -273,6 +306,8 @@ def markdown(result: dict) -> str:
             f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
             + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),
         ]
+    if result.get("claims"):
+        lines += ["", "## What was compared", "", *claims_table(result["claims"])]
     operation = result.get("first_operation")
     if operation:
         lines += ["", "## First differing operation", "", operation["text"]]
