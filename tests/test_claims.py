@@ -207,7 +207,7 @@ def test_a_config_value_nested_deeply_is_one_line(runs, tmp_path, depth):
     a = write_forged(forged, tmp_path / "forged")
     proc = reprocube("reproduce", str(a), "--out", str(tmp_path / "out"), cwd=tmp_path, check=False)
     [line] = error_lines(proc)
-    assert proc.returncode == 4 and "nested more than 32 deep" in line and "Traceback" not in proc.stderr
+    assert proc.returncode == 4 and "nested too deeply (more than 32 levels)" in line and "Traceback" not in proc.stderr
 
 
 def test_a_losses_only_replay_never_names_the_update(tmp_path):
@@ -239,3 +239,65 @@ def test_compare_names_the_checkpoints_it_did_not_compare(runs, generated, tmp_p
     assert "identical (2 checkpoints); not compared (one run only): B:step-000024" in compared.stdout
     result = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert result["not_compared_checkpoints"] == {"a": [], "b": ["step-000024"]}
+
+
+def genuine(framework: str = "pytorch") -> Path:
+    return Path(__file__).parent / "receipts" / "avx512" / framework
+
+
+def verdict_of(value: dict, tmp_path: Path, name: str = "forged") -> str:
+    """The verdict of a forged A against the genuine receipt as B (refused: the reader's one line)."""
+    try:
+        return compare_receipts(read_receipt(write_forged(value, tmp_path / name)), read_receipt(genuine()))["verdict"]
+    except CheckpointError as exc:
+        return f"refused: {exc}"
+
+
+def test_forgeries_a_reviewer_found_are_refused_or_differ(tmp_path):
+    """Found by an adversarial review of the ledger: each was bit-identical or losses-only before."""
+    base = receipt_value(genuine())
+    cut = json.loads(json.dumps(base))  # the run cut to 126 steps, the epochs claiming 63 steps each
+    cut["trace"]["steps"] = 126
+    set_losses(cut, losses(base)[:126])
+    values = losses(cut)
+    values.view(np.uint32)[5] ^= 1
+    set_losses(cut, values)
+    from forge import u32, u32_text
+
+    cut["trace"]["fingerprint_u32_le_base64"] = u32_text(u32(base["trace"]["fingerprint_u32_le_base64"])[:126])
+    cut["trace"]["boundaries"] = [b for b in base["trace"]["boundaries"] if b[0] <= 126]
+    cut["position"]["global_step"], cut["sessions"][-1]["to_step"] = 126, 126
+    cut["epochs"][0]["global_step"], cut["epochs"][1]["global_step"] = 63, 126
+    assert verdict_of(cut, tmp_path, "cut") == "differs"
+
+    shadowed = json.loads(json.dumps(base))
+    shadowed["config"]["optimizer"]["lr"] = 0.02
+    shadowed["config"]["optimizer.lr"] = base["config"]["optimizer"]["lr"]
+    assert "which is not a config key name" in verdict_of(shadowed, tmp_path, "shadowed")
+
+    for place in ((), ("trace",), ("position",)):
+        extra = json.loads(json.dumps(base))
+        (extra if not place else extra[place[0]])["results"] = {"test_accuracy": 0.99}
+        assert "not a key of a receipt" in verdict_of(extra, tmp_path, f"extra-{len(place)}")
+    extra = json.loads(json.dumps(base))
+    extra["epochs"][0]["test_accuracy_top5"] = 0.99
+    assert "not a key of an epoch record" in verdict_of(extra, tmp_path, "extra-epoch")
+
+    fewer = json.loads(json.dumps(base))
+    drop_fingerprints(fewer)
+    assert verdict_of(fewer, tmp_path, "fewer") == "differs"
+    shorter = json.loads(json.dumps(base))
+    width = len(shorter["trace"]["tensor_names"])
+    shorter["trace"]["tensor_fingerprint_steps"] = 32
+    rows = u32(base["trace"]["tensor_fingerprint_u32_le_base64"])[: 32 * width]
+    shorter["trace"]["tensor_fingerprint_u32_le_base64"] = u32_text(rows)
+    assert verdict_of(shorter, tmp_path, "shorter") == "differs"
+
+    for key, value in (("deterministic", 1), ("threads", 2.0)):  # equal in Python, not in the config's hash
+        loose = json.loads(json.dumps(base))
+        loose["config"][key] = value
+        assert verdict_of(loose, tmp_path, f"loose-{key}") == "differs", key
+
+    newline = json.loads(json.dumps(base))
+    newline["trace"]["boundaries"][1][1][0] += "\n"
+    assert verdict_of(newline, tmp_path, "newline").startswith("refused")

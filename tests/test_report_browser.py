@@ -146,7 +146,7 @@ def _set(path: list, value):
         (_set(["seed_spread", "test_accuracy", "values"], ["x"]), "values must be a list of finite numbers"),
         (_set(["coverage"], None), "coverage must be a JSON object"),
         (_set(["source_sha256"], "0" * 64), "is not the receipt reproduced"),
-        (_set(["run_b"], "/nonexistent/b"), None),  # B is found in the directory's runs/ all the same
+        (_set(["run_b"], "/nonexistent/b"), "run_b must be 'runs/b'"),  # never a path from the file
     ],
 )
 def test_report_refuses_a_malformed_reproduce_json_in_one_line(reproductions, tmp_path, change, message):

@@ -85,7 +85,7 @@ def files_under(path: Path) -> set[Path]:
 def test_a_receipt_interpolation_reaches_b_as_text_never_resolved(receipt_a, tmp_path, value, until_training):
     """B's config gets the receipt's string itself: nothing of this machine's environment, no clock, no
     doubling bomb (each `${k}` stays four characters)."""
-    forged = forge(receipt_a, lambda r: r["config"]["dataset"].update(name=value))
+    forged = forge(receipt_a, lambda r: (r["config"]["dataset"].update(name=value), r["dataset"].update(name=value)))
     with pytest.raises(TrainingWouldStart) as started:
         reproduce(write(forged, tmp_path / "pub" / "receipt.json"), tmp_path / "out", [], echo=lambda line: None)
     command = started.value.command

@@ -60,7 +60,7 @@ TENSOR_DTYPES = {
     "I64": 8,
     "F64": 8,
 }
-HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+HEX_DIGEST = re.compile(r"^[0-9a-f]{64}\Z")  # \Z: "$" would also match before a final newline
 # The manifest's schema (format_version above): the keys its caller gives (the position and metrics from
 # reprocube.state's TrainState.to_checkpoint, the run's identity from the loop), then the keys
 # write_checkpoint adds. read_manifest types each one.
@@ -71,7 +71,7 @@ MANIFEST_FIELD_KEYS = (
 MANIFEST_OWN_KEYS = (
     "format_version", "reprocube_version", "weights_digest", "files", "file_bytes", "created_unix", "manifest_sha256",
 )  # fmt: skip
-NAME_PATTERN = re.compile(r"^(epoch-\d{4,}|step-\d{6,})$")
+NAME_PATTERN = re.compile(r"^(epoch-\d{4,}|step-\d{6,})\Z")
 
 
 @dataclass

@@ -371,7 +371,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     lines = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, missing), b.get(key, missing)
-        if va != vb:
+        if va is missing or vb is missing or json.dumps(va, sort_keys=True) != json.dumps(vb, sort_keys=True):
             show = lambda v: "<absent>" if v is missing else json.dumps(v)  # noqa: E731
             lines.append(f"{key}: {show(va)} -> {show(vb)}")
     return lines

@@ -23,8 +23,8 @@ from reprocube.checkpoint import HEX_DIGEST, NAME_PATTERN
 from reprocube.config import NON_RESULT_KEYS, config_hash, config_hash_matches
 from reprocube.errors import CheckpointError
 from reprocube.files import write_json_atomic
-from reprocube.metrics import MetricsHistory, check_epoch_record
-from reprocube.trace import TENSOR_DIGEST, StepTrace
+from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, MetricsHistory, check_epoch_record
+from reprocube.trace import FINGERPRINT_KEYS, LOSS_KEYS, TENSOR_DIGEST, StepTrace
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
 RECEIPT = "receipt.json"
@@ -186,6 +186,7 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
     raw = read_bytes(path, MAX_RECEIPT_BYTES, error, follow_links=not source.is_dir())
     value = parse_json(raw, str(path), error)
     fields = Fields(value, str(path), error)
+    _refuse_unknown_keys(value, path, error)
     if fields.text("format") != RECEIPT_FORMAT:
         raise error(f"{path}: format is not {RECEIPT_FORMAT!r}: not a reprocube receipt")
     version = fields.integer("version")
@@ -236,6 +237,38 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
 
 
 MAX_SESSIONS = 1000
+# Every key a receipt may hold (sessions and reprocube.source_files: absent from older receipts): a key
+# this reader does not know would be a claim nobody compares, so it is refused.
+RECEIPT_KEYS = frozenset({"format", "version", "reprocube", "config", "config_hash", "dataset", "env", "position",
+                          "complete", "epochs", "checkpoints", "trace", "sessions", SELF_DIGEST})  # fmt: skip
+POSITION_KEYS = frozenset({"epoch", "global_step", "step_in_epoch"})
+EPOCH_RECORD_KEYS = frozenset({*DETERMINISTIC_EPOCH_FIELDS, "wall_s", "samples_per_s", "weights_digest"})
+TRACE_KEYS = frozenset({"version", "every_steps", "first_step", "steps", "tensor_names", "boundaries",
+                        *LOSS_KEYS.values(), *FINGERPRINT_KEYS})  # fmt: skip
+CONFIG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # one level: "optimizer.lr" would shadow a nested lr
+
+
+def _refuse_unknown_keys(value, path: Path, error) -> None:
+    if not isinstance(value, dict):
+        return  # Fields names what is wrong
+    where = {(): RECEIPT_KEYS, ("position",): POSITION_KEYS, ("trace",): TRACE_KEYS}
+    for place, allowed in where.items():
+        item = value.get(place[0]) if place else value
+        unknown = sorted(str(k) for k in item if k not in allowed) if isinstance(item, dict) else []
+        if unknown:
+            raise error(f"{path}: {'.'.join(place) or 'the receipt'} holds {unknown[0][:40]!r}, not a key of a receipt")
+    for i, record in enumerate(value.get("epochs") if isinstance(value.get("epochs"), list) else []):
+        unknown = sorted(str(k) for k in record if k not in EPOCH_RECORD_KEYS) if isinstance(record, dict) else []
+        if unknown:
+            raise error(f"{path}: epochs[{i}] holds {unknown[0][:40]!r}, not a key of an epoch record")
+    stack = [(value.get("config"), "config")]
+    while stack:
+        item, where_ = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not CONFIG_KEY.fullmatch(key):
+                    raise error(f"{path}: {where_} holds the key {key[:40]!r}, which is not a config key name")
+                stack.append((child, f"{where_}.{key}"))
 
 
 def _sessions(value, env: dict, first_step: int, global_step: int, path: Path, error) -> list[dict]:

@@ -44,7 +44,7 @@ from reprocube.untrusted import Fields
 
 TRACE_VERSION = 2  # 2: the losses deflated (1: their plain bytes; the fingerprint keys optional in both)
 LOSS_KEYS = {1: "loss_f32_le_base64", 2: "loss_f32_le_planes_deflate_base64"}  # by trace version
-TENSOR_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+TENSOR_DIGEST = re.compile(r"^[0-9a-f]{16}\Z")  # \Z: "$" would also match before a final newline
 MAX_TRACE_STEPS = 50_000_000  # 200 MB of loss bits: beyond any run this benchmark trains
 FINGERPRINT_KEYS = (
     "fingerprint_first_step",

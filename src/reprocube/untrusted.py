@@ -124,7 +124,7 @@ def _refuse_deep(value) -> None:
         if children is None:
             continue
         if depth >= MAX_DEPTH:
-            raise _Refused(f"nested more than {MAX_DEPTH} deep")
+            raise _Refused(f"nested too deeply (more than {MAX_DEPTH} levels)")
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
@@ -262,7 +262,7 @@ class Fields:
         return [Fields(item, f"{self.where}: {key}[{i}]", self.error) for i, item in enumerate(value)]
 
 
-_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def _finite(value) -> bool:

@@ -11,6 +11,7 @@ code's digests; timings; cadences) is named with the reason in reprocube.receipt
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,14 +109,16 @@ def account(a: Receipt, b: Receipt) -> Ledger:
     for key, value in config_a.items():
         if key == "device":  # where it ran, not what it computed: the device used is in the environment
             continue
-        ledger.tallies[CONFIG].add(REPRODUCED if config_b.get(key, _MISSING) == value else DIFFERS)
+        same = key in config_b and _canonical(config_b[key]) == _canonical(value)  # 1 is not true, 2.0 not 2
+        ledger.tallies[CONFIG].add(REPRODUCED if same else DIFFERS)
     payloads_a, payloads_b = _payloads(a), _payloads(b)
     for name, digest in payloads_a.items():
         ledger.tallies[DATASET].add(REPRODUCED if payloads_b.get(name) == digest else DIFFERS)
     return ledger
 
 
-_MISSING = object()
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _payloads(receipt: Receipt) -> dict:
@@ -199,7 +202,8 @@ def _epochs(ledger: Ledger, a: Receipt, b: Receipt) -> None:
             for key in keys:
                 if other is None:
                     tally.add(NOT_CHECKED, 1, f"B has no record of epoch {record['epoch']}")
-                elif other[key] == record[key]:
+                elif other[key] == record[key] and other["global_step"] == record["global_step"]:
+                    # each record's claims are about the state after its global_step: both must agree
                     tally.add(REPRODUCED)
                     if kind == EPOCH_WEIGHTS:
                         ledger.weight_reproduced_at(record["global_step"])

@@ -24,9 +24,9 @@ OPS_VERSION = 1
 MAX_OPS_BYTES = 64 << 20
 MAX_OPS = 1_000_000
 MAX_TENSORS_PER_OP = 10_000
-DIGEST = re.compile(r"^[0-9a-f]{16}$")
-LOSS_BITS = re.compile(r"^[0-9a-f]{8}$")
-OP_NAME = re.compile(r"^[A-Za-z0-9_.]{1,200}$")
+DIGEST = re.compile(r"^[0-9a-f]{16}\Z")
+LOSS_BITS = re.compile(r"^[0-9a-f]{8}\Z")
+OP_NAME = re.compile(r"^[A-Za-z0-9_.]{1,200}\Z")
 MAX_TEXT = 500
 TOP_KEYS = (
     "version", "framework", "step", "run", "resumed_from", "start_step", "framework_info", "env_vars", "loss_f32",

@@ -15,6 +15,7 @@ from reprocube.analysis.claims import (
     LOSS_KINDS,
     NOT_CHECKED,
     REPRODUCED,
+    TRAINING_FIELDS,
     WEIGHT_KINDS,
     account,
 )
@@ -26,7 +27,7 @@ from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import Receipt
 from reprocube.results.reproduce_result import tensor_list
 from reprocube.terminal import counted, one_line, shown_value
-from reprocube.trace import compare_traces
+from reprocube.trace import StepTrace, compare_traces
 
 # CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine.
 AVX2_CAPS = {
@@ -42,6 +43,20 @@ SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations 
 # --- the comparison --------------------------------------------------------------------------------
 # Variables holding a list of flags: --match shows which of B's flags A's value drops and adds.
 FLAG_LISTS = ("XLA_FLAGS",)
+
+
+def _fingerprints_lacking(a: StepTrace, b: StepTrace) -> str | None:
+    """What B fingerprints within A's steps that A's trace does not: None where A holds all of it."""
+    first, last = max(a.first_step, b.first_step), min(a.last_step, b.last_step)
+    if b.fingerprint_first_step is None or last <= max(first, b.fingerprint_first_step):
+        return None
+    b_first = max(first, b.fingerprint_first_step)
+    if a.fingerprint_first_step is None or a.fingerprint_first_step > b_first:
+        return f"weight fingerprints of global steps {b_first + 1}..{last}"
+    b_tensor_last = min(b.tensor_fingerprint_last, last)
+    if a.tensor_fingerprint_last < b_tensor_last:
+        return f"per-tensor fingerprints of global steps {a.tensor_fingerprint_last + 1}..{b_tensor_last}"
+    return None
 
 
 def steps_per_epoch(receipt: Receipt) -> int | None:
@@ -81,6 +96,12 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
         reasons.append(
             f"A's receipt holds no weight digests at global steps {shown}, where B, trained from its config, "
             "records them (claims removed from the receipt, or one written by an older reprocube)"
+        )
+    lacking = _fingerprints_lacking(a.trace, b.trace)
+    if lacking:
+        reasons.append(
+            f"A's receipt holds no {lacking}, where B, trained from its config, records them (claims removed from "
+            "the receipt, or one written by an older reprocube)"
         )
     config_changes = [line for line in config_differences(a.config, b.config) if not line.startswith("device:")]
     if config_changes:
@@ -149,6 +170,7 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
         and (last_weight or -1) >= a.global_step
         and divergence.first_boundary is None
         and divergence.weights_identical
+        and all(d["key"] in TRAINING_FIELDS for d in epoch_differences)
     )
     if losses_only:
         first |= {"by": "loss", "window": None, "weights_identical": True}

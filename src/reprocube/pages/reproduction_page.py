@@ -29,7 +29,6 @@ from reprocube.results.reproduce_result import (
     first_update_text,
     read_reproduce,
 )
-from reprocube.results.study_result import STUDY_RESULT, read_study
 from reprocube.terminal import counted
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
@@ -76,20 +75,14 @@ def read_reproduction(directory: Path) -> dict:
 
 
 def _reproduction(directory: Path, a: Receipt, b: Receipt, result: dict) -> dict:
-    """What the page shows of one reproduction; the seed-to-seed values from the result or from its study."""
+    """What the page shows of one reproduction; the seed-to-seed values from the result itself (a study
+    named by the result is never read: report reads only inside the directory it is given)."""
     spread, values, note = result["seed_spread"], None, None
     if spread is not None:
         if all(spread[m].get("values") for m in ("test_accuracy", "test_loss")):
             values = {m: spread[m]["values"] for m in ("test_accuracy", "test_loss")}
-        elif spread.get("path"):
-            study_file = Path(spread["path"])
-            try:
-                study = read_study(study_file.parent if study_file.name == STUDY_RESULT.name else study_file)
-            except CheckpointError as exc:  # the study moved or changed: the std bands still say what matters
-                note = f"the study's runs could not be read ({exc}); A and B are shown against A's seed std bands"
-            else:
-                runs = [r for r in study["runs"] if r["group"] == "different_seeds"]
-                values = {m: [float(r[m]) for r in runs] for m in ("test_accuracy", "test_loss")} if runs else None
+        else:
+            note = "the result holds no per-run values of the spread; A and B are shown against A's seed std bands"
     return {"dir": directory, "a": a, "b": b, "result": result, "spread_values": values, "spread_note": note}
 
 
