@@ -101,6 +101,19 @@ def generated(tmp_path_factory) -> GeneratedDataset:
     return dataset
 
 
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist(tmp_path_factory) -> Path:
+    """A data_dir holding Debian's Fashion-MNIST, verified by `reprocube download` once per session."""
+    if not DEBIAN_FASHION_MNIST.is_dir():
+        pytest.fail(f"{DEBIAN_FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist")
+    cwd = tmp_path_factory.mktemp("fashion-mnist")
+    reprocube("download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=cwd)
+    return cwd / "data"
+
+
 def reprocube(
     *args: str, cwd: Path, check: bool = True, timeout: float = 300, env_extra: dict | None = None
 ) -> subprocess.CompletedProcess:

@@ -202,6 +202,30 @@ def test_reproduce_task_reproduces_the_published_receipt_in_the_container(cube):
     assert (cube.workspace / "reports" / "reproduce" / "report.html").is_file()
 
 
+def test_a_committed_reference_receipt_gets_the_same_answer_in_the_container_as_natively(cube, tmp_path):
+    """The AVX-512 machine's PyTorch reference receipt (tests/receipts): the reproduce task in the CPU image
+    and `reprocube reproduce` natively, on this machine, give the same verdict, first divergence and claim
+    counts (bit-identical on an AVX-512 machine; on an AVX2 one, the same difference)."""
+    source = REPO / "tests" / "receipts" / "avx512" / "pytorch" / "receipt.json"
+    published = cube.workspace / "published-reference"
+    published.mkdir(exist_ok=True)
+    shutil.copy(source, published / "receipt.json")
+    if os.geteuid() == 0:
+        for path in (published, published / "receipt.json"):
+            os.chown(path, cube.uid, cube.gid)
+    proc = cube.run("reproduce", "receipt=published-reference/receipt.json", "report_dir=reports/reproduce-reference")
+    assert proc.returncode in (0, 6, 7), proc.stdout
+    inside = json.loads((cube.workspace / "reports" / "reproduce-reference" / "reproduce.json").read_text())
+    native = subprocess.run(
+        [sys.executable, "-m", "reprocube", "reproduce", str(source), "--match", "--out", str(tmp_path / "native"),
+         f"data_dir={cube.workspace / 'data'}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert native.returncode == proc.returncode, native.stderr
+    outside = json.loads((tmp_path / "native" / "reproduce.json").read_text())
+    for key in ("verdict", "tier", "first_divergence", "claims", "epoch_differences"):
+        assert inside[key] == outside[key], key
+
+
 def test_study_task_runs_the_variance_study_in_the_container(cube):
     result = json.loads((cube.workspace / "study" / "study.json").read_text())
     same, different = result["groups"]["same_seed"], result["groups"]["different_seeds"]
