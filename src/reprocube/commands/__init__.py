@@ -26,5 +26,7 @@ COMMANDS = {
         "reprocube.commands.reproduce",
         "retrain a published run here from its receipt: verdict, first divergence, causes",
     ),
+    "check": CommandInfo("reprocube.commands.check", "prove that any training command resumes bit-exactly"),
+    "diff": CommandInfo("reprocube.commands.diff", "two checkpoint files or directories, tensor by tensor"),
     "sign": CommandInfo("reprocube.commands.sign", "sign a run's receipt with an Ed25519 key"),
 }

@@ -1,0 +1,175 @@
+"""Two sets of a training script's outputs (files and directories in two work directories, or two paths
+given to `reprocube diff`), compared: bytes first; where the bytes differ, the tensors by name in the
+formats researchers save (safetensors, `.pt`/`.pth` read with `torch.load(weights_only=True)` only, `.npz`
+and `.npy` without pickles, Keras `.h5`), and JSON, CSV and text line by line; the first differing
+tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
+
+Every file is someone else's: read through reprocube.untrusted (a regular file, at most MAX_OUTPUT_BYTES,
+a symbolic link never followed but compared by its target's text), parsed by a library told not to run
+code, and a file that cannot be parsed is a difference named as such, never a traceback."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from reprocube.analysis.tensors import difference_size, tensor_differences
+from reprocube.errors import CheckpointError
+from reprocube.untrusted import parse_json, read_bytes
+
+MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is far smaller
+MAX_FILES = 100_000
+TENSOR_SUFFIXES = (".safetensors", ".pt", ".pth", ".npz", ".npy", ".h5", ".keras")
+TEXT_SUFFIXES = (".json", ".jsonl", ".csv", ".txt", ".log", ".tsv", ".yaml", ".yml")
+
+
+def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path]:
+    """The declared outputs under `root` (files, and every file under a directory), by path relative to
+    `root`, without those matching an --ignore glob; symbolic links are listed, never entered."""
+    found: dict[str, Path] = {}
+    for output in outputs:
+        start = root / output
+        if start.is_symlink() or start.is_file():
+            found[output] = start
+            continue
+        if not start.is_dir():
+            continue  # missing: compare_outputs names it
+        for directory, dirs, files in os.walk(start, followlinks=False):
+            for name in sorted(files) + [d for d in dirs if (Path(directory) / d).is_symlink()]:
+                path = Path(directory) / name
+                found[path.relative_to(root).as_posix()] = path
+            if len(found) > MAX_FILES:
+                raise CheckpointError(f"{start}: more than {MAX_FILES} files: declare fewer outputs")
+    return {name: path for name, path in found.items() if not any(fnmatch.fnmatch(name, g) for g in ignore)}
+
+
+def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list[str]) -> dict:
+    """Every declared output of run B against run A's: {"identical", "files": [...], "first": the first
+    differing file's entry or None, "missing": declared outputs neither run wrote}."""
+    a, b = collect(a_root, outputs, ignore), collect(b_root, outputs, ignore)
+    missing = [o for o in outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in {*a, *b})]
+    files = []
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            files.append({"path": name, "same": False, "detail": f"only in {'A' if name in a else 'B'}"})
+            continue
+        files.append({"path": name, **compare_files(a[name], b[name])})
+    first = next((f for f in files if not f["same"]), None)
+    return {"identical": bool(files) and first is None and not missing, "files": files, "first": first,
+            "missing": missing}  # fmt: skip
+
+
+def compare_files(a: Path, b: Path) -> dict:
+    """{"same", "sha256_a", "sha256_b", "detail"}: bytes first, then the format's content."""
+    if a.is_symlink() or b.is_symlink():
+        ta, tb = _link(a), _link(b)
+        return {"same": ta == tb, "detail": None if ta == tb else f"links: {ta!r} vs {tb!r}"}
+    try:
+        data_a, data_b = (
+            read_bytes(a, MAX_OUTPUT_BYTES, CheckpointError),
+            read_bytes(b, MAX_OUTPUT_BYTES, CheckpointError),
+        )
+    except CheckpointError as exc:
+        return {"same": False, "detail": f"not compared: {exc}"}
+    digests = {"sha256_a": hashlib.sha256(data_a).hexdigest(), "sha256_b": hashlib.sha256(data_b).hexdigest()}
+    if data_a == data_b:
+        return {"same": True, **digests, "detail": None}
+    return {"same": False, **digests, **content_difference(a.name, data_a, data_b)}
+
+
+def _link(path: Path) -> str | None:
+    return os.readlink(path) if path.is_symlink() else None
+
+
+def content_difference(name: str, a: bytes, b: bytes) -> dict:
+    """Where two different files of one name differ, by their format: the first tensor (with its ULP
+    statistics), JSON key or line; "detail" says it in words."""
+    suffix = next((s for s in (*TENSOR_SUFFIXES, *TEXT_SUFFIXES) if name.endswith(s)), None)
+    try:
+        if suffix in TENSOR_SUFFIXES:
+            ta, tb = load_tensors(suffix, a), load_tensors(suffix, b)
+            rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
+            if not rows:
+                return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
+            first = rows[0]
+            return {"tensor": first, "detail": f"tensor {first['tensor']}: {difference_size(first)} "
+                    f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)"}  # fmt: skip
+        if suffix == ".json":
+            return _first_key(parse_json(a, "A", CheckpointError), parse_json(b, "B", CheckpointError))
+        if suffix in TEXT_SUFFIXES:
+            return _first_line(a, b)
+    except (CheckpointError, ValueError, OSError, KeyError, TypeError, RuntimeError) as exc:
+        return {"detail": f"the bytes differ; the file could not be read as {suffix}: {str(exc)[:200]}"}
+    return {"detail": f"the bytes differ ({len(a)} vs {len(b)} bytes; a format this comparison does not read)"}
+
+
+def load_tensors(suffix: str, data: bytes) -> dict[str, np.ndarray]:
+    """name -> array of a tensor file, through a loader that runs no code from the file."""
+    if suffix == ".safetensors":
+        from safetensors.numpy import load
+
+        return dict(load(data))
+    if suffix == ".npy":
+        return {"array": np.load(io.BytesIO(data), allow_pickle=False)}
+    if suffix == ".npz":
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    if suffix in (".pt", ".pth"):
+        import torch  # only for a PyTorch file
+
+        value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)  # never a pickle's code
+        return _flatten(value)
+    import h5py  # Keras .weights.h5 / .h5 / .keras (an HDF5 file)
+
+    arrays: dict[str, np.ndarray] = {}
+    with h5py.File(io.BytesIO(data), "r") as file:
+        file.visititems(lambda key, item: arrays.setdefault(key, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return {key: np.asarray(value) for key, value in arrays.items()}
+
+
+def _flatten(value, prefix: str = "") -> dict[str, np.ndarray]:
+    """A nested state dict (model, optimizer, RNG states) as dotted names -> numpy arrays; numbers too."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return {prefix or "tensor": value.detach().cpu().contiguous().numpy()}
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    elif isinstance(value, bool | int | float):
+        return {prefix or "value": np.asarray(value)}
+    else:
+        return {prefix or "value": np.frombuffer(repr(value).encode(), np.uint8)}
+    flat: dict[str, np.ndarray] = {}
+    for key, item in items:
+        flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _first_key(a, b, path: str = "") -> dict:
+    if type(a) is not type(b) or not isinstance(a, dict | list):
+        return {"detail": f"first differing value at {path or '<top>'}: {str(a)[:60]} vs {str(b)[:60]}", "key": path}
+    keys = sorted(set(a) | set(b)) if isinstance(a, dict) else range(max(len(a), len(b)))
+    for key in keys:
+        inner = f"{path}.{key}" if path else str(key)
+        if isinstance(a, dict) and (key not in a or key not in b):
+            return {"detail": f"key {inner} only in {'A' if key in a else 'B'}", "key": inner}
+        if isinstance(a, list) and (key >= len(a) or key >= len(b)):
+            return {"detail": f"{path or '<top>'}: {len(a)} vs {len(b)} items", "key": inner}
+        if a[key] != b[key]:
+            return _first_key(a[key], b[key], inner)
+    return {"detail": "the bytes differ, the values are equal (formatting)", "key": None}
+
+
+def _first_line(a: bytes, b: bytes) -> dict:
+    la, lb = a.decode("utf-8", "replace").splitlines(), b.decode("utf-8", "replace").splitlines()
+    for number, (x, y) in enumerate(zip(la, lb, strict=False), start=1):
+        if x != y:
+            return {"detail": f"line {number}: {x[:80]!r} vs {y[:80]!r}", "line": number}
+    return {"detail": f"{len(la)} vs {len(lb)} lines", "line": min(len(la), len(lb)) + 1}

@@ -1,0 +1,224 @@
+"""`reprocube check [options] -- CMD [ARG ...]`: a black-box test that any training command resumes bit for
+bit from its own checkpoints. CMD runs in fresh, empty work directories under --out: to completion
+`--repeat` times (if those differ, it is not deterministic and resume is never blamed), once with another
+seed (the negative control: its outputs must differ, else the check is void), and once stopped `--stops`
+times by a real signal and started again after each stop until it ends. The declared outputs of the
+stopped run are then compared with the first uninterrupted run's: bytes, then tensors, keys or lines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from reprocube.analysis.outputs import collect, compare_outputs
+from reprocube.env import collect_env
+from reprocube.errors import ConfigError
+from reprocube.files import safe_name
+from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, planned_stops
+from reprocube.results.check_result import VERDICTS, write_check
+from reprocube.terminal import counted, one_line
+
+HELP = "prove that any training command resumes bit-exactly from its own checkpoints: reprocube check -- CMD"
+SUSPECTS = (
+    "unseeded generators (Python's random, NumPy, the framework's: torch.manual_seed, tf.random.set_seed, a JAX "
+    "key), PYTHONHASHSEED (set and dict order), non-deterministic kernels and thread counts "
+    "(torch.use_deterministic_algorithms, TF_DETERMINISTIC_OPS, XLA flags, cuDNN/oneDNN autotuning), data-loader "
+    "workers, and timestamps or absolute paths written into the outputs (--ignore them)"
+)
+
+
+def add_arguments(parser) -> None:
+    add = parser.add_argument
+    add("--output", action="append", default=[], metavar="PATH", required=True,
+        help="a file or directory the command writes in its work directory (repeatable): what is compared")  # fmt: skip
+    add("--ignore", action="append", default=[], metavar="GLOB", help="outputs not compared (logs, timestamps)")
+    add("--copy", action="append", default=[], type=Path, metavar="PATH", help="copied into each work directory")
+    add("--repeat", type=int, default=2, help="uninterrupted runs (default 2): they must agree")
+    add("--stops", type=int, default=2, help="stops of the stopped run (default 2)")
+    add("--signal", choices=sorted(SIGNALS), default="TERM", help="the stopping signal (default TERM)")
+    add("--stop-seed", type=int, help="the jitter of the default stops (replays a check's moments)")
+    add("--at", metavar="SECONDS,...", help="stop each attempt this long after it started instead")
+    add("--at-file", metavar="GLOB", help="stop when a new file matching GLOB appears in the work directory")
+    add("--at-line", metavar="REGEX", help="stop when a line of the command's output matches REGEX")
+    add("--seed-env", metavar="VAR", help="the variable the command reads its seed from (control: another seed)")
+    add("--seed-arg", metavar="TEMPLATE", help="an argument giving the seed, {seed} replaced (e.g. --seed={seed})")
+    add("--timeout", type=float, metavar="SECONDS", help="the watchdog of each attempt (default 5x a clean run)")
+    add("--out", type=Path, help="where the work directories, logs and check.json go (default ./check-NAME)")
+    add("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]: the training command")
+
+
+def run(args) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    result = check(command, args.output, args.ignore, args.copy, args.repeat, args.stops, args.signal,
+                   args.stop_seed, args.at, args.at_file, args.at_line, args.seed_env, args.seed_arg, args.timeout,
+                   args.out)  # fmt: skip
+    return VERDICTS[result["verdict"]]
+
+
+def check(command: list[str], outputs: list[str], ignore: list[str], copies: list[Path], repeat: int = 2,
+          stops: int = 2, signal_name: str = "TERM", stop_seed: int | None = None, at: str | None = None,
+          at_file: str | None = None, at_line: str | None = None, seed_env: str | None = None,
+          seed_arg: str | None = None, timeout: float | None = None, out: Path | None = None,
+          echo=print) -> dict:  # fmt: skip
+    started = time.perf_counter()
+    _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout)
+    stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
+    out = _workspace(out, command)
+    signum = SIGNALS[signal_name]
+    echo(one_line(f"check {' '.join(command)}: {repeat} clean runs, {counted(stops, 'stop')} by SIG{signal_name}; "
+                  f"evidence in {out}"))  # fmt: skip
+
+    def new_run(name: str, seed: int = 0) -> Run:
+        work = out / "work" / name
+        work.mkdir(parents=True)
+        for path in copies:
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, work / path.name)
+        env = {**os.environ, **({seed_env: str(seed)} if seed_env else {})}
+        argv = [*command, *([seed_arg.replace("{seed}", str(seed))] if seed_arg else [])]
+        return Run(name, work, out / "logs" / f"{name}.log", env, argv)
+
+    result = {"command": command, "outputs": {"paths": outputs, "ignore": ignore}, "stop_seed": stop_seed,
+              "signal": signal_name, "runs": [], "comparisons": {"repeat": []}, "not_checked": [],
+              "stops": "", "environment": collect_env({})}  # fmt: skip
+
+    def finish(verdict: str, stage: str, summary: str) -> dict:
+        result.update(verdict=verdict, stage=stage, summary=one_line(f"{verdict}: {summary}"),
+                      wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
+        write_check(result, out)
+        echo(f"verdict: {result['summary']}")
+        echo(f"written: {out / 'check.json'}, {out / 'check.md'}")
+        return result
+
+    def compared(run: Run, against: Run) -> dict:
+        comparison = compare_outputs(against.work, run.work, outputs, ignore)
+        return {"run": run.name, "against": against.name, **comparison}
+
+    def ran(run: Run, stop_list: list[Stop], limit: float) -> Run:
+        echo(f"  {run.name}: {' '.join(run.command)}" + (f" ({counted(len(stop_list), 'stop')})" if stop_list else ""))
+        execute(run, stop_list, signum, limit)
+        result["runs"].append(run.as_dict())
+        return run
+
+    try:
+        clean = [ran(new_run("clean-1"), [], timeout or 24 * 3600.0)]
+        if clean[0].exit != 0:
+            return finish("command-failed", "clean-1", _failed(clean[0]))
+        clean_s = clean[0].attempts[-1].seconds
+        limit = timeout or max(120.0, 5 * clean_s)
+        if not collect(clean[0].work, outputs, ignore):
+            return finish("command-failed", "clean-1", f"it wrote none of the declared outputs ({', '.join(outputs)})")
+        for i in range(2, repeat + 1):
+            clean.append(ran(new_run(f"clean-{i}"), [], limit))
+            if clean[-1].exit != 0:
+                return finish("command-failed", clean[-1].name, _failed(clean[-1]))
+            comparison = compared(clean[-1], clean[0])
+            result["comparisons"]["repeat"].append(comparison)
+            if not comparison["identical"]:
+                return finish("not-deterministic", "repeat", f"two uninterrupted runs differ ({_first(comparison)}); "
+                              f"resume was not tested. Usual suspects: {SUSPECTS}")  # fmt: skip
+        if seed_env or seed_arg:
+            control = ran(new_run("control", seed=1), [], limit)
+            if control.exit != 0:
+                return finish("command-failed", "control", _failed(control))
+            result["comparisons"]["control"] = compared(control, clean[0])
+            if result["comparisons"]["control"]["identical"]:
+                return finish("control-void", "control", "a run with another seed wrote the same outputs: they do "
+                              "not depend on the training, so their agreement proves nothing")  # fmt: skip
+        else:
+            result["not_checked"].append("no negative control (--seed-env or --seed-arg): whether the outputs depend "
+                                         "on the training was not checked")  # fmt: skip
+        plan = _stops(stops, at, at_file, at_line, statistics.median(a.attempts[-1].seconds for a in clean), stop_seed)
+        result["stops"] = "; ".join(stop.describe() for stop in plan)
+        stopped = ran(new_run("stopped"), plan, limit)
+        landed = stopped.stops_landed
+        if stopped.exit != 0:
+            return finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {_failed(stopped)}")
+        if landed < len(plan):
+            result["not_checked"].append(f"{len(plan) - landed} of the {len(plan)} stops did not land: the command "
+                                         "ended before them")  # fmt: skip
+        if landed == 0:
+            return finish("no-stop-landed", "stopped", "the command finished before its first stop: resume was not "
+                          "tested (stop earlier: --at SECONDS, --at-file GLOB or --at-line REGEX)")  # fmt: skip
+        comparison = compared(stopped, clean[0])
+        result["comparisons"]["resume"] = comparison
+        if not comparison["identical"]:
+            return finish("resume-differs", "resume", f"after {counted(landed, 'stop')} by SIG{signal_name} and as "
+                          f"many restarts, {_first(comparison)}")  # fmt: skip
+        caveat = "; no negative control" if not (seed_env or seed_arg) else ""
+        return finish("resume-exact", "resume", f"stopped {counted(landed, 'time')} by SIG{signal_name} and "
+                      f"restarted, every declared output is bit-identical to an uninterrupted run's{caveat}")  # fmt: skip
+    except KeyboardInterrupt:
+        echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
+        raise
+
+
+def _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout):
+    if not command:
+        raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
+    if repeat < 2 or repeat > 10:
+        raise ConfigError(f"--repeat must be from 2 to 10 (two uninterrupted runs tell determinism), got {repeat}")
+    if stops < 1 or stops > 20:
+        raise ConfigError(f"--stops must be from 1 to 20, got {stops}")
+    if sum(x is not None for x in (at, at_file, at_line)) > 1:
+        raise ConfigError("give at most one of --at, --at-file and --at-line")
+    if seed_env and seed_arg:
+        raise ConfigError("give one of --seed-env and --seed-arg")
+    if seed_arg is not None and "{seed}" not in seed_arg:
+        raise ConfigError(f"--seed-arg {seed_arg!r} holds no {{seed}}")
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ConfigError(f"--timeout must be a number of seconds > 0, got {timeout}")
+    for output in outputs:
+        if Path(output).is_absolute() or ".." in Path(output).parts or not output.strip():
+            raise ConfigError(f"--output {output!r}: a path inside the work directory (relative, without ..)")
+    for path in copies:
+        if not path.exists():
+            raise ConfigError(f"--copy {path}: does not exist")
+    if at is not None:
+        _seconds(at)
+
+
+def _seconds(at: str) -> list[float]:
+    try:
+        values = [float(part) for part in at.split(",")]
+    except ValueError:
+        raise ConfigError(f"--at {at!r}: give seconds separated by commas, e.g. 2.5,4") from None
+    if not values or not all(0 < v < float("inf") for v in values):
+        raise ConfigError(f"--at {at!r}: each stop must be a number of seconds > 0")
+    return values
+
+
+def _stops(count: int, at, at_file, at_line, clean_s: float, seed: int) -> list[Stop]:
+    if at is not None:
+        return [Stop(seconds=s) for s in _seconds(at)]
+    if at_file is not None:
+        return [Stop(file_glob=at_file)] * count
+    if at_line is not None:
+        return [Stop(line=at_line)] * count
+    return planned_stops(count, clean_s, seed)
+
+
+def _workspace(out: Path | None, command: list[str]) -> Path:
+    out = Path(out) if out is not None else Path(f"check-{safe_name(Path(command[-1]).stem or 'command')}")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty (an earlier check?); remove it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _failed(run: Run) -> str:
+    attempt = run.attempts[-1]
+    status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
+    return f"{run.name} {status} after {attempt.seconds:.1f} s (log: {run.log})"
+
+
+def _first(comparison: dict) -> str:
+    if comparison["missing"]:
+        return f"{comparison['missing'][0]} was written by neither run"
+    first = comparison["first"]
+    return f"{first['path']} differs: {first['detail']}" if first else "no declared output was written"

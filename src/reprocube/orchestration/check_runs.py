@@ -1,0 +1,192 @@
+"""The runs of `reprocube check`: someone else's training command, started in a fresh work directory of its
+own, run to completion or stopped by a real signal at planned moments and started again, each attempt
+timed and its output logged. The command runs in its own process group (a signal reaches the script and
+its workers, as a scheduler's does), dies with reprocube (PR_SET_PDEATHSIG, and the group is ended when
+check stops for any reason), and is bounded by a watchdog."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reprocube.orchestration.children import _die_with_parent
+
+SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
+POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
+EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit
+JITTER = 0.4  # default stops: each at its share of the clean run's duration, +-20%
+
+
+@dataclass(frozen=True)
+class Stop:
+    """When to signal an attempt: `seconds` after it started, when a file matching `file_glob` appears in
+    the work directory (one no earlier attempt saw), or when a line of its output matches `line`."""
+
+    seconds: float | None = None
+    file_glob: str | None = None
+    line: str | None = None
+
+    def describe(self) -> str:
+        if self.file_glob is not None:
+            return f"when a new file matches {self.file_glob}"
+        if self.line is not None:
+            return f"at an output line matching {self.line}"
+        return f"{self.seconds:.2f} s after the attempt started"
+
+
+def planned_stops(count: int, clean_s: float, seed: int) -> list[Stop]:
+    """`count` stops spread over a clean run's duration, each attempt stopped after its share of it,
+    jittered by `seed` (recorded: --stop-seed replays the same moments)."""
+    rng = random.Random(seed)
+    share = clean_s / (count + 1)
+    return [Stop(seconds=round(share * (1 + JITTER * (rng.random() - 0.5)), 3)) for _ in range(count)]
+
+
+@dataclass
+class Attempt:
+    started_s: float  # since the run started
+    seconds: float
+    exit: int | None  # None: ended by the watchdog
+    stop: str | None = None  # the stop it was given ("SIGTERM 1.20 s after ..."), None: it ran to its end
+    stopped_early: bool = False  # it ended on its own before its stop came
+
+    def as_dict(self) -> dict:
+        return {"started_s": round(self.started_s, 3), "seconds": round(self.seconds, 3), "exit": self.exit,
+                "stop": self.stop, "stopped_early": self.stopped_early}  # fmt: skip
+
+
+@dataclass
+class Run:
+    name: str
+    work: Path
+    log: Path
+    env: dict[str, str]
+    command: list[str]
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def stops_landed(self) -> int:
+        return sum(1 for a in self.attempts if a.stop and not a.stopped_early)
+
+    @property
+    def exit(self) -> int | None:
+        return self.attempts[-1].exit if self.attempts else None
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "work": str(self.work), "log": str(self.log), "command": self.command,
+                "attempts": [a.as_dict() for a in self.attempts], "stops_landed": self.stops_landed}  # fmt: skip
+
+
+def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
+    """Run the command in run.work; after each stop that lands, start it again, until an attempt ends on
+    its own (exit status recorded) or ends by the watchdog. A stop whose attempt ends first is recorded as
+    stopped_early and the run is over (nothing was interrupted)."""
+    began, seen = time.perf_counter(), _files(run.work)
+    for stop in [*stops, None]:
+        attempt = _attempt(run, stop, signum, timeout_s, seen, began)
+        run.attempts.append(attempt)
+        seen |= _files(run.work)
+        if stop is None or attempt.stopped_early or attempt.exit is None:
+            break
+    return run
+
+
+def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: set[str], began: float) -> Attempt:
+    run.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.log, "a") as log:
+        log.write(f"$ {shlex.join(run.command)}\n")
+        log.flush()
+        start = time.perf_counter()
+        child = subprocess.Popen(
+            run.command, cwd=run.work, env=run.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            process_group=0, preexec_fn=_die_with_parent(),
+        )  # fmt: skip
+        matched = threading.Event()
+        pattern = re.compile(stop.line) if stop is not None and stop.line is not None else None
+        reader = threading.Thread(target=_copy_output, args=(child, log, pattern, matched), daemon=True)
+        reader.start()
+        try:
+            given = _wait_for_trigger(child, stop, run.work, seen, matched, start, timeout_s)
+            if given:
+                os.killpg(child.pid, signum)
+            status = _wait_exit(child, EXIT_WAIT_S if given else max(0.0, timeout_s - (time.perf_counter() - start)))
+        finally:
+            _end_group(child)
+            reader.join(5)
+        seconds = time.perf_counter() - start
+        note = f"{signal.Signals(signum).name} {stop.describe()}" if stop is not None else None
+        if note and given:
+            log.write(f"[reprocube check: {note}, after {seconds:.2f} s]\n")
+        return Attempt(start - began, seconds, status, note, stopped_early=stop is not None and not given)
+
+
+def _copy_output(child: subprocess.Popen, log, pattern: re.Pattern | None, matched: threading.Event) -> None:
+    for raw in child.stdout:
+        line = raw.decode("utf-8", "replace")
+        log.write(line)
+        log.flush()
+        if pattern is not None and pattern.search(line):
+            matched.set()
+
+
+def _wait_for_trigger(child, stop: Stop | None, work: Path, seen: set[str], matched: threading.Event,
+                      start: float, timeout_s: float) -> bool:  # fmt: skip
+    """True when the stop's moment came while the command ran; False when it ended first (or there is no
+    stop: it runs to its end, bounded by the watchdog)."""
+    while child.poll() is None:
+        elapsed = time.perf_counter() - start
+        if stop is not None:
+            if stop.seconds is not None and elapsed >= stop.seconds:
+                return True
+            if stop.file_glob is not None and any(p not in seen for p in _matching(work, stop.file_glob)):
+                return True
+            if stop.line is not None and matched.is_set():
+                return True
+        if elapsed >= timeout_s:
+            return False
+        time.sleep(POLL_S)
+    return False
+
+
+def _wait_exit(child: subprocess.Popen, seconds: float) -> int | None:
+    try:
+        return child.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return None  # the watchdog: _end_group ends it
+
+
+def _end_group(child: subprocess.Popen) -> None:
+    """The command's whole process group ends with the attempt (a worker it left behind included)."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            break
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            continue
+        if signum == signal.SIGTERM:
+            try:  # its own children may outlive it in the group
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        break
+    if child.poll() is None:
+        child.wait()
+
+
+def _files(work: Path) -> set[str]:
+    return {p.relative_to(work).as_posix() for p in work.rglob("*")} if work.is_dir() else set()
+
+
+def _matching(work: Path, pattern: str) -> list[str]:
+    return [p.relative_to(work).as_posix() for p in work.glob(pattern)]

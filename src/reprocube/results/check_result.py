@@ -1,0 +1,101 @@
+"""check.json and check.md (`reprocube check`): the schema, the verdicts with their exit statuses, the writer
+and the strict reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reprocube.errors import (
+    EXIT_CHECK_VOID,
+    EXIT_COMMAND_FAILED,
+    EXIT_DIFFERENT,
+    EXIT_NOT_DETERMINISTIC,
+    EXIT_OK,
+)
+from reprocube.results.schema import ResultFile
+
+CHECK_RESULT = ResultFile(
+    "check.json",
+    version=1,
+    keys=(
+        "command",  # the argv checked, as given
+        "verdict",  # VERDICTS
+        "summary",  # the verdict in one line
+        "stage",  # where the verdict was decided: repeat, control, resume (or the run that failed)
+        "outputs",  # the declared --output paths, and the --ignore globs
+        "stop_seed",  # what --stop-seed replays
+        "stops",  # the planned stops, in words
+        "signal",
+        "runs",  # each run: name, work directory, log, command, attempts (timed, exit status, stop)
+        "comparisons",  # {repeat: [...], control, resume}: compare_outputs of a run against the first
+        "not_checked",  # what this check did not establish, in words (no control, stops that did not land)
+        "environment",  # this machine and process, as env.json records it
+        "wall_s",
+    ),
+)
+VERDICTS = {
+    "resume-exact": EXIT_OK,
+    "resume-differs": EXIT_DIFFERENT,
+    "not-deterministic": EXIT_NOT_DETERMINISTIC,
+    "control-void": EXIT_CHECK_VOID,
+    "no-stop-landed": EXIT_CHECK_VOID,
+    "command-failed": EXIT_COMMAND_FAILED,
+}
+
+
+def write_check(result: dict, directory: Path) -> Path:
+    return CHECK_RESULT.write(directory, result, markdown(result))
+
+
+def read_check(path: Path) -> dict:
+    """The verdict keys of a check.json, typed."""
+    fields = CHECK_RESULT.read(path)
+    return {
+        "verdict": fields.one_of("verdict", tuple(VERDICTS)),
+        "summary": fields.text("summary"),
+        "stage": fields.text("stage"),
+        "command": fields.texts("command"),
+        "stop_seed": fields.integer("stop_seed"),
+        "not_checked": fields.texts("not_checked"),
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# reprocube check",
+        "",
+        f"**Verdict: {result['verdict']}** (exit {VERDICTS[result['verdict']]})",
+        "",
+        result["summary"],
+        "",
+        f"- command: `{' '.join(result['command'])}`",
+        f"- outputs compared: {', '.join(f'`{o}`' for o in result['outputs']['paths'])}"
+        + (f" (ignoring {', '.join(result['outputs']['ignore'])})" if result["outputs"]["ignore"] else ""),
+        f"- stops: {result['stops'] or 'none'} by SIG{result['signal']}; replay them with `--stop-seed {result['stop_seed']}`",
+    ]
+    lines += [f"- not checked: {item}" for item in result["not_checked"]]
+    lines += ["", "| run | attempt | started (s) | seconds | exit | stop |", "|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        for number, attempt in enumerate(run["attempts"], start=1):
+            stop = attempt["stop"] or ""
+            stop += " (ended before it)" if attempt["stopped_early"] else ""
+            lines.append(f"| {run['name']} | {number} | {attempt['started_s']} | {attempt['seconds']} | "
+                         f"{attempt['exit']} | {stop} |")  # fmt: skip
+    for name, comparison in _comparisons(result["comparisons"]):
+        lines += ["", f"## {name}", ""]
+        changed = [f for f in comparison["files"] if not f["same"]]
+        same = len(comparison["files"]) - len(changed)
+        lines.append(f"{same} of {len(comparison['files'])} files bit-identical")
+        lines += [f"- `{f['path']}`: {f['detail']}" for f in changed[:20]]
+        lines += [f"- `{m}`: written by neither run" for m in comparison["missing"]]
+    return "\n".join(lines) + "\n"
+
+
+def _comparisons(comparisons: dict) -> list[tuple[str, dict]]:
+    named = [(f"repeat: {c['run']} against {c['against']}", c) for c in comparisons.get("repeat", [])]
+    for key, title in (("control", "negative control: another seed"), ("resume", "the stopped and resumed run")):
+        if comparisons.get(key):
+            named.append(
+                (f"{title}: {comparisons[key]['run']} against {comparisons[key]['against']}", comparisons[key])
+            )
+    return named
