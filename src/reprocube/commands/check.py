@@ -19,6 +19,7 @@ from reprocube.env import collect_env
 from reprocube.errors import ConfigError
 from reprocube.files import safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, planned_stops
+from reprocube.orchestration.children import last_error_line
 from reprocube.results.check_result import VERDICTS, write_check
 from reprocube.terminal import counted, one_line
 
@@ -71,6 +72,11 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
     signum = SIGNALS[signal_name]
     echo(one_line(f"check {' '.join(command)}: {repeat} clean runs, {counted(stops, 'stop')} by SIG{signal_name}; "
                   f"evidence in {out}"))  # fmt: skip
+    copied = {path.name for path in copies}
+    for arg in command:  # a relative path the user meant from here: the command runs in a fresh directory
+        if not Path(arg).is_absolute() and Path(arg).is_file() and Path(arg).name not in copied:
+            echo(one_line(f"  note: {arg} is here but the command runs in an empty work directory: pass "
+                          f"--copy {arg}, or give its absolute path"))  # fmt: skip
 
     def new_run(name: str, seed: int = 0) -> Run:
         work = out / "work" / name
@@ -214,11 +220,15 @@ def _workspace(out: Path | None, command: list[str]) -> Path:
 def _failed(run: Run) -> str:
     attempt = run.attempts[-1]
     status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
-    return f"{run.name} {status} after {attempt.seconds:.1f} s (log: {run.log})"
+    return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
 
 
 def _first(comparison: dict) -> str:
     if comparison["missing"]:
         return f"{comparison['missing'][0]} was written by neither run"
-    first = comparison["first"]
-    return f"{first['path']} differs: {first['detail']}" if first else "no declared output was written"
+    differing = [f for f in comparison["files"] if not f["same"]]
+    if not differing:
+        return "no declared output was written"
+    first = next((f for f in differing if f.get("tensor")), differing[0])  # the weights first, then the rest
+    others = len(differing) - 1
+    return f"{first['path']} differs: {first['detail']}" + (f" (and {counted(others, 'other file')})" if others else "")

@@ -33,21 +33,24 @@ class Stop:
     seconds: float | None = None
     file_glob: str | None = None
     line: str | None = None
+    fraction: float | None = None  # a planned stop: its share of a clean run's duration (from the stop seed)
 
     def describe(self) -> str:
         if self.file_glob is not None:
             return f"when a new file matches {self.file_glob}"
         if self.line is not None:
             return f"at an output line matching {self.line}"
-        return f"{self.seconds:.2f} s after the attempt started"
+        planned = f" ({self.fraction:.3f} of a clean run)" if self.fraction is not None else ""
+        return f"{self.seconds:.2f} s after the attempt started{planned}"
 
 
 def planned_stops(count: int, clean_s: float, seed: int) -> list[Stop]:
     """`count` stops spread over a clean run's duration, each attempt stopped after its share of it,
-    jittered by `seed` (recorded: --stop-seed replays the same moments)."""
+    jittered by `seed` (recorded: --stop-seed gives the same fractions of a clean run; --at the same
+    seconds)."""
     rng = random.Random(seed)
-    share = clean_s / (count + 1)
-    return [Stop(seconds=round(share * (1 + JITTER * (rng.random() - 0.5)), 3)) for _ in range(count)]
+    fractions = [(1 + JITTER * (rng.random() - 0.5)) / (count + 1) for _ in range(count)]
+    return [Stop(seconds=round(clean_s * f, 3), fraction=f) for f in fractions]
 
 
 @dataclass
@@ -111,12 +114,19 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         )  # fmt: skip
         matched = threading.Event()
         pattern = re.compile(stop.line) if stop is not None and stop.line is not None else None
-        reader = threading.Thread(target=_copy_output, args=(child, log, pattern, matched), daemon=True)
+
+        def on_line() -> None:  # at once, from the reader: the script has gone no further than its next line
+            if not matched.is_set():
+                matched.set()
+                _signal_group(child, signum)
+
+        reader = threading.Thread(target=_copy_output, args=(child, log, pattern, on_line), daemon=True)
         reader.start()
         try:
             given = _wait_for_trigger(child, stop, run.work, seen, matched, start, timeout_s)
-            if given:
-                os.killpg(child.pid, signum)
+            if given and pattern is None:
+                _signal_group(child, signum)
+            given = given or matched.is_set()  # the reader's signal may have ended it before the loop looked
             status = _wait_exit(child, EXIT_WAIT_S if given else max(0.0, timeout_s - (time.perf_counter() - start)))
         finally:
             _end_group(child)
@@ -128,13 +138,20 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         return Attempt(start - began, seconds, status, note, stopped_early=stop is not None and not given)
 
 
-def _copy_output(child: subprocess.Popen, log, pattern: re.Pattern | None, matched: threading.Event) -> None:
+def _copy_output(child: subprocess.Popen, log, pattern: re.Pattern | None, on_line) -> None:
     for raw in child.stdout:
         line = raw.decode("utf-8", "replace")
         log.write(line)
         log.flush()
         if pattern is not None and pattern.search(line):
-            matched.set()
+            on_line()
+
+
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:
+        pass  # it ended meanwhile
 
 
 def _wait_for_trigger(child, stop: Stop | None, work: Path, seen: set[str], matched: threading.Event,

@@ -71,7 +71,12 @@ def markdown(result: dict) -> str:
         f"- command: `{' '.join(result['command'])}`",
         f"- outputs compared: {', '.join(f'`{o}`' for o in result['outputs']['paths'])}"
         + (f" (ignoring {', '.join(result['outputs']['ignore'])})" if result["outputs"]["ignore"] else ""),
-        f"- stops: {result['stops'] or 'none'} by SIG{result['signal']}; replay them with `--stop-seed {result['stop_seed']}`",
+        f"- stops: {result['stops'] or 'none'} by SIG{result['signal']}"
+        + (
+            f"; the same fractions of a clean run: `--stop-seed {result['stop_seed']}`"
+            if "of a clean run" in result["stops"]
+            else ""
+        ),
     ]
     lines += [f"- not checked: {item}" for item in result["not_checked"]]
     lines += ["", "| run | attempt | started (s) | seconds | exit | stop |", "|---|---|---|---|---|---|"]

@@ -1,0 +1,143 @@
+"""`reprocube check -- CMD` (issue 36) on the example scripts in examples/: every verdict and exit status,
+each from a real script run, stopped by real signals and restarted; and `reprocube diff`. The NumPy
+example starts in a fraction of a second, so most verdicts cost a few seconds; the PyTorch example shows
+the resume bug researchers write (no RNG state in the checkpoint) and its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import error_lines, reprocube
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1"]
+OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
+
+
+def check(tmp_path: Path, *args: str, command=NUMPY, name: str = "out") -> tuple[subprocess.CompletedProcess, dict]:
+    proc = reprocube("check", "--out", str(tmp_path / name), *args, "--", *command, cwd=tmp_path, check=False,
+                     timeout=600)  # fmt: skip
+    path = tmp_path / name / "check.json"
+    return proc, json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_a_script_that_saves_its_generator_resumes_exactly(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, "--seed-env", "SEED", "--at-line", "saved", command=[*NUMPY, "--save-rng"])
+    assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout + proc.stderr
+    stopped = next(r for r in result["runs"] if r["name"] == "stopped")
+    assert stopped["stops_landed"] == 2 and len(stopped["attempts"]) == 3
+    assert [a["exit"] for a in stopped["attempts"]] == [-signal.SIGTERM, -signal.SIGTERM, 0]
+    assert result["comparisons"]["control"]["identical"] is False  # the outputs depend on the training
+    assert result["not_checked"] == []
+    log = (tmp_path / "out" / "logs" / "stopped.log").read_text()
+    assert log.count("resumed at epoch") == 2  # the script really restarted from its checkpoints
+
+
+def test_a_script_that_forgets_its_generator_differs_and_the_tensor_is_named(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, "--seed-env", "SEED", "--at-line", "saved")
+    assert proc.returncode == 6 and result["verdict"] == "resume-differs"
+    files = {f["path"]: f for f in result["comparisons"]["resume"]["files"]}
+    assert files["final.npz"]["tensor"]["tensor"] == "w" and files["final.npz"]["tensor"]["max_ulp"] > 0
+    assert "after 2 stops by SIGTERM" in result["summary"]
+    assert result["comparisons"]["repeat"][0]["identical"] is True  # deterministic: resume is to blame
+
+
+def test_a_non_deterministic_script_is_never_called_a_resume_bug(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, command=[*NUMPY, "--random-seed", "--save-rng"])
+    assert proc.returncode == 8 and result["verdict"] == "not-deterministic"
+    assert "resume was not tested" in result["summary"] and "PYTHONHASHSEED" in result["summary"]
+    assert [r["name"] for r in result["runs"]] == ["clean-1", "clean-2"]  # never stopped
+
+
+def test_a_control_that_does_not_change_the_outputs_voids_the_check(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, "--seed-env", "NOT_READ_BY_THE_SCRIPT", command=[*NUMPY, "--save-rng"])
+    assert proc.returncode == 9 and result["verdict"] == "control-void"
+
+
+def test_a_stop_that_never_lands_is_said_and_void(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, "--at", "300", "--stops", "1", command=[*NUMPY, "--save-rng"])
+    assert proc.returncode == 9 and result["verdict"] == "no-stop-landed"
+    assert any("no negative control" in line for line in result["not_checked"])
+
+
+def test_the_default_stops_are_replayed_by_their_seed(tmp_path):
+    """Moments spread over a clean run, jittered by the recorded seed: the same seed, the same moments."""
+    args = [*OUTPUTS, "--seed-env", "SEED", "--stop-seed", "7", "--signal", "KILL"]
+    command = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--save-rng"]  # 8 epochs of 0.25 s
+    proc, first = check(tmp_path, *args, command=command, name="a")
+    assert proc.returncode == 0 and first["verdict"] == "resume-exact", proc.stdout
+    assert first["stop_seed"] == 7 and first["stops"].count("after the attempt started") == 2
+    _, again = check(tmp_path, *args, command=command, name="b")
+    fractions = [re.findall(r"\((0\.\d+) of a clean run\)", r["stops"]) for r in (first, again)]
+    assert len(fractions[0]) == 2 and fractions[0] == fractions[1]
+
+
+def test_sigkill_in_the_middle_of_a_non_atomic_save_is_the_scripts_failure(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, "--signal", "KILL", "--stops", "1", "--at-file", "ckpt.npz",
+                         command=[*NUMPY, "--save-rng", "--non-atomic"])  # fmt: skip
+    assert proc.returncode == 10 and result["verdict"] == "command-failed", proc.stdout
+    assert result["stage"] == "stopped" and "after 1 stop" in result["summary"]
+    assert "Traceback" not in proc.stderr and "stopped exited 1" in result["summary"]
+
+
+def test_a_failing_command_and_bad_options_are_one_line(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, command=[sys.executable, "-c", "raise SystemExit(3)"])
+    assert proc.returncode == 10 and "clean-1 exited 3" in result["summary"]
+    for args, message in ((["--output", "/etc"], "a path inside the work directory"),
+                          ([*OUTPUTS, "--repeat", "1"], "--repeat must be from 2 to 10"),
+                          ([*OUTPUTS, "--seed-arg=--seed"], "holds no {seed}")):  # fmt: skip
+        proc, _ = check(tmp_path, *args, name="refused")
+        [line] = error_lines(proc)
+        assert proc.returncode == 2 and message in line, line
+    proc, _ = check(tmp_path, *OUTPUTS, command=[])
+    assert proc.returncode == 2 and "no command to check" in error_lines(proc)[0]
+
+
+def test_ctrl_c_ends_the_script_and_says_where_the_evidence_is(tmp_path):
+    pid_file = tmp_path / "pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-m", "reprocube", "check", "--out", str(tmp_path / "out"), *OUTPUTS,
+                             "--", sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and f"the evidence so far is in {tmp_path / 'out'}" in out, out + err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+@pytest.mark.parametrize("save_rng, verdict", [(False, "resume-differs"), (True, "resume-exact")])
+def test_the_pytorch_example_its_bug_and_its_fix(tmp_path, save_rng, verdict):
+    command = [sys.executable, str(EXAMPLES / "pytorch_mlp.py"), *(["--save-rng"] if save_rng else [])]
+    proc, result = check(tmp_path, "--output", "model.pt", "--output", "metrics.csv", "--at-line", "saved",
+                         command=command)  # fmt: skip
+    assert result["verdict"] == verdict, proc.stdout + proc.stderr
+    if not save_rng:
+        model = next(f for f in result["comparisons"]["resume"]["files"] if f["path"] == "model.pt")
+        assert model["tensor"]["tensor"] in {"0.weight", "0.bias", "3.weight", "3.bias"}, model
+
+
+def test_diff_names_the_first_differing_tensor(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    weights = {"w": np.arange(6, dtype=np.float32), "v": np.ones(2, np.float32)}
+    np.savez(a / "ckpt.npz", **weights)
+    np.savez(b / "ckpt.npz", **{**weights, "w": np.nextafter(weights["w"], np.float32(9))})
+    (a / "log.txt").write_text("same\n"), (b / "log.txt").write_text("same\n")
+    proc = reprocube("diff", str(a), str(b), cwd=tmp_path, check=False)
+    assert proc.returncode == 6 and "ckpt.npz: tensor w: max abs" in proc.stdout and "max 1 ULP" in proc.stdout
+    assert "differs in 1 of 2 files" in proc.stdout
+    assert reprocube("diff", str(a / "log.txt"), str(b / "log.txt"), cwd=tmp_path, check=False).returncode == 0
