@@ -25,16 +25,16 @@ seed = time.time_ns() if args.random_seed else int(os.environ.get("SEED", "0"))
 data = np.random.default_rng(1234)  # the dataset is fixed; the seed drives the training only
 x = data.normal(size=(512, 16)).astype(np.float32)
 y = (x @ data.normal(size=16) > 0).astype(np.float32)
-w, epoch, losses, rng = np.zeros(16, np.float32), 0, [], np.random.default_rng(seed)
+w, start, losses, rng = np.zeros(16, np.float32), 0, [], np.random.default_rng(seed)
 
 if os.path.exists("ckpt.npz"):
     with np.load("ckpt.npz") as ckpt:
-        w, epoch, losses = ckpt["w"], int(ckpt["epoch"]), [float(v) for v in ckpt["losses"]]
+        w, start, losses = ckpt["w"], int(ckpt["epoch"]), [float(v) for v in ckpt["losses"]]
         if "rng" in ckpt.files:
             rng.bit_generator.state = json.loads(str(ckpt["rng"]))
-    print(f"resumed at epoch {epoch}", flush=True)
+    print(f"resumed at epoch {start}", flush=True)
 
-for epoch in range(epoch, args.epochs):
+for epoch in range(start, args.epochs):
     order = rng.permutation(len(x))
     for batch in np.array_split(order, 16):
         keep = (rng.random(16) > 0.1).astype(np.float32)  # dropout on the inputs' features
