@@ -1,0 +1,78 @@
+"""What `reprocube check` costs beyond the runs of the script it checks: for each example in examples/, the
+check's wall time (as the caller sees it, reprocube's own start-up included) against the sum of the
+script's attempts (each timed by check), and the verdict.
+
+    .venv/bin/python benchmarks/check_cost.py [--rounds 3] [--out benchmarks/cpu/check-cost.json]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+EXAMPLES = {
+    "pytorch_mlp.py": ["--output", "model.pt", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"],
+    "pytorch_mlp.py --save-rng": [
+        "--output",
+        "model.pt",
+        "--output",
+        "metrics.csv",
+        "--seed-env",
+        "SEED",
+        "--at-line",
+        "saved",
+    ],  # fmt: skip
+    "numpy_sgd.py": ["--output", "final.npz", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"],
+    "numpy_sgd.py --save-rng": [
+        "--output",
+        "final.npz",
+        "--output",
+        "metrics.csv",
+        "--seed-env",
+        "SEED",
+        "--at-line",
+        "saved",
+    ],  # fmt: skip
+    "numpy_sgd.py --random-seed": ["--output", "final.npz", "--output", "metrics.csv"],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="reprocube-check-cost-") as scratch:
+        for example, options in EXAMPLES.items():
+            script, *flags = example.split()
+            walls, scripts, verdict = [], [], None
+            for i in range(args.rounds):
+                out = Path(scratch) / f"{script}-{len(flags)}-{i}"
+                started = time.perf_counter()
+                subprocess.run([PYTHON, "-m", "reprocube", "check", "--out", str(out), *options, "--", PYTHON,
+                                str(REPO / "examples" / script), *flags], capture_output=True, check=False)  # fmt: skip
+                walls.append(time.perf_counter() - started)
+                result = json.loads((out / "check.json").read_text())
+                scripts.append(sum(a["seconds"] for run in result["runs"] for a in run["attempts"]))
+                verdict = result["verdict"]
+            wall, script_s = statistics.median(walls), statistics.median(scripts)
+            rows.append({"example": example, "verdict": verdict, "check_s": walls, "script_s": scripts,
+                         "overhead": (wall - script_s) / script_s})  # fmt: skip
+            print(f"{example}: {verdict}, check {wall:.2f} s, the script's attempts {script_s:.2f} s: overhead "
+                  f"{100 * rows[-1]['overhead']:.1f}%", flush=True)  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"rounds": args.rounds, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
