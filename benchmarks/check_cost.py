@@ -17,30 +17,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+PYTORCH = ["--output", "model.pt", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"]
+NUMPY = ["--output", "final.npz", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"]
 EXAMPLES = {
-    "pytorch_mlp.py": ["--output", "model.pt", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"],
-    "pytorch_mlp.py --save-rng": [
-        "--output",
-        "model.pt",
-        "--output",
-        "metrics.csv",
-        "--seed-env",
-        "SEED",
-        "--at-line",
-        "saved",
-    ],  # fmt: skip
-    "numpy_sgd.py": ["--output", "final.npz", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"],
-    "numpy_sgd.py --save-rng": [
-        "--output",
-        "final.npz",
-        "--output",
-        "metrics.csv",
-        "--seed-env",
-        "SEED",
-        "--at-line",
-        "saved",
-    ],  # fmt: skip
-    "numpy_sgd.py --random-seed": ["--output", "final.npz", "--output", "metrics.csv"],
+    "pytorch_mlp.py": PYTORCH,
+    "pytorch_mlp.py --save-rng": PYTORCH,
+    "numpy_sgd.py": NUMPY,
+    "numpy_sgd.py --save-rng": NUMPY,
+    "numpy_sgd.py --random-seed": NUMPY[:4],
 }
 
 
