@@ -143,3 +143,16 @@ def test_diff_names_the_first_differing_tensor(tmp_path):
     assert proc.returncode == 6 and "ckpt.npz: tensor w: max abs" in proc.stdout and "max 1 ULP" in proc.stdout
     assert "differs in 1 of 2 files" in proc.stdout
     assert reprocube("diff", str(a / "log.txt"), str(b / "log.txt"), cwd=tmp_path, check=False).returncode == 0
+
+
+def test_keras_backup_and_restore_resumes_at_the_epoch_but_not_the_same_training(tmp_path):
+    """Measured (docs/check.md): Keras 3's BackupAndRestore restores the weights, the optimizer and the
+    epoch, but not the generators behind the shuffling and the dropout: the resumed epochs train otherwise,
+    and the history of the epochs before the restart is gone."""
+    proc, result = check(tmp_path, "--output", "model.weights.h5", "--output", "history.csv", "--at-line", "saved",
+                         command=[sys.executable, str(EXAMPLES / "keras_fit.py")])  # fmt: skip
+    assert result["verdict"] == "resume-differs", proc.stdout + proc.stderr
+    files = {f["path"]: f for f in result["comparisons"]["resume"]["files"]}
+    assert files["model.weights.h5"]["tensor"]["tensor"].startswith("layers/")
+    assert "line 1:" in files["history.csv"]["detail"]  # the first epochs' losses are not in the history
+    assert (tmp_path / "out" / "logs" / "stopped.log").read_text().count("epoch 3 saved") == 1

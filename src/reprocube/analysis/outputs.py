@@ -127,9 +127,14 @@ def load_tensors(suffix: str, data: bytes) -> dict[str, np.ndarray]:
     import h5py  # Keras .weights.h5 / .h5 / .keras (an HDF5 file)
 
     arrays: dict[str, np.ndarray] = {}
+
+    def keep(key: str, item) -> None:  # visititems stops at the first visit that returns a value
+        if isinstance(item, h5py.Dataset):
+            arrays[key] = np.asarray(item[()])
+
     with h5py.File(io.BytesIO(data), "r") as file:
-        file.visititems(lambda key, item: arrays.setdefault(key, item[()]) if isinstance(item, h5py.Dataset) else None)
-    return {key: np.asarray(value) for key, value in arrays.items()}
+        file.visititems(keep)
+    return arrays
 
 
 def _flatten(value, prefix: str = "") -> dict[str, np.ndarray]:
