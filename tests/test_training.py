@@ -404,7 +404,7 @@ def _hooked_train(action, target, call, framework, generated, cwd, *overrides):
 def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(
     reference, generated, workdir, framework, method, call, stopped_at
 ):
-    name = f"hooked-{stopped_at}"
+    name = f"hooked-{stopped_at}-{method.rsplit('.', 1)[-1].rsplit(':', 1)[-1]}"  # two cases stop at epoch-0001
     target = BACKEND_CLASS[framework] + method if method.startswith(".") else method
     # every_epochs=2: a signal during epoch 1's evaluation must still write epoch-0001
     proc = _hooked_train(
