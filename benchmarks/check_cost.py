@@ -35,11 +35,11 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="reprocube-check-cost-") as scratch:
-        for example, options in EXAMPLES.items():
+        for number, (example, options) in enumerate(EXAMPLES.items()):
             script, *flags = example.split()
             walls, scripts, verdict = [], [], None
             for i in range(args.rounds):
-                out = Path(scratch) / f"{script}-{len(flags)}-{i}"
+                out = Path(scratch) / f"{number}-{i}"
                 started = time.perf_counter()
                 subprocess.run([PYTHON, "-m", "reprocube", "check", "--out", str(out), *options, "--", PYTHON,
                                 str(REPO / "examples" / script), *flags], capture_output=True, check=False)  # fmt: skip

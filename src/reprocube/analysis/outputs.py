@@ -48,9 +48,10 @@ def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path
     return {name: path for name, path in found.items() if not any(fnmatch.fnmatch(name, g) for g in ignore)}
 
 
-def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list[str]) -> dict:
+def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list[str], explain: bool = True) -> dict:
     """Every declared output of run B against run A's: {"identical", "files": [...], "first": the first
-    differing file's entry or None, "missing": declared outputs neither run wrote}."""
+    differing file's entry or None, "missing": declared outputs neither run wrote}. explain=False: bytes
+    only (where differing is all that is asked: no framework is imported to name a tensor)."""
     a, b = collect(a_root, outputs, ignore), collect(b_root, outputs, ignore)
     missing = [o for o in outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in {*a, *b})]
     files = []
@@ -58,13 +59,13 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
         if name not in a or name not in b:
             files.append({"path": name, "same": False, "detail": f"only in {'A' if name in a else 'B'}"})
             continue
-        files.append({"path": name, **compare_files(a[name], b[name])})
+        files.append({"path": name, **compare_files(a[name], b[name], explain)})
     first = next((f for f in files if not f["same"]), None)
     return {"identical": bool(files) and first is None and not missing, "files": files, "first": first,
             "missing": missing}  # fmt: skip
 
 
-def compare_files(a: Path, b: Path) -> dict:
+def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
     """{"same", "sha256_a", "sha256_b", "detail"}: bytes first, then the format's content."""
     if a.is_symlink() or b.is_symlink():
         ta, tb = _link(a), _link(b)
@@ -79,6 +80,8 @@ def compare_files(a: Path, b: Path) -> dict:
     digests = {"sha256_a": hashlib.sha256(data_a).hexdigest(), "sha256_b": hashlib.sha256(data_b).hexdigest()}
     if data_a == data_b:
         return {"same": True, **digests, "detail": None}
+    if not explain:
+        return {"same": False, **digests, "detail": f"the bytes differ ({len(data_a)} vs {len(data_b)} bytes)"}
     return {"same": False, **digests, **content_difference(a.name, data_a, data_b)}
 
 
