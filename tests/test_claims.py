@@ -133,6 +133,10 @@ def test_report_reads_only_inside_the_reproduce_directory(reproduced, runs, tmp_
     place, a link where a receipt was: one line, exit 4, nothing drawn. The genuine one draws."""
     assert report_of(reproduced, tmp_path, "drawn").returncode == 0
     result = json.loads((reproduced / "reproduce.json").read_text())
+    # One count of boundaries everywhere the verdict is said: those after the initial weights.
+    said = f"{result['coverage']['compared_boundaries']} weight-digest boundaries after the initial weights"
+    assert said in result["tier_text"] and said in (reproduced / "reproduce.md").read_text()
+    assert said in (tmp_path / "drawn" / "report.html").read_text()
     assert result["run_b"] == "runs/b" and set(result["inputs"]) == {"a_receipt", "b_receipt"}
 
     for run_b in (str(runs["partial"]), "runs/partial", "../b"):

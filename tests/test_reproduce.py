@@ -166,10 +166,12 @@ def test_a_config_difference_is_named_as_the_cause_and_refused_without_the_flag(
                      f"data_dir={generated.data_dir}", cwd=tmp_path, check=False)  # fmt: skip
     assert proc.returncode == 2 and not (tmp_path / "refused").exists()
     assert error_lines(proc)[-1].startswith("reprocube: error: optimizer.lr: only place keys")
+    lines = []
     result = reproduce(
         a, tmp_path / "out", [f"data_dir={generated.data_dir}", "optimizer.lr=0.0100001"],
-        allow_config_change=True, echo=quiet,
+        allow_config_change=True, echo=lines.append,
     )  # fmt: skip
+    assert "  b: reprocube train (A's config changed by optimizer.lr=0.0100001)" in lines, lines
     assert result["verdict"] == "differs"
     assert result["causes"][0]["key"] == "config.optimizer.lr" and result["causes"][0]["kind"] == "config"
     assert result["self_consistent"] is True
