@@ -69,11 +69,30 @@ def _wait_for(predicate, timeout: float, what: str, log: Path):
     )
 
 
+def _checkpoint_at_warning(log: str, checkpoints: Path) -> str:
+    """The checkpoint the warned job wrote: mid-epoch (step-N) when SIGUSR1 came during an epoch's
+    steps, epoch-N when it came in the epoch's last group or its evaluation, which end the epoch first."""
+    mid_epoch = re.search(r"stopped by SIGUSR1: checkpoint \S+/(step-\d+);", log)
+    after_epoch = re.search(r"stopped by SIGUSR1 after epoch (\d+);", log)
+    assert mid_epoch or after_epoch, f"no checkpoint at the warning:\n{log}"
+    name = mid_epoch.group(1) if mid_epoch else f"epoch-{int(after_epoch.group(1)):04d}"
+    assert (checkpoints / name).is_dir(), f"the job said it wrote {name}, which is not there:\n{log}"
+    return name
+
+
+def _epochs_begun(checkpoint_name: str, steps_per_epoch: int) -> int:
+    """Epochs trained (fully or in part) at a checkpoint named step-<global step> or epoch-<epochs done>."""
+    kind, number = checkpoint_name.split("-")
+    return int(number) // steps_per_epoch + 1 if kind == "step" else int(number)
+
+
 def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(slurm, dataset, tmp_path):
     """hpc/train.sbatch with a 1-minute limit and `--signal=B:USR1@45`: SLURM warns the batch shell
     15-45 s in (it checks time limits every 30 s; earlier could hit Python's start-up, before reprocube
-    handles the signal), reprocube writes a mid-epoch checkpoint and the job is requeued. After the first requeue the test raises the limit, so that the rest finishes in one more
-    start instead of an unbounded number of warned minutes."""
+    handles the signal), reprocube writes a checkpoint (mid-epoch, or the epoch's own when the warning
+    lands in the epoch's last group or its evaluation) and the job is requeued. After the first requeue
+    the test raises the limit, so that the rest finishes in one more start instead of an unbounded number
+    of warned minutes."""
     run = [
         "framework=pytorch",
         f"epochs={JOB_EPOCHS}",
@@ -109,10 +128,9 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         # cores with 2 threads each and the job's epochs went from 6 s to 50-80 s (past the wait above).
         # It trains to the end of the epoch after the one the job was stopped in (the job's 30 epochs are
         # only there to outlast SLURM's warning on a fast machine; its later epochs add nothing to compare).
-        stopped_at = re.search(r"stopped by SIGUSR1: checkpoint \S+/step-(\d+)", log.read_text())
-        assert stopped_at, f"no mid-epoch checkpoint at the warning:\n{log.read_text()}"
         steps_per_epoch = manifest(tmp_path / "runs" / "slurm" / "checkpoints" / "epoch-0001")["steps_per_epoch"]
-        compared_epochs = int(stopped_at.group(1)) // steps_per_epoch + 2  # stopped at a global step
+        stopped_name = _checkpoint_at_warning(log.read_text(), tmp_path / "runs" / "slurm" / "checkpoints")
+        compared_epochs = _epochs_begun(stopped_name, steps_per_epoch) + 1
         plain = subprocess.Popen(
             [sys.executable, "-m", "reprocube", "train", *(o for o in run[:-2] if o != f"epochs={JOB_EPOCHS}"), f"epochs={compared_epochs}",
              f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false"],
@@ -130,10 +148,8 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
     assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), text
     assert int(job["Restarts"]) >= 1
     assert f"reprocube-slurm: received SIGUSR1 (job {job_id}, restart 0)" in text
-    stopped = re.search(r"stopped by SIGUSR1: checkpoint (\S+/step-\d+)", text)
-    assert stopped, f"no mid-epoch checkpoint at the warning:\n{text}"
     assert f"requeueing job {job_id}" in text and f"job {job_id} restart 1 on" in text
-    assert f"resumed from {stopped.group(1)}" in text
+    assert f"resumed from {tmp_path / 'runs' / 'slurm' / 'checkpoints' / stopped_name} at" in text
     assert text.rstrip().endswith("reprocube-slurm: reprocube exited 0")
     print(f"\nSLURM job {job_id}: warned and requeued after {requeued_after:.0f} s, finished after {total:.0f} s")
 
