@@ -1,6 +1,7 @@
 """A PyTorch training loop of the kind researchers write, for `reprocube check`: an MLP with dropout on
 synthetic data, shuffled each epoch, `torch.save` of model and optimizer after every epoch, resumed from
-the last one when present. Outputs: model.pt (the trained weights), metrics.csv.
+the last one when present. Outputs: model.pt (the trained weights), metrics.csv. The two probe calls let
+`reprocube check` name the first step a resumed run departs at (they do nothing outside check).
 
     --save-rng   also save and restore torch's generator (without it, a resumed run shuffles and drops out
                  differently from the uninterrupted one: a resume bug that no loss curve shows at a glance)"""
@@ -9,6 +10,8 @@ import argparse
 import os
 
 import torch
+
+from reprocube import probe
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=6)
@@ -41,11 +44,13 @@ for epoch in range(start, args.epochs):
         loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
         loss.backward()
         optimizer.step()
+        probe.step(loss, model)
     losses.append(loss.item())
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1, "losses": losses}
     if args.save_rng:
         state["rng"] = torch.get_rng_state()
     torch.save(state, "ckpt.pt")
+    probe.checkpoint((epoch + 1) * (len(x) // 64))
     print(f"epoch {epoch + 1} saved: loss {losses[-1]:.6f}", flush=True)
 
 torch.save(model.state_dict(), "model.pt")

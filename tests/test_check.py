@@ -43,6 +43,12 @@ def test_a_script_that_saves_its_generator_resumes_exactly(tmp_path):
     assert read_check(tmp_path / "out" / "check.json")["not_checked"] == []  # the schema's strict reader
     log = (tmp_path / "out" / "logs" / "stopped.log").read_text()
     assert log.count("resumed at epoch") == 2  # the script really restarted from its checkpoints
+    # The probe: every update of the stopped run equals the uninterrupted run's, each restart matched
+    # to the checkpoint it resumed from (4 epochs of 16 steps, stopped after epochs 1 and 2).
+    traced = result["probe"]["resume"]
+    assert (traced["compared_steps"], traced["reference_steps"], traced["first_difference"]) == (64, 64, None)
+    assert [(a["resumed_at"], a["how"]) for a in traced["attempts"]] == [(0, "first"), (16, "matched"), (32, "matched")]
+    assert "each of its 64 updates" in result["summary"]
 
 
 def test_a_script_that_forgets_its_generator_differs_and_the_tensor_is_named(tmp_path):
@@ -52,12 +58,37 @@ def test_a_script_that_forgets_its_generator_differs_and_the_tensor_is_named(tmp
     assert files["final.npz"]["tensor"]["tensor"] == "w" and files["final.npz"]["tensor"]["max_ulp"] > 0
     assert "after 2 stops by SIGTERM" in result["summary"]
     assert result["comparisons"]["repeat"][0]["identical"] is True  # deterministic: resume is to blame
+    # The probe names the first update after the first stop (epoch 1 = steps 1-16) and the tensor.
+    first = result["probe"]["resume"]["first_difference"]
+    assert (first["step"], first["after_stop"], first["tensors"]) == (17, 1, ["w"])
+    assert "step 17 is the first update that differs" in result["summary"]
+
+
+def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):
+    """A deterministic script that ignores its checkpoint writes the same outputs after a stop: only the
+    probe tells that nothing resumed, and the check is void, not a pass."""
+    proc, result = check(tmp_path, *OUTPUTS, "--at-line", "saved", command=[*NUMPY, "--save-rng", "--from-scratch"])
+    assert proc.returncode == 9 and result["verdict"] == "not-resumed", proc.stdout
+    assert result["comparisons"]["resume"]["identical"] is True
+    assert "after stop 1 the script began again at step 1 instead of resuming" in result["summary"]
+
+
+def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):
+    script = ("import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "
+              "time.sleep(1.5); open('out.txt', 'w').write('1')")  # fmt: skip
+    proc, result = check(tmp_path, "--output", "out.txt", "--at", "0.8", "--stops", "1",
+                         command=[sys.executable, "-c", script])  # fmt: skip
+    assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    unread = [line for line in result["not_checked"] if "the probe's traces, unreadable" in line]
+    assert len(unread) == 2 and "attempt-1.jsonl:1" in unread[0], result["not_checked"]
 
 
 def test_a_non_deterministic_script_is_never_called_a_resume_bug(tmp_path):
     proc, result = check(tmp_path, *OUTPUTS, command=[*NUMPY, "--random-seed", "--save-rng"])
     assert proc.returncode == 8 and result["verdict"] == "not-deterministic"
     assert "resume was not tested" in result["summary"] and "PYTHONHASHSEED" in result["summary"]
+    assert "step 1 is the first update that differs" in result["summary"]
     assert [r["name"] for r in result["runs"]] == ["clean-1", "clean-2"]  # never stopped
 
 
@@ -127,9 +158,34 @@ def test_the_pytorch_example_its_bug_and_its_fix(tmp_path, save_rng, verdict):
     proc, result = check(tmp_path, "--output", "model.pt", "--output", "metrics.csv", "--at-line", "saved",
                          command=command)  # fmt: skip
     assert result["verdict"] == verdict, proc.stdout + proc.stderr
+    traced = result["probe"]["resume"]
     if not save_rng:
         model = next(f for f in result["comparisons"]["resume"]["files"] if f["path"] == "model.pt")
         assert model["tensor"]["tensor"] in {"0.weight", "0.bias", "3.weight", "3.bias"}, model
+        # The probe: the first update after the first stop (epoch 1 = 32 steps) already differs.
+        first = traced["first_difference"]
+        assert (first["step"], first["after_stop"], traced["attempts"][1]["how"]) == (33, 1, "assumed")
+    else:
+        assert traced["first_difference"] is None and traced["compared_steps"] == traced["reference_steps"] == 192
+
+
+@pytest.mark.parametrize("reseed, verdict", [(True, "resume-differs"), (False, "resume-exact")])
+def test_the_flax_orbax_example_its_bug_and_its_fix(tmp_path, reseed, verdict):
+    """Orbax checkpoints are compared by their tensors (their bytes never agree), and the JAX probe names
+    the first update after the first stop when the script takes a fresh key at every start."""
+    command = [sys.executable, str(EXAMPLES / "flax_orbax.py"), "--epochs", "3", *(["--reseed"] if reseed else [])]
+    proc, result = check(tmp_path, "--output", "final", "--output", "metrics.csv", "--at-line", "saved", "--stops",
+                         "1", command=command)  # fmt: skip
+    assert result["verdict"] == verdict, proc.stdout + proc.stderr
+    final = next(f for f in result["comparisons"]["resume"]["files"] if f["path"] == "final")
+    traced = result["probe"]["resume"]
+    if reseed:
+        assert final["tensor"]["tensor"].startswith("layers_") and final["tensor"]["max_ulp"] > 0, final
+        assert (traced["first_difference"]["step"], traced["first_difference"]["after_stop"]) == (33, 1)
+    else:
+        assert final == {"path": "final", "same": True, "detail": None, "tensors": 4}
+        assert traced["compared_steps"] == traced["reference_steps"] == 96
+        assert "resumed at step 32 (its first update is that step's)" in (tmp_path / "out" / "check.md").read_text()
 
 
 def test_diff_names_the_first_differing_tensor(tmp_path):

@@ -1,8 +1,11 @@
 """Two sets of a training script's outputs (files and directories in two work directories, or two paths
 given to `reprocube diff`), compared: bytes first; where the bytes differ, the tensors by name in the
 formats researchers save (safetensors, `.pt`/`.pth` read with `torch.load(weights_only=True)` only, `.npz`
-and `.npy` without pickles, Keras `.h5`), and JSON, CSV and text line by line; the first differing
-tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
+and `.npy` without pickles, Keras `.h5`, Orbax checkpoint directories), and JSON, CSV and text line by
+line; the first differing tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
+An Orbax checkpoint (a directory holding `_METADATA`) is one output compared by its tensors only: its
+bytes hold timestamps and random file names, and Orbax's own `_CHECKPOINT_METADATA` (a timestamp) is not
+compared wherever it lies.
 
 Every file is someone else's: read through reprocube.untrusted (a regular file, at most MAX_OUTPUT_BYTES,
 a symbolic link never followed but compared by its target's text), parsed by a library told not to run
@@ -26,6 +29,13 @@ MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is 
 MAX_FILES = 100_000
 TENSOR_SUFFIXES = (".safetensors", ".pt", ".pth", ".npz", ".npy", ".h5", ".keras")
 TEXT_SUFFIXES = (".json", ".jsonl", ".csv", ".txt", ".log", ".tsv", ".yaml", ".yml")
+ORBAX_TREE = "_METADATA"  # the file that makes a directory an Orbax (PyTree) checkpoint
+ORBAX_TIMESTAMP = "_CHECKPOINT_METADATA"
+
+
+def is_orbax(path: Path) -> bool:
+    """A directory that is an Orbax (PyTree) checkpoint: compared by its tensors, as one output."""
+    return path.is_dir() and not path.is_symlink() and (path / ORBAX_TREE).is_file()
 
 
 def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path]:
@@ -40,9 +50,14 @@ def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path
         if not start.is_dir():
             continue  # missing: compare_outputs names it
         for directory, dirs, files in os.walk(start, followlinks=False):
+            if ORBAX_TREE in files:  # one output, compared by its tensors
+                found[Path(directory).relative_to(root).as_posix()] = Path(directory)
+                dirs[:] = []
+                continue
             for name in sorted(files) + [d for d in dirs if (Path(directory) / d).is_symlink()]:
                 path = Path(directory) / name
-                found[path.relative_to(root).as_posix()] = path
+                if name != ORBAX_TIMESTAMP:
+                    found[path.relative_to(root).as_posix()] = path
             if len(found) > MAX_FILES:
                 raise CheckpointError(f"{start}: more than {MAX_FILES} files: declare fewer outputs")
     return {name: path for name, path in found.items() if not any(fnmatch.fnmatch(name, g) for g in ignore)}
@@ -70,6 +85,10 @@ def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
     if a.is_symlink() or b.is_symlink():
         ta, tb = _link(a), _link(b)
         return {"same": ta == tb, "detail": None if ta == tb else f"links: {ta!r} vs {tb!r}"}
+    if a.is_dir() or b.is_dir():
+        if not (a.is_dir() and b.is_dir()):
+            return {"same": False, "detail": "an Orbax checkpoint in one run, a file in the other"}
+        return _orbax_difference(a, b)
     try:
         data_a, data_b = (
             read_bytes(a, MAX_OUTPUT_BYTES, CheckpointError),
@@ -83,6 +102,41 @@ def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
     if not explain:
         return {"same": False, **digests, "detail": f"the bytes differ ({len(data_a)} vs {len(data_b)} bytes)"}
     return {"same": False, **digests, **content_difference(a.name, data_a, data_b)}
+
+
+def _orbax_difference(a: Path, b: Path) -> dict:
+    """Two Orbax checkpoints, tensor by tensor (their bytes are never equal)."""
+    try:
+        ta, tb = load_orbax(a), load_orbax(b)
+    except (CheckpointError, ValueError, OSError, KeyError, TypeError, RuntimeError) as exc:
+        return {"same": False, "detail": f"not compared: an Orbax checkpoint could not be read: {str(exc)[:200]}"}
+    rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
+    if not rows:
+        return {"same": True, "detail": None, "tensors": len(ta)}
+    first = rows[0]
+    return {"same": False, "tensor": first, "detail": f"tensor {first['tensor']}: {difference_size(first)} "
+            f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)"}  # fmt: skip
+
+
+def load_orbax(path: Path) -> dict[str, np.ndarray]:
+    """name -> array of an Orbax PyTree checkpoint: regular files and directories only (a link or a FIFO
+    inside is refused before Orbax opens anything), at most MAX_OUTPUT_BYTES in all; Orbax reads its
+    arrays through TensorStore and its metadata as JSON (no pickle)."""
+    total = 0
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        for name in [*dirs, *files]:
+            entry = Path(directory) / name
+            if entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
+                raise CheckpointError(f"{entry}: not a regular file or directory")
+            total += entry.stat().st_size if entry.is_file() else 0
+        if total > MAX_OUTPUT_BYTES:
+            raise CheckpointError(f"{path}: larger than {MAX_OUTPUT_BYTES} bytes")
+    import jax
+    import orbax.checkpoint as ocp
+
+    tree = ocp.StandardCheckpointer().restore(path.absolute())
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(keys, simple=True, separator="."): np.asarray(leaf) for keys, leaf in flat}
 
 
 def _link(path: Path) -> str | None:

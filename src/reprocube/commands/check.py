@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from reprocube.analysis.outputs import collect, compare_outputs
+from reprocube.analysis.probe_trace import compare_stopped, describe_difference, first_difference, read_trace, steps_of
 from reprocube.env import collect_env
-from reprocube.errors import ConfigError
+from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, planned_stops
 from reprocube.orchestration.children import last_error_line
@@ -85,11 +86,11 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
             (shutil.copytree if path.is_dir() else shutil.copy2)(path, work / path.name)
         env = {**os.environ, **({seed_env: str(seed)} if seed_env else {})}
         argv = [*command, *([seed_arg.replace("{seed}", str(seed))] if seed_arg else [])]
-        return Run(name, work, out / "logs" / f"{name}.log", env, argv)
+        return Run(name, work, out / "logs" / f"{name}.log", env, argv, out / "probe" / name)
 
     result = {"command": command, "outputs": {"paths": outputs, "ignore": ignore}, "stop_seed": stop_seed,
               "signal": signal_name, "runs": [], "comparisons": {"repeat": []}, "not_checked": [],
-              "stops": "", "environment": collect_env({})}  # fmt: skip
+              "stops": "", "probe": None, "environment": collect_env({})}  # fmt: skip
 
     def finish(verdict: str, stage: str, summary: str) -> dict:
         result.update(verdict=verdict, stage=stage, summary=one_line(f"{verdict}: {summary}"),
@@ -123,8 +124,10 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
                 return finish("command-failed", clean[-1].name, _failed(clean[-1]))
             comparison = compared(clean[-1], clean[0])
             result["comparisons"]["repeat"].append(comparison)
-            if not comparison["identical"]:
-                return finish("not-deterministic", "repeat", f"two uninterrupted runs differ ({_first(comparison)}); "
+            traced = _repeat_trace(clean[0], clean[-1], result)
+            if not comparison["identical"] or traced:
+                where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
+                return finish("not-deterministic", "repeat", f"two uninterrupted runs differ ({where}); "
                               f"resume was not tested. Usual suspects: {SUSPECTS}")  # fmt: skip
         if seed_env or seed_arg:
             control = ran(new_run("control", seed=1), [], limit)
@@ -151,12 +154,20 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
                           "tested (stop earlier: --at SECONDS, --at-file GLOB or --at-line REGEX)")  # fmt: skip
         comparison = compared(stopped, clean[0])
         result["comparisons"]["resume"] = comparison
-        if not comparison["identical"]:
-            return finish("resume-differs", "resume", f"after {counted(landed, 'stop')} by SIG{signal_name} and as "
-                          f"many restarts, {_first(comparison)}")  # fmt: skip
+        traced = _resume_trace(clean[0], stopped, result)
+        restarts = f"after {counted(landed, 'stop')} by SIG{signal_name} and as many restarts"
+        if not comparison["identical"] or traced["differs"]:
+            found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
+            return finish("resume-differs", "resume", f"{restarts}, {'; '.join(found)}")
+        if traced["not_resumed"]:
+            return finish("not-resumed", "resume", f"{restarts}: {traced['not_resumed']} instead of resuming, so "
+                          "resume was not tested (the same outputs show only that the script is deterministic)")  # fmt: skip
         caveat = "; no negative control" if not (seed_env or seed_arg) else ""
+        updates = (
+            f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
+        )
         return finish("resume-exact", "resume", f"stopped {counted(landed, 'time')} by SIG{signal_name} and "
-                      f"restarted, every declared output is bit-identical to an uninterrupted run's{caveat}")  # fmt: skip
+                      f"restarted, every declared output is bit-identical to an uninterrupted run's{updates}{caveat}")  # fmt: skip
     except KeyboardInterrupt:
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
         raise
@@ -215,6 +226,70 @@ def _workspace(out: Path | None, command: list[str]) -> Path:
         raise ConfigError(f"--out {out} is not empty (an earlier check?); remove it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _traces(run: Run) -> list:
+    return [read_trace(run.probe_trace(number)) for number in range(1, len(run.attempts) + 1)]
+
+
+def _repeat_trace(first: Run, again: Run, result: dict) -> str | None:
+    """Where two uninterrupted runs' probe traces first differ (None: the same, or no probe)."""
+    try:
+        (a,), (b,) = _traces(first), _traces(again)
+    except CheckpointError as exc:
+        result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
+        return None
+    if a is None or b is None:
+        return (
+            None
+            if a is None and b is None
+            else f"only {'the second' if a is None else 'the first'} run wrote a probe trace"
+        )
+    result["probe"] = result["probe"] or {"repeat": []}
+    if a.names != b.names:
+        result["probe"]["repeat"].append(None)
+        return f"their probe traces record other tensors ({len(a.names)} vs {len(b.names)})"
+    difference = first_difference(steps_of(a, 0), steps_of(b, 0), a.names)
+    result["probe"]["repeat"].append(difference)
+    return describe_difference(difference, "first run", "second run") if difference else None
+
+
+def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
+    """The stopped run's probe traces against the uninterrupted run's: {"differs": the first differing
+    update, after which stop, or None; "not_resumed": a restart that began at step 1 again, or None}."""
+    try:
+        (reference,) = _traces(clean)
+        traced = compare_stopped(reference, _traces(stopped)) if reference is not None else None
+    except CheckpointError as exc:  # the script's process wrote the traces: a malformed one is not our crash
+        result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
+        return {"differs": None, "not_resumed": None, "compared": 0}
+    if traced is None:
+        result["not_checked"].append("which step first departs after a stop, and whether each restart resumed "
+                                     "instead of starting again: the script does not call the probe "
+                                     "(from reprocube import probe; docs/check.md)")  # fmt: skip
+        return {"differs": None, "not_resumed": None, "compared": 0}
+    result["probe"] = {**(result["probe"] or {"repeat": []}), "resume": traced}
+    if "error" in traced:
+        return {"differs": traced["error"], "not_resumed": None, "compared": 0}
+    difference, attempts = traced["first_difference"], traced["attempts"]
+    differs = None
+    if difference is not None:
+        described = describe_difference(difference, "uninterrupted", "resumed")
+        attempt = attempts[difference["attempt"] - 1]
+        if not difference["after_stop"]:
+            differs = f"{described}, before the first stop"
+        elif attempt["how"] == "assumed":
+            differs = (f"{described}, after stop {difference['after_stop']}: the restarted script's first update "
+                       f"already differs (it resumed, presumably, from the last checkpoint it announced, step "
+                       f"{attempt['resumed_at']})")  # fmt: skip
+        else:
+            differs = f"{described}, after stop {difference['after_stop']} (resumed at step {attempt['resumed_at']})"
+    elif traced["untrained_steps"]:
+        first, last = traced["untrained_steps"][0]
+        differs = f"steps {first}-{last} of the uninterrupted run were never trained after a restart"
+    scratch = [a["attempt"] for a in attempts if a.get("from_scratch")]
+    not_resumed = f"after stop {scratch[0] - 1} the script began again at step 1" if scratch else None
+    return {"differs": differs, "not_resumed": not_resumed, "compared": traced["compared_steps"]}
 
 
 def _failed(run: Run) -> str:

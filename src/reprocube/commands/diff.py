@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from reprocube.analysis.outputs import compare_files, compare_outputs
+from reprocube.analysis.outputs import compare_files, compare_outputs, is_orbax
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, ConfigError
 from reprocube.terminal import one_line
 
@@ -28,7 +28,7 @@ def run(args) -> int:
             raise ConfigError(f"{path}: not a regular file or directory")
     if a.is_dir() != b.is_dir():
         raise ConfigError(f"{a} and {b}: give two files or two directories")
-    if a.is_file():
+    if a.is_file() or (is_orbax(a) and is_orbax(b)):  # an Orbax checkpoint is one output (its tensors)
         files = [{"path": a.name, **compare_files(a, b)}]
     else:
         names = sorted(set(os.listdir(a)) | set(os.listdir(b)))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.orchestration.children import _die_with_parent
+from reprocube.probe import ENV as PROBE_ENV
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
@@ -73,7 +74,11 @@ class Run:
     log: Path
     env: dict[str, str]
     command: list[str]
+    probe: Path  # where each attempt's probe trace goes (reprocube.probe), if the script calls it
     attempts: list[Attempt] = field(default_factory=list)
+
+    def probe_trace(self, attempt: int) -> Path:
+        return self.probe / f"attempt-{attempt}.jsonl"
 
     @property
     def stops_landed(self) -> int:
@@ -85,7 +90,7 @@ class Run:
 
     def as_dict(self) -> dict:
         return {"name": self.name, "work": str(self.work), "log": str(self.log), "command": self.command,
-                "attempts": [a.as_dict() for a in self.attempts], "stops_landed": self.stops_landed}  # fmt: skip
+                "probe": str(self.probe), "attempts": [a.as_dict() for a in self.attempts], "stops_landed": self.stops_landed}  # fmt: skip
 
 
 def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
@@ -107,9 +112,11 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
     with open(run.log, "a") as log:
         log.write(f"$ {shlex.join(run.command)}\n")
         log.flush()
+        run.probe.mkdir(parents=True, exist_ok=True)
+        env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1))}
         start = time.perf_counter()
         child = subprocess.Popen(
-            run.command, cwd=run.work, env=run.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            run.command, cwd=run.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             process_group=0, preexec_fn=_die_with_parent(),
         )  # fmt: skip
         matched = threading.Event()

@@ -16,7 +16,7 @@ from reprocube.results.schema import ResultFile
 
 CHECK_RESULT = ResultFile(
     "check.json",
-    version=1,
+    version=2,  # 2: "probe"
     keys=(
         "command",  # the argv checked, as given
         "verdict",  # VERDICTS
@@ -29,6 +29,7 @@ CHECK_RESULT = ResultFile(
         "runs",  # each run: name, work directory, log, command, attempts (timed, exit status, stop)
         "comparisons",  # {repeat: [...], control, resume}: compare_outputs of a run against the first
         "not_checked",  # what this check did not establish, in words (no control, stops that did not land)
+        "probe",  # null (the script never called reprocube.probe) or {repeat: [first differences], resume: ...}
         "environment",  # this machine and process, as env.json records it
         "wall_s",
     ),
@@ -39,6 +40,7 @@ VERDICTS = {
     "not-deterministic": EXIT_NOT_DETERMINISTIC,
     "control-void": EXIT_CHECK_VOID,
     "no-stop-landed": EXIT_CHECK_VOID,
+    "not-resumed": EXIT_CHECK_VOID,  # the probe saw a restart begin at step 1 again
     "command-failed": EXIT_COMMAND_FAILED,
 }
 
@@ -79,6 +81,7 @@ def markdown(result: dict) -> str:
         ),
     ]
     lines += [f"- not checked: {item}" for item in result["not_checked"]]
+    lines += _probe_lines(result["probe"])
     lines += ["", "| run | attempt | started (s) | seconds | exit | stop |", "|---|---|---|---|---|---|"]
     for run in result["runs"]:
         for number, attempt in enumerate(run["attempts"], start=1):
@@ -104,3 +107,25 @@ def _comparisons(comparisons: dict) -> list[tuple[str, dict]]:
                 (f"{title}: {comparisons[key]['run']} against {comparisons[key]['against']}", comparisons[key])
             )
     return named
+
+
+def _probe_lines(probe: dict | None) -> list[str]:
+    """What the probe's traces showed: updates compared, where each restart resumed, the first difference."""
+    resume = (probe or {}).get("resume")
+    if not resume or "error" in resume:
+        return []
+    first = resume["first_difference"]
+    lines = [f"- probe: {resume['compared_steps']} of the uninterrupted run's {resume['reference_steps']} updates "
+             "compared (loss bits and per-tensor weight fingerprints)"]  # fmt: skip
+    for attempt in resume["attempts"][1:]:
+        if attempt["steps"]:
+            how = {"matched": "its first update is that step's", "given": "the step the script gave",
+                   "assumed": "assumed: the last checkpoint announced"}[attempt["how"]]  # fmt: skip
+            lines.append(f"  - attempt {attempt['attempt']} resumed at step {attempt['resumed_at']} ({how})")
+    if first is not None:
+        tensors = ", ".join(first["tensors"]) or "none"
+        lines.append(f"  - first differing update: step {first['step']}, after stop {first['after_stop']}; loss "
+                     f"{first['loss_b']} (stopped run) vs {first['loss_a']}; tensors differing: {tensors}")  # fmt: skip
+    if resume["untrained_steps"]:
+        lines.append(f"  - steps never trained by the stopped run: {resume['untrained_steps']}")
+    return lines

@@ -1,0 +1,216 @@
+"""The probe: two calls in someone else's training loop that let `reprocube check` name the first step at
+which a resumed run departs from an uninterrupted one, and after which stop.
+
+    from reprocube import probe
+    ...
+    optimizer.step()
+    probe.step(loss, model)          # after every optimizer step: the loss and the weights (or a step=N)
+    ...
+    torch.save(state, "ckpt.pt")
+    probe.checkpoint(step)           # after the script wrote a checkpoint at this global step
+
+It does nothing unless `reprocube check` runs the script: check sets REPROCUBE_PROBE to the file this
+attempt's trace goes to (the only variable the probe reads). Each step records the loss's exact bits and
+the weight fingerprint of reprocube's own trainers (per tensor, the sum modulo 2**32 of its mixed bit
+patterns: reprocube.trace.mix), computed with the framework's own operations where the weights live (no
+host sync per step): records are fetched in groups of GROUP steps, at each checkpoint and at exit.
+PyTorch (a Module, a state_dict or tensors), JAX (any pytree of arrays), TensorFlow/Keras (a Model or
+variables) and NumPy (a dict or list of arrays) are understood; a float32 tensor's fingerprint equals
+reprocube.trace.fingerprint's, other dtypes are fingerprinted by their bits as well.
+
+The trace is JSON lines: one header (`{"probe": 1, "names": [...]}`), then `{"index": i, "step": s|null,
+"loss": hex, "loss_dtype": ..., "fingerprints": [...]}` per step (index counts this attempt's steps from 1;
+step is what the script passed, if anything) and `{"checkpoint": s, "after_index": i}` per checkpoint.
+reprocube.analysis.probe_trace reads it, strictly."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+
+ENV = "REPROCUBE_PROBE"  # the attempt's trace file; set only by `reprocube check`
+VERSION = 1
+GROUP = 64  # steps whose fingerprints stay on the device before one fetch
+
+
+class _Recorder:
+    def __init__(self, path: str):
+        # A new file only, never through a link: check names a path in its own evidence directory.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
+        self.file = os.fdopen(fd, "w")
+        self.names: list[str] | None = None
+        self.pending: list[tuple[int, int | None, object, object]] = []  # index, step, loss, fingerprints
+        self.index = 0
+
+    def step(self, loss, params, step: int | None) -> None:
+        names, tensors = _named_tensors(params)
+        if self.names is None:
+            self.names = names
+            self._write({"probe": VERSION, "names": names})
+        elif names != self.names:
+            raise ValueError(f"reprocube probe: the weights' names changed ({len(names)} tensors now)")
+        self.index += 1
+        self.pending.append((self.index, step, loss, _fingerprints(tensors)))
+        if len(self.pending) >= GROUP:
+            self.flush()
+
+    def checkpoint(self, step: int) -> None:
+        self.flush()
+        self._write({"checkpoint": int(step), "after_index": self.index})
+
+    def flush(self) -> None:
+        for index, step, loss, fingerprints in self.pending:
+            value, dtype = _loss_bits(loss)
+            self._write({"index": index, "step": step, "loss": value, "loss_dtype": dtype,
+                         "fingerprints": [int(f) & 0xFFFFFFFF for f in _to_host(fingerprints)]})  # fmt: skip
+        self.pending.clear()
+
+    def _write(self, record: dict) -> None:
+        self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.file.flush()
+
+
+_recorder: _Recorder | None = None
+_started = False
+
+
+def _active() -> _Recorder | None:
+    global _recorder, _started
+    if not _started:
+        _started = True
+        path = os.environ.get(ENV)
+        if path:
+            _recorder = _Recorder(path)
+            atexit.register(_recorder.flush)
+    return _recorder
+
+
+def step(loss, params, step: int | None = None) -> None:
+    """Record one optimizer step: its loss (a scalar of any framework) and the weights after it. `step`:
+    the global step, if the script knows it (else check counts from the checkpoint it resumed from)."""
+    recorder = _active()
+    if recorder is not None:
+        recorder.step(loss, params, None if step is None else int(step))
+
+
+def checkpoint(step: int) -> None:
+    """The script has just written a checkpoint at this global step (steps done so far)."""
+    recorder = _active()
+    if recorder is not None:
+        recorder.checkpoint(step)
+
+
+def _named_tensors(params) -> tuple[list[str], list]:
+    """Names and tensors, in sorted name order, of a Module, a Keras model, a dict/pytree or a list."""
+    if hasattr(params, "state_dict") and callable(params.state_dict):  # torch.nn.Module
+        params = params.state_dict()
+    elif hasattr(params, "weights") and not isinstance(params, dict | list | tuple):  # a Keras model or layer
+        params = {getattr(v, "path", None) or v.name: getattr(v, "value", v) for v in params.weights}
+    named = _flatten(params, "")
+    named.sort(key=lambda item: item[0])
+    return [name for name, _ in named], [tensor for _, tensor in named]
+
+
+def _flatten(tree, prefix: str) -> list[tuple[str, object]]:
+    if isinstance(tree, dict) or (hasattr(tree, "items") and hasattr(tree, "keys")):
+        return [item for key in tree for item in _flatten(tree[key], f"{prefix}{key}.")]
+    if isinstance(tree, list | tuple):
+        return [item for i, value in enumerate(tree) for item in _flatten(value, f"{prefix}{i}.")]
+    return [(prefix[:-1] or "0", tree)]
+
+
+def _fingerprints(tensors: list):
+    """One uint32 (or wrapping int) per tensor, left on the tensors' device until flush."""
+    if not tensors:
+        return []
+    module = type(tensors[0]).__module__
+    if module.startswith("torch"):
+        return _torch_fingerprints(tensors)
+    if module.startswith(("jax", "jaxlib")):
+        return _jax_fingerprints(tensors)
+    if module.startswith(("tensorflow", "keras")):
+        return _tf_fingerprints(tensors)
+    return _numpy_fingerprints(tensors)
+
+
+def _torch_fingerprints(tensors):
+    import torch
+
+    sums = []
+    for tensor in tensors:
+        bits = _as_words(tensor.detach().reshape(-1), torch)
+        sums.append((bits ^ (bits * bits)).sum(dtype=torch.int32))  # int32 wraps modulo 2**32
+    return torch.stack(sums)
+
+
+def _jax_fingerprints(tensors):
+    import jax
+    import jax.numpy as jnp
+
+    def one(x):
+        x = jnp.ravel(x)
+        if x.dtype.itemsize != 4:
+            x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+        return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
+
+    return jnp.stack([one(x) for x in tensors])
+
+
+def _tf_fingerprints(tensors):
+    import tensorflow as tf
+
+    sums = []
+    for tensor in tensors:
+        value = tf.reshape(tensor.value if hasattr(tensor, "value") and not callable(tensor.value) else tensor, [-1])
+        if value.dtype.size != 4:
+            value = tf.cast(value, tf.float32)
+        bits = tf.bitcast(value, tf.uint32)
+        sums.append(tf.reduce_sum(bits ^ (bits * bits)))
+    return tf.stack(sums)
+
+
+def _numpy_fingerprints(tensors):
+    import numpy as np
+
+    sums = []
+    for tensor in tensors:
+        array = np.ascontiguousarray(np.asarray(tensor)).reshape(-1)
+        bits = array.view(np.uint32) if array.dtype.itemsize in (4, 8) else array.astype(np.float32).view(np.uint32)
+        sums.append((bits ^ (bits * bits)).sum(dtype=np.uint32))
+    return np.array(sums, dtype=np.uint32)
+
+
+def _as_words(flat, torch):
+    """A flat tensor's bits as int32 words (8-byte elements give two, 1- and 2-byte ones are widened)."""
+    if flat.element_size() in (4, 8):
+        return flat.contiguous().view(torch.int32)
+    return flat.to(torch.float32).view(torch.int32)
+
+
+def _to_host(fingerprints) -> list:
+    module = type(fingerprints).__module__
+    if module.startswith("torch"):
+        return fingerprints.cpu().tolist()
+    if module.startswith("tensorflow"):
+        return fingerprints.numpy().tolist()
+    import numpy as np
+
+    return np.asarray(fingerprints).tolist()
+
+
+def _loss_bits(loss) -> tuple[str, str]:
+    """The loss's exact bits, hex, little-endian, with its dtype (a Python float is float64)."""
+    import numpy as np
+
+    module = type(loss).__module__
+    if module.startswith("torch"):
+        loss = loss.detach().cpu().numpy()
+    elif module.startswith("tensorflow"):
+        loss = loss.numpy()
+    array = np.asarray(loss)
+    if array.size != 1:
+        raise ValueError(f"reprocube probe: the loss must be one number, got shape {array.shape}")
+    array = array.reshape(()).astype(array.dtype.newbyteorder("<"))
+    return array.tobytes().hex(), array.dtype.name

@@ -1,0 +1,149 @@
+"""reprocube.probe (issue 36): the two calls a script adds so that `check` names the first differing step.
+Its fingerprint of float32 weights is reprocube's own (trace.fingerprint) in every framework it understands,
+it records nothing outside check, and its traces are read back strictly (a malformed one is one line
+naming the file and line, never a traceback, and never a verdict)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reprocube import probe
+from reprocube.analysis.probe_trace import compare_stopped, read_trace
+from reprocube.errors import CheckpointError
+from reprocube.trace import fingerprint
+
+WEIGHTS = {
+    "dense.kernel": np.random.default_rng(0).normal(size=(33, 7)).astype(np.float32),
+    "dense.bias": np.array([0.5, -0.0, 1e-38, -3.0, np.inf, 7.0, 2.0**-149], dtype=np.float32),
+    "conv.kernel": np.random.default_rng(1).normal(scale=1e6, size=(3, 3, 2, 4)).astype(np.float32),
+}
+
+
+def recorded(tmp_path, loss, params, name="trace.jsonl") -> dict:
+    recorder = probe._Recorder(str(tmp_path / name))
+    recorder.step(loss, params, None)
+    recorder.checkpoint(1)
+    return read_trace(tmp_path / name)
+
+
+def as_framework(framework: str):
+    if framework == "numpy":
+        return dict(WEIGHTS), np.float32(0.25)
+    if framework == "torch":
+        import torch
+
+        return {k: torch.from_numpy(v.copy()) for k, v in WEIGHTS.items()}, torch.tensor(0.25)
+    if framework == "jax":
+        import jax.numpy as jnp
+
+        return {"dense": {"kernel": jnp.asarray(WEIGHTS["dense.kernel"]), "bias": jnp.asarray(WEIGHTS["dense.bias"])},
+                "conv": {"kernel": jnp.asarray(WEIGHTS["conv.kernel"])}}, jnp.float32(0.25)  # fmt: skip
+    import tensorflow as tf
+
+    return {k: tf.Variable(v) for k, v in WEIGHTS.items()}, tf.constant(0.25)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax", "tensorflow"])
+def test_the_fingerprint_of_float32_weights_is_reprocubes_own_in_every_framework(tmp_path, framework):
+    params, loss = as_framework(framework)
+    trace = recorded(tmp_path, loss, params)
+    assert trace.names == sorted(WEIGHTS)
+    ((given, update),) = trace.updates
+    assert given is None and update.fingerprints == tuple(int(f) for f in fingerprint(WEIGHTS))
+    assert (update.loss, update.loss_dtype) == (np.float32(0.25).tobytes().hex(), "float32")
+    assert trace.checkpoints == [1]
+
+
+def test_a_torch_module_is_recorded_by_its_state_dict_names(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    trace = recorded(tmp_path, torch.tensor(1.0, dtype=torch.float64), model)
+    assert trace.names == sorted(model.state_dict())  # the batch norm's running statistics and counter too
+    assert trace.updates[0][1].loss_dtype == "float64"
+    floats = {k: v.numpy() for k, v in model.state_dict().items() if v.dtype == torch.float32}
+    prints = dict(zip(trace.names, trace.updates[0][1].fingerprints, strict=True))
+    assert {k: prints[k] for k in floats} == dict(zip(sorted(floats), map(int, fingerprint(floats)), strict=True))
+
+
+def test_outside_check_nothing_is_recorded(tmp_path):
+    code = "from reprocube import probe; import numpy as np; probe.step(np.float32(1), {'w': np.ones(3, np.float32)}); probe.checkpoint(1)"  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != probe.ENV}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "" and list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_never_writes_through_a_link_or_over_a_file(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    (tmp_path / "link.jsonl").symlink_to(target)
+    for name in ("link.jsonl", "precious"):
+        with pytest.raises(OSError):
+            probe._Recorder(str(tmp_path / name))
+    assert target.read_text() == "keep"
+
+
+GOOD = [
+    {"probe": 1, "names": ["a", "b"]},
+    {"index": 1, "step": None, "loss": "0000803f", "loss_dtype": "float32", "fingerprints": [1, 2]},
+    {"checkpoint": 1, "after_index": 1},
+]
+
+
+@pytest.mark.parametrize(
+    "line, change, message",
+    [
+        (0, {"probe": 2}, "probe must be an integer from 1 to 1"),
+        (0, {"names": ["a", "a"]}, "distinct names"),
+        (0, {"extra": 1}, "unknown key 'extra'"),
+        (1, {"index": 2}, "index must be an integer from 1 to 1"),
+        (1, {"loss": "0000803F"}, "lowercase hex"),
+        (1, {"loss": "00"}, "8 lowercase hex digits"),
+        (1, {"loss_dtype": "int8"}, "loss_dtype must be one of"),
+        (1, {"fingerprints": [1]}, "a list of 2 integers"),
+        (1, {"fingerprints": [1, 2**32]}, "a list of 2 integers"),
+        (1, {"fingerprints": [1, True]}, "a list of 2 integers"),
+        (1, {"step": 0}, "step must be an integer from 1"),
+        (2, {"after_index": 0}, "after_index must be an integer from 1 to 1"),
+    ],
+)
+def test_a_malformed_trace_is_one_error_naming_the_file_and_line(tmp_path, line, change, message):
+    records = [dict(r) for r in GOOD]
+    records[line].update(change)
+    path = tmp_path / "attempt-1.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(CheckpointError, match=f"{path}:{line + 1}") as error:
+        read_trace(path)
+    assert message in str(error.value)
+
+
+def test_where_each_restart_resumed_is_found_by_its_first_update(tmp_path):
+    """Attempt 2 resumed at an unannounced step (matched by its first update), attempt 3 started again at
+    step 1 (from scratch), attempt 4 departs at once (assumed to resume at the last announced checkpoint)."""
+
+    def write(name, steps, checkpoints=()):
+        lines = [{"probe": 1, "names": ["w"]}]
+        lines += [{"index": i, "step": None, "loss": f"{s:08x}", "loss_dtype": "float32", "fingerprints": [s]}
+                  for i, s in enumerate(steps, start=1)]  # fmt: skip
+        lines += [{"checkpoint": c, "after_index": len(steps)} for c in checkpoints]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return read_trace(tmp_path / name)
+
+    clean = write("clean", range(1, 11))
+    result = compare_stopped(clean, [write("1", [1, 2, 3], [2]), write("2", range(3, 11))])
+    assert [(a["resumed_at"], a["how"]) for a in result["attempts"]] == [(0, "first"), (2, "matched")]
+    assert result["first_difference"] is None and result["compared_steps"] == 10
+    result = compare_stopped(clean, [write("1", [1, 2, 3], [3]), write("2", range(1, 11))])
+    assert result["attempts"][1]["from_scratch"] and result["first_difference"] is None
+    result = compare_stopped(clean, [write("1", [1, 2, 3, 4], [4]), write("2", [99, 6, 7, 8, 9, 10])])
+    assert (result["attempts"][1]["how"], result["first_difference"]["step"]) == ("assumed", 5)
+    assert result["first_difference"]["after_stop"] == 1 and result["first_difference"]["tensors"] == ["w"]
+    result = compare_stopped(clean, [write("1", [1, 2, 3, 4], [4]), write("2", [5, 6, 7])])
+    assert result["untrained_steps"] == [[8, 10]]
