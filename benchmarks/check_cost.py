@@ -1,6 +1,8 @@
 """What `reprocube check` costs beyond the runs of the script it checks: for each example in examples/, the
 check's wall time (as the caller sees it, reprocube's own start-up included) against the sum of the
-script's attempts (each timed by check), and the verdict.
+script's attempts (each timed by check), and the verdict; and what the probe costs a script: each example
+run alone with the probe recording (REPROCUBE_PROBE set, as check sets it) and without, in alternating
+rounds.
 
     .venv/bin/python benchmarks/check_cost.py [--rounds 3] [--out benchmarks/cpu/check-cost.json]"""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,13 +22,17 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 PYTORCH = ["--output", "model.pt", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"]
 NUMPY = ["--output", "final.npz", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"]
+FLAX = ["--output", "final", "--output", "metrics.csv", "--seed-env", "SEED", "--at-line", "saved"]
 EXAMPLES = {
     "pytorch_mlp.py": PYTORCH,
     "pytorch_mlp.py --save-rng": PYTORCH,
     "numpy_sgd.py": NUMPY,
     "numpy_sgd.py --save-rng": NUMPY,
     "numpy_sgd.py --random-seed": NUMPY[:4],
+    "flax_orbax.py": FLAX,
+    "flax_orbax.py --reseed": FLAX,
 }
+PROBED = ["pytorch_mlp.py --save-rng", "numpy_sgd.py --save-rng --sleep 0", "flax_orbax.py"]
 
 
 def main() -> int:
@@ -52,10 +59,33 @@ def main() -> int:
                          "overhead": (wall - script_s) / script_s})  # fmt: skip
             print(f"{example}: {verdict}, check {wall:.2f} s, the script's attempts {script_s:.2f} s: overhead "
                   f"{100 * rows[-1]['overhead']:.1f}%", flush=True)  # fmt: skip
+        probe_rows = [probe_cost(example, args.rounds, Path(scratch)) for example in PROBED]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rounds": args.rounds, "rows": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"rounds": args.rounds, "rows": rows, "probe": probe_rows}, indent=1) + "\n")
     return 0
+
+
+def probe_cost(example: str, rounds: int, scratch: Path) -> dict:
+    """The script's wall time with the probe recording and without, alternating (the VM drifts)."""
+    script, *flags = example.split()
+    times: dict[str, list[float]] = {"probe": [], "none": []}
+    for i in range(rounds):
+        for kind in ("none", "probe"):
+            work = scratch / f"probe-{script}-{kind}-{i}"
+            work.mkdir()
+            env = {k: v for k, v in os.environ.items() if k != "REPROCUBE_PROBE"}
+            if kind == "probe":
+                env["REPROCUBE_PROBE"] = str(work / "trace.jsonl")
+            started = time.perf_counter()
+            subprocess.run([PYTHON, str(REPO / "examples" / script), *flags], cwd=work, env=env,
+                           capture_output=True, check=True)  # fmt: skip
+            times[kind].append(time.perf_counter() - started)
+    none, probe = statistics.median(times["none"]), statistics.median(times["probe"])
+    print(
+        f"probe in {example}: {probe:.2f} s recording vs {none:.2f} s not: {100 * (probe / none - 1):+.1f}%", flush=True
+    )
+    return {"example": example, "seconds": times, "overhead": probe / none - 1}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from reprocube.results.check_result import read_check
+from test_report_browser import decode_images, rendered
 
 from conftest import error_lines, reprocube
 
@@ -27,8 +28,9 @@ OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
 
 
 def check(tmp_path: Path, *args: str, command=NUMPY, name: str = "out") -> tuple[subprocess.CompletedProcess, dict]:
-    proc = reprocube("check", "--out", str(tmp_path / name), *args, "--", *command, cwd=tmp_path, check=False,
-                     timeout=600)  # fmt: skip
+    proc = reprocube(
+        "check", "--out", name, *args, "--", *command, cwd=tmp_path, check=False, timeout=600
+    )  # fmt: skip  (--out relative: the command runs in another directory)
     path = tmp_path / name / "check.json"
     return proc, json.loads(path.read_text()) if path.exists() else {}
 
@@ -61,7 +63,36 @@ def test_a_script_that_forgets_its_generator_differs_and_the_tensor_is_named(tmp
     # The probe names the first update after the first stop (epoch 1 = steps 1-16) and the tensor.
     first = result["probe"]["resume"]["first_difference"]
     assert (first["step"], first["after_stop"], first["tensors"]) == (17, 1, ["w"])
-    assert "step 17 is the first update that differs" in result["summary"]
+    assert "after stop 1 the first update already differs: step 17," in result["summary"]
+    # Its page (reprocube report CHECK_DIR), as a browser shows it: the verdict, the summary and what to
+    # do next before the figure, the figure decoded, every output's comparison.
+    proc = reprocube("report", "out", "--out", "page", cwd=tmp_path)
+    assert proc.stdout.strip() == f"report: {Path('page') / 'report.html'}"
+    page = (tmp_path / "page" / "report.html").read_text()
+    assert len(decode_images(page)) == 1 and (tmp_path / "page" / "losses.png").is_file()
+    dom, text, title = rendered(tmp_path / "page" / "report.html", tmp_path)
+    assert title == "decoded 1/1", title
+    assert "Verdict: resume-differs (exit 6)" in text and result["summary"] in text
+    assert text.index("Next: Compare what the checkpoint holds") < dom.index("<img")
+    assert "64 of 64 updates compared" in text and "the first that differs is step 17, after stop 1" in text
+    assert "tensor w: max abs" in text
+
+
+def test_report_of_a_check_refuses_a_malformed_check_json_in_one_line(tmp_path):
+    proc, result = check(tmp_path, *OUTPUTS, "--stops", "1", "--at-line", "saved", command=[*NUMPY, "--save-rng"])
+    assert result["verdict"] == "resume-exact"
+    result["summary"] = "<script>alert(1)</script>\x1b[31m"  # a value from a file is text, escaped
+    (tmp_path / "out" / "check.json").write_text(json.dumps(result))
+    page = reprocube("report", "out", "--out", "page", cwd=tmp_path)
+    assert page.returncode == 0 and "<script>alert" not in (tmp_path / "page" / "report.html").read_text()
+    for change, message in (({"verdict": "fine"}, "verdict must be one of"),
+                            ({"runs": [{"name": "/etc/passwd", "attempts": []}]}, "name must be one of"),
+                            ({"probe": {"resume": {"attempts": 3}}}, "attempts must be a list")):  # fmt: skip
+        (tmp_path / "out" / "check.json").write_text(json.dumps({**result, **change}))
+        proc = reprocube("report", "out", "--out", "bad", cwd=tmp_path, check=False)
+        [line] = error_lines(proc)
+        assert proc.returncode == 4 and "check.json" in line and message in line, line
+        assert not (tmp_path / "bad").exists()
 
 
 def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):

@@ -113,11 +113,11 @@ def first_difference(a: dict[int, Update], b: dict[int, Update], names: list[str
 
 def _described(step: int, a: Update, b: Update, names: list[str]) -> dict:
     tensors = [name for name, x, y in zip(names, a.fingerprints, b.fingerprints, strict=True) if x != y]
-    return {"step": step, "loss_a": _loss_value(a), "loss_b": _loss_value(b), "loss_same": a.loss == b.loss,
+    return {"step": step, "loss_a": loss_value(a), "loss_b": loss_value(b), "loss_same": a.loss == b.loss,
             "tensors": tensors, "tensor_count": len(names)}  # fmt: skip
 
 
-def _loss_value(update: Update) -> str:
+def loss_value(update: Update) -> str:
     """The loss as a number, from its bits (a finite float prints exactly enough to tell two apart)."""
     import numpy as np
 
@@ -178,11 +178,10 @@ def _ranges(steps: list[int]) -> list[list[int]]:
 
 
 def describe_difference(difference: dict, a: str = "A", b: str = "B") -> str:
-    """One line: the step, the two losses (labelled a and b), the tensors whose fingerprints differ."""
+    """The losses (labelled a and b) and the tensors whose fingerprints differ, in a few words."""
     tensors = difference["tensors"]
     named = ", ".join(tensors[:4]) + (f" and {len(tensors) - 4} more" if len(tensors) > 4 else "")
     weights = f"weights differ in {named}" if tensors else "the weights after it are the same"
-    loss = (
-        "the same loss" if difference["loss_same"] else f"loss {difference['loss_b']} {b} vs {difference['loss_a']} {a}"
-    )
-    return f"step {difference['step']} is the first update that differs ({loss}; {weights})"
+    if difference["loss_same"]:
+        return f"the same loss; {weights}"
+    return f"loss {difference['loss_b']} {b} vs {difference['loss_a']} {a}; {weights}"

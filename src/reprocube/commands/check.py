@@ -251,7 +251,9 @@ def _repeat_trace(first: Run, again: Run, result: dict) -> str | None:
         return f"their probe traces record other tensors ({len(a.names)} vs {len(b.names)})"
     difference = first_difference(steps_of(a, 0), steps_of(b, 0), a.names)
     result["probe"]["repeat"].append(difference)
-    return describe_difference(difference, "first run", "second run") if difference else None
+    if difference is None:
+        return None
+    return f"step {difference['step']} is the first update that differs: {describe_difference(difference, 'first run', 'second run')}"
 
 
 def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
@@ -274,16 +276,15 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
     difference, attempts = traced["first_difference"], traced["attempts"]
     differs = None
     if difference is not None:
-        described = describe_difference(difference, "uninterrupted", "resumed")
-        attempt = attempts[difference["attempt"] - 1]
-        if not difference["after_stop"]:
-            differs = f"{described}, before the first stop"
+        details, step = describe_difference(difference, "uninterrupted", "resumed"), difference["step"]
+        attempt, stop = attempts[difference["attempt"] - 1], difference["after_stop"]
+        if not stop:
+            differs = f"step {step} differs before any stop ({details})"
         elif attempt["how"] == "assumed":
-            differs = (f"{described}, after stop {difference['after_stop']}: the restarted script's first update "
-                       f"already differs (it resumed, presumably, from the last checkpoint it announced, step "
-                       f"{attempt['resumed_at']})")  # fmt: skip
+            differs = (f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
+                       f"script announced at step {attempt['resumed_at']} ({details})")  # fmt: skip
         else:
-            differs = f"{described}, after stop {difference['after_stop']} (resumed at step {attempt['resumed_at']})"
+            differs = f"after stop {stop} (resumed at step {attempt['resumed_at']}), step {step} is the first update that differs ({details})"
     elif traced["untrained_steps"]:
         first, last = traced["untrained_steps"][0]
         differs = f"steps {first}-{last} of the uninterrupted run were never trained after a restart"

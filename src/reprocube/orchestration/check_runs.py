@@ -113,7 +113,7 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         log.write(f"$ {shlex.join(run.command)}\n")
         log.flush()
         run.probe.mkdir(parents=True, exist_ok=True)
-        env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1))}
+        env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1).absolute())}  # it runs elsewhere
         start = time.perf_counter()
         child = subprocess.Popen(
             run.command, cwd=run.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

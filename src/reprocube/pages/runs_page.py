@@ -17,6 +17,7 @@ from reprocube.analysis.run_comparison import compare_runs, load_run, run_subjec
 from reprocube.config import flatten_keys
 from reprocube.errors import ConfigError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
+from reprocube.pages.check_page import is_check_dir, read_check_dir, write_check_page
 from reprocube.pages.html import ENV_ROWS, STYLE, STYLE_RUNS, img, png
 from reprocube.pages.reproduction_page import (
     read_reproduction,
@@ -38,6 +39,13 @@ REPORT_MARKER = ".reprocube-report"
 def write_report(paths: list[Path], out: Path) -> Path:
     out = Path(out)
     check_out(out)  # before anything is read: a refused --out costs nothing
+    checks = [p for p in paths if is_check_dir(p)]
+    if checks:  # a check's page is its own: the script is not one of our runs
+        if len(paths) != 1:
+            raise ConfigError(f"{checks[0]} is a check directory: report draws one check alone, without runs")
+        evidence = read_check_dir(checks[0])
+        _claim_out(out)
+        return write_check_page(out, evidence)
     reproductions = [read_reproduction(reproduction_dir(p)) for p in paths if reproduction_dir(p) is not None]
     paths = [p for p in paths if reproduction_dir(p) is None]
     studies = [read_study(p) for p in paths if (p / STUDY_RESULT.name).is_file()]

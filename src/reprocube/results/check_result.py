@@ -62,6 +62,59 @@ def read_check(path: Path) -> dict:
     }
 
 
+RUN_NAMES = ("clean-1", "clean-2", "clean-3", "clean-4", "clean-5", "clean-6", "clean-7", "clean-8", "clean-9",
+             "clean-10", "control", "stopped")  # fmt: skip
+HOW_RESUMED = ("first", "given", "matched", "assumed")
+
+
+def read_check_page(path: Path) -> dict:
+    """Everything the check page shows, typed: read_check's keys, the runs' attempts, the resumed run's
+    file comparison and the probe's answer (a check directory travels: nothing here is a path to open)."""
+    fields = CHECK_RESULT.read(path)
+    page = read_check(path)
+    page["runs"] = []
+    for run in fields.records("runs"):
+        attempts = [
+            {
+                "started_s": a.number("started_s"),
+                "seconds": a.number("seconds"),
+                "exit": a.nullable("exit", lambda k, a=a: a.integer(k, -255, 255)),
+                "stop": a.nullable("stop", a.text),
+                "stopped_early": a.boolean("stopped_early"),
+            }  # fmt: skip
+            for a in run.records("attempts")
+        ]
+        page["runs"].append({"name": run.one_of("name", RUN_NAMES), "attempts": attempts})
+    comparisons = fields.mapping("comparisons")
+    resume = comparisons.nullable("resume", comparisons.mapping) if comparisons.has("resume") else None
+    page["files"] = [
+        {"path": f.text("path"), "same": f.boolean("same"), "detail": f.nullable("detail", f.text)}
+        for f in (resume.records("files") if resume else [])
+    ]
+    page["probe"] = _read_probe(fields.nullable("probe", fields.mapping))
+    return page
+
+
+def _read_probe(probe) -> dict | None:
+    if probe is None or not probe.has("resume"):
+        return None
+    resume = probe.mapping("resume")
+    if resume.has("error"):
+        return {"error": resume.text("error"), "attempts": [], "first_difference": None}
+    attempts = []
+    for a in resume.records("attempts"):
+        attempt = {"attempt": a.integer("attempt", 1, 10_000), "steps": a.integer("steps")}
+        if attempt["steps"]:
+            attempt.update(resumed_at=a.integer("resumed_at"), how=a.one_of("how", HOW_RESUMED))
+        attempts.append(attempt)
+    first = resume.nullable("first_difference", resume.mapping)
+    if first is not None:
+        first = {"step": first.integer("step", 1), "after_stop": first.integer("after_stop"),
+                 "loss_a": first.text("loss_a"), "loss_b": first.text("loss_b"), "tensors": first.texts("tensors")}  # fmt: skip
+    return {"attempts": attempts, "first_difference": first, "compared_steps": resume.integer("compared_steps"),
+            "reference_steps": resume.integer("reference_steps")}  # fmt: skip
+
+
 def markdown(result: dict) -> str:
     lines = [
         "# reprocube check",
