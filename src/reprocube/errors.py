@@ -12,7 +12,7 @@ EXIT_TRAINING = 5
 EXIT_DIFFERENT = 6  # verify / compare: the runs are not bit-identical (a verdict, not an error)
 EXIT_LOSSES_ONLY = 7  # reproduce: the trained model is bit-identical, only the reported losses differ
 EXIT_NOT_DETERMINISTIC = 8  # check: two uninterrupted runs of the command differ (resume is not blamed)
-EXIT_CHECK_VOID = 9  # check: the check proves nothing (the control did not differ, or no stop landed)
+EXIT_CHECK_VOID = 9  # check: it proves nothing (the control did not differ, no stop landed, no restart resumed)
 EXIT_COMMAND_FAILED = 10  # check: the command failed (exit status, watchdog, or none of its outputs)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
 
