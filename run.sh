@@ -7,7 +7,7 @@
 # character of the path is grammar and no `${` is an interpolation.
 set -euo pipefail
 
-TASKS="download pytorch tensorflow jax verify compare reproduce report bench study"
+TASKS="download pytorch tensorflow jax verify compare reproduce report bench study check"
 
 die() {
   echo "run.sh: error: $*" >&2
@@ -145,6 +145,11 @@ case "$task" in
     [ -f "${param[receipt]}" ] || die "task reproduce: no receipt at ${param[receipt]} (copy the published receipt.json there)"
     exec reprocube reproduce "--out=${param[report_dir]}" --match -- \
       "${param[receipt]}" "data_dir=$(hydra_path "${param[data_dir]}")"
+    ;;
+  check)
+    expect script_dir check_dir
+    [ -f "${param[script_dir]}/check.yaml" ] || die "task check: no check.yaml in the script directory ${param[script_dir]} (docs/check.md)"
+    exec reprocube check "--script-dir=${param[script_dir]}" "--out=${param[check_dir]}"
     ;;
   report)
     expect runs_dir report_dir

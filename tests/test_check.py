@@ -167,6 +167,34 @@ def test_a_failing_command_and_bad_options_are_one_line(tmp_path):
     assert proc.returncode == 2 and "no command to check" in error_lines(proc)[0]
 
 
+def test_a_script_directory_with_its_check_yaml_is_checked_and_a_bad_one_is_one_line(tmp_path):
+    """--script-dir (what `mlcube run --task=check` runs): DIR's files copied into each work directory,
+    DIR/check.yaml read strictly for the command and the options."""
+    script = tmp_path / "script"
+    script.mkdir()
+    (script / "numpy_sgd.py").write_bytes((EXAMPLES / "numpy_sgd.py").read_bytes())
+    options = {"command": [sys.executable, "numpy_sgd.py", "--epochs", "3", "--sleep", "0.1", "--save-rng"],
+               "output": ["final.npz"], "stops": 1, "at_line": "saved", "seed_env": "SEED"}  # fmt: skip
+    (script / "check.yaml").write_text(json.dumps(options))  # YAML is a superset of JSON
+    proc = reprocube("check", "--script-dir", "script", "--out", "out", cwd=tmp_path, check=False)
+    result = json.loads((tmp_path / "out" / "check.json").read_text())
+    assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout
+    assert result["command"] == options["command"] and result["stops"].count("saved") == 1
+    for text, message in (("command: python", "command must be a list of strings"),
+                          ('{"command": ["x"], "output": ["y"], "hack": 1}', "'hack' is not an option of check"),
+                          ('{"command": ["x"], "output": ["y"], "stops": "2"}', "stops must be an integer"),
+                          ('{"command": ["x"], "output": ["y"], "stops": true}', "stops must be an integer"),
+                          ('{"output": ["y"]}', "command is missing"), ("[1]", "must be a mapping"),
+                          ("&a [*a]", "alias")):  # fmt: skip
+        (script / "check.yaml").write_text(text)
+        proc = reprocube("check", "--script-dir", "script", "--out", "refused", cwd=tmp_path, check=False)
+        [line] = error_lines(proc)
+        assert proc.returncode == 2 and message in line, (text, line)
+    proc = reprocube("check", "--script-dir", "script", "--out", "refused", "--stops", "3", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "give --stops in check.yaml" in error_lines(proc)[0]
+    assert not (tmp_path / "refused").exists()
+
+
 def test_ctrl_c_ends_the_script_and_says_where_the_evidence_is(tmp_path):
     pid_file = tmp_path / "pid"
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"

@@ -104,6 +104,15 @@ class Cube:
         if os.geteuid() == 0:
             os.chown(path, self.uid, self.gid)
 
+    def add_script(self, script: Path, options: dict) -> None:
+        directory = self.workspace / "script"
+        directory.mkdir()
+        shutil.copy(script, directory / script.name)
+        (directory / "check.yaml").write_text(yaml.safe_dump(options))
+        if os.geteuid() == 0:
+            for path in (directory, *directory.iterdir()):
+                os.chown(path, self.uid, self.gid)
+
     def popen(self, task: str, *params: str) -> subprocess.Popen:
         command = [
             str(self.mlcube),
@@ -136,6 +145,10 @@ class Cube:
         return result
 
 
+CHECK_YAML = {"command": ["python", "numpy_sgd.py", "--epochs", "4", "--sleep", "0.1", "--save-rng"],
+              "output": ["final.npz", "metrics.csv"], "seed_env": "SEED", "at_line": "saved"}  # fmt: skip
+
+
 def final_digests(run: Path) -> list[str]:
     return [read_checkpoint(path).manifest.weights_digest for path in list_checkpoints(run / "checkpoints")]
 
@@ -145,7 +158,7 @@ def cube():
     root = Path(tempfile.mkdtemp(prefix="reprocube-cube-"))
     root.chmod(0o755)
     cube = Cube(root)
-    for task in ("download", *FRAMEWORKS, "reproduce", "verify", "report", "compare", "study"):
+    for task in ("download", *FRAMEWORKS, "reproduce", "verify", "report", "compare", "study", "check"):
         if task == "reproduce":  # publish the pytorch task's receipt, as another machine would receive it
             published = cube.workspace / "published"
             published.mkdir()
@@ -153,12 +166,16 @@ def cube():
             if os.geteuid() == 0:
                 for path in (published, published / "receipt.json"):
                     os.chown(path, cube.uid, cube.gid)
+        if task == "check":  # a researcher's own script and its check.yaml in workspace/script
+            cube.add_script(REPO / "examples" / "numpy_sgd.py", CHECK_YAML)
         cube.run(task)
     yield cube
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("task", ["download", *FRAMEWORKS, "reproduce", "verify", "report", "compare", "study"])
+@pytest.mark.parametrize(
+    "task", ["download", *FRAMEWORKS, "reproduce", "verify", "report", "compare", "study", "check"]
+)
 def test_every_task_succeeds(cube, task):
     result = cube.results[task]
     assert result.returncode == 0, f"mlcube --task={task} exited {result.returncode}:\n{result.stdout[-3000:]}"
@@ -224,6 +241,18 @@ def test_a_committed_reference_receipt_gets_the_same_answer_in_the_container_as_
     outside = json.loads((tmp_path / "native" / "reproduce.json").read_text())
     for key in ("verdict", "tier", "first_divergence", "claims", "epoch_differences"):
         assert inside[key] == outside[key], key
+
+
+def test_check_task_checks_a_script_of_ones_own_in_the_image(cube):
+    """mlcube run --task=check: workspace/script (a script and its check.yaml) checked inside the pinned
+    image, the probe included (reprocube is importable there): every update compared, each restart matched."""
+    result = json.loads((cube.workspace / "check" / "check.json").read_text())
+    assert result["verdict"] == "resume-exact", result["summary"]
+    assert result["environment"]["container"]["runtime"] == "docker"
+    traced = result["probe"]["resume"]
+    assert traced["compared_steps"] == traced["reference_steps"] == 64 and traced["first_difference"] is None
+    assert [a["how"] for a in traced["attempts"]] == ["first", "matched", "matched"]
+    assert (cube.workspace / "check" / "work" / "stopped" / "numpy_sgd.py").is_file()  # copied, not mounted
 
 
 def test_study_task_runs_the_variance_study_in_the_container(cube):

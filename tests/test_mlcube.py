@@ -38,11 +38,11 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     [
         (
             (),
-            "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare reproduce report bench study",
+            "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare reproduce report bench study check",
         ),
         (
             ("train",),
-            "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare reproduce report bench study",
+            "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare reproduce report bench study check",
         ),
         (
             ("pytorch", "--parameters_file=p.yaml", "--data_dir=d"),
@@ -100,7 +100,17 @@ def test_every_task_declares_what_run_sh_expects():
     """mlcube passes one --name per declared parameter; run.sh refuses any other set. Checked by
     calling run.sh with exactly the declared names: only a missing file or data error may follow."""
     cube = yaml.safe_load((REPO / "mlcube.yaml").read_text())
-    assert set(cube["tasks"]) == {"download", *FRAMEWORKS, "verify", "compare", "reproduce", "report", "bench", "study"}
+    assert set(cube["tasks"]) == {
+        "download",
+        *FRAMEWORKS,
+        "verify",
+        "compare",
+        "reproduce",
+        "report",
+        "bench",
+        "study",
+        "check",
+    }
     script = RUN_SH.read_text()
     for task, spec in cube["tasks"].items():
         names = [*spec["parameters"]["inputs"], *spec["parameters"]["outputs"]]

@@ -23,6 +23,7 @@ from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, plan
 from reprocube.orchestration.children import last_error_line
 from reprocube.results.check_result import VERDICTS, write_check
 from reprocube.terminal import counted, one_line
+from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 
 HELP = "prove that any training command resumes bit-exactly from its own checkpoints: reprocube check -- CMD"
 SUSPECTS = (
@@ -35,8 +36,11 @@ SUSPECTS = (
 
 def add_arguments(parser) -> None:
     add = parser.add_argument
-    add("--output", action="append", default=[], metavar="PATH", required=True,
-        help="a file or directory the command writes in its work directory (repeatable): what is compared")  # fmt: skip
+    add("--script-dir", type=Path, metavar="DIR",
+        help="everything in DIR is copied into each work directory and DIR/check.yaml gives the command and the "
+             "options (the mlcube check task; then give no other option but --out)")  # fmt: skip
+    add("--output", action="append", default=[], metavar="PATH",
+        help="a file or directory the command writes in its work directory (repeatable, required): what is compared")  # fmt: skip
     add("--ignore", action="append", default=[], metavar="GLOB", help="outputs not compared (logs, timestamps)")
     add("--copy", action="append", default=[], type=Path, metavar="PATH", help="copied into each work directory")
     add("--repeat", type=int, default=2, help="uninterrupted runs (default 2): they must agree")
@@ -53,7 +57,18 @@ def add_arguments(parser) -> None:
     add("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]: the training command")
 
 
+# check.yaml (--script-dir): the options' names as on the command line, with _ for -, and their types.
+OPTION_TYPES = {"command": list, "output": list, "ignore": list, "repeat": int, "stops": int, "signal": str,
+                "stop_seed": int, "at": str, "at_file": str, "at_line": str, "seed_env": str, "seed_arg": str,
+                "timeout": float}  # fmt: skip
+DEFAULTS = {"output": [], "ignore": [], "copy": [], "repeat": 2, "stops": 2, "signal": "TERM", "command": []}
+
+
 def run(args) -> int:
+    if args.script_dir is not None:
+        _options_from(args)
+    if not args.output:
+        raise ConfigError("give at least one --output PATH: what the command writes that is compared")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     result = check(command, args.output, args.ignore, args.copy, args.repeat, args.stops, args.signal,
                    args.stop_seed, args.at, args.at_file, args.at_line, args.seed_env, args.seed_arg, args.timeout,
@@ -171,6 +186,41 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
     except KeyboardInterrupt:
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
         raise
+
+
+def _options_from(args) -> None:
+    """args from DIR/check.yaml (read strictly: a mapping of OPTION_TYPES' keys), and DIR's entries as
+    --copy. Options on the command line as well are refused: one place says what was checked."""
+    directory = args.script_dir
+    if not directory.is_dir() or directory.is_symlink():
+        raise ConfigError(f"--script-dir {directory}: not a directory")
+    given = [k for k, default in DEFAULTS.items() if getattr(args, k) not in (default, None)]
+    given += [k for k in OPTION_TYPES if k not in DEFAULTS and getattr(args, k) is not None]
+    if given:
+        raise ConfigError(f"--script-dir {directory}: give --{given[0].replace('_', '-')} in check.yaml, not on the "
+                          "command line")  # fmt: skip
+    path = directory / "check.yaml"
+    options = parse_yaml(read_bytes(path, MAX_YAML_BYTES, ConfigError), str(path), ConfigError)
+    if not isinstance(options, dict):
+        raise ConfigError(f"{path}: must be a mapping of options (command, output, ...)")
+    for key, value in options.items():
+        kind = OPTION_TYPES.get(key) if isinstance(key, str) else None
+        if kind is None:
+            raise ConfigError(f"{path}: {str(key)[:40]!r} is not an option of check ({', '.join(OPTION_TYPES)})")
+        if kind is list and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{path}: {key} must be a list of strings")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is str and isinstance(value, int | float) and not isinstance(value, bool) and key == "at":
+            value = str(value)
+        if kind is not list and not (isinstance(value, kind) and not isinstance(value, bool)):
+            raise ConfigError(f"{path}: {key} must be {'an integer' if kind is int else 'a ' + kind.__name__}")
+        if key == "signal" and value not in SIGNALS:
+            raise ConfigError(f"{path}: signal must be one of {', '.join(sorted(SIGNALS))}")
+        setattr(args, key, value)
+    if not args.command:
+        raise ConfigError(f"{path}: command is missing (e.g. command: [python, train.py])")
+    args.copy = sorted(p for p in directory.iterdir() if p.name != "check.yaml")
 
 
 def _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout):
