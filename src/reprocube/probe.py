@@ -144,31 +144,39 @@ def _torch_fingerprints(tensors):
     return torch.stack(sums)
 
 
+_jitted: dict[str, object] = {}  # the framework's compiled fingerprint: one dispatch a step, not one per tensor
+
+
 def _jax_fingerprints(tensors):
-    import jax
-    import jax.numpy as jnp
+    if "jax" not in _jitted:
+        import jax
+        import jax.numpy as jnp
 
-    def one(x):
-        x = jnp.ravel(x)
-        if x.dtype.itemsize != 4:
-            x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
-        bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
-        return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
+        def one(x):
+            x = jnp.ravel(x)
+            if x.dtype.itemsize != 4:
+                x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
+            bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+            return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
 
-    return jnp.stack([one(x) for x in tensors])
+        _jitted["jax"] = jax.jit(lambda leaves: jnp.stack([one(x) for x in leaves]))
+    return _jitted["jax"](list(tensors))
 
 
 def _tf_fingerprints(tensors):
-    import tensorflow as tf
+    if "tensorflow" not in _jitted:
+        import tensorflow as tf
 
-    sums = []
-    for tensor in tensors:
-        value = tf.reshape(tensor.value if hasattr(tensor, "value") and not callable(tensor.value) else tensor, [-1])
-        if value.dtype.size != 4:
-            value = tf.cast(value, tf.float32)
-        bits = tf.bitcast(value, tf.uint32)
-        sums.append(tf.reduce_sum(bits ^ (bits * bits)))
-    return tf.stack(sums)
+        def one(value):
+            value = tf.reshape(value, [-1])
+            if value.dtype.size != 4:
+                value = tf.cast(value, tf.float32)
+            bits = tf.bitcast(value, tf.uint32)
+            return tf.reduce_sum(bits ^ (bits * bits))
+
+        _jitted["tensorflow"] = tf.function(lambda values: tf.stack([one(v) for v in values]), reduce_retracing=True)
+    values = [t.value if hasattr(t, "value") and not callable(t.value) else t for t in tensors]
+    return _jitted["tensorflow"](values)
 
 
 def _numpy_fingerprints(tensors):
