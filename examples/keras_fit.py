@@ -1,13 +1,16 @@
 """Keras 3 `model.fit` with the `BackupAndRestore` callback, the way Keras documents fault tolerance, for
 `reprocube check`: a small classifier with dropout on synthetic data, shuffled by fit, backed up at every
 epoch's end and resumed from the backup when the script starts again. Outputs: model.weights.h5,
-history.csv. What check finds here is in docs/check.md (measured, not assumed)."""
+history.csv. The probe's callback lets check name the first update that departs. What check finds here is
+in docs/check.md (measured, not assumed)."""
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+from reprocube import probe  # noqa: E402
 
 keras.utils.set_random_seed(int(os.environ.get("SEED", "0")))
 data = np.random.default_rng(1234)  # the dataset is fixed; the seed drives the training only
@@ -26,7 +29,7 @@ class Saved(keras.callbacks.Callback):
 
 
 history = model.fit(x, y, batch_size=64, epochs=6, verbose=0,
-                    callbacks=[keras.callbacks.BackupAndRestore("backup"), Saved()])  # fmt: skip
+                    callbacks=[keras.callbacks.BackupAndRestore("backup"), probe.keras_callback(), Saved()])  # fmt: skip
 model.save_weights("model.weights.h5")
 with open("history.csv", "w") as file:
     file.writelines(f"{i + 1},{loss!r}\n" for i, loss in enumerate(history.history["loss"]))

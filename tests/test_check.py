@@ -271,3 +271,6 @@ def test_keras_backup_and_restore_resumes_at_the_epoch_but_not_the_same_training
     assert files["model.weights.h5"]["tensor"]["tensor"].startswith("layers/")
     assert "line 1:" in files["history.csv"]["detail"]  # the first epochs' losses are not in the history
     assert (tmp_path / "out" / "logs" / "stopped.log").read_text().count("epoch 3 saved") == 1
+    # The probe's Keras callback (TensorFlow weights): the first update after the first stop departs.
+    first = result["probe"]["resume"]["first_difference"]
+    assert (first["step"], first["after_stop"]) == (33, 1) and first["tensors"], first

@@ -101,6 +101,23 @@ def checkpoint(step: int) -> None:
         recorder.checkpoint(step)
 
 
+def keras_callback():
+    """For Keras `model.fit`, which owns the loop: a callback that calls `step` after every batch (with the
+    loss `fit` reports there, the epoch's running mean) and `checkpoint` at every epoch's end. List it
+    after `BackupAndRestore` (or whatever saves at the epoch's end), so that the announcement follows the
+    save."""
+    import keras
+
+    class ProbeCallback(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            step(logs["loss"], self.model)
+
+        def on_epoch_end(self, epoch, logs=None):
+            checkpoint((epoch + 1) * self.params["steps"])
+
+    return ProbeCallback()
+
+
 def _named_tensors(params) -> tuple[list[str], list]:
     """Names and tensors, in sorted name order, of a Module, a Keras model, a dict/pytree or a list."""
     if hasattr(params, "state_dict") and callable(params.state_dict):  # torch.nn.Module
