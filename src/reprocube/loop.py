@@ -28,7 +28,7 @@ from reprocube.receipt import build_receipt, write_receipt
 from reprocube.rng import seed_host_rng
 from reprocube.runs import RunDirectory, open_run
 from reprocube.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState
-from reprocube.terminal import raw_stderr, shown_value
+from reprocube.terminal import counted, raw_stderr, shown_value
 from reprocube.trace import StepTrace
 
 
@@ -227,7 +227,7 @@ class TrainingLoop:
     def run(self, stop: StopRequest) -> int:
         cfg = self.cfg
         if self.position.epoch >= cfg.epochs:
-            self.out(f"{self.run_dir.path}: already trained for {self.position.epoch} epochs; nothing to do")
+            self.out(f"{self.run_dir.path}: already trained for {counted(self.position.epoch, 'epoch')}; nothing to do")
             return EXIT_OK
         show_progress = cfg.log.progress is True or (cfg.log.progress == "auto" and sys.stderr.isatty())
         try:
@@ -301,7 +301,7 @@ class TrainingLoop:
                 )
                 return EXIT_PREEMPTED
         self.out(
-            f"done: {self.run_dir.path} ({self.position.epoch} epochs, weights_digest {self.history.epochs[-1]['weights_digest']})"
+            f"done: {self.run_dir.path} ({counted(self.position.epoch, 'epoch')}, weights_digest {self.history.epochs[-1]['weights_digest']})"
         )
         return EXIT_OK
 
