@@ -93,6 +93,12 @@ def test_report_of_a_check_refuses_a_malformed_check_json_in_one_line(tmp_path):
         [line] = error_lines(proc)
         assert proc.returncode == 4 and "check.json" in line and message in line, line
         assert not (tmp_path / "bad").exists()
+    (tmp_path / "out" / "check.json").write_text(json.dumps(result))
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "out" / "probe").rename(elsewhere)
+    (tmp_path / "out" / "probe").symlink_to(elsewhere)  # the traces are read from inside the directory only
+    reprocube("report", "out", "--out", "linked", cwd=tmp_path)
+    assert "traces, unreadable: out/probe is a symbolic link" in (tmp_path / "linked" / "report.html").read_text()
 
 
 def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):
@@ -112,7 +118,8 @@ def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path
     assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     unread = [line for line in result["not_checked"] if "the probe's traces, unreadable" in line]
-    assert len(unread) == 2 and "attempt-1.jsonl:1" in unread[0], result["not_checked"]
+    assert len(unread) == 2 and "attempt-1.jsonl:2 is not a JSON object" in unread[0], result["not_checked"]
+    assert "the probe's traces could not be read (not checked)" in result["summary"]
 
 
 def test_a_non_deterministic_script_is_never_called_a_resume_bug(tmp_path):
@@ -159,12 +166,28 @@ def test_a_failing_command_and_bad_options_are_one_line(tmp_path):
     assert proc.returncode == 10 and "clean-1 exited 3" in result["summary"]
     for args, message in ((["--output", "/etc"], "a path inside the work directory"),
                           ([*OUTPUTS, "--repeat", "1"], "--repeat must be from 2 to 10"),
-                          ([*OUTPUTS, "--seed-arg=--seed"], "holds no {seed}")):  # fmt: skip
+                          ([*OUTPUTS, "--seed-arg=--seed"], "holds no {seed}"),
+                          ([*OUTPUTS, "--at-line", "("], "is not a regular expression"),
+                          ([*OUTPUTS, "--seed-env", "A=B"], "is not a variable name"),
+                          ([*OUTPUTS, "--stop-seed", "-5"], "--stop-seed must be from 0")):  # fmt: skip
         proc, _ = check(tmp_path, *args, name="refused")
         [line] = error_lines(proc)
         assert proc.returncode == 2 and message in line, line
     proc, _ = check(tmp_path, *OUTPUTS, command=[])
     assert proc.returncode == 2 and "no command to check" in error_lines(proc)[0]
+    proc, result = check(tmp_path, *OUTPUTS, command=["/nonexistent/train"], name="missing")
+    assert proc.returncode == 10 and "could not start '/nonexistent/train'" in result["summary"], proc.stderr
+
+
+def test_an_output_that_cannot_be_read_is_not_checked_never_a_difference(tmp_path):
+    """A FIFO among a directory's outputs (the same in every run): named as not compared; the verdict
+    rests on the files compared."""
+    script = "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); os.path.exists('out/pipe') or os.mkfifo('out/pipe'); time.sleep(1)"  # fmt: skip
+    proc, result = check(
+        tmp_path, "--output", "out", "--at", "0.6", "--stops", "1", command=[sys.executable, "-c", script]
+    )
+    assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout
+    assert any(line.startswith("out/pipe in clean-2 against clean-1: not compared") for line in result["not_checked"])
 
 
 def test_a_script_directory_with_its_check_yaml_is_checked_and_a_bad_one_is_one_line(tmp_path):
@@ -192,6 +215,10 @@ def test_a_script_directory_with_its_check_yaml_is_checked_and_a_bad_one_is_one_
         assert proc.returncode == 2 and message in line, (text, line)
     proc = reprocube("check", "--script-dir", "script", "--out", "refused", "--stops", "3", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "give --stops in check.yaml" in error_lines(proc)[0]
+    (script / "check.yaml").write_text(json.dumps(options))
+    (script / "leak").symlink_to("/etc/hostname")  # copied into evidence that travels: refused
+    proc = reprocube("check", "--script-dir", "script", "--out", "refused", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "leak is a link or not a regular file" in error_lines(proc)[0]
     assert not (tmp_path / "refused").exists()
 
 

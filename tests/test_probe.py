@@ -91,7 +91,8 @@ def test_the_probe_never_writes_through_a_link_or_over_a_file(tmp_path):
 
 
 GOOD = [
-    {"probe": 1, "names": ["a", "b"]},
+    {"probe": 1},
+    {"names": ["a", "b"]},
     {"index": 1, "step": None, "loss": "0000803f", "loss_dtype": "float32", "fingerprints": [1, 2]},
     {"checkpoint": 1, "after_index": 1},
 ]
@@ -101,17 +102,17 @@ GOOD = [
     "line, change, message",
     [
         (0, {"probe": 2}, "probe must be an integer from 1 to 1"),
-        (0, {"names": ["a", "a"]}, "distinct names"),
         (0, {"extra": 1}, "unknown key 'extra'"),
-        (1, {"index": 2}, "index must be an integer from 1 to 1"),
-        (1, {"loss": "0000803F"}, "lowercase hex"),
-        (1, {"loss": "00"}, "8 lowercase hex digits"),
-        (1, {"loss_dtype": "int8"}, "loss_dtype must be one of"),
-        (1, {"fingerprints": [1]}, "a list of 2 integers"),
-        (1, {"fingerprints": [1, 2**32]}, "a list of 2 integers"),
-        (1, {"fingerprints": [1, True]}, "a list of 2 integers"),
-        (1, {"step": 0}, "step must be an integer from 1"),
-        (2, {"after_index": 0}, "after_index must be an integer from 1 to 1"),
+        (1, {"names": ["a", "a"]}, "distinct names"),
+        (2, {"index": 2}, "index must be an integer from 1 to 1"),
+        (2, {"loss": "0000803F"}, "lowercase hex"),
+        (2, {"loss": "00"}, "8 lowercase hex digits"),
+        (2, {"loss_dtype": "int8"}, "loss_dtype must be one of"),
+        (2, {"fingerprints": [1]}, "a list of 2 integers"),
+        (2, {"fingerprints": [1, 2**32]}, "a list of 2 integers"),
+        (2, {"fingerprints": [1, True]}, "a list of 2 integers"),
+        (2, {"step": 0}, "step must be an integer from 1"),
+        (3, {"after_index": 0}, "after_index must be an integer from 1 to 1"),
     ],
 )
 def test_a_malformed_trace_is_one_error_naming_the_file_and_line(tmp_path, line, change, message):
@@ -129,7 +130,7 @@ def test_where_each_restart_resumed_is_found_by_its_first_update(tmp_path):
     step 1 (from scratch), attempt 4 departs at once (assumed to resume at the last announced checkpoint)."""
 
     def write(name, steps, checkpoints=()):
-        lines = [{"probe": 1, "names": ["w"]}]
+        lines = [{"probe": 1}, {"names": ["w"]}]
         lines += [{"index": i, "step": None, "loss": f"{s:08x}", "loss_dtype": "float32", "fingerprints": [s]}
                   for i, s in enumerate(steps, start=1)]  # fmt: skip
         lines += [{"checkpoint": c, "after_index": len(steps)} for c in checkpoints]
@@ -146,4 +147,33 @@ def test_where_each_restart_resumed_is_found_by_its_first_update(tmp_path):
     assert (result["attempts"][1]["how"], result["first_difference"]["step"]) == ("assumed", 5)
     assert result["first_difference"]["after_stop"] == 1 and result["first_difference"]["tensors"] == ["w"]
     result = compare_stopped(clean, [write("1", [1, 2, 3, 4], [4]), write("2", [5, 6, 7])])
-    assert result["untrained_steps"] == [[8, 10]]
+    assert result["unrecorded_steps"] == [[8, 10]] and result["first_difference"] is None
+    # A stop before the first checkpoint: beginning again at step 1 is right, not a restart from scratch.
+    result = compare_stopped(clean, [write("1", [1, 2, 3]), write("2", range(1, 11))])
+    assert not result["attempts"][1]["from_scratch"] and result["first_difference"] is None
+
+
+def test_the_probe_refuses_wrong_steps_at_the_call_and_keeps_what_it_was_given(tmp_path):
+    import torch
+
+    recorder = probe._Recorder(str(tmp_path / "trace.jsonl"))
+    recorder.checkpoint(0)  # announced before any step: a resumed script may say where it starts
+    with pytest.raises(ValueError, match="counting from 1"):
+        recorder.step(np.float32(1), {"w": np.ones(2, np.float32)}, 0)
+    buffer = np.zeros((), np.float32)  # a loss buffer the script reuses
+    for value, step in ((1.5, 1), (2.5, 2)):
+        buffer[...] = value
+        recorder.step(buffer, {"w": np.ones(2, np.float32), "t": torch.ones(2)}, step)  # two frameworks
+    with pytest.raises(ValueError, match="increasing"):
+        recorder.step(buffer, {"w": np.ones(2, np.float32), "t": torch.ones(2)}, 2)
+    recorder.step(torch.tensor(0.5, dtype=torch.bfloat16), {"w": np.ones(2, np.float32), "t": torch.ones(2)}, 3)
+    recorder.step(7, {"w": np.ones(2, np.float32), "t": torch.ones(2)}, 4)  # an int: recorded as a float64
+    with pytest.raises(ValueError, match="one number"):
+        recorder.step(np.zeros(2), {"w": np.ones(2, np.float32), "t": torch.ones(2)}, 5)
+    recorder.flush()
+    trace = read_trace(tmp_path / "trace.jsonl")
+    assert trace.checkpoints == [0]
+    assert [(u.loss_dtype, u.loss) for _, u in trace.updates] == [
+        ("float32", np.float32(1.5).tobytes().hex()), ("float32", np.float32(2.5).tobytes().hex()),
+        ("bfloat16", "003f"), ("float64", np.float64(7).tobytes().hex())]  # fmt: skip
+    assert len({u.fingerprints for _, u in trace.updates}) == 1  # the same weights each time

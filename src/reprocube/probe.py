@@ -39,25 +39,33 @@ class _Recorder:
         # A new file only, never through a link: check names a path in its own evidence directory.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
         self.file = os.fdopen(fd, "w")
+        self._write({"probe": VERSION})
         self.names: list[str] | None = None
         self.pending: list[tuple[int, int | None, object, object]] = []  # index, step, loss, fingerprints
-        self.index = 0
+        self.index, self.last_step = 0, 0
 
     def step(self, loss, params, step: int | None) -> None:
+        if step is not None:  # wrong here, not silently dropped by the reader later
+            if step < 1 or step <= self.last_step:
+                raise ValueError(f"reprocube probe: step={step}: give the global step of the update just done, "
+                                 f"counting from 1 and increasing (the last was {self.last_step})")  # fmt: skip
+            self.last_step = step
         names, tensors = _named_tensors(params)
         if self.names is None:
             self.names = names
-            self._write({"probe": VERSION, "names": names})
+            self._write({"names": names})
         elif names != self.names:
             raise ValueError(f"reprocube probe: the weights' names changed ({len(names)} tensors now)")
         self.index += 1
-        self.pending.append((self.index, step, loss, _fingerprints(tensors)))
+        self.pending.append((self.index, step, _snapshot(loss), _fingerprints(tensors)))
         if len(self.pending) >= GROUP:
             self.flush()
 
     def checkpoint(self, step: int) -> None:
+        if step < 0:
+            raise ValueError(f"reprocube probe: checkpoint({step}): give the steps done so far (>= 0)")
         self.flush()
-        self._write({"checkpoint": int(step), "after_index": self.index})
+        self._write({"checkpoint": step, "after_index": self.index})
 
     def flush(self) -> None:
         for index, step, loss, fingerprints in self.pending:
@@ -98,7 +106,7 @@ def checkpoint(step: int) -> None:
     """The script has just written a checkpoint at this global step (steps done so far)."""
     recorder = _active()
     if recorder is not None:
-        recorder.checkpoint(step)
+        recorder.checkpoint(int(step))
 
 
 def keras_callback():
@@ -137,18 +145,34 @@ def _flatten(tree, prefix: str) -> list[tuple[str, object]]:
     return [(prefix[:-1] or "0", tree)]
 
 
+def _framework(value) -> str:
+    module = type(value).__module__
+    for name, prefixes in (("torch", ("torch",)), ("jax", ("jax", "jaxlib")), ("tensorflow", ("tensorflow", "keras"))):
+        if module.startswith(prefixes):
+            return name
+    return "numpy"
+
+
 def _fingerprints(tensors: list):
     """One uint32 (or wrapping int) per tensor, left on the tensors' device until flush."""
     if not tensors:
         return []
-    module = type(tensors[0]).__module__
-    if module.startswith("torch"):
-        return _torch_fingerprints(tensors)
-    if module.startswith(("jax", "jaxlib")):
-        return _jax_fingerprints(tensors)
-    if module.startswith(("tensorflow", "keras")):
-        return _tf_fingerprints(tensors)
-    return _numpy_fingerprints(tensors)
+    frameworks = {_framework(t) for t in tensors}
+    if len(frameworks) > 1:  # weights of several frameworks: each brought to the host (rare; a sync)
+        return _numpy_fingerprints([_to_numpy(t) for t in tensors])
+    return {"torch": _torch_fingerprints, "jax": _jax_fingerprints, "tensorflow": _tf_fingerprints,
+            "numpy": _numpy_fingerprints}[frameworks.pop()](tensors)  # fmt: skip
+
+
+def _to_numpy(value):
+    import numpy as np
+
+    if _framework(value) == "torch":
+        value = value.detach().cpu()
+        return (value.float() if value.dtype.is_floating_point and value.element_size() < 4 else value).numpy()
+    if _framework(value) == "tensorflow":
+        return np.asarray(value.value if hasattr(value, "value") and not callable(value.value) else value)
+    return np.asarray(value)
 
 
 def _torch_fingerprints(tensors):
@@ -225,17 +249,47 @@ def _to_host(fingerprints) -> list:
     return np.asarray(fingerprints).tolist()
 
 
+def _snapshot(loss):
+    """The loss as it is now (a buffer the script reuses must not change what was recorded), checked to
+    be one number here, where the script's line is in the traceback."""
+    framework = _framework(loss)
+    if framework == "torch":
+        size, copy = loss.numel(), loss.detach().clone()
+    elif framework == "tensorflow":
+        import tensorflow as tf
+
+        copy = tf.identity(loss)
+        size = int(tf.size(copy))
+    elif framework == "jax":
+        size, copy = loss.size, loss  # immutable
+    else:
+        import numpy as np
+
+        copy = np.array(loss, copy=True)
+        size = copy.size
+    if size != 1:
+        raise ValueError(f"reprocube probe: the loss must be one number, got {size}")
+    return copy
+
+
 def _loss_bits(loss) -> tuple[str, str]:
-    """The loss's exact bits, hex, little-endian, with its dtype (a Python float is float64)."""
+    """The loss's exact bits, hex, little-endian, with its dtype: float16, bfloat16, float32 or float64
+    (a Python float is float64; any other number is recorded as a float64)."""
     import numpy as np
 
-    module = type(loss).__module__
-    if module.startswith("torch"):
-        loss = loss.detach().cpu().numpy()
-    elif module.startswith("tensorflow"):
+    framework = _framework(loss)
+    if framework == "torch":
+        import torch
+
+        if loss.dtype == torch.bfloat16:  # NumPy has no bfloat16: its 16 bits as they are
+            return loss.view(torch.int16).cpu().numpy().reshape(()).astype("<i2").tobytes().hex(), "bfloat16"
+        loss = loss.cpu().numpy()
+    elif framework == "tensorflow":
         loss = loss.numpy()
-    array = np.asarray(loss)
-    if array.size != 1:
-        raise ValueError(f"reprocube probe: the loss must be one number, got shape {array.shape}")
-    array = array.reshape(()).astype(array.dtype.newbyteorder("<"))
+    array = np.asarray(loss).reshape(())
+    if array.dtype.name == "bfloat16":  # JAX's (ml_dtypes)
+        return array.tobytes().hex(), "bfloat16"
+    if array.dtype.name not in ("float16", "float32", "float64"):
+        array = array.astype(np.float64)
+    array = array.astype(array.dtype.newbyteorder("<"))
     return array.tobytes().hex(), array.dtype.name

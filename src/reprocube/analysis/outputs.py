@@ -65,7 +65,8 @@ def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path
 
 def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list[str], explain: bool = True) -> dict:
     """Every declared output of run B against run A's: {"identical", "files": [...], "first": the first
-    differing file's entry or None, "missing": declared outputs neither run wrote}. explain=False: bytes
+    differing file's entry or None, "missing": declared outputs neither run wrote, "not_compared": files
+    that could not be read}. explain=False: bytes
     only (where differing is all that is asked: no framework is imported to name a tensor)."""
     a, b = collect(a_root, outputs, ignore), collect(b_root, outputs, ignore)
     missing = [o for o in outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in {*a, *b})]
@@ -75,9 +76,12 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
             files.append({"path": name, "same": False, "detail": f"only in {'A' if name in a else 'B'}"})
             continue
         files.append({"path": name, **compare_files(a[name], b[name], explain)})
-    first = next((f for f in files if not f["same"]), None)
-    return {"identical": bool(files) and first is None and not missing, "files": files, "first": first,
-            "missing": missing}  # fmt: skip
+    # A file that could not be read (too large, not a regular file) is not compared: it is neither the
+    # same nor different, and the caller names it as not checked.
+    compared = [f for f in files if f.get("compared", True)]
+    first = next((f for f in compared if not f["same"]), None)
+    return {"identical": bool(compared) and first is None and not missing, "files": files, "first": first,
+            "missing": missing, "not_compared": [f["path"] for f in files if not f.get("compared", True)]}  # fmt: skip
 
 
 def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
@@ -95,7 +99,7 @@ def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
             read_bytes(b, MAX_OUTPUT_BYTES, CheckpointError),
         )
     except CheckpointError as exc:
-        return {"same": False, "detail": f"not compared: {exc}"}
+        return {"same": False, "compared": False, "detail": f"not compared: {exc}"}
     digests = {"sha256_a": hashlib.sha256(data_a).hexdigest(), "sha256_b": hashlib.sha256(data_b).hexdigest()}
     if data_a == data_b:
         return {"same": True, **digests, "detail": None}
@@ -109,7 +113,8 @@ def _orbax_difference(a: Path, b: Path) -> dict:
     try:
         ta, tb = load_orbax(a), load_orbax(b)
     except (CheckpointError, ValueError, OSError, KeyError, TypeError, RuntimeError) as exc:
-        return {"same": False, "detail": f"not compared: an Orbax checkpoint could not be read: {str(exc)[:200]}"}
+        return {"same": False, "compared": False,
+                "detail": f"not compared: an Orbax checkpoint could not be read: {str(exc)[:200]}"}  # fmt: skip
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
         return {"same": True, "detail": None, "tensors": len(ta)}

@@ -46,22 +46,33 @@ def read_trace(path: Path) -> AttemptTrace | None:
     if not path.exists() and not path.is_symlink():
         return None
     trace, where = AttemptTrace(path), str(path)
+    last_given = 0
     for number, value in iter_json_lines(path, CheckpointError, MAX_TRACE_BYTES):
         fields = Fields(value, f"{where}:{number}", CheckpointError)
         if number == 1:
-            _header(fields, trace)
+            _keys(fields, ("probe",))
+            fields.integer("probe", PROBE_VERSION, PROBE_VERSION)
+        elif fields.has("names"):
+            if trace.names:
+                raise CheckpointError(f"{fields.where}: a second names record")
+            _names(fields, trace)
         elif fields.has("checkpoint"):
             _keys(fields, ("checkpoint", "after_index"))
             fields.integer("after_index", len(trace.updates), len(trace.updates))  # the steps recorded before it
             trace.checkpoints.append(fields.integer("checkpoint", 0, 2**62))
         else:
-            trace.updates.append(_update(fields, len(trace.updates) + 1, len(trace.names)))
+            if not trace.names:
+                raise CheckpointError(f"{fields.where}: an update before the names record")
+            given, update = _update(fields, len(trace.updates) + 1, len(trace.names))
+            if given is not None:  # the script's own steps only increase (the probe refuses others)
+                fields.integer("step", last_given + 1, 2**62)
+                last_given = given
+            trace.updates.append((given, update))
     return trace
 
 
-def _header(fields: Fields, trace: AttemptTrace) -> None:
-    _keys(fields, ("probe", "names"))
-    fields.integer("probe", PROBE_VERSION, PROBE_VERSION)
+def _names(fields: Fields, trace: AttemptTrace) -> None:
+    _keys(fields, ("names",))
     trace.names = fields.texts("names")
     if not 0 < len(trace.names) <= MAX_TENSORS or len(set(trace.names)) != len(trace.names):
         raise CheckpointError(f"{fields.where}: names must be 1 to {MAX_TENSORS} distinct names")
@@ -131,7 +142,9 @@ def loss_value(update: Update) -> str:
 def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) -> dict:
     """The stopped run's attempts against the uninterrupted run's trace: where each attempt resumed
     (given, matched or assumed), whether a restart started again from step 1, the first differing update
-    and after which stop, and the uninterrupted run's steps the stopped run never trained."""
+    and after which stop, and the uninterrupted run's steps no attempt recorded (a stop ends an attempt
+    before the probe writes its last steps: those after the last checkpoint it announced are lost, and
+    retrained by the restart only if it resumes from that checkpoint; they are not compared)."""
     reference = steps_of(clean, 0)
     by_update = {update: step for step, update in reference.items()}
     described, trained, announced, first = [], {}, [], None
@@ -151,9 +164,11 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         else:
             start, how = (announced[-1] if announced else 0), "assumed"
         steps = steps_of(trace, start)
+        # From scratch: began at step 1 again although an earlier attempt had announced a checkpoint (a
+        # restart before the first checkpoint rightly begins at step 1).
         entry = {"attempt": number, "steps": len(steps), "resumed_at": start, "how": how,
                  "last_announced": announced[-1] if announced else None,
-                 "from_scratch": number > 1 and start == 0 and how != "assumed"}  # fmt: skip
+                 "from_scratch": number > 1 and start == 0 and how != "assumed" and any(announced)}  # fmt: skip
         described.append(entry)
         difference = first_difference(reference, steps, clean.names)
         if difference is not None and first is None:
@@ -162,7 +177,7 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         announced += trace.checkpoints
     missing = sorted(set(reference) - set(trained))
     return {"attempts": described, "first_difference": first, "compared_steps": len(set(reference) & set(trained)),
-            "reference_steps": len(reference), "untrained_steps": _ranges(missing),
+            "reference_steps": len(reference), "unrecorded_steps": _ranges(missing),
             "extra_steps": _ranges(sorted(set(trained) - set(reference)))}  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import time
@@ -82,7 +83,8 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
           seed_arg: str | None = None, timeout: float | None = None, out: Path | None = None,
           echo=print) -> dict:  # fmt: skip
     started = time.perf_counter()
-    _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout)
+    _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout,
+                     stop_seed)  # fmt: skip
     stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
     out = _workspace(out, command)
     signum = SIGNALS[signal_name]
@@ -117,6 +119,9 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
 
     def compared(run: Run, against: Run, explain: bool = True) -> dict:
         comparison = compare_outputs(against.work, run.work, outputs, ignore, explain)
+        for path in comparison["not_compared"]:
+            detail = next(f["detail"] for f in comparison["files"] if f["path"] == path)
+            result["not_checked"].append(f"{path} in {run.name} against {against.name}: {detail}")
         return {"run": run.name, "against": against.name, **comparison}
 
     def ran(run: Run, stop_list: list[Stop], limit: float) -> Run:
@@ -181,6 +186,10 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         updates = (
             f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
         )
+        if any("the probe's traces, unreadable" in line for line in result["not_checked"]):
+            updates += "; the probe's traces could not be read (not checked)"
+        elif traced["compared"] and any(line.startswith("the updates at steps") for line in result["not_checked"]):
+            updates += " it recorded (not all: see not checked)"
         return finish("resume-exact", "resume", f"stopped {counted(landed, 'time')} by SIG{signal_name} and "
                       f"restarted, every declared output is bit-identical to an uninterrupted run's{updates}{caveat}")  # fmt: skip
     except KeyboardInterrupt:
@@ -220,10 +229,14 @@ def _options_from(args) -> None:
         setattr(args, key, value)
     if not args.command:
         raise ConfigError(f"{path}: command is missing (e.g. command: [python, train.py])")
+    for entry in directory.rglob("*"):  # copied into evidence that travels: nothing from outside DIR
+        if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+            raise ConfigError(f"--script-dir {directory}: {entry} is a link or not a regular file")
     args.copy = sorted(p for p in directory.iterdir() if p.name != "check.yaml")
 
 
-def _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout):
+def _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout,
+                     stop_seed):  # fmt: skip
     if not command:
         raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
     if repeat < 2 or repeat > 10:
@@ -246,6 +259,17 @@ def _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_li
             raise ConfigError(f"--copy {path}: does not exist")
     if at is not None:
         _seconds(at)
+    if any("\0" in text for text in [*command, *outputs, seed_env or "", seed_arg or ""]):
+        raise ConfigError("a NUL character in the command, an --output or the seed option")
+    if seed_env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", seed_env):
+        raise ConfigError(f"--seed-env {seed_env[:40]!r} is not a variable name (letters, digits, _)")
+    if stop_seed is not None and not 0 <= stop_seed < 2**63:
+        raise ConfigError(f"--stop-seed must be from 0 to 2**63-1, got {str(stop_seed)[:30]}")
+    if at_line is not None:
+        try:
+            re.compile(at_line)
+        except re.error as exc:
+            raise ConfigError(f"--at-line {at_line[:40]!r} is not a regular expression ({exc})") from None
 
 
 def _seconds(at: str) -> list[float]:
@@ -335,9 +359,11 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
                        f"script announced at step {attempt['resumed_at']} ({details})")  # fmt: skip
         else:
             differs = f"after stop {stop} (resumed at step {attempt['resumed_at']}), step {step} is the first update that differs ({details})"
-    elif traced["untrained_steps"]:
-        first, last = traced["untrained_steps"][0]
-        differs = f"steps {first}-{last} of the uninterrupted run were never trained after a restart"
+    if traced["unrecorded_steps"]:
+        spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in traced["unrecorded_steps"][:5])
+        result["not_checked"].append(f"the updates at steps {spans}: no attempt of the stopped run recorded them (a "
+                                     "stop ended an attempt before the probe wrote them, and the restart resumed "
+                                     "after them: call probe.checkpoint right after each save)")  # fmt: skip
     scratch = [a["attempt"] for a in attempts if a.get("from_scratch")]
     not_resumed = f"after stop {scratch[0] - 1} the script began again at step 1" if scratch else None
     return {"differs": differs, "not_resumed": not_resumed, "compared": traced["compared_steps"]}
@@ -352,7 +378,7 @@ def _failed(run: Run) -> str:
 def _first(comparison: dict) -> str:
     if comparison["missing"]:
         return f"{comparison['missing'][0]} was written by neither run"
-    differing = [f for f in comparison["files"] if not f["same"]]
+    differing = [f for f in comparison["files"] if not f["same"] and f.get("compared", True)]
     if not differing:
         return "no declared output was written"
     first = next((f for f in differing if f.get("tensor")), differing[0])  # the weights first, then the rest

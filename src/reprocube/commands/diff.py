@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from reprocube.analysis.outputs import compare_files, compare_outputs, is_orbax
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, ConfigError
+from reprocube.errors import EXIT_CHECKPOINT, EXIT_DIFFERENT, EXIT_OK, ConfigError
 from reprocube.terminal import one_line
 
 HELP = "two checkpoint files or directories of any common format, tensor by tensor: reprocube diff A B"
@@ -33,9 +33,19 @@ def run(args) -> int:
     else:
         names = sorted(set(os.listdir(a)) | set(os.listdir(b)))
         files = compare_outputs(a, b, names, args.ignore)["files"]
-    differing = [f for f in files if not f["same"]]
-    for entry in differing:
+    differing = [f for f in files if not f["same"] and f.get("compared", True)]
+    unread = [f for f in files if not f.get("compared", True)]
+    for entry in [*differing, *unread]:
         print(one_line(f"{entry['path']}: {entry['detail']}"))
-    verdict = "identical" if not differing else f"differs in {len(differing)} of {len(files)} files"
+    if differing:
+        verdict = f"differs in {len(differing)} of {len(files)} files"
+    elif unread:  # never "identical" for what was not read
+        verdict = (
+            f"{len(files) - len(unread)} of {len(files)} files compared, all identical; {len(unread)} not compared"
+        )
+    else:
+        verdict = "identical"
     print(f"{a} vs {b}: {verdict}")
-    return EXIT_OK if not differing else EXIT_DIFFERENT
+    if differing:
+        return EXIT_DIFFERENT
+    return EXIT_OK if len(unread) < len(files) else EXIT_CHECKPOINT

@@ -115,10 +115,14 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         run.probe.mkdir(parents=True, exist_ok=True)
         env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1).absolute())}  # it runs elsewhere
         start = time.perf_counter()
-        child = subprocess.Popen(
-            run.command, cwd=run.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            process_group=0, preexec_fn=_die_with_parent(),
-        )  # fmt: skip
+        try:
+            child = subprocess.Popen(
+                run.command, cwd=run.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                process_group=0, preexec_fn=_die_with_parent(),
+            )  # fmt: skip
+        except OSError as exc:  # not found, not executable: the command failed, as a shell's 127 says
+            log.write(f"error: could not start {run.command[0]!r}: {exc.strerror or exc}\n")
+            return Attempt(start - began, 0.0, 127, None)
         matched = threading.Event()
         pattern = re.compile(stop.line) if stop is not None and stop.line is not None else None
 

@@ -61,6 +61,9 @@ def read_check_dir(path: Path) -> dict:
     traces = {"clean": None, "stopped": []}
     if check["probe"] is not None and "error" not in check["probe"]:
         try:
+            for directory in (path / "probe", path / "probe" / "clean-1", path / "probe" / "stopped"):
+                if directory.is_symlink():  # the traces are read from inside the directory only
+                    raise CheckpointError(f"{directory} is a symbolic link")
             traces["clean"] = read_trace(path / "probe" / "clean-1" / "attempt-1.jsonl")
             traces["stopped"] = [read_trace(path / "probe" / "stopped" / f"attempt-{n}.jsonl")
                                  for n in range(1, attempts + 1)]  # fmt: skip

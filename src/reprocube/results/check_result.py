@@ -179,6 +179,6 @@ def _probe_lines(probe: dict | None) -> list[str]:
         tensors = ", ".join(first["tensors"]) or "none"
         lines.append(f"  - first differing update: step {first['step']}, after stop {first['after_stop']}; loss "
                      f"{first['loss_b']} (stopped run) vs {first['loss_a']}; tensors differing: {tensors}")  # fmt: skip
-    if resume["untrained_steps"]:
-        lines.append(f"  - steps never trained by the stopped run: {resume['untrained_steps']}")
+    if resume["unrecorded_steps"]:
+        lines.append(f"  - steps no attempt of the stopped run recorded (not compared): {resume['unrecorded_steps']}")
     return lines
