@@ -3,8 +3,9 @@ synthetic data, shuffled each epoch, `torch.save` of model and optimizer after e
 the last one when present. Outputs: model.pt (the trained weights), metrics.csv. The two probe calls let
 `reprocube check` name the first step a resumed run departs at (they do nothing outside check).
 
-    --save-rng   also save and restore torch's generator (without it, a resumed run shuffles and drops out
-                 differently from the uninterrupted one: a resume bug that no loss curve shows at a glance)"""
+    --save-rng   also save and restore torch's generators (without it, a resumed run shuffles and drops out
+                 differently from the uninterrupted one: a resume bug that no loss curve shows at a glance)
+    --device cuda  train on the GPU (deterministic: cuBLAS needs CUBLAS_WORKSPACE_CONFIG before CUDA starts)"""
 
 import argparse
 import os
@@ -16,7 +17,9 @@ from reprocube import probe
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=6)
 parser.add_argument("--save-rng", action="store_true")
+parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
 args = parser.parse_args()
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when CUDA starts; without it cuBLAS raises
 torch.manual_seed(int(os.environ.get("SEED", "0")))
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
@@ -24,7 +27,9 @@ torch.set_num_threads(1)
 data = torch.Generator().manual_seed(1234)  # the dataset is fixed; the seed drives the training only
 x = torch.randn(2048, 32, generator=data)
 y = (x @ torch.randn(32, generator=data) > 0).long()
+x, y = x.to(args.device), y.to(args.device)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 2))
+model.to(args.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 start, losses = 0, []
 
@@ -35,6 +40,8 @@ if os.path.exists("ckpt.pt"):
     start, losses = state["epoch"], state["losses"]
     if "rng" in state:
         torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"])
     print(f"resumed at epoch {start}", flush=True)
 
 for epoch in range(start, args.epochs):
@@ -49,10 +56,12 @@ for epoch in range(start, args.epochs):
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1, "losses": losses}
     if args.save_rng:
         state["rng"] = torch.get_rng_state()
+        if args.device == "cuda":  # dropout on the GPU draws from the CUDA generator
+            state["cuda_rng"] = torch.cuda.get_rng_state()
     torch.save(state, "ckpt.pt")
     probe.checkpoint((epoch + 1) * (len(x) // 64))
     print(f"epoch {epoch + 1} saved: loss {losses[-1]:.6f}", flush=True)
 
-torch.save(model.state_dict(), "model.pt")
+torch.save({name: tensor.cpu() for name, tensor in model.state_dict().items()}, "model.pt")
 with open("metrics.csv", "w") as file:
     file.writelines(f"{i + 1},{loss!r}\n" for i, loss in enumerate(losses))

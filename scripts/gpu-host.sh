@@ -8,6 +8,15 @@
 #                                             there: install the bundle and reprocube without touching the
 #                                             host's packages, run gpu-check within BUDGET_S seconds, and
 #                                             leave results (gpu-check-*.tgz, versions.txt) in $OUT
+# A lease is short (30 minutes of device time, 10 a command), so the work also comes in two halves:
+#   scripts/gpu-host.sh checks DIR FRAMEWORKS BUDGET_S [RECEIPTS]
+#                                             every framework's bit-exactness checks at once (no timings),
+#                                             and each RECEIPTS/FRAMEWORK/receipt.json (another machine's,
+#                                             made on a CPU) reproduced on this host's CPU with --match
+#   scripts/gpu-host.sh timings DIR FRAMEWORKS BUDGET_S
+#                                             then, one at a time on an idle host: bench at batch 32 and 64
+#                                             (determinism on and off), verify's cost at 8 links with 8 jobs,
+#                                             and `reprocube check` of examples/pytorch_mlp.py on CUDA
 # With the device tool: run(command="scripts/gpu-host.sh run .gpu-bundle pytorch,jax 540", carry=[".gpu-bundle"]).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,19 +37,121 @@ bundle() {
   du -sh "$dir"
 }
 
-run() {
-  local dir frameworks=$2 budget=$3 extra=${4:-}
-  dir=$(cd "$1" && pwd)
-  local out=${OUT:-/tmp/gpu-host-out} site=/tmp/reprocube-site gc=/tmp/gc
+setup() {
+  local dir=$1 out=${OUT:-/tmp/gpu-host-out} site=/tmp/reprocube-site
   mkdir -p "$out" "$site"
   python3 -m pip install --quiet --no-index --no-deps --target "$site" "$dir"/wheels/*.whl
   python3 -m pip install --quiet --no-deps --no-build-isolation --target "$site" "$repo" >"$out/install.log" 2>&1 ||
     echo "reprocube not installable here (see install.log): run from src/" >&2
   export PYTHONPATH="$site:$repo/src"
   { nvidia-smi || true; lscpu | grep -E 'Model name|^CPU\(s\)|Flags' || true
-    python3 -m pip list 2>/dev/null | grep -iE 'torch|jax|flax|optax|nvidia|numpy|tensorflow' || true; } >"$out/versions.txt"
+    python3 -m pip list 2>/dev/null | grep -iE 'torch|jax|flax|optax|orbax|nvidia|numpy|tensorflow|keras' || true; } >"$out/versions.txt"
   # Offline: Debian's .gz files, decompressed and checksummed by reprocube itself.
-  python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist"
+  python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist" >/dev/null
+}
+
+# Small result files only (checkpoints stay behind: the device tool brings back at most 8 files).
+pack() { (cd "$1" && find . -type f -size -900k -print0 | tar --null -T - -czf "$2"); }
+
+checks() {
+  local dir frameworks=$2 budget=$3 receipts=${4:-} out=${OUT:-/tmp/gpu-host-out} name
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  local pids=()
+  for name in ${frameworks//,/ }; do
+    # JAX would take 75% of the GPU's memory at start; the frameworks share the GPU here.
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" "$repo/scripts/gpu-check.sh" --device cuda --no-bench \
+      --out "/tmp/gc-$name" --frameworks "$name" data_dir=/tmp/data >"$out/checks-$name.log" 2>&1 &
+    pids+=($!)
+  done
+  if [ -n "$receipts" ]; then
+    for name in ${frameworks//,/ }; do
+      [ -f "$receipts/$name/receipt.json" ] || continue
+      timeout "$budget" python3 -m reprocube reproduce "$receipts/$name/receipt.json" --match --out "/tmp/xm/$name" \
+        --public-key "$receipts/signing-key.pub" device=cpu data_dir=/tmp/data >"/tmp/xm-$name.log" 2>&1 &
+      pids+=($!)
+    done
+  fi
+  local status=0 pid
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  mkdir -p /tmp/xm && cp /tmp/xm-*.log /tmp/xm/ 2>/dev/null || true
+  for name in ${frameworks//,/ }; do
+    cat "/tmp/gc-$name/gpu-check.md" 2>/dev/null || true
+    pack "/tmp/gc-$name" "$out/gpu-check-$name.tgz"
+  done
+  pack /tmp/xm "$out/cross-machine.tgz"
+  echo "checks exit $status"
+  return "$status"
+}
+
+timings() {
+  local dir frameworks=$2 budget=$3 out=${OUT:-/tmp/gpu-host-out} gc=/tmp/gc-timings status=0
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  rm -rf "$gc"
+  timeout "$budget" "$repo/scripts/gpu-check.sh" --device cuda --bench-only --out "$gc" --frameworks "$frameworks" \
+    data_dir=/tmp/data >"$out/timings.log" 2>&1 || status=$?
+  timeout 150 python3 -m reprocube bench framework=pytorch device=cpu data_dir=/tmp/data bench.repeats=1 \
+    'bench.deterministic=[true]' 'bench.verify_epochs=[8]' verify.jobs=8 bench.out="$gc/verify-cost" >"$gc/verify-cost.log" 2>&1 || true
+  # A script that is not ours, on CUDA: resumes exactly with its generators saved (CPU and CUDA).
+  (cd /tmp && timeout 240 python3 -m reprocube check --out "$gc/check-pytorch-mlp" --output model.pt --output metrics.csv --at-line saved \
+    --copy "$repo/examples/pytorch_mlp.py" --seed-env SEED -- python3 pytorch_mlp.py --save-rng --device cuda \
+    >"$gc/check-pytorch-mlp.log" 2>&1; echo "check exit $?" >>"$gc/check-pytorch-mlp.log") || true
+  cat "$gc/gpu-check.md" "$gc/check-pytorch-mlp.log" 2>/dev/null | tail -60 || true
+  pack "$gc" "$out/gpu-timings.tgz"
+  echo "timings exit $status"
+  return "$status"
+}
+
+# What a first lease left open (2026-11-25): verify's cost on the host's CPU on a fifth of Fashion-MNIST (the
+# whole set took past 150 s), and what reproduce --match says of a B trained without the determinism flags.
+findings() {
+  local dir frameworks=$2 budget=$3 out=${OUT:-/tmp/gpu-host-out} f=/tmp/findings name
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  mkdir -p "$f"
+  timeout "$budget" python3 -m reprocube bench framework=pytorch device=cpu data_dir=/tmp/data data.train_limit=12000 \
+    bench.repeats=1 'bench.deterministic=[true]' 'bench.verify_epochs=[8]' verify.jobs=8 bench.out="$f/verify-cost" \
+    >"$f/verify-cost.log" 2>&1 || echo "verify-cost exit $?" >>"$f/verify-cost.log"
+  local pids=()
+  for name in ${frameworks//,/ }; do
+    ( XLA_PYTHON_CLIENT_PREALLOCATE=false
+      export XLA_PYTHON_CLIENT_PREALLOCATE
+      python3 -m reprocube train framework="$name" device=cuda epochs=1 data_dir=/tmp/data output_dir="$f/runs" \
+        run_name="$name" log.progress=false >"$f/$name-train.log" 2>&1 &&
+      timeout "$budget" python3 -m reprocube reproduce "$f/runs/$name" --match --allow-config-change --out "$f/$name-off" \
+        deterministic=false data_dir=/tmp/data >"$f/$name-reproduce-off.log" 2>&1
+      echo "exit $?" >>"$f/$name-reproduce-off.log" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}" || true
+  grep -hE "^(verdict|\[pytorch\]|  first differing operation)|exit" "$f"/*.log | tail -20 || true
+  pack "$f" "$out/gpu-findings.tgz"
+}
+
+# The host's CPU as another machine for one framework (JAX's first try trained on the GPU: device=cpu was
+# not honoured, fixed in frameworks/jax.py): a receipt made there, and RECEIPTS/FRAMEWORK reproduced there.
+cpu_machine() {
+  local dir framework=$2 budget=$3 receipts=$4 out=${OUT:-/tmp/gpu-host-out} c=/tmp/cpu-machine
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  mkdir -p "$c"
+  timeout "$budget" python3 -m reprocube train framework="$framework" device=cpu epochs=2 data_dir=/tmp/data \
+    output_dir="$c/runs" run_name=cpu log.progress=false >"$c/train.log" 2>&1 &
+  local train=$!
+  timeout "$budget" python3 -m reprocube reproduce "$receipts/$framework/receipt.json" --match --out "$c/reproduce" \
+    --public-key "$receipts/signing-key.pub" device=cpu data_dir=/tmp/data >"$c/reproduce.log" 2>&1 || true
+  wait "$train" || echo "train exit $?" >>"$c/train.log"
+  cp "$c/runs/cpu/receipt.json" "$c/receipt.json" 2>/dev/null || true
+  grep -hE "^(verdict|written)|exit" "$c"/*.log || true
+  pack "$c" "$out/cpu-machine-$framework.tgz"
+}
+
+run() {
+  local dir frameworks=$2 budget=$3 extra=${4:-}
+  dir=$(cd "$1" && pwd)
+  local out=${OUT:-/tmp/gpu-host-out} gc=/tmp/gc
+  setup "$dir"
   local status=0
   rm -rf "$gc"
   timeout "$budget" "$repo/scripts/gpu-check.sh" --device cuda --out "$gc" --frameworks "$frameworks" data_dir=/tmp/data || status=$?
@@ -50,8 +161,7 @@ run() {
       'bench.deterministic=[true]' 'bench.verify_epochs=[8]' verify.jobs=8 bench.out="$gc/verify-cost" >"$gc/verify-cost.log" 2>&1 || true
   fi
   cat "$gc/gpu-check.md" 2>/dev/null || true
-  # Large files (checkpoints) stay behind: the device tool brings back only small ones.
-  (cd "$gc" && find . -type f -size -900k -print0 | tar --null -T - -czf "$out/gpu-check-${frameworks//,/-}.tgz")
+  pack "$gc" "$out/gpu-check-${frameworks//,/-}.tgz"
   echo "gpu-check exit $status"
   return "$status"
 }
@@ -59,5 +169,9 @@ run() {
 case ${1:-} in
   bundle) shift; bundle "$@" ;;
   run) shift; [ $# -ge 3 ] || { echo "usage: $0 run DIR FRAMEWORKS BUDGET_S [--verify-cost]" >&2; exit 2; }; run "$@" ;;
-  *) echo "usage: $0 bundle [DIR] | run DIR FRAMEWORKS BUDGET_S [--verify-cost]" >&2; exit 2 ;;
+  checks) shift; [ $# -ge 3 ] || { echo "usage: $0 checks DIR FRAMEWORKS BUDGET_S [RECEIPTS]" >&2; exit 2; }; checks "$@" ;;
+  findings) shift; [ $# -eq 3 ] || { echo "usage: $0 findings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; findings "$@" ;;
+  cpu-machine) shift; [ $# -eq 4 ] || { echo "usage: $0 cpu-machine DIR FRAMEWORK BUDGET_S RECEIPTS" >&2; exit 2; }; cpu_machine "$@" ;;
+  timings) shift; [ $# -eq 3 ] || { echo "usage: $0 timings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; timings "$@" ;;
+  *) echo "usage: $0 bundle [DIR] | run|checks|timings DIR FRAMEWORKS BUDGET_S ..." >&2; exit 2 ;;
 esac

@@ -5,7 +5,12 @@ through reprocube's own commands, for every framework installed here (PyTorch, J
   resume-epoch a training stopped after epoch 1 (stop_after_epoch) and resumed: identical to the first
   resume-sigterm  a training stopped by SIGTERM mid-epoch (preempt_at_step) and resumed: identical
   verify       `reprocube verify` (linear: one fresh-process link per epoch, a SIGTERM link, a control)
+  fingerprint  the weight fingerprint the device computed after each checkpoint's step equals the NumPy
+               reference's of that checkpoint's weights (reprocube.trace.fingerprint)
+  reproduce    `reprocube reproduce` of the first run's receipt on this host: bit-identical
   nondeterministic  deterministic=false trained twice: identical or not, recorded (a finding, not a check)
+  replay-nondeterministic  the receipt reproduced with deterministic=false: the verdict, first differing
+               step and the operation the first-operation replay names (a finding, not a check)
   bench        `reprocube bench` at batch 32 and 64, deterministic on and off (seconds per epoch)
 
 It records the device, driver, CUDA, cuDNN, cuBLAS and library versions (from the runs' env.json and
@@ -44,8 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--bench-repeats", type=int, default=1, help="fresh processes per bench figure (default 1)")
     parser.add_argument("--no-bench", action="store_true", help="skip reprocube bench")
+    parser.add_argument(
+        "--bench-only", action="store_true", help="only reprocube bench (timings on an otherwise idle host)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every reprocube command")
     args = parser.parse_args(argv)
+    if args.no_bench and args.bench_only:
+        parser.error("--no-bench and --bench-only leave nothing to do")
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (a resume needs an epoch to resume into)")
     frameworks = (
@@ -73,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     for framework in frameworks:
         results["frameworks"][framework] = check_framework(check, framework, args)
-    results["cpu_receipt"] = cpu_receipt(check, frameworks[0])
+    if args.bench_only:
+        results["cpu_receipt"] = {"ok": True, "summary": "not made (--bench-only)"}
+    else:
+        results["cpu_receipt"] = cpu_receipt(check, frameworks[0])
     results["passed"] = all(r["passed"] for r in results["frameworks"].values()) and results["cpu_receipt"]["ok"]
     results["wall_s"] = round(time.perf_counter() - started, 1)
     (out / "gpu-check.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -109,6 +122,10 @@ def check_framework(check: Check, framework: str, args) -> dict:
     runs = check.out / framework / "runs"
     base = [f"framework={framework}", f"device={args.device}", f"epochs={args.epochs}", f"output_dir={runs}",
             "log.progress=false", *check.overrides]  # fmt: skip
+    if args.bench_only:
+        return {"passed": True, "checks": [], "bench": bench(check, framework, base, args), "framework_env": {},
+                "without_determinism": None, "replay_without_determinism": None, "final_weights_digest": None,
+                "process_wall_s": {}}  # fmt: skip
     checks, timings, failures = [], {}, []
 
     def train(name: str, *extra: str, expect: int = 0) -> bool:
@@ -155,9 +172,19 @@ def check_framework(check: Check, framework: str, args) -> dict:
                              f"output_dir={check.out / framework / 'verify'}")  # fmt: skip
     timings["verify"] = round(time.perf_counter() - started, 2)
     record("verify", status == 0, check.last_line(f"{framework}-verify"))
+    if first_ok:
+        ok, summary = fingerprints_match_reference(runs / "first")
+        record("fingerprint", ok, summary)
+        started = time.perf_counter()
+        result = reproduce(check, framework, runs / "first", "reproduce")
+        timings["reproduce"] = round(time.perf_counter() - started, 2)
+        record("reproduce", result.get("verdict") == "bit-identical", _reproduce_summary(result, check, framework))
     nondeterministic = {}
     if train("nondeterministic-1", "deterministic=false") and train("nondeterministic-2", "deterministic=false"):
         nondeterministic = compare("nondeterministic", "nondeterministic-1", "nondeterministic-2")
+    # A finding, not a check: what reproduce says of a B trained without the determinism flags.
+    replay = reproduce(check, framework, runs / "first", "replay-nondeterministic", "deterministic=false",
+                       "--allow-config-change") if first_ok else {}  # fmt: skip
     env = _read_json(runs / "first" / "env.json")
     return {
         "passed": all(c["passed"] for c in checks),
@@ -167,12 +194,71 @@ def check_framework(check: Check, framework: str, args) -> dict:
             "identical": nondeterministic.get("identical"),
             "digests": [_final_digest(runs / f"nondeterministic-{i}") for i in (1, 2)],
         },
+        "replay_without_determinism": {
+            "summary": _reproduce_summary(replay, check, framework, "replay-nondeterministic"),
+            "verdict": replay.get("verdict"),
+            "first_divergence": replay.get("first_divergence"),
+            "first_operation": replay.get("first_operation"),
+        },
         "final_weights_digest": _final_digest(runs / "first"),
         "framework_env": env.get("framework", {}),
         "packages": env.get("packages", {}),
         "process_wall_s": timings,
         "bench": None if args.no_bench else bench(check, framework, base, args),
     }
+
+
+def fingerprints_match_reference(run: Path) -> tuple[bool, str]:
+    """Each checkpoint's weights through the NumPy reference against the model fingerprint the trainer
+    computed on its device after that checkpoint's step (the receipt's trace)."""
+    from reprocube.checkpoint import list_checkpoints, read_checkpoint
+    from reprocube.errors import ReprocubeError
+    from reprocube.receipt import read_receipt
+    from reprocube.trace import fingerprint, model_fingerprint
+
+    try:
+        trace = read_receipt(run).trace
+        if trace.fingerprint_first_step is None:
+            return False, "the receipt's trace holds no fingerprints"
+        compared, differ = 0, []
+        for path in list_checkpoints(run / "checkpoints"):
+            checkpoint = read_checkpoint(path)
+            step = checkpoint.manifest.global_step
+            index = step - trace.fingerprint_first_step - 1
+            if not 0 <= index < len(trace.fingerprints):
+                continue
+            reference = int(model_fingerprint(fingerprint(checkpoint.content.weights)[None])[0])
+            compared += 1
+            if reference != int(trace.fingerprints[index]):
+                differ.append(f"{path.name} (device {int(trace.fingerprints[index]):#010x}, NumPy {reference:#010x})")
+    except ReprocubeError as error:
+        return False, f"not read: {error}"
+    if not compared:
+        return False, "no checkpoint within the fingerprinted steps"
+    if differ:
+        return False, f"differs from the NumPy reference at {', '.join(differ)}"
+    return True, f"the device's fingerprint equals the NumPy reference's at {compared} checkpoints"
+
+
+def reproduce(check: Check, framework: str, run: Path, name: str, *extra: str) -> dict:
+    """`reprocube reproduce` of a run's receipt on this host (place keys only: the receipt has the rest)."""
+    out = check.out / framework / name
+    place = [o for o in check.overrides if o.startswith("data_dir=")]
+    check.reprocube(f"{framework}-{name}", "reproduce", str(run), "--out", str(out), *place, *extra)
+    return _read_json(out / "reproduce.json")
+
+
+def _reproduce_summary(result: dict, check: Check, framework: str, name: str = "reproduce") -> str:
+    if not result:
+        return f"no reproduce.json: {check.last_line(f'{framework}-{name}')}"
+    first = result.get("first_divergence") or {}
+    operation = result.get("first_operation") or {}
+    parts = [f"verdict {result.get('verdict')}"]
+    if first:
+        parts.append(f"first differing step {first.get('step')} (by {first.get('by')}, tensors {first.get('tensors')})")
+    if operation:
+        parts.append(f"first operation ({operation.get('status')}): {str(operation.get('text'))[:200]}")
+    return "; ".join(parts)
 
 
 def bench(check: Check, framework: str, base: list[str], args) -> dict:
@@ -255,10 +341,12 @@ def markdown(results: dict) -> str:
                   "| check | passed | result |", "|---|---|---|"]  # fmt: skip
         lines += [f"| {c['check']} | {'yes' if c['passed'] else '**no**'} | {c['summary']} |" for c in result["checks"]]
         without = result["without_determinism"]
-        lines += ["", f"- deterministic=false trained twice: identical = {without['identical']} "
-                      f"(final digests {', '.join(str(d)[:12] for d in without['digests'])})",
-                  f"- final weights_digest: `{result['final_weights_digest']}`",
-                  f"- process seconds: {json.dumps(result['process_wall_s'])}"]  # fmt: skip
+        if without is not None:
+            lines += ["", f"- deterministic=false trained twice: identical = {without['identical']} "
+                          f"(final digests {', '.join(str(d)[:12] for d in without['digests'])})",
+                      f"- reproduced with deterministic=false: {result['replay_without_determinism']['summary']}",
+                      f"- final weights_digest: `{result['final_weights_digest']}`",
+                      f"- process seconds: {json.dumps(result['process_wall_s'])}"]  # fmt: skip
         for batch, figures in (result["bench"] or {}).items():
             lines.append(f"- bench at batch {batch}: exit {figures['status']}, {json.dumps(figures['summary'])[:600]}")
         lines.append("")

@@ -27,7 +27,9 @@ def test_the_gpu_check_runs_every_check_on_the_cpu_and_passes(generated, tmp_pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     pytorch = results["frameworks"]["pytorch"]
-    assert [c["check"] for c in pytorch["checks"]] == ["restart", "resume-epoch", "resume-sigterm", "verify"]
+    assert [c["check"] for c in pytorch["checks"]] == [
+        "restart", "resume-epoch", "resume-sigterm", "verify", "fingerprint", "reproduce"
+    ]  # fmt: skip
     assert all(c["passed"] for c in pytorch["checks"]) and results["passed"] is True
     assert pytorch["framework_env"]["device"] == "cpu" and pytorch["final_weights_digest"]
     assert isinstance(pytorch["without_determinism"]["identical"], bool)

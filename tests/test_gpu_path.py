@@ -4,6 +4,7 @@ set before they are read, and every CUDA generator is saved and restored (torch.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,14 +55,19 @@ def test_xla_gets_the_gpu_determinism_flag_before_jax_creates_a_backend():
 import os
 from types import SimpleNamespace
 os.environ["XLA_FLAGS"] = "--xla_cpu_enable_fast_math=false"
+import jax
 import jax._src.xla_bridge as xb
 import reprocube.frameworks.jax as trainer
 assert not xb._backends, "importing the trainer created a backend"
 trainer._prepare_xla(SimpleNamespace(deterministic=True, device="cpu", threads=1))
 assert not xb._backends
+# device=cpu keeps this process off a GPU: jax read JAX_PLATFORMS at its import, before the trainer ran
+# (an H100 host trained device=cpu on the GPU); the config is what decides.
+assert jax.config.jax_platforms == "cpu", jax.config.jax_platforms
 print(os.environ["XLA_FLAGS"])
 """
-    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # as on a host with a GPU
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.split() == ["--xla_cpu_enable_fast_math=false", "--xla_gpu_deterministic_ops=true"]
 

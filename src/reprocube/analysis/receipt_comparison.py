@@ -366,11 +366,14 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
             )
             + ")"
         )
-    summary = (
-        f"with {shown}, B reproduces A bit for bit"
-        if outcome["identical"]
-        else f"with {shown}, B still differs (first at step {(outcome['first_divergence'] or {}).get('step')})"
-    )
+    first = outcome["first_divergence"]
+    if outcome["identical"]:
+        summary = f"with {shown}, B reproduces A bit for bit"
+    elif first is not None:
+        summary = f"with {shown}, B still differs (first at step {first['step']})"
+    else:  # every step agrees; what differs is elsewhere (A's config, an evaluation, what was not checked)
+        elsewhere = "; ".join(outcome["reasons"]) or "an evaluation differs"
+        summary = f"with {shown}, every training step of B agrees with A's, but B is not bit-identical: {elsewhere}"
     return {"settings": plan["settings"], "segments": plan["segments"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"],
             "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
 

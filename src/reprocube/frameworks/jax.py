@@ -42,7 +42,11 @@ def _prepare_xla(cfg) -> None:
         flags.append("--xla_gpu_deterministic_ops=true")
     os.environ["XLA_FLAGS"] = " ".join(flags)
     if cfg.device == "cpu":
+        # jax reads JAX_PLATFORMS when it is imported, before this runs: the variable is for child
+        # processes; the config update is what keeps this one off a GPU (on an H100 host, device=cpu
+        # trained on the GPU, 2026-11-25).
         os.environ["JAX_PLATFORMS"] = "cpu"
+        jax.config.update("jax_platforms", "cpu")
     if hasattr(os, "sched_setaffinity"):
         # With fewer CPUs than `threads`, XLA's pool is smaller: env.json records the effective count.
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: cfg.threads])
@@ -102,6 +106,8 @@ class JaxBackend:
         jax.config.update("jax_default_prng_impl", cfg.framework.prng_impl)
         if cfg.device == "cuda" and jax.default_backend() != "gpu":
             raise ConfigError("device=cuda but JAX sees no GPU")
+        if cfg.device == "cpu" and jax.default_backend() != "cpu":
+            raise ConfigError(f"device=cpu but JAX's backend is {jax.default_backend()} (JAX started before reprocube)")
         self.cfg = cfg
         self.model = Net(dataset.num_classes)
         self.tx = optax.sgd(cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
