@@ -106,11 +106,11 @@ timings() {
 # What a first lease left open (2026-11-25): verify's cost on the host's CPU on a fifth of Fashion-MNIST (the
 # whole set took past 150 s), and what reproduce --match says of a B trained without the determinism flags.
 findings() {
-  local dir frameworks=$2 budget=$3 out=${OUT:-/tmp/gpu-host-out} f=/tmp/findings name
+  local dir frameworks=$2 budget=$3 only=${4:-} out=${OUT:-/tmp/gpu-host-out} f=/tmp/findings name
   dir=$(cd "$1" && pwd)
   setup "$dir"
   mkdir -p "$f"
-  timeout "$budget" python3 -m reprocube bench framework=pytorch device=cpu data_dir=/tmp/data data.train_limit=12000 \
+  [ "$only" = --replay-only ] || timeout "$budget" python3 -m reprocube bench framework=pytorch device=cpu data_dir=/tmp/data data.train_limit=12000 \
     bench.repeats=1 'bench.deterministic=[true]' 'bench.verify_epochs=[8]' verify.jobs=8 bench.out="$f/verify-cost" \
     >"$f/verify-cost.log" 2>&1 || echo "verify-cost exit $?" >>"$f/verify-cost.log"
   local pids=()
@@ -125,7 +125,7 @@ findings() {
     pids+=($!)
   done
   wait "${pids[@]}" || true
-  grep -hE "^(verdict|\[pytorch\]|  first differing operation)|exit" "$f"/*.log | tail -20 || true
+  grep -hE "^(verdict|\[pytorch\])|first (differing|non-deterministic) operation|exit" "$f"/*.log | tail -20 || true
   pack "$f" "$out/gpu-findings.tgz"
 }
 
@@ -170,7 +170,7 @@ case ${1:-} in
   bundle) shift; bundle "$@" ;;
   run) shift; [ $# -ge 3 ] || { echo "usage: $0 run DIR FRAMEWORKS BUDGET_S [--verify-cost]" >&2; exit 2; }; run "$@" ;;
   checks) shift; [ $# -ge 3 ] || { echo "usage: $0 checks DIR FRAMEWORKS BUDGET_S [RECEIPTS]" >&2; exit 2; }; checks "$@" ;;
-  findings) shift; [ $# -eq 3 ] || { echo "usage: $0 findings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; findings "$@" ;;
+  findings) shift; [ $# -ge 3 ] || { echo "usage: $0 findings DIR FRAMEWORKS BUDGET_S [--replay-only]" >&2; exit 2; }; findings "$@" ;;
   cpu-machine) shift; [ $# -eq 4 ] || { echo "usage: $0 cpu-machine DIR FRAMEWORK BUDGET_S RECEIPTS" >&2; exit 2; }; cpu_machine "$@" ;;
   timings) shift; [ $# -eq 3 ] || { echo "usage: $0 timings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; timings "$@" ;;
   *) echo "usage: $0 bundle [DIR] | run|checks|timings DIR FRAMEWORKS BUDGET_S ..." >&2; exit 2 ;;

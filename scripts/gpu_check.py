@@ -112,7 +112,8 @@ class Check:
             return subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, cwd=self.out).returncode
 
     def last_line(self, name: str) -> str:
-        lines = (self.out / "logs" / f"{name}.log").read_text(errors="replace").splitlines()
+        log = self.out / "logs" / f"{name}.log"
+        lines = log.read_text(errors="replace").splitlines() if log.is_file() else ["not run"]
         own = [line for line in lines if line.startswith(("reprocube:", "verdict", "FAILED"))]
         return (own or lines or ["no output"])[-1][:300]
 

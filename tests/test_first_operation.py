@@ -19,6 +19,7 @@ from reprocube.analysis.operations import first_differing_operation, read_ops
 from reprocube.checkpoint import manifest_self_digest
 from reprocube.config import config_hash
 from reprocube.errors import CheckpointError
+from reprocube.orchestration.operation_replay import nondeterministic_operation
 
 from conftest import reprocube
 
@@ -138,6 +139,53 @@ def test_jax_a_kernel_input_that_differs_points_at_an_unrecorded_operation_befor
     assert found["kind"] == "inputs" and found["op"] == "jax.dot_general" and found["where"] == "backward, fc2"
     assert "an operation between them that is not recorded" in found["text"]
     assert "entering step" not in found["text"]
+
+
+# --- a non-deterministic B: its step recorded twice (the children faked: their recordings given) -------
+def replays_giving(*recordings: dict, status: int = 0):
+    """A run_child for nondeterministic_operation that writes the given recordings, one per replay."""
+    given = iter(recordings)
+
+    def run_child(command: list[str], log: Path, env: dict | None) -> int:
+        assert env is None  # both replays as B runs it, in this environment
+        log.write_text("reprocube: error: the replay broke\n" if status else "")
+        if status == 0:
+            Path(command[command.index("--out") + 1]).write_text(json.dumps(next(given)))
+        return status
+
+    return run_child
+
+
+def nondeterministic(tmp_path: Path, run_child) -> dict:
+    return nondeterministic_operation("pytorch", 6, tmp_path / "b", tmp_path / "ops", tmp_path, [], run_child)
+
+
+def test_a_non_deterministic_operation_of_b_is_named_from_two_recordings_of_its_step(tmp_path):
+    again = copy.deepcopy(A)
+    again[3] = op(3, "aten.convolution_backward.default", ("g", "batch", "w1"), ("gi", "gw*", "gb"),
+                  "backward, conv1 (ConvolutionBackward0)")  # fmt: skip
+    # Neither replay gives B's loss bits: a non-deterministic step need not; the same inputs are what count.
+    first, second = recording(A) | {"loss_matches_run": False}, recording(again) | {"loss_matches_run": False}
+    found = nondeterministic(tmp_path, replays_giving(first, second))
+    assert (found["status"], found["step"], found["index"], found["inputs_equal"]) == ("found", 6, 3, True)
+    assert found["text"] == (
+        "first non-deterministic operation (step 6 recorded twice as B runs it, operation 4 of 4): convolution "
+        "backward (aten.convolution_backward.default) in backward, conv1 (ConvolutionBackward0): inputs equal, "
+        "output 1 of 3 differs"
+    )
+    assert [Path(r).name for r in found["recordings"]] == ["step-6-b.json", "step-6-b-again.json"]
+
+
+def test_two_equal_recordings_of_a_non_deterministic_b_name_no_operation(tmp_path):
+    within = recording(A) | {"recording_changed_nothing": False}
+    found = nondeterministic(tmp_path, replays_giving(recording(A), within))
+    assert found["status"] == "none" and "the non-determinism did not recur" in found["text"]
+    assert "within the replay as b-again, computing the step a second time gave other bits" in found["text"]
+    # A replay that fails is said with its own line, no operation named.
+    failed = nondeterministic(tmp_path, replays_giving(status=4))
+    assert failed["status"] == "failed" and failed["text"] == (
+        "first non-deterministic operation: the replay as b exited 4: reprocube: error: the replay broke"
+    )
 
 
 def write(tmp_path: Path, value, name="ops.json") -> Path:

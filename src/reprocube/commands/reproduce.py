@@ -46,7 +46,7 @@ from reprocube.errors import (
 )
 from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic
 from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
-from reprocube.orchestration.operation_replay import first_operation, unavailable
+from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
@@ -436,6 +436,17 @@ def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: 
     if first is None:
         return None  # the training steps agree: no step to replay
     step = first["step"]
+    places = [o for o in user_overrides if o.partition("=")[0].strip() in PLACE_KEYS]
+    if result.get("self_consistent") is False:  # B differs from itself: which of its operations does?
+        step = (result.get("self_check") or {}).get("first_difference") or step
+        echo(f"  first non-deterministic operation: recording step {step} twice as B runs it")
+
+        def run_again(command: list[str], log: Path, env: dict | None) -> int:
+            return _run_with_env(command, log, env, progress=log, stall_timeout=stall_timeout, echo=echo)
+
+        return nondeterministic_operation(
+            result["framework"], step, b_path, ws.out / "operations", ws.logs, places, run_again
+        )
     if match is None:
         return unavailable(step, "B must emulate A first: pass --match")
     if not match["bit_identical"]:
@@ -449,7 +460,6 @@ def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: 
     def run_child(command: list[str], log: Path, env: dict | None) -> int:
         return _run_with_env(command, log, env, progress=log, stall_timeout=stall_timeout, echo=echo)
 
-    places = [o for o in user_overrides if o.partition("=")[0].strip() in PLACE_KEYS]
     return first_operation(
         result["framework"], step, b_path, Path(match["run"]), settings, ws.out / "operations", ws.logs, places,
         run_child, weights_identical=bool(first.get("weights_identical")),

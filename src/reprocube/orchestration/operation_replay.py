@@ -6,7 +6,12 @@ operation (reprocube.analysis.operations).
 
 Both replays start from the same state: every step before the first differing one agrees. Each replay
 must give its own run's loss bits at that step (B's and A's): otherwise the replay did not compute what
-the run computed, and no operation is named."""
+the run computed, and no operation is named.
+
+Where B is non-deterministic (its self-check computed other bits), A cannot be emulated and the question
+is another one: which operation of B gives other results from the same inputs? `nondeterministic_operation`
+records the step twice as B runs it and names the first operation whose inputs agree and whose output
+does not (an H100 without the determinism flags: the first use of a non-deterministic kernel)."""
 
 from __future__ import annotations
 
@@ -104,4 +109,63 @@ def first_operation(
         "inputs_equal": found["inputs_equal"],
         "text": f"first differing operation (step {step}, operation {found['index'] + 1} of {len(a_ops['ops'])}): "
         f"{found['text']}",
+    }
+
+
+def nondeterministic_operation(
+    framework: str, step: int, b_run: Path, out: Path, logs: Path, place_overrides: list[str], run_child: RunChild
+) -> dict:
+    """Record `step` twice as B runs it (two fresh processes, this environment, from B's run) and name the
+    first operation whose results differ. Neither replay need give B's loss bits: a non-deterministic
+    step need not compute what B's run computed, only the same thing from the same inputs; where the two
+    replays already enter the step with other state, that is said instead (an earlier step differed)."""
+    if framework not in RECORDABLE:
+        return unavailable(
+            step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    recordings = {}
+    for name in ("b", "b-again"):
+        path = out / f"step-{step}-{name}.json"
+        log = logs / f"replay-{name}.log"
+        command = python_module_command(
+            "reprocube.orchestration.replay_step", "--run", str(b_run), "--step", str(step), "--out", str(path),
+            *place_overrides,
+        )  # fmt: skip
+        status = run_child(command, log, None)
+        if status != 0:
+            return {"status": "failed", "step": step,
+                    "text": f"first non-deterministic operation: the replay as {name} exited {status}: {last_error_line(log)}"}  # fmt: skip
+        try:
+            recordings[name] = read_ops(path)
+        except ReprocubeError as exc:
+            return {"status": "failed", "step": step, "text": f"first non-deterministic operation: {exc}"}
+    first, again = recordings["b"], recordings["b-again"]
+    entry = {"step": step, "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
+             "operations": len(first["ops"])}  # fmt: skip
+    try:
+        found = first_differing_operation(first, again)
+    except ValueError as exc:
+        return entry | {"status": "failed", "text": f"first non-deterministic operation: {exc}"}
+    if found is None:
+        within = [n for n, ops in recordings.items() if ops["recording_changed_nothing"] is False]
+        hint = (
+            f"; but within the replay as {', '.join(within)}, computing the step a second time gave other bits"
+            if within
+            else ""
+        )
+        return entry | {
+            "status": "none",
+            "text": f"first non-deterministic operation: none seen: step {step} recorded twice as B runs it agrees "
+            f"in every one of its {len(first['ops'])} operations (the non-determinism did not recur){hint}",
+        }
+    return entry | {
+        "status": "found",
+        "index": found["index"],
+        "op": found["op"],
+        "where": found["where"],
+        "kind": found["kind"],
+        "inputs_equal": found["inputs_equal"],
+        "text": f"first non-deterministic operation (step {step} recorded twice as B runs it, operation "
+        f"{found['index'] + 1} of {len(first['ops'])}): {found['text']}",
     }
