@@ -77,8 +77,10 @@ def test_the_reader_refuses_an_unknown_key_and_another_version(schema, tmp_path)
 
 def test_a_compare_result_is_read_strictly(tmp_path):
     subject = {"checkpoint": "epoch-0001", "config_hash": None, "weights_digest": DIGEST}
+    inputs = {"checkpoints": {"epoch-0001": DIGEST}, "env.json": DIGEST, "metrics.jsonl": None}
     result = {key: None for key in COMPARE_RESULT.keys} | {
         "subject": {"a": subject, "b": None},
+        "inputs": {"a": inputs, "b": inputs},
         "run_a": "a",
         "run_b": "b",
         "compared_checkpoints": ["epoch-0001"],
@@ -95,6 +97,16 @@ def test_a_compare_result_is_read_strictly(tmp_path):
     path.write_text(json.dumps({**result, "identical": "yes"}))
     with pytest.raises(CheckpointError, match="identical must be true or false"):
         read_compare(path)
+    assert read_compare(_rewritten(path, result))["inputs"]["a"] == inputs
+    unbound = {**result, "inputs": {"a": {**inputs, "checkpoints": {"epoch-0001": "not a digest"}}, "b": inputs}}
+    path.write_text(json.dumps(unbound))
+    with pytest.raises(CheckpointError, match="inputs: a: checkpoints: epoch-0001 must be a sha256"):
+        read_compare(path)
+
+
+def _rewritten(path, value) -> object:
+    path.write_text(json.dumps(value))
+    return path
 
 
 def test_a_result_file_is_not_read_through_a_symbolic_link(tmp_path):

@@ -128,6 +128,16 @@ def test_compare_identical_runs(runs, tmp_path):
     result = json.loads((tmp_path / "compare.json").read_text())
     assert result["identical"] and result["first_difference"] is None
     assert (tmp_path / "compare.md").exists()
+    # The result binds what it read of each run: every checkpoint by its manifest's own digest, the records
+    # and the environment by their bytes' (issue 35).
+    for name, run in (("a", runs / "a"), ("b", runs / "b")):
+        inputs = result["inputs"][name]
+        assert inputs["checkpoints"] == {
+            c.name: json.loads((c / "manifest.json").read_text())["manifest_sha256"]
+            for c in sorted((run / "checkpoints").iterdir())
+        }
+        assert inputs["metrics.jsonl"] == hashlib.sha256((run / "metrics.jsonl").read_bytes()).hexdigest()
+        assert inputs["env.json"] == hashlib.sha256((run / "env.json").read_bytes()).hexdigest()
 
 
 def test_compare_different_thread_counts_names_the_env_difference(runs, tmp_path):

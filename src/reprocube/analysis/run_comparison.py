@@ -12,6 +12,7 @@ from reprocube.analysis.tensors import difference_size, tensor_differences, wors
 from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
 from reprocube.config import config_differences
 from reprocube.errors import CheckpointError
+from reprocube.files import sha256_file
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
 from reprocube.terminal import counted
 from reprocube.untrusted import Fields, read_json
@@ -42,8 +43,18 @@ def load_run(path: Path) -> dict:
     env = read_json(path / "env.json", CheckpointError, MAX_ENV_BYTES) if (path / "env.json").exists() else {}
     metrics = read_epoch_records(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
     started_by = _started_by_epoch(checkpoints, unreadable)
+    # What a result drew on, by digest: each checkpoint by its manifest's own sha256 (which names every
+    # file's), the records and the environment by their bytes' (read again here: a file swapped between
+    # the two reads would show as a digest of other bytes, never as evidence about these).
+    inputs = {
+        "checkpoints": {name: c.manifest.fields["manifest_sha256"] for name, c in checkpoints.items()},
+        **{
+            name: sha256_file(path / name) if (path / name).exists() else None for name in ("env.json", "metrics.jsonl")
+        },
+    }
     return {
         "path": path,
+        "inputs": inputs,
         "checkpoints": checkpoints,
         "unreadable": unreadable,
         "started_by_epoch": started_by,
@@ -181,6 +192,7 @@ def compare_runs(a: dict, b: dict, tolerance: float = 0.0) -> dict:
     return {
         # What this result is about: each run's final epoch checkpoint compared (see run_subject).
         "subject": {"a": run_subject(a), "b": run_subject(b)},
+        "inputs": {"a": a["inputs"], "b": b["inputs"]},
         "run_a": str(a["path"]),
         "run_b": str(b["path"]),
         "compared_checkpoints": common,

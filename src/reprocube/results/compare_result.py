@@ -11,9 +11,12 @@ from reprocube.results.subject import read_run_subject
 
 COMPARE_RESULT = ResultFile(
     "compare.json",
-    version=2,  # 2: not_compared_checkpoints
+    version=3,  # 2: not_compared_checkpoints; 3: inputs
     keys=(
         "subject",  # {"a": run subject, "b": run subject}: what the result is about (each may be null)
+        # {"a": RUN_INPUTS, "b": ...}: what was read of each run, by digest: {"checkpoints": {name: the
+        # manifest's own sha256}, "env.json": sha256 or null, "metrics.jsonl": sha256 or null}
+        "inputs",
         "run_a",
         "run_b",
         "compared_checkpoints",
@@ -45,12 +48,21 @@ def read_compare(path: Path) -> dict:
         "subject": {
             run: subject.nullable(run, lambda key: read_run_subject(subject.mapping(key))) for run in ("a", "b")
         },
+        "inputs": {run: _read_run_inputs(fields.mapping("inputs").mapping(run)) for run in ("a", "b")},
         "run_a": fields.text("run_a"),
         "run_b": fields.text("run_b"),
         "compared_checkpoints": fields.texts("compared_checkpoints"),
         "identical": fields.boolean("identical"),
         "passed": fields.boolean("passed"),
         "tolerance": fields.number("tolerance"),
+    }
+
+
+def _read_run_inputs(inputs) -> dict:
+    checkpoints = inputs.mapping("checkpoints")
+    return {
+        "checkpoints": {name: checkpoints.sha256(name) for name in checkpoints.value},
+        **{name: inputs.sha256(name, nullable=True) for name in ("env.json", "metrics.jsonl")},
     }
 
 
@@ -63,6 +75,12 @@ def markdown(result: dict) -> str:
         f"- verdict: **{summary_line(result)}**",
         "",
     ]
+    for run in ("a", "b"):
+        inputs = result["inputs"][run]
+        bound = ", ".join(f"{name} `{digest[:12]}`" for name, digest in inputs["checkpoints"].items())
+        records = ", ".join(f"{name} `{inputs[name][:12]}`" for name in ("env.json", "metrics.jsonl") if inputs[name])
+        lines.append(f"- read of {run.upper()} (sha256): {bound}" + (f"; {records}" if records else ""))
+    lines.append("")
     lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
     for c in result["checkpoints"]:
         worst = worst_tensor(c["tensors"])
