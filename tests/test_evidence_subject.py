@@ -93,6 +93,12 @@ def test_verify_json_names_its_subject_and_report_shows_it_only_for_that_run(ref
         "config_hash": manifest_of(final)["config_hash"],
         "weights_digest": manifest_of(final)["weights_digest"],
     }
+    # Each check binds what it read of its run by digest: every checkpoint by its manifest's own sha256.
+    for check in verdict["checks"]:
+        run = reference if check["name"] == "reference" else reference.parent / check["name"]
+        inputs = check["detail"]["inputs"]
+        bound = (inputs["b"] if "b" in inputs else inputs)["checkpoints"]  # compare's {"a", "b"}, or the run's
+        assert bound == {c.name: manifest_of(c)["manifest_sha256"] for c in (run / "checkpoints").iterdir()}, check
     _, page = report(reference, out=tmp_path / "own")
     rows = verify_rows(page, "reference")
     assert len(rows) == len(verdict["checks"]) and all("class='ok'" in row for row in rows)

@@ -288,7 +288,8 @@ def judge(plan: list[Check], reference: Path, base: Path, tolerance: float) -> l
             continue
         if check.judge == "reference":
             final = max((n for n in ref["checkpoints"] if n.startswith("epoch-")), default=None)
-            rows.append(_row(check, final is not None, f"trained ({final})" if final else "wrote no epoch checkpoint"))
+            summary = f"trained ({final})" if final else "wrote no epoch checkpoint"
+            rows.append(_row(check, final is not None, summary, {"inputs": ref["inputs"]}))
             continue
         try:
             rows.append(_judge_one(check, ref, base, tolerance))
@@ -303,7 +304,8 @@ def _judge_one(check: Check, ref: dict, base: Path, tolerance: float) -> dict:
 
     run = load_run(base / check.name)
     if check.judge == "link":
-        detail = compare_link(ref, run, check.compare_at, tolerance)
+        # What was read of the link's run, by digest (the reference's is in its own row).
+        detail = compare_link(ref, run, check.compare_at, tolerance) | {"inputs": run["inputs"]}
         stopped = len(check.stages) == 1 or any(n.startswith("step-") for n in run["checkpoints"])
         return row(
             detail["passed"] and stopped,
@@ -318,7 +320,11 @@ def _judge_one(check: Check, ref: dict, base: Path, tolerance: float) -> dict:
             if differs
             else "IDENTICAL: the verdict is meaningless"
         )
-        return row(differs, summary, {"first_differing_step": divergence.step, "identical": not differs})
+        return row(
+            differs,
+            summary,
+            {"first_differing_step": divergence.step, "identical": not differs, "inputs": run["inputs"]},
+        )
     result = compare_runs(ref, run, tolerance)
     if check.judge == "other-seed":
         differs = not result["identical"]
