@@ -31,6 +31,35 @@ def unavailable(step: int | None, why: str) -> dict:
     return {"status": "unavailable", "step": step, "text": f"first differing operation: not found: {why}"}
 
 
+def _record(framework: str, step: int, replays, out: Path, logs: Path, place_overrides: list[str],
+            run_child: RunChild, label: str) -> dict:  # fmt: skip
+    """Each (name, run, env) of `replays`: `step` of that run recorded in a fresh process under env, read
+    back strictly. {name: recording}, or an entry of reproduce.json (status unavailable or failed) saying
+    why not, in `label`'s words."""
+    if framework not in RECORDABLE:
+        return unavailable(
+            step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    recordings = {}
+    for name, run, env in replays:
+        path = out / f"step-{step}-{name}.json"
+        log = logs / f"replay-{name}.log"
+        command = python_module_command(
+            "reprocube.orchestration.replay_step", "--run", str(run), "--step", str(step), "--out", str(path),
+            *place_overrides,
+        )  # fmt: skip
+        status = run_child(command, log, env)
+        if status != 0:
+            return {"status": "failed", "step": step,
+                    "text": f"{label}: the replay as {name} exited {status}: {last_error_line(log)}"}  # fmt: skip
+        try:
+            recordings[name] = read_ops(path)
+        except ReprocubeError as exc:
+            return {"status": "failed", "step": step, "text": f"{label}: {exc}"}
+    return recordings
+
+
 def first_operation(
     framework: str,
     step: int,
@@ -47,27 +76,10 @@ def first_operation(
     differs (with its inputs' agreement). One entry of reproduce.json: status in STATUSES, step, text.
     `weights_identical`: the runs' weights are proven equal after every step (losses-only), so an
     unrecorded operation that differs can only be the loss's reduction, never the update."""
-    if framework not in RECORDABLE:
-        return unavailable(
-            step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    recordings = {}
-    for name, run, env in (("b", b_run, None), ("a-settings", matched_run, a_settings)):
-        path = out / f"step-{step}-{name}.json"
-        log = logs / f"replay-{name}.log"
-        command = python_module_command(
-            "reprocube.orchestration.replay_step", "--run", str(run), "--step", str(step), "--out", str(path),
-            *place_overrides,
-        )  # fmt: skip
-        status = run_child(command, log, env)
-        if status != 0:
-            return {"status": "failed", "step": step,
-                    "text": f"first differing operation: the replay as {name} exited {status}: {last_error_line(log)}"}  # fmt: skip
-        try:
-            recordings[name] = read_ops(path)
-        except ReprocubeError as exc:
-            return {"status": "failed", "step": step, "text": f"first differing operation: {exc}"}
+    replays = (("b", b_run, None), ("a-settings", matched_run, a_settings))
+    recordings = _record(framework, step, replays, out, logs, place_overrides, run_child, "first differing operation")
+    if "status" in recordings:  # unavailable or failed
+        return recordings
     b_ops, a_ops = recordings["b"], recordings["a-settings"]
     faithful = [
         n for n, ops in recordings.items() if ops["loss_matches_run"] is True and ops["recording_changed_nothing"]
@@ -119,27 +131,11 @@ def nondeterministic_operation(
     first operation whose results differ. Neither replay need give B's loss bits: a non-deterministic
     step need not compute what B's run computed, only the same thing from the same inputs; where the two
     replays already enter the step with other state, that is said instead (an earlier step differed)."""
-    if framework not in RECORDABLE:
-        return unavailable(
-            step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    recordings = {}
-    for name in ("b", "b-again"):
-        path = out / f"step-{step}-{name}.json"
-        log = logs / f"replay-{name}.log"
-        command = python_module_command(
-            "reprocube.orchestration.replay_step", "--run", str(b_run), "--step", str(step), "--out", str(path),
-            *place_overrides,
-        )  # fmt: skip
-        status = run_child(command, log, None)
-        if status != 0:
-            return {"status": "failed", "step": step,
-                    "text": f"first non-deterministic operation: the replay as {name} exited {status}: {last_error_line(log)}"}  # fmt: skip
-        try:
-            recordings[name] = read_ops(path)
-        except ReprocubeError as exc:
-            return {"status": "failed", "step": step, "text": f"first non-deterministic operation: {exc}"}
+    replays = (("b", b_run, None), ("b-again", b_run, None))
+    label = "first non-deterministic operation"
+    recordings = _record(framework, step, replays, out, logs, place_overrides, run_child, label)
+    if "status" in recordings:  # unavailable or failed
+        return recordings
     first, again = recordings["b"], recordings["b-again"]
     entry = {"step": step, "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
              "operations": len(first["ops"])}  # fmt: skip
