@@ -112,16 +112,9 @@ def first_operation(
             "text": f"first differing operation: none: every one of the {len(a_ops['ops'])} operations of step {step} "
             "agrees when replayed under A's settings and as B ran it",
         }
-    return entry | {
-        "status": "found",
-        "index": found["index"],
-        "op": found["op"],
-        "where": found["where"],
-        "kind": found["kind"],
-        "inputs_equal": found["inputs_equal"],
-        "text": f"first differing operation (step {step}, operation {found['index'] + 1} of {len(a_ops['ops'])}): "
-        f"{found['text']}",
-    }
+    return _found(
+        entry, found, f"first differing operation (step {step}, operation {found['index'] + 1} of {len(a_ops['ops'])})"
+    )
 
 
 def nondeterministic_operation(
@@ -155,13 +148,11 @@ def nondeterministic_operation(
             "text": f"first non-deterministic operation: none seen: step {step} recorded twice as B runs it agrees "
             f"in every one of its {len(first['ops'])} operations (the non-determinism did not recur){hint}",
         }
-    return entry | {
-        "status": "found",
-        "index": found["index"],
-        "op": found["op"],
-        "where": found["where"],
-        "kind": found["kind"],
-        "inputs_equal": found["inputs_equal"],
-        "text": f"first non-deterministic operation (step {step} recorded twice as B runs it, operation "
-        f"{found['index'] + 1} of {len(first['ops'])}): {found['text']}",
-    }
+    where = f"step {step} recorded twice as B runs it, operation {found['index'] + 1} of {len(first['ops'])}"
+    return _found(entry, found, f"first non-deterministic operation ({where})")
+
+
+def _found(entry: dict, found: dict, heading: str) -> dict:
+    """reproduce.json's entry for a named operation (first_differing_operation's answer)."""
+    keys = ("index", "op", "where", "kind", "inputs_equal")
+    return entry | {"status": "found"} | {key: found[key] for key in keys} | {"text": f"{heading}: {found['text']}"}
