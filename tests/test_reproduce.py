@@ -16,7 +16,7 @@ import pytest
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.backend import FRAMEWORKS
 from reprocube.commands.reproduce import reproduce
-from reprocube.errors import CheckpointError, ConfigError
+from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.receipt import read_receipt
 
 from conftest import error_lines, manifest, read_metrics, reprocube
@@ -282,6 +282,28 @@ def test_reproduce_refuses_to_write_under_the_source_or_into_a_used_directory(ge
     with pytest.raises(ConfigError, match="is not empty"):
         reproduce(a, used, [], echo=quiet)
     assert (used / "notes.txt").read_text() == "mine" and not (a / "inside").exists()
+
+
+def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_touched(generated, tmp_path):
+    """Issue 39: a reproduce that failed (here: B cannot find its data) leaves its --out; a rerun into it
+    replaces those leftovers. A finished reproduce, or anything reproduce did not write, stays refused."""
+    a, _ = receipt_bytes(generated, tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(ReprocubeError, match="b exited"):
+        reproduce(a, out, [f"data_dir={tmp_path / 'nowhere'}"], echo=quiet)
+    assert (out / ".reprocube-reproduce").is_file() and (out / "logs" / "b.log").is_file()
+    # Something of someone else's beside the leftovers: refused, and nothing removed.
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="which reproduce did not write: nothing removed"):
+        reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=quiet)
+    assert (out / "logs" / "b.log").is_file() and (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    result = reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=quiet)
+    assert result["verdict"] == "bit-identical"
+    assert "nowhere" not in (out / "logs" / "b.log").read_text()  # the failed attempt's log was replaced
+    # A finished reproduce is evidence: never replaced.
+    with pytest.raises(ConfigError, match="is not empty"):
+        reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=quiet)
 
 
 def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):

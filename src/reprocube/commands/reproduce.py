@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -285,9 +286,38 @@ def _workspace(out: Path | None, receipt: Receipt) -> _Workspace:
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty (an earlier reproduce?); remove it or choose another --out")
+        _clear_failed_attempt(out)
     out.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(out / ATTEMPT_MARKER, b'{"reprocube_reproduce": 1}\n')  # first: what follows is ours
     return _Workspace(out, source_dir)
+
+
+# Written first into --out; with no reproduce.json beside it, the directory holds a reproduce that did not
+# finish, and a rerun may replace what it left. Only these names: anything else there is not ours.
+ATTEMPT_MARKER = ".reprocube-reproduce"
+ATTEMPT_NAMES = {"runs", "logs", "operations", "a", "report.html", "difference.png", "divergence-map.png",
+                 "seed-spread.png", REPRODUCE_RESULT.markdown_name}  # fmt: skip
+
+
+def _clear_failed_attempt(out: Path) -> None:
+    """A non-empty --out is refused unless it holds exactly what an unfinished reproduce leaves (its
+    marker, no reproduce.json): then those leftovers are removed, links unlinked, never followed."""
+    marker = out / ATTEMPT_MARKER
+    names = {entry.name for entry in out.iterdir()}
+    if not (marker.is_file() and not marker.is_symlink()) or REPRODUCE_RESULT.name in names:
+        raise ConfigError(f"--out {out} is not empty (an earlier reproduce?); remove it or choose another --out")
+    others = sorted(names - ATTEMPT_NAMES - {ATTEMPT_MARKER})
+    if others:
+        raise ConfigError(
+            f"--out {out} holds an unfinished reproduce and {others[0][:80]!r}, which reproduce did not "
+            "write: nothing removed; remove it or choose another --out"
+        )
+    for name in sorted(names - {ATTEMPT_MARKER}):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _check_overrides(overrides: list[str], allow_config_change: bool) -> tuple[list[str], list[str]]:
