@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.backend import FRAMEWORKS
+from reprocube.commands import reproduce as reproduce_command
 from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.receipt import read_receipt
@@ -284,7 +286,7 @@ def test_reproduce_refuses_to_write_under_the_source_or_into_a_used_directory(ge
     assert (used / "notes.txt").read_text() == "mine" and not (a / "inside").exists()
 
 
-def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_touched(generated, tmp_path):
+def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_touched(generated, tmp_path, monkeypatch):
     """Issue 39: a reproduce that failed (here: B cannot find its data) leaves its --out; a rerun into it
     replaces those leftovers. A finished reproduce, or anything reproduce did not write, stays refused."""
     a, _ = receipt_bytes(generated, tmp_path)
@@ -298,8 +300,13 @@ def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_to
         reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=quiet)
     assert (out / "logs" / "b.log").is_file() and (out / "notes.txt").read_text() == "mine"
     (out / "notes.txt").unlink()
-    result = reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=quiet)
+    # The rerun, its progress said while B trains (every PROGRESS_EVERY_S: 30 s, a fraction of it here).
+    monkeypatch.setattr(reproduce_command, "PROGRESS_EVERY_S", 0.5)
+    lines = []
+    result = reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=lines.append)
     assert result["verdict"] == "bit-identical"
+    assert any(re.fullmatch(r"  b: \d+ s, (global step \d+ of \d+.*|no step logged yet \(starting\))", line)
+               for line in lines), lines  # fmt: skip
     assert "nowhere" not in (out / "logs" / "b.log").read_text()  # the failed attempt's log was replaced
     # A finished reproduce is evidence: never replaced.
     with pytest.raises(ConfigError, match="is not empty"):

@@ -46,6 +46,7 @@ from reprocube.errors import (
     ReprocubeError,
 )
 from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic
+from reprocube.metrics import last_logged_step
 from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
@@ -212,7 +213,7 @@ def reproduce(
         echo(one_line(f"  {name}: reprocube train ({config}{''.join(' ' + e for e in extra)})"
                       + (f" with {settings_text(env)}" if env else "")))  # fmt: skip
         status = _run_with_env(command, log, env, progress=ws.runs / name / "metrics.jsonl",
-                               stall_timeout=stall_timeout, echo=echo)  # fmt: skip
+                               stall_timeout=stall_timeout, echo=echo, total_steps=stop_at or receipt.global_step)  # fmt: skip
         if status not in expect:
             raise CheckpointError(f"{name} exited {status}: {last_error_line(log)} (log: {log})")
         return ws.runs / name
@@ -425,10 +426,14 @@ def _read_spread_study(path: Path) -> dict:
     return spread
 
 
+PROGRESS_EVERY_S = 30.0  # a line while a child trains: never more than this long without a word
+
+
 def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Path, stall_timeout: float | None,
-                  echo) -> int:  # fmt: skip
-    """A training child, watched (a hang is reported, and ended after --stall-timeout); with A's settings for
-    an intervention: this environment with `env` applied (None unsets)."""
+                  echo, total_steps: int | None = None) -> int:  # fmt: skip
+    """A training child, watched (a hang is reported, and ended after --stall-timeout), its progress said
+    every PROGRESS_EVERY_S; with A's settings for an intervention: this environment with `env` applied
+    (None unsets)."""
     child_env = None
     if env:
         child_env = {k: v for k, v in os.environ.items() if k not in env or env[k] is not None}
@@ -439,8 +444,26 @@ def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Pat
         echo(f"  {progress.parent.name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
              f"still waiting{f' ({hint})' if hint else ''}; Ctrl-C or --stall-timeout ends it")  # fmt: skip
 
+    seen: list[tuple[float, int]] = []  # (seconds, global step) when first logged: the rate from there
+
+    def on_progress(seconds: float) -> None:
+        if progress.name != "metrics.jsonl":  # a replay: its log is all there is to watch
+            echo(f"  {log.stem}: {seconds:.0f} s, running")
+            return
+        step = last_logged_step(progress)
+        if step is None:
+            echo(f"  {progress.parent.name}: {seconds:.0f} s, no step logged yet (starting)")
+            return
+        seen.append((seconds, step))
+        (t0, s0), total = seen[0], total_steps
+        rate = (step - s0) / (seconds - t0) if seconds > t0 and step > s0 else None
+        left = f", about {(total - step) / rate:.0f} s left" if rate and total and total > step else ""
+        echo(f"  {progress.parent.name}: {seconds:.0f} s, global step {step}" + (f" of {total}" if total else "")
+             + (f" ({rate:.1f} steps/s{left})" if rate else ""))  # fmt: skip
+
     watchdog = Watchdog(stop_after_s=stall_timeout, setting=f"--stall-timeout {stall_timeout or 0:g}")
-    return run_watched(command, log, [progress], on_stall, env=child_env, watchdog=watchdog)
+    return run_watched(command, log, [progress], on_stall, env=child_env, watchdog=watchdog,
+                       on_progress=on_progress, progress_every_s=PROGRESS_EVERY_S)  # fmt: skip
 
 
 def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | None) -> dict:

@@ -194,14 +194,22 @@ def run_watched(
     watchdog: Watchdog = DEFAULT_WATCHDOG,
     cwd: str | Path | None = None,
     poll_s: float = 1.0,
+    on_progress: Callable[[float], None] | None = None,
+    progress_every_s: float = 30.0,
 ) -> int:
     """run_child's contract, with a watchdog (ProgressWatch): a hang is never silent, and is ended after
-    the watchdog's stop time (StalledChild)."""
+    the watchdog's stop time (StalledChild). on_progress(seconds running), if given, every
+    progress_every_s: a line for output that is not a terminal, where nothing redraws."""
     child = start_child(command, log, cwd=cwd, env=env)
     watch = ProgressWatch(command, log, progress, watchdog, on_stall)
+    started = reported = time.monotonic()
     try:
         while child.poll() is None:
             watch.poll(child)
+            now = time.monotonic()
+            if on_progress is not None and now - reported >= progress_every_s:
+                reported = now
+                on_progress(now - started)
             time.sleep(poll_s)
     finally:
         if child.poll() is None:  # an exception here (Ctrl-C): the child does not outlive the wait
