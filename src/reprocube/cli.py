@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     # Overrides may follow options (`reproduce RUN --out DIR data_dir=...`), which argparse's positional
     # matching alone refuses.
     args, extra = parser.parse_known_args(argv)
+    if "--" in extra and hasattr(args, "script_command"):  # reproduce SCRIPT_RECEIPT ... -- CMD [ARG ...]
+        at = extra.index("--")
+        args.script_command, extra = extra[at + 1 :], extra[:at]
     if extra:
         if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -301,6 +301,12 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
     }
 
 
+def session_settings(a_env: dict, b_env: dict) -> dict:
+    """What --match sets here (b_env) to emulate one environment of A (a_env), and what it cannot: a
+    script receipt's single session (no config to tell apart)."""
+    return _session_plan(a_env, b_env, [])
+
+
 def _merge_equal(segments: list[dict]) -> list[dict]:
     """Segments that train steps, consecutive ones under equal settings joined: B runs one process per
     change of settings, however many sessions A had (at least one segment)."""

@@ -23,6 +23,7 @@ from reprocube.files import safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, planned_stops
 from reprocube.orchestration.children import last_error_line
 from reprocube.results.check_result import VERDICTS, write_check
+from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.terminal import counted, one_line
 from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 
@@ -149,6 +150,8 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
                 where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
                 return finish("not-deterministic", "repeat", f"two uninterrupted runs differ ({where}); "
                               f"resume was not tested. Usual suspects: {SUSPECTS}")  # fmt: skip
+        receipt = _write_receipt(out, clean[0], copies, outputs, ignore, result["environment"], seed_env)
+        echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         if seed_env or seed_arg:
             control = ran(new_run("control", seed=1), [], limit)
             if control.exit != 0:
@@ -300,6 +303,17 @@ def _workspace(out: Path | None, command: list[str]) -> Path:
         raise ConfigError(f"--out {out} is not empty (an earlier check?); remove it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _write_receipt(out: Path, clean: Run, copies: list[Path], outputs: list[str], ignore: list[str], env: dict,
+                   seed_env: str | None) -> Path:  # fmt: skip
+    """The uninterrupted run's receipt (reprocube.script_receipt), once two such runs agreed: what
+    `reprocube reproduce` retrains on another machine."""
+    return write_script_receipt(
+        out / "receipt", clean.command, input_digests(copies), output_digests(collect(clean.work, outputs, ignore)),
+        clean.probe_trace(1), clean.attempts[-1].seconds, env,
+        {"variable": seed_env, "value": clean.env[seed_env]} if seed_env else None,
+    )  # fmt: skip
 
 
 def _traces(run: Run) -> list:

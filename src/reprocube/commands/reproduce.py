@@ -49,6 +49,7 @@ from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_ato
 from reprocube.metrics import last_logged_step
 from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
+from reprocube.orchestration.script_reproduction import reproduce_script
 from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
@@ -57,7 +58,9 @@ from reprocube.results.reproduce_result import (
     signature_line,
     write_reproduce,
 )
+from reprocube.results.script_reproduce_result import VERDICTS as SCRIPT_VERDICTS
 from reprocube.results.study_result import STUDY_RESULT, read_study
+from reprocube.script_receipt import is_script_receipt, read_script_receipt
 from reprocube.terminal import counted, one_line
 from reprocube.trace import compare_traces
 
@@ -101,10 +104,21 @@ def add_arguments(parser) -> None:
         "--stall-timeout", type=float, metavar="SECONDS",
         help="end a training child that makes no progress for this long (default: warn every 120 s, never end it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--copy", action="append", default=[], type=Path, metavar="PATH",
+        help="a script receipt's inputs: copied into the work directory (reprocube reproduce RECEIPT --copy "
+             "train.py -- python train.py)",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="place keys: data_dir=, device=, ...")
+    parser.set_defaults(script_command=[])  # a script receipt's: -- CMD [ARG ...] (reprocube.cli splits it off)
 
 
 def run(args) -> int:
+    # A script that is not ours (`reprocube check` wrote its receipt): given -- CMD, the source must be one.
+    if args.script_command or is_script_receipt(args.source):
+        return _run_script(args)
+    if args.copy:
+        raise ConfigError("--copy is for a script receipt (written by reprocube check), with -- CMD")
     result = reproduce(
         args.source,
         args.out,
@@ -119,6 +133,25 @@ def run(args) -> int:
         allow_oversubscribe=args.allow_oversubscribe,
     )
     return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(result["verdict"], EXIT_DIFFERENT)
+
+
+def _run_script(args) -> int:
+    for option, given in (("--study", args.study), ("--seeds", args.seeds), ("--allow-config-change",
+                          args.allow_config_change), ("--allow-oversubscribe", args.allow_oversubscribe),
+                          ("--ulp", args.ulp != 16), ("--stall-timeout", args.stall_timeout)):  # fmt: skip
+        if given:
+            raise ConfigError(f"{option} is for a run's receipt, not a script's (written by reprocube check)")
+    receipt = read_script_receipt(args.source)
+    if args.public_key is not None:
+        from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
+
+        verify_receipt_signature(receipt.raw, receipt.directory / "receipt.json", args.public_key)
+        print(f"  signature: verified by {args.public_key}")
+    out = args.out or Path(f"reproduce-{safe_name(Path(receipt.command[-1]).stem or 'script')}")
+    if args.overrides:
+        raise ConfigError(f"{args.overrides[0]}: a script receipt takes no overrides; its command follows --")
+    result = reproduce_script(receipt, list(args.script_command), list(args.copy), out, args.match)
+    return SCRIPT_VERDICTS[result["verdict"]]
 
 
 @dataclass

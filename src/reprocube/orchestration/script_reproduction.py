@@ -1,0 +1,262 @@
+"""`reprocube reproduce SCRIPT_RECEIPT [--copy PATH] [--match] -- CMD`: a script that is not ours, run
+again here and compared with its receipt (reprocube.script_receipt, written by `reprocube check`).
+
+The command is the one its user gives, never one read from the receipt (a receipt travels: running its
+command would run whatever it says); where the two differ, that is a difference named first. CMD runs in
+a fresh, empty work directory under --out with the --copy inputs, the probe on, as `check` runs it. Then:
+the inputs by sha256 against A's (the source hashed), every update of the probe trace against A's (the
+first differing step, its losses and tensors), the declared outputs by digest, and the environments
+(the likely causes). With --match, where B differs and this machine can emulate A's settings (ISA caps,
+documented variables), CMD runs once more under them. Every claim of A's receipt is reproduced, differs,
+or is named as not checked."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from reprocube.analysis.environment import env_differences
+from reprocube.analysis.outputs import collect
+from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
+from reprocube.analysis.receipt_comparison import session_settings, settings_text
+from reprocube.env import collect_env
+from reprocube.errors import CheckpointError, ConfigError
+from reprocube.orchestration.check_runs import Run, execute
+from reprocube.orchestration.children import last_error_line
+from reprocube.results.script_reproduce_result import write_script_reproduce
+from reprocube.script_receipt import ScriptReceipt, command_file_digests, input_digests, output_digests
+from reprocube.terminal import counted, one_line
+
+TIMEOUT_FACTOR = 10  # B's watchdog: this many times A's run, at least MIN_TIMEOUT_S
+MIN_TIMEOUT_S = 300.0
+
+
+def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Path], out: Path, match: bool,
+                     echo=print) -> dict:  # fmt: skip
+    started = time.perf_counter()
+    if not command:
+        raise ConfigError("a script receipt is reproduced by running its command: reprocube reproduce RECEIPT -- CMD")
+    for path in copies:
+        if not path.exists():
+            raise ConfigError(f"--copy {path}: does not exist")
+    a_trace = _a_trace(receipt)  # checked against the receipt's sha256 before anything runs
+    _claim(out)
+    echo(one_line(f"reproduce {receipt.directory / 'receipt.json'}: {' '.join(command)}; runs and logs in {out}"))
+    inputs = _inputs(receipt, input_digests(copies), command_file_digests(command))
+    result: dict = {
+        "receipt": str(receipt.directory / "receipt.json"),
+        "receipt_sha256": hashlib.sha256(receipt.raw).hexdigest(),
+        "command": {"a": receipt.command, "b": command, "same": command == receipt.command},
+        "inputs": inputs,
+        "runs": [],
+        "not_checked": [],
+        "match": None,
+        "environment": collect_env({}),
+    }
+    timeout = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * receipt.seconds)
+
+    def run_b(name: str, settings: dict | None = None) -> tuple[Run, dict]:
+        env = {k: v for k, v in os.environ.items() if not settings or k not in settings or settings[k] is not None}
+        env.update({k: v for k, v in (settings or {}).items() if v is not None})
+        work = out / "work" / name
+        work.mkdir(parents=True)
+        for path in copies:  # links copied as links, as input_digests names them
+            if path.is_dir() and not path.is_symlink():
+                shutil.copytree(path, work / path.name, symlinks=True)
+            else:
+                shutil.copy2(path, work / path.name, follow_symlinks=False)
+        run = Run(name, work, out / "logs" / f"{name}.log", env, command, out / "probe" / name)
+        echo(one_line(f"  {name}: {' '.join(command)}" + (f" with {settings_text(settings)}" if settings else "")))
+        execute(run, [], signal.SIGTERM, timeout)
+        result["runs"].append(run.as_dict())
+        return run, (_compare(receipt, a_trace, run) if run.exit == 0 else {})
+
+    b, compared = run_b("b")
+    if b.exit != 0:
+        return _finish(result, out, "command-failed", _failed(b), started, echo)
+    result.update(compared)
+    causes = _causes(result, receipt)
+    result["causes"] = causes
+    differs = _differs(result)
+    if differs and match:
+        plan = session_settings(receipt.env, result["environment"])
+        if plan["settings"]:
+            matched, again = run_b("b-matched", plan["settings"])
+            ok = matched.exit == 0 and not _differs({**result, **again})
+            shown = settings_text(plan["settings"], result["environment"])
+            result["match"] = {"settings": plan["settings"], "cannot": plan["cannot"], "bit_identical": ok,
+                               "summary": f"with {shown}, B reproduces A bit for bit" if ok
+                               else f"with {shown}, B still differs"}  # fmt: skip
+        else:
+            result["match"] = {"settings": {}, "cannot": plan["cannot"], "bit_identical": None,
+                               "summary": "nothing this machine can emulate differs from A"
+                               + (f" ({'; '.join(plan['cannot'])})" if plan["cannot"] else "")}  # fmt: skip
+    if differs:
+        return _finish(result, out, "differs", differs, started, echo)
+    compared_text = _compared_text(result)
+    if result["not_checked"]:
+        return _finish(result, out, "partly-checked", f"nothing compared differs ({compared_text}); not checked: "
+                       + "; ".join(result["not_checked"]), started, echo)  # fmt: skip
+    return _finish(result, out, "bit-identical", f"everything A's receipt records reproduced ({compared_text})",
+                   started, echo)  # fmt: skip
+
+
+def _a_trace(receipt: ScriptReceipt):
+    if receipt.trace is None:
+        return None
+    path = receipt.trace_path
+    from reprocube.untrusted import read_bytes
+
+    data = read_bytes(path, 512 << 20, CheckpointError)  # a link or an oversized file is refused here
+    if hashlib.sha256(data).hexdigest() != receipt.trace:
+        raise CheckpointError(f"{path}: its sha256 is not the one its receipt records (the trace was changed)")
+    trace = read_trace(path)
+    if trace is None:
+        raise CheckpointError(f"{path}: missing, though its receipt records one")
+    return trace
+
+
+def _claim(out: Path) -> None:
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty (an earlier reproduce?); remove it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _inputs(receipt: ScriptReceipt, b: dict[str, str], b_files: dict[int, str]) -> dict:
+    """B's inputs against A's by sha256: the --copy inputs by path, and the files the command names by an
+    absolute path (keyed "argument N"), by their position in the command."""
+    a = {**receipt.inputs, **{f"argument {i}": digest for i, digest in receipt.command_files.items()}}
+    b = {**b, **{f"argument {i}": digest for i, digest in b_files.items()}}
+    return {
+        "compared": len(set(a) & set(b)),
+        "differ": sorted(name for name in set(a) & set(b) if a[name] != b[name]),
+        "only_a": sorted(set(a) - set(b)),
+        "only_b": sorted(set(b) - set(a)),
+    }
+
+
+def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
+    """B's probe trace and outputs against A's receipt."""
+    found = collect(run.work, list(receipt.outputs), [])
+    b_outputs = output_digests(found)
+    outputs = {
+        "compared": sorted(n for n in receipt.outputs if n in b_outputs),
+        "differ": sorted(n for n in receipt.outputs if n in b_outputs and b_outputs[n] != receipt.outputs[n]),
+        "missing": sorted(n for n in receipt.outputs if n not in b_outputs),
+    }
+    compared = {"outputs": outputs, "trace": None}
+    if a_trace is None:
+        return compared
+    b_trace = read_trace(run.probe_trace(1))
+    if b_trace is None:
+        compared["trace"] = {"error": "B wrote no probe trace (does the command call the probe?)"}
+        return compared
+    if b_trace.names != a_trace.names:
+        compared["trace"] = {"error": f"B's probe records other tensors ({len(b_trace.names)} vs A's "
+                                      f"{len(a_trace.names)})"}  # fmt: skip
+        return compared
+    a_steps, b_steps = steps_of(a_trace, 0), steps_of(b_trace, 0)
+    common = set(a_steps) & set(b_steps)
+    difference = first_difference(a_steps, b_steps, a_trace.names)
+    compared["trace"] = {"a_steps": len(a_steps), "b_steps": len(b_steps), "compared_steps": len(common),
+                         "missing_steps": len(set(a_steps) - set(b_steps)), "first_difference": difference}  # fmt: skip
+    return compared
+
+
+def _causes(result: dict, receipt: ScriptReceipt) -> list[dict]:
+    """What differs between A and B besides the bits, the likeliest first: the command, the inputs (the
+    source), then the environment (reprocube.analysis.environment's order)."""
+    causes = []
+    if not result["command"]["same"]:
+        causes.append({"key": "command", "a": " ".join(receipt.command), "b": " ".join(result["command"]["b"])})
+    inputs = result["inputs"]
+    listed = {**receipt.inputs, **{f"argument {i}": digest for i, digest in receipt.command_files.items()}}
+    for name in inputs["differ"]:
+        causes.append({"key": f"input {name}", "a": listed[name][:12], "b": "another sha256"})
+    for name in inputs["only_a"]:
+        causes.append({"key": f"input {name}", "a": listed[name][:12], "b": "not given (--copy)"})
+    for name in inputs["only_b"]:
+        causes.append({"key": f"input {name}", "a": "none", "b": "given"})
+    seed = receipt.seed  # check set it for A's run; this process's environment is B's (never set from a file)
+    if seed is not None and os.environ.get(seed["variable"]) != seed["value"]:
+        given = os.environ.get(seed["variable"])
+        causes.append({"key": f"seed variable {seed['variable']}", "a": seed["value"],
+                       "b": "unset" if given is None else given[:40],
+                       "note": f"run as {seed['variable']}={seed['value']} reprocube reproduce ..."})  # fmt: skip
+    for row in env_differences(receipt.env, result["environment"]):
+        if "not_a_cause" not in row and {} not in (row["a"], row["b"]):  # an empty mapping: its keys are rows
+            causes.append({"key": f"env.{row['key']}", "a": row["a"], "b": row["b"]})
+    return causes
+
+
+def _differs(result: dict) -> str | None:
+    """What differs, in one sentence (None: nothing compared differs); adds what was not checked."""
+    found, trace, outputs = [], result.get("trace"), result.get("outputs") or {}
+    not_checked = result["not_checked"]
+    if trace is None:
+        _note(not_checked, "every update: A's receipt holds no probe trace (the script does not call the probe)")
+    elif "error" in trace:
+        found.append(trace["error"])
+    else:
+        difference = trace["first_difference"]
+        if difference is not None:
+            found.append(f"step {difference['step']} is the first update that differs: "
+                         f"{describe_difference(difference, 'A', 'B')}")  # fmt: skip
+        if trace["missing_steps"]:
+            found.append(f"B made {trace['b_steps']} updates, A {trace['a_steps']}: "
+                         f"{counted(trace['missing_steps'], 'update')} of A's never happened in B")  # fmt: skip
+    if outputs.get("missing"):
+        found.append(f"B did not write {outputs['missing'][0]}")
+    if outputs.get("differ"):
+        found.append(f"{outputs['differ'][0]} differs" + (f" (and {len(outputs['differ']) - 1} more)"
+                                                          if len(outputs["differ"]) > 1 else ""))  # fmt: skip
+    return "; ".join(found) or None
+
+
+def _note(lines: list[str], line: str) -> None:
+    if line not in lines:
+        lines.append(line)
+
+
+def _compared_text(result: dict) -> str:
+    trace, outputs = result.get("trace"), result["outputs"]
+    parts = []
+    if trace and "error" not in trace:
+        parts.append(f"{counted(trace['compared_steps'], 'update')} of {trace['a_steps']}")
+    parts.append(f"{counted(len(outputs['compared']), 'output')}")
+    return ", ".join(parts)
+
+
+def _failed(run: Run) -> str:
+    attempt = run.attempts[-1]
+    status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
+    return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
+
+
+def _finish(result: dict, out: Path, verdict: str, summary: str, started: float, echo) -> dict:
+    notes = []
+    if not result["command"]["same"]:
+        notes.append("B ran another command than A")
+    if result["inputs"]["differ"] or result["inputs"]["only_a"] or result["inputs"]["only_b"]:
+        changed = [*result["inputs"]["differ"], *result["inputs"]["only_a"], *result["inputs"]["only_b"]]
+        notes.append(f"inputs differ from A's: {', '.join(changed[:4])}")
+    result.update(verdict=verdict, summary=one_line(f"{verdict}: {summary}" + (f" ({'; '.join(notes)})" if notes else "")),
+                  wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
+    result.setdefault("causes", [])
+    result.setdefault("outputs", None)
+    result.setdefault("trace", None)
+    write_script_reproduce(result, out)
+    echo(f"verdict: {result['summary']}")
+    if verdict == "differs":
+        for cause in result["causes"][:6]:
+            echo(one_line(f"  likely cause: {cause['key']}: {cause['a']} -> {cause['b']}"))
+    if result["match"]:
+        echo(one_line(f"  --match: {result['match']['summary']}"))
+    echo(f"written: {out / 'script-reproduce.json'}, {out / 'script-reproduce.md'}")
+    return result

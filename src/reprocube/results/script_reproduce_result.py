@@ -1,0 +1,83 @@
+"""script-reproduce.json and script-reproduce.md (`reprocube reproduce SCRIPT_RECEIPT -- CMD`): the schema,
+the verdicts with their exit statuses, the writer and the strict reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reprocube.errors import EXIT_CHECK_VOID, EXIT_COMMAND_FAILED, EXIT_DIFFERENT, EXIT_OK
+from reprocube.results.schema import ResultFile
+
+SCRIPT_REPRODUCE_RESULT = ResultFile(
+    "script-reproduce.json",
+    version=1,
+    keys=(
+        "receipt",  # the script receipt reproduced (its path, as given)
+        "receipt_sha256",  # the sha256 of its bytes: what this result is about
+        "verdict",  # VERDICTS
+        "summary",  # the verdict in one line
+        "command",  # {a: A's argv, b: the argv run here, same}
+        "inputs",  # {compared, differ, only_a, only_b}: the --copy inputs by sha256 against A's
+        "runs",  # each run here: name, work directory, log, command, attempts
+        "trace",  # null (A has no probe trace) or {a_steps, b_steps, compared_steps, missing_steps,
+        #           first_difference} or {error}
+        "outputs",  # {compared, differ, missing}: the declared outputs by digest (null: B failed)
+        "causes",  # [{key, a, b}]: what differs besides the bits, the likeliest first
+        "match",  # null, or {settings, cannot, bit_identical, summary}
+        "not_checked",  # A's claims not compared, in words
+        "environment",  # this machine and process, as env.json records it
+        "wall_s",
+    ),
+)
+VERDICTS = {
+    "bit-identical": EXIT_OK,  # every claim of A's receipt reproduced
+    "differs": EXIT_DIFFERENT,
+    "partly-checked": EXIT_CHECK_VOID,  # nothing compared differs, but some claims were not compared
+    "command-failed": EXIT_COMMAND_FAILED,
+}
+
+
+def write_script_reproduce(result: dict, directory: Path) -> Path:
+    return SCRIPT_REPRODUCE_RESULT.write(directory, result, markdown(result))
+
+
+def read_script_reproduce(path: Path) -> dict:
+    """The verdict keys of a script-reproduce.json, typed."""
+    fields = SCRIPT_REPRODUCE_RESULT.read(path)
+    return {
+        "verdict": fields.one_of("verdict", tuple(VERDICTS)),
+        "summary": fields.text("summary"),
+        "receipt_sha256": fields.sha256("receipt_sha256"),
+        "not_checked": fields.texts("not_checked"),
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = ["# reprocube reproduce (a script's receipt)", "", f"**{result['summary']}**", "",
+             f"- receipt: `{result['receipt']}` (sha256 `{result['receipt_sha256'][:16]}`)",
+             f"- A's command: `{' '.join(result['command']['a'])}`",
+             f"- B's command: `{' '.join(result['command']['b'])}`" + ("" if result["command"]["same"] else " (another)")]  # fmt: skip
+    inputs = result["inputs"]
+    lines.append(f"- inputs compared by sha256: {inputs['compared']}; differ: {', '.join(inputs['differ']) or 'none'}"
+                 + (f"; only A's: {', '.join(inputs['only_a'])}" if inputs["only_a"] else "")
+                 + (f"; only B's: {', '.join(inputs['only_b'])}" if inputs["only_b"] else ""))  # fmt: skip
+    trace = result.get("trace")
+    if trace and "error" not in trace:
+        first = trace["first_difference"]
+        lines.append(f"- updates (the probe): {trace['compared_steps']} of A's {trace['a_steps']} compared; first "
+                     f"differing: {first['step'] if first else 'none'}")  # fmt: skip
+    elif trace:
+        lines.append(f"- updates (the probe): {trace['error']}")
+    outputs = result.get("outputs")
+    if outputs:
+        lines.append(f"- outputs compared: {', '.join(outputs['compared']) or 'none'}; differ: "
+                     f"{', '.join(outputs['differ']) or 'none'}"
+                     + (f"; missing in B: {', '.join(outputs['missing'])}" if outputs["missing"] else ""))  # fmt: skip
+    if result.get("causes"):
+        lines += ["", "| likely cause | A | B |", "|---|---|---|"]
+        lines += [f"| {c['key']} | {c['a']} | {c['b']} |" for c in result["causes"]]
+    if result.get("match"):
+        lines += ["", f"--match: {result['match']['summary']}"]
+    if result["not_checked"]:
+        lines += ["", "## Not checked", ""] + [f"- {line}" for line in result["not_checked"]]
+    return "\n".join(lines) + "\n"

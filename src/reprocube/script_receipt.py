@@ -1,0 +1,216 @@
+"""A receipt for a training script that is not ours (`reprocube check` writes it, `reprocube reproduce`
+retrains it): a directory holding receipt.json and, where the script called the probe, trace.jsonl (its
+uninterrupted run's every update: loss bits and weight fingerprints, reprocube.probe).
+
+receipt.json records what is needed to run the script again and to tell where another run departs: the
+command (argv), every input copied into its work directory by sha256, its declared outputs by sha256,
+the probe trace by sha256, how long the run took, and the environment (reprocube.env). The command is
+never run from the receipt: `reproduce` runs the command its user gives and compares it with this one.
+
+It travels between machines and people: read strictly (reprocube.untrusted), bounded, every value typed,
+damage caught by its own sha256 (receipt_sha256), forgery by a signature (`reprocube sign`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprocube.errors import CheckpointError
+from reprocube.files import sha256_file, write_file_atomic
+from reprocube.untrusted import Fields, parse_json, read_bytes
+
+FORMAT = "reprocube-script-receipt"
+VERSION = 1
+RECEIPT = "receipt.json"
+TRACE = "trace.jsonl"
+MAX_RECEIPT_BYTES = 8 << 20
+MAX_FILES = 10_000  # inputs or outputs listed
+KEYS = (
+    "format",
+    "version",
+    "command",
+    "command_files",
+    "inputs",
+    "outputs",
+    "trace",
+    "seconds",
+    "env",
+    "seed",
+    "receipt_sha256",
+)
+SEED_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+SEED_VALUE = re.compile(r"^[0-9]{1,20}\Z")
+
+
+@dataclass(frozen=True)
+class ScriptReceipt:
+    directory: Path
+    command: list[str]
+    command_files: dict[int, str]  # the command's arguments that name a file outside the work directory -> sha256
+    inputs: dict[str, str]  # path relative to the work directory -> sha256
+    outputs: dict[str, str]  # declared output -> sha256 (of its bytes; of its tensors' digests for Orbax)
+    trace: str | None  # trace.jsonl's sha256; None: the script did not call the probe
+    seconds: float  # the uninterrupted run's wall time
+    env: dict
+    seed: dict | None  # {variable, value}: the seed variable check set for the run (--seed-env), or None
+    raw: bytes
+
+    @property
+    def trace_path(self) -> Path:
+        return self.directory / TRACE
+
+
+def is_script_receipt(path: Path) -> bool:
+    """Whether `path` (a directory or its receipt.json) is a script receipt: read strictly for its format."""
+    path = Path(path)
+    target = path / RECEIPT if path.is_dir() else path
+    try:
+        value = parse_json(read_bytes(target, MAX_RECEIPT_BYTES, CheckpointError), str(target), CheckpointError)
+    except CheckpointError:
+        return False
+    return isinstance(value, dict) and value.get("format") == FORMAT
+
+
+def input_digests(copies: list[Path]) -> dict[str, str]:
+    """What --copy puts into a work directory, by path inside it: every regular file's sha256. Links are
+    named as links (their target is not ours to read)."""
+    digests: dict[str, str] = {}
+    for top in copies:
+        if top.is_symlink() or top.is_file():
+            digests[top.name] = _digest(top)
+            continue
+        for directory, dirs, files in os.walk(top, followlinks=False):
+            for name in sorted(files) + sorted(d for d in dirs if (Path(directory) / d).is_symlink()):
+                path = Path(directory) / name
+                digests[(Path(top.name) / path.relative_to(top)).as_posix()] = _digest(path)
+            if len(digests) > MAX_FILES:
+                raise CheckpointError(f"--copy {top}: more than {MAX_FILES} files")
+    return dict(sorted(digests.items()))
+
+
+def command_file_digests(command: list[str]) -> dict[int, str]:
+    """The command's arguments that name a source file by an absolute path (`python /home/me/train.py`):
+    by their position in argv, its sha256. Not a program (an ELF binary, the interpreter: the environment
+    records its version) nor a link; a relative path names a --copy input, hashed with the inputs."""
+    digests = {}
+    for i, arg in enumerate(command):
+        path = Path(arg)
+        if path.is_absolute() and path.is_file() and not path.is_symlink():
+            with open(path, "rb") as stream:
+                if stream.read(4) == b"\x7fELF":
+                    continue
+            digests[i] = sha256_file(path)
+    return digests
+
+
+def output_digests(found: dict[str, Path]) -> dict[str, str]:
+    """The declared outputs as reprocube.analysis.outputs.collect lists them: each file's sha256; an Orbax
+    checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256 of each
+    tensor's digest, by name."""
+    return {name: _tensors_digest(path) if path.is_dir() and not path.is_symlink() else _digest(path)
+            for name, path in found.items()}  # fmt: skip
+
+
+def _tensors_digest(path: Path) -> str:
+    from reprocube.analysis.outputs import load_orbax  # JAX and Orbax: imported only for such an output
+    from reprocube.trace import tensor_digest
+
+    tensors = {name: tensor_digest(array) for name, array in load_orbax(path).items()}
+    return hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()
+
+
+def _digest(path: Path) -> str:
+    if path.is_symlink():
+        return hashlib.sha256(b"link:" + os.readlink(path).encode(errors="surrogateescape")).hexdigest()
+    return sha256_file(path)
+
+
+def write_script_receipt(directory: Path, command: list[str], inputs: dict[str, str], outputs: dict,
+                         trace: Path | None, seconds: float, env: dict, seed: dict | None) -> Path:  # fmt: skip
+    """receipt.json (and trace.jsonl, copied) into `directory`, which must be new."""
+    directory.mkdir(parents=True)
+    trace_sha = None
+    if trace is not None and trace.is_file() and not trace.is_symlink():
+        data = read_bytes(trace, 512 << 20, CheckpointError)
+        write_file_atomic(directory / TRACE, data)
+        trace_sha = hashlib.sha256(data).hexdigest()
+    body = {"format": FORMAT, "version": VERSION, "command": command,
+            "command_files": {str(i): digest for i, digest in command_file_digests(command).items()},
+            "inputs": inputs, "outputs": outputs,
+            "trace": trace_sha, "seconds": round(seconds, 3), "env": env, "seed": seed}  # fmt: skip
+    body["receipt_sha256"] = _self_digest(body)
+    path = directory / RECEIPT
+    write_file_atomic(path, (json.dumps(body, sort_keys=True, indent=1) + "\n").encode())
+    return path
+
+
+def _self_digest(body: dict) -> str:
+    canonical = {k: v for k, v in body.items() if k != "receipt_sha256"}
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_script_receipt(path: Path) -> ScriptReceipt:
+    """A script receipt (its directory or its receipt.json), every key checked; CheckpointError (exit 4)
+    naming the file and key otherwise. The trace is not read here: analysis.probe_trace reads it, after
+    its sha256 is checked against this receipt's."""
+    path = Path(path)
+    target = path / RECEIPT if path.is_dir() else path
+    where = str(target)
+    raw = read_bytes(target, MAX_RECEIPT_BYTES, CheckpointError)
+    value = parse_json(raw, where, CheckpointError)
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where}: not a JSON object")
+    fields = Fields(value, where, CheckpointError)
+    unknown = sorted(k for k in value if k not in KEYS)
+    if unknown:
+        raise CheckpointError(f"{where}: {str(unknown[0])[:60]!r} is not a key of a script receipt")
+    if fields.text("format") != FORMAT:
+        raise CheckpointError(f"{where}: format must be {FORMAT!r}")
+    fields.integer("version", VERSION, VERSION)
+    if fields.sha256("receipt_sha256") != _self_digest(value):
+        raise CheckpointError(f"{where} was modified: its receipt_sha256 does not match its content")
+    command = fields.texts("command")
+    if not command or any("\0" in arg for arg in command):
+        raise CheckpointError(f"{where}: command must be a non-empty list of strings without NUL")
+    files = fields.mapping("command_files")
+    if not all(key.isdigit() and int(key) < len(command) for key in files.value):
+        raise CheckpointError(f"{where}: command_files must be keyed by positions in command")
+    inputs, outputs = fields.mapping("inputs"), fields.mapping("outputs")
+    for name, listed in (("inputs", inputs.value), ("outputs", outputs.value)):
+        if len(listed) > MAX_FILES:
+            raise CheckpointError(f"{where}: {name} lists more than {MAX_FILES} files")
+        for key in listed:
+            _relative(key, f"{where}: {name}")
+    seconds = fields.number("seconds")
+    if not 0 <= seconds < 10**9:
+        raise CheckpointError(f"{where}: seconds must be from 0 to 10**9")
+    seed = fields.nullable("seed", fields.mapping)
+    if seed is not None:
+        if sorted(seed.value) != ["value", "variable"]:
+            raise CheckpointError(f"{where}: seed must hold variable and value")
+        if not SEED_VARIABLE.match(seed.text("variable")) or not SEED_VALUE.match(seed.text("value")):
+            raise CheckpointError(f"{where}: seed must name a variable (letters, digits, _) and a value (digits)")
+    return ScriptReceipt(
+        directory=target.parent,
+        command=command,
+        command_files={int(key): files.sha256(key) for key in files.value},
+        inputs={key: inputs.sha256(key) for key in inputs.value},
+        outputs={key: outputs.sha256(key) for key in outputs.value},
+        trace=fields.sha256("trace", nullable=True),
+        seconds=seconds,
+        env=fields.mapping("env").value,
+        seed=None if seed is None else dict(seed.value),
+        raw=raw,
+    )
+
+
+def _relative(name: str, where: str) -> None:
+    """A listed file is only ever a name to compare, never opened: still, only relative paths inside a
+    work directory are valid names."""
+    parts = Path(name).parts
+    if not name or "\0" in name or Path(name).is_absolute() or ".." in parts or len(name) > 4096:
+        raise CheckpointError(f"{where}: {name[:60]!r} is not a path inside a work directory")
