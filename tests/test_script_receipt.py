@@ -15,6 +15,7 @@ import pytest
 
 from reprocube.errors import CheckpointError
 from reprocube.script_receipt import _self_digest, read_script_receipt
+from reprocube.signing import generate_key
 
 from conftest import error_lines, reprocube
 
@@ -116,3 +117,15 @@ def test_a_damaged_receipt_or_trace_is_one_line_and_exit_4(numpy_receipt, tmp_pa
 def test_a_script_receipt_refuses_a_run_receipts_options(numpy_receipt, tmp_path):
     proc, _ = reproduce(tmp_path, numpy_receipt, "--seeds", "2")
     assert proc.returncode == 2 and "--seeds is for a run's receipt" in error_lines(proc)[-1]
+
+
+def test_a_signed_script_receipt_is_verified_before_anything_runs(numpy_receipt, tmp_path):
+    signed = tmp_path / "signed"
+    shutil.copytree(numpy_receipt, signed)
+    reprocube("sign", str(signed / "receipt.json"), "--key", str(tmp_path / "a.pem"), "--new-key", cwd=tmp_path)
+    generate_key(tmp_path / "other.pem")  # another key pair
+    proc, _ = reproduce(tmp_path, signed, "--public-key", str(tmp_path / "other.pem.pub"), out="wrong")
+    assert proc.returncode == 4 and "not by the given key" in error_lines(proc)[-1]
+    assert not (tmp_path / "wrong").exists()
+    proc, result = reproduce(tmp_path, signed, "--public-key", str(tmp_path / "a.pem.pub"), env_extra={"SEED": "0"})
+    assert proc.returncode == 0 and result["verdict"] == "bit-identical", proc.stdout + proc.stderr

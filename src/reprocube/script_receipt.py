@@ -115,6 +115,29 @@ def output_digests(found: dict[str, Path]) -> dict[str, str]:
             for name, path in found.items()}  # fmt: skip
 
 
+def outputs_named(work: Path, names: set[str]) -> dict[str, str]:
+    """B's outputs under the names A's receipt lists, found by walking B's work directory (links never
+    followed) and matching each entry's relative name as a string: a name read from a receipt is compared,
+    never opened as a path. {name: digest}, as output_digests gives."""
+    found: dict[str, Path] = {}
+    for directory, dirs, files in os.walk(work, followlinks=False):
+        for name in [*dirs, *files]:
+            path = Path(directory) / name
+            relative = path.relative_to(work).as_posix()
+            if relative in names and (not path.is_dir() or path.is_symlink() or _is_orbax(path)):
+                found[relative] = path  # a directory only as A listed one: an Orbax checkpoint
+        dirs[:] = [d for d in dirs if (Path(directory) / d).relative_to(work).as_posix() not in names]
+        if len(found) > MAX_FILES:
+            raise CheckpointError(f"{work}: more than {MAX_FILES} outputs")
+    return output_digests(found)
+
+
+def _is_orbax(path: Path) -> bool:
+    from reprocube.analysis.outputs import is_orbax
+
+    return is_orbax(path)
+
+
 def _tensors_digest(path: Path) -> str:
     from reprocube.analysis.outputs import load_orbax  # JAX and Orbax: imported only for such an output
     from reprocube.trace import tensor_digest

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from reprocube.analysis.environment import env_differences
-from reprocube.analysis.outputs import collect
 from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
 from reprocube.analysis.receipt_comparison import session_settings, settings_text
 from reprocube.env import collect_env
@@ -28,7 +27,7 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.orchestration.check_runs import Run, execute
 from reprocube.orchestration.children import last_error_line
 from reprocube.results.script_reproduce_result import write_script_reproduce
-from reprocube.script_receipt import ScriptReceipt, command_file_digests, input_digests, output_digests
+from reprocube.script_receipt import ScriptReceipt, command_file_digests, input_digests, outputs_named
 from reprocube.terminal import counted, one_line
 
 TIMEOUT_FACTOR = 10  # B's watchdog: this many times A's run, at least MIN_TIMEOUT_S
@@ -143,8 +142,7 @@ def _inputs(receipt: ScriptReceipt, b: dict[str, str], b_files: dict[int, str]) 
 
 def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
     """B's probe trace and outputs against A's receipt."""
-    found = collect(run.work, list(receipt.outputs), [])
-    b_outputs = output_digests(found)
+    b_outputs = outputs_named(run.work, set(receipt.outputs))
     outputs = {
         "compared": sorted(n for n in receipt.outputs if n in b_outputs),
         "differ": sorted(n for n in receipt.outputs if n in b_outputs and b_outputs[n] != receipt.outputs[n]),
