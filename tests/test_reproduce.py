@@ -10,6 +10,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -398,6 +400,21 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     assert match["segments"] and match["bit_identical"] is True, match["summary"]
     assert proc.returncode == 6 and "A's sessions followed" in match["summary"]
 
+    # The recipe (issue 39): the two commands printed, run as printed in a shell, give A's bits.
+    printed = proc.stdout.split("to get A's bits on this machine (proven by --match), run in turn:\n")[1]
+    lines = [line.strip() for line in printed.splitlines()[:2]]
+    assert lines[0].startswith("ONEDNN_MAX_CPU_ISA=SSE41 reprocube train ") and "preempt_at_step=15" in lines[0]
+    assert "resume=latest" in lines[1] and "ONEDNN" not in lines[1], lines
+    assert [c["env"] for c in match["recipe"]] == [{"ONEDNN_MAX_CPU_ISA": "SSE41"}, {}]
+    (tmp_path / "recipe").mkdir()
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `reprocube` on PATH
+    for line, status in zip(lines, (75, 0), strict=True):
+        ran = subprocess.run(["bash", "-c", line], cwd=tmp_path / "recipe", capture_output=True, text=True,
+                             env={**os.environ, "PATH": path}, timeout=300)  # fmt: skip
+        assert ran.returncode == status, ran.stdout + ran.stderr
+    again = read_receipt(tmp_path / "recipe" / "runs" / "a-bits")
+    assert compare_receipts(receipt, again)["identical"] is True
+
 
 def test_a_flag_list_setting_says_which_of_bs_flags_it_drops():
     from reprocube.analysis.receipt_comparison import settings_text
@@ -425,3 +442,11 @@ def test_a_setting_that_changes_only_the_losses_is_losses_only_by_the_fingerprin
     b = read_receipt(tmp_path / "out" / "runs" / "b")
     assert b.epochs[-1]["weights_digest"] == read_receipt(a).epochs[-1]["weights_digest"]
     assert result["summary"].startswith("the trained model is bit-identical; only the reported losses differ")
+
+
+def test_a_recipe_line_unsets_sets_and_quotes_as_a_shell_reads_it():
+    from reprocube.results.reproduce_result import recipe_lines
+
+    recipe = [{"env": {"ATEN_CPU_CAPABILITY": None, "XLA_FLAGS": "--a --b"}, "argv": ["reprocube", "train", "x=a b"]}]
+    assert recipe_lines(recipe) == ["env -u ATEN_CPU_CAPABILITY XLA_FLAGS='--a --b' reprocube train 'x=a b'"]
+    assert recipe_lines([{"env": {}, "argv": ["reprocube", "train"]}]) == ["reprocube train"]

@@ -55,6 +55,7 @@ from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
     B_RUN,
     REPRODUCE_RESULT,
+    recipe_lines,
     signature_line,
     write_reproduce,
 )
@@ -292,6 +293,8 @@ def reproduce(
             result["self_consistent"], result["self_check"] = _self_check(receipt, b, outcome, train)
         if match:
             result["match"] = _match(receipt, b, result["causes"], train, stop_at)
+            if result["match"]["bit_identical"]:  # proven: the command lines that give A's bits here
+                result["match"]["recipe"] = match_recipe(result["match"], base, stop_at)
         result["first_operation"] = _first_operation(result, b_path, user_overrides, ws, stall_timeout, echo)
     if spread_study is None and seeds >= 2 and final_record(receipt) and final_record(b):
         spread_study = _seed_runs(receipt, seeds, train)
@@ -305,6 +308,11 @@ def reproduce(
     write_reproduce(result, ws.out)
     _report(ws, receipt, b_path, result, echo)
     echo(f"verdict: {result['summary']}")
+    recipe = (result["match"] or {}).get("recipe")
+    if recipe:
+        echo("to get A's bits on this machine (proven by --match), run" + (" in turn:" if len(recipe) > 1 else ":"))
+        for line in recipe_lines(recipe):
+            echo(f"  {line}")
     echo(f"written: {ws.out / REPRODUCE_RESULT.name}, {ws.out / REPRODUCE_RESULT.markdown_name}")
     return result
 
@@ -512,6 +520,21 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | Non
         return match_outcome(plan, a, read_receipt(path))
     matched = read_receipt(train("b-matched", env=plan["settings"], stop_at=stop_at)) if plan["settings"] else None
     return match_outcome(plan, a, matched)
+
+
+def match_recipe(match: dict, base: list[str], stop_at: int | None) -> list[dict]:
+    """The commands --match ran that gave A's bits, for a person to run: each {env, argv} (env: a value, or
+    None to unset), A's config as the overrides reproduce built (every value quoted as data), one command
+    per change of settings, stopped and resumed where A was."""
+    segments = match["segments"] or [{"settings": match["settings"], "to_step": None}]
+    commands = []
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        stop = stop_at if last else segment["to_step"]
+        argv = ["reprocube", "train", *base, "output_dir=runs", "run_name=a-bits",
+                *(["resume=latest"] if i else []), *([f"preempt_at_step={stop}"] if stop is not None else [])]  # fmt: skip
+        commands.append({"env": dict(segment["settings"]), "argv": argv})
+    return commands
 
 
 def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: _Workspace,

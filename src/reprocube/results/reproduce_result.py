@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
@@ -53,6 +54,27 @@ REPRODUCE_RESULT = ResultFile(
     optional_keys=("self_check", "first_operation"),
 )
 VERDICTS = ("bit-identical", "losses-only", "differs")
+
+
+def recipe_lines(recipe: list[dict]) -> list[str]:
+    """Each command as one shell line: `env -u VAR` for a variable to unset, VAR=value for one to set."""
+    lines = []
+    for command in recipe:
+        unset = [f"-u {shlex.quote(k)}" for k, v in sorted(command["env"].items()) if v is None]
+        assigned = [f"{k}={shlex.quote(v)}" for k, v in sorted(command["env"].items()) if v is not None]
+        prefix = " ".join(["env", *unset] if unset else []) + " " if unset else ""
+        lines.append(prefix + " ".join([*assigned, shlex.join(command["argv"])]))
+    return lines
+
+
+def _recipe_command(command) -> dict:
+    env = command.mapping("env")
+    return {
+        "env": {key: env.nullable(key, env.text) for key in env.value},
+        "argv": command.texts("argv"),
+    }
+
+
 B_RUN = "runs/b"
 A_RECEIPT_COPY = "a/receipt.json"  # A's receipt, its exact bytes
 CAUSE_KINDS = ("config", "code", "environment", "not-numeric")
@@ -145,6 +167,8 @@ def check_reproduce(value, where: str) -> dict:
         "bit_identical": match.nullable("bit_identical", match.boolean),
         "cannot": match.texts("cannot"),
         "summary": match.text("summary"),
+        # the commands that gave A's bits here (older results have none)
+        "recipe": [_recipe_command(c) for c in match.records("recipe")] if match.has("recipe") else None,
     }
     operation = fields.nullable("first_operation", fields.mapping) if fields.has("first_operation") else None
     result["first_operation"] = operation and {
@@ -346,6 +370,9 @@ def markdown(result: dict) -> str:
     if result["match"]:
         lines += ["", "## Intervention (--match)", "", result["match"]["summary"]]
         lines += [f"- cannot emulate: {c}" for c in result["match"]["cannot"]]
+        if result["match"].get("recipe"):
+            lines += ["", "To get A's bits on this machine (proven by --match), run:", "", "```sh",
+                      *recipe_lines(result["match"]["recipe"]), "```"]  # fmt: skip
     lines += ["", "## Does it matter?", "", result["tier_text"]]
     spread = result.get("seed_spread")
     if spread:
