@@ -406,6 +406,8 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     assert lines[0].startswith("ONEDNN_MAX_CPU_ISA=SSE41 reprocube train ") and "preempt_at_step=15" in lines[0]
     assert "resume=latest" in lines[1] and "ONEDNN" not in lines[1], lines
     assert [c["env"] for c in match["recipe"]] == [{"ONEDNN_MAX_CPU_ISA": "SSE41"}, {}]
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "<pre class='recipe'>ONEDNN_MAX_CPU_ISA=SSE41 reprocube train " in page  # on the page too
     (tmp_path / "recipe").mkdir()
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `reprocube` on PATH
     for line, status in zip(lines, (75, 0), strict=True):

@@ -28,6 +28,7 @@ from reprocube.results.reproduce_result import (
     check_subject,
     first_update_text,
     read_reproduce,
+    recipe_lines,
 )
 from reprocube.terminal import counted
 
@@ -377,6 +378,9 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         cls = "ok" if match["bit_identical"] else ("bad" if match["ran"] else "dim")
         parts.append(f"<p class='{cls}'>{esc(match['summary'])}</p>")
         parts += [f"<p class='caption'>cannot emulate: {esc(c)}</p>" for c in match["cannot"]]
+        if match.get("recipe"):  # proven: the command lines that give A's bits here, to copy
+            parts.append("<p>To get A's bits on this machine, run" + (" in turn:" if len(match["recipe"]) > 1 else ":")
+                         + "</p><pre class='recipe'>" + esc("\n".join(recipe_lines(match["recipe"]))) + "</pre>")  # fmt: skip
     claims = result["claims"]
     parts.append(f"<{h2}>What was compared: every claim of A's receipt</{h2}>")
     parts.append("<table><tr><th>claims of A</th><th>reproduced</th><th>differ</th><th>not checked</th></tr>")
