@@ -444,6 +444,8 @@ def test_a_setting_that_changes_only_the_losses_is_losses_only_by_the_fingerprin
     b = read_receipt(tmp_path / "out" / "runs" / "b")
     assert b.epochs[-1]["weights_digest"] == read_receipt(a).epochs[-1]["weights_digest"]
     assert result["summary"].startswith("the trained model is bit-identical; only the reported losses differ")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "losses-only</span></p>" in page and "(losses-only)" not in page  # said once, not twice (issue 39)
 
 
 def test_a_recipe_line_unsets_sets_and_quotes_as_a_shell_reads_it():

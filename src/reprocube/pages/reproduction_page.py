@@ -324,7 +324,9 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
     parts = [
         f"<{h1}>reprocube reproduce: {esc(result['run_a'])}</{h1}>",
         f"<p class='verdict'>Verdict: <span class='{verdict_class}'>{esc(result['verdict'])}"
-        f"{' (unverifiable)' if unverifiable else ''}</span> <span class='dim'>({esc(result['tier'])})</span></p>",
+        f"{' (unverifiable)' if unverifiable else ''}</span>"
+        + (f" <span class='dim'>({esc(result['tier'])})</span>" if result["tier"] != result["verdict"] else "")
+        + "</p>",  # "losses-only (losses-only)" said nothing twice
         (
             f"<p class='warn'>Unverifiable: this {REPRODUCE_RESULT.name} names no subject (written by a reprocube before "
             "results recorded the receipt file they are about): nothing shows that A's receipt here is the one "
