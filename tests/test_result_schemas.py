@@ -77,7 +77,7 @@ def test_the_reader_refuses_an_unknown_key_and_another_version(schema, tmp_path)
 
 def test_a_compare_result_is_read_strictly(tmp_path):
     subject = {"checkpoint": "epoch-0001", "config_hash": None, "weights_digest": DIGEST}
-    inputs = {"checkpoints": {"epoch-0001": DIGEST}, "env.json": DIGEST, "metrics.jsonl": None}
+    inputs = {"checkpoints": {"epoch-0001": DIGEST}, "env.json": DIGEST, "metrics.jsonl": None, "receipt.json": None}
     result = {key: None for key in COMPARE_RESULT.keys} | {
         "subject": {"a": subject, "b": None},
         "inputs": {"a": inputs, "b": inputs},

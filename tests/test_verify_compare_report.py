@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from reprocube.backend import FRAMEWORKS
+from reprocube.commands.reproduce import reproduce
 
 from conftest import WITHOUT_JAX_CACHE, error_lines, reprocube
 
@@ -149,6 +150,39 @@ def test_compare_different_thread_counts_names_the_env_difference(runs, tmp_path
     assert not result["identical"] and result["first_difference"]["checkpoint"] == "epoch-0001"
     assert result["env_differences"][0]["key"] == "framework.num_threads"  # the likeliest cause comes first
     assert "env framework.num_threads: 2 -> 1" in proc.stdout
+
+
+def test_compare_of_two_receipts_names_the_first_update_and_cause_as_reproduce_does(runs, generated, tmp_path):
+    """Issue 39: two published receipts (no checkpoints) compared from their traces: the first differing
+    update, its tensors and the likeliest cause, no training; the same answer reproduce gives by training
+    B again. Run directories that hold receipts get it beside the checkpoint comparison."""
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("a", "threads1"):
+        shutil.copy(runs / name / "receipt.json", published / f"{name}.json")
+    proc = reprocube("compare", str(published / "a.json"), str(published / "threads1.json"), "--out", "c",
+                     cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    receipts = json.loads((tmp_path / "c" / "compare.json").read_text())["receipts"]
+    assert receipts["verdict"] == "differs" and receipts["first_divergence"]["first_weight_step"] == 1
+    assert receipts["causes"][0]["key"] == "config.threads", receipts["causes"][:3]
+    assert "(their receipts' traces, no checkpoints): differs from global step 1" in proc.stdout
+    # reproduce, training B with threads=1, names the same first update, tensors and cause.
+    reproduced = reproduce(published / "a.json", tmp_path / "r", [f"data_dir={generated.data_dir}", "threads=1"],
+                           allow_config_change=True, echo=lambda line: None)  # fmt: skip
+    for key in ("step", "first_weight_step", "weight_tensors"):
+        assert reproduced["first_divergence"][key] == receipts["first_divergence"][key], key
+    assert reproduced["causes"][0]["key"] == receipts["causes"][0]["key"]
+    # Two run directories: the checkpoints as before, and their receipts' answer beside.
+    proc = reprocube("compare", str(runs / "a"), str(runs / "threads1"), "--out", "d", cwd=tmp_path, check=False)
+    result = json.loads((tmp_path / "d" / "compare.json").read_text())
+    assert result["receipts"]["first_divergence"] == receipts["first_divergence"]
+    assert (
+        result["inputs"]["a"]["receipt.json"] == hashlib.sha256((runs / "a" / "receipt.json").read_bytes()).hexdigest()
+    )
+    assert "from their receipts' traces: differs from global step 1" in proc.stdout
+    same = reprocube("compare", str(published / "a.json"), str(runs / "a"), "--out", "e", cwd=tmp_path, check=False)
+    assert same.returncode == 0 and "bit-identical" in same.stdout, same.stdout + same.stderr
 
 
 def test_compare_refuses_a_tampered_run_in_one_line(runs, tmp_path):

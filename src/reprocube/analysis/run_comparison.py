@@ -51,6 +51,7 @@ def load_run(path: Path) -> dict:
         **{
             name: sha256_file(path / name) if (path / name).exists() else None for name in ("env.json", "metrics.jsonl")
         },
+        "receipt.json": None,  # set where a comparison reads the run's receipt (compare: its trace)
     }
     return {
         "path": path,

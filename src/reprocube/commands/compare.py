@@ -1,23 +1,29 @@
-"""`reprocube compare RUN_A RUN_B`: are two runs bit-identical, and if not, where do they first differ and
-what in their environments most likely explains it (the work: reprocube.analysis.run_comparison)."""
+"""`reprocube compare A B`: are two runs bit-identical, and if not, where do they first differ and what in
+their environments most likely explains it. Run directories are compared checkpoint by checkpoint
+(reprocube.analysis.run_comparison) and, where both hold a receipt, also from their traces; a receipt
+given alone (published, without checkpoints) is compared from its trace (reprocube.analysis.receipt_pair):
+the first differing update and its tensors, no training."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
+from reprocube.analysis.receipt_pair import compare_published
 from reprocube.analysis.run_comparison import compare_runs, load_run, summary_line
 from reprocube.analysis.tensors import difference_size, worst_tensor
-from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, ConfigError
+from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import refuse_inside_checkpoints, safe_name
+from reprocube.receipt import find_receipt, read_receipt
 from reprocube.results.compare_result import COMPARE_RESULT, write_compare
 
 HELP = "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("run_a", type=Path)
-    parser.add_argument("run_b", type=Path)
+    parser.add_argument("run_a", type=Path, help="a run directory, or a receipt (receipt.json: its trace only)")
+    parser.add_argument("run_b", type=Path, help="a run directory, or a receipt")
     parser.add_argument(
         "--tolerance", type=float, default=0.0,
         help="pass when every weight differs by at most this (default 0: bit-exact)",
@@ -30,13 +36,25 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
-    names = (safe_name(Path(run).resolve().name) for run in (args.run_a, args.run_b))
+    names = (safe_name(Path(run).resolve().name.removesuffix(".json")) for run in (args.run_a, args.run_b))
     out = args.out or Path("compare-{}-vs-{}".format(*names))
     refuse_inside_checkpoints(out)
-    result = compare_runs(load_run(args.run_a), load_run(args.run_b), args.tolerance)
+    if not (_is_run(args.run_a) and _is_run(args.run_b)):  # a published receipt: its trace is what there is
+        return _compare_receipts(args, out)
+    a, b = load_run(args.run_a), load_run(args.run_b)
+    result = compare_runs(a, b, args.tolerance)
+    result["receipts"] = None
+    receipts = [find_receipt(Path(run)) for run in (args.run_a, args.run_b)]
+    if all(r.is_file() and not r.is_symlink() for r in receipts):  # (a linked receipt is no run file)
+        receipt_a, receipt_b = read_receipt(args.run_a), read_receipt(args.run_b)
+        result["receipts"] = compare_published(receipt_a, receipt_b)
+        for run, receipt in (("a", receipt_a), ("b", receipt_b)):
+            result["inputs"][run]["receipt.json"] = hashlib.sha256(receipt.raw).hexdigest()
     out.mkdir(parents=True, exist_ok=True)
     write_compare(result, out)
     print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
+    if result["receipts"]:
+        print(f"  from their receipts' traces: {result['receipts']['summary']}")
     for row in result["checkpoints"]:
         worst = worst_tensor(row["tensors"])
         detail = "" if row["identical"] else f"  {worst['tensor']}: {difference_size(worst)}"
@@ -49,3 +67,33 @@ def run(args) -> int:
         print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
     print(f"written: {out / COMPARE_RESULT.name}, {out / COMPARE_RESULT.markdown_name}")
     return EXIT_OK if result["passed"] else EXIT_DIFFERENT
+
+
+def _is_run(path: Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / "checkpoints").is_dir()
+
+
+def _compare_receipts(args, out: Path) -> int:
+    """Two receipts (a receipt.json, or a directory holding one), from their traces alone."""
+    a, b = read_receipt(args.run_a), read_receipt(args.run_b)
+    if args.tolerance:
+        raise ConfigError("--tolerance compares checkpoints' weights; a receipt holds none (give run directories)")
+    published = compare_published(a, b)
+    nothing = {"a": [], "b": []}
+    result = {
+        "subject": {"a": None, "b": None},  # a run's subject is its final checkpoint: none was read
+        "inputs": {run: {"checkpoints": {}, "env.json": None, "metrics.jsonl": None,
+                         "receipt.json": hashlib.sha256(r.raw).hexdigest()} for run, r in (("a", a), ("b", b))},  # fmt: skip
+        "run_a": str(args.run_a), "run_b": str(args.run_b), "compared_checkpoints": [],
+        "identical": published["identical"], "passed": published["identical"], "tolerance": 0.0,
+        "first_difference": None, "checkpoints": [], "metric_differences": [], "config_differences": [],
+        "env_differences": [], "unreadable_checkpoints": nothing, "missing_epoch_checkpoints": nothing,
+        "not_compared_checkpoints": nothing, "max_abs": None, "receipts": published,
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    write_compare(result, out)
+    print(f"{args.run_a} vs {args.run_b} (their receipts' traces, no checkpoints): {published['summary']}")
+    for cause in [c for c in published["causes"] if c["kind"] != "not-numeric"][:6]:
+        print(f"  likely cause: {cause['key']}: {cause['a']} -> {cause['b']}")
+    print(f"written: {out / COMPARE_RESULT.name}, {out / COMPARE_RESULT.markdown_name}")
+    return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(published["verdict"], EXIT_DIFFERENT)

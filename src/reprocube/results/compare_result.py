@@ -15,8 +15,11 @@ COMPARE_RESULT = ResultFile(
     keys=(
         "subject",  # {"a": run subject, "b": run subject}: what the result is about (each may be null)
         # {"a": RUN_INPUTS, "b": ...}: what was read of each run, by digest: {"checkpoints": {name: the
-        # manifest's own sha256}, "env.json": sha256 or null, "metrics.jsonl": sha256 or null}
+        # manifest's own sha256}, "env.json", "metrics.jsonl", "receipt.json": sha256 or null}
         "inputs",
+        # null, or the two receipts compared from their traces (analysis.receipt_pair.PUBLISHED_KEYS):
+        # a receipt given alone, or two run directories that hold one each
+        "receipts",
         "run_a",
         "run_b",
         "compared_checkpoints",
@@ -55,14 +58,20 @@ def read_compare(path: Path) -> dict:
         "identical": fields.boolean("identical"),
         "passed": fields.boolean("passed"),
         "tolerance": fields.number("tolerance"),
+        "receipts": fields.nullable("receipts", lambda key: _read_receipts(fields.mapping(key))),
     }
+
+
+def _read_receipts(receipts) -> dict:
+    return {"verdict": receipts.one_of("verdict", ("bit-identical", "losses-only", "differs")),
+            "summary": receipts.text("summary"), "tier": receipts.text("tier")}  # fmt: skip
 
 
 def _read_run_inputs(inputs) -> dict:
     checkpoints = inputs.mapping("checkpoints")
     return {
         "checkpoints": {name: checkpoints.sha256(name) for name in checkpoints.value},
-        **{name: inputs.sha256(name, nullable=True) for name in ("env.json", "metrics.jsonl")},
+        **{name: inputs.sha256(name, nullable=True) for name in ("env.json", "metrics.jsonl", "receipt.json")},
     }
 
 
@@ -75,10 +84,13 @@ def markdown(result: dict) -> str:
         f"- verdict: **{summary_line(result)}**",
         "",
     ]
+    if result.get("receipts"):
+        lines += [f"- from their receipts' traces: **{result['receipts']['summary']}**", ""]
     for run in ("a", "b"):
         inputs = result["inputs"][run]
         bound = ", ".join(f"{name} `{digest[:12]}`" for name, digest in inputs["checkpoints"].items())
-        records = ", ".join(f"{name} `{inputs[name][:12]}`" for name in ("env.json", "metrics.jsonl") if inputs[name])
+        names = ("env.json", "metrics.jsonl", "receipt.json")
+        records = ", ".join(f"{name} `{inputs[name][:12]}`" for name in names if inputs[name])
         lines.append(f"- read of {run.upper()} (sha256): {bound}" + (f"; {records}" if records else ""))
     lines.append("")
     lines += ["| checkpoint | identical | worst tensor | max abs | max ULP |", "|---|---|---|---|---|"]
