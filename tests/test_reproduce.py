@@ -454,3 +454,22 @@ def test_a_recipe_line_unsets_sets_and_quotes_as_a_shell_reads_it():
     recipe = [{"env": {"ATEN_CPU_CAPABILITY": None, "XLA_FLAGS": "--a --b"}, "argv": ["reprocube", "train", "x=a b"]}]
     assert recipe_lines(recipe) == ["env -u ATEN_CPU_CAPABILITY XLA_FLAGS='--a --b' reprocube train 'x=a b'"]
     assert recipe_lines([{"env": {}, "argv": ["reprocube", "train"]}]) == ["reprocube train"]
+
+
+def test_a_within_ulp_answer_still_shows_the_seed_spread_it_measured():
+    """Issue 39: with --seeds 2 and a within-ULP difference, the spread the seeds measured was not shown."""
+    from reprocube.analysis.receipt_comparison import tier
+
+    result = {
+        "verdict": "differs", "first_divergence": {"step": 3}, "epoch_differences": [], "reasons": [],
+        "coverage": {"a_steps": [1, 42], "b_steps": [1, 42], "a_complete": True},
+        "ulp": {"basis": "the last epoch's step losses", "sign_flips": 0, "max_ulp": 3, "median_ulp": 1.0,
+                "p99_ulp": 2.0, "max_relative": 1e-7},
+        "seed_spread": {"test_accuracy": {"difference": 0.001, "in_std": 0.25},
+                        "test_loss": {"difference": -0.002, "in_std": -0.4}},
+    }  # fmt: skip
+    name, text = tier(result, 16)
+    assert name == "within-ulp" and "max 3, median 1" in text
+    assert "the seed spread, measured: test accuracy B - A = +0.001 (+0.25 seed std), test loss -0.40 seed std" in text
+    result["seed_spread"] = None
+    assert "seed spread" not in tier(result, 16)[1]

@@ -511,6 +511,14 @@ def _tier(result: dict, max_ulp: int) -> tuple[str, str]:
             "produced by the training its trace records (an edited or damaged receipt)"
         )
     ulp = result.get("ulp")
+    spread = result.get("seed_spread")
+    measured = spread and all(spread[m].get("in_std") is not None for m in ("test_accuracy", "test_loss"))
+    text = (
+        f"test accuracy B - A = {spread['test_accuracy']['difference']:+.4g} "
+        f"({spread['test_accuracy']['in_std']:+.2f} seed std), test loss {spread['test_loss']['in_std']:+.2f} seed std"
+        if measured
+        else ""
+    )
     if (
         ulp
         and ulp["sign_flips"] == 0
@@ -520,14 +528,10 @@ def _tier(result: dict, max_ulp: int) -> tuple[str, str]:
         return "within-ulp", (
             f"differs within {max_ulp} ULP ({ulp['basis']}: max {ulp['max_ulp']}, median {ulp['median_ulp']:g}, "
             f"p99 {ulp['p99_ulp']:g} ULP, max relative {ulp['max_relative']:.2g})"
+            + (f"; the seed spread, measured: {text}" if measured else "")  # --seeds asked for it: shown
         )
-    spread = result.get("seed_spread")
-    if spread and all(spread[m].get("in_std") is not None for m in ("test_accuracy", "test_loss")):
+    if measured:
         z = max(abs(spread[m]["in_std"]) for m in ("test_accuracy", "test_loss"))
-        text = (
-            f"test accuracy B - A = {spread['test_accuracy']['difference']:+.4g} "
-            f"({spread['test_accuracy']['in_std']:+.2f} seed std), test loss {spread['test_loss']['in_std']:+.2f} seed std"
-        )
         if z <= SEED_SPREAD_Z:
             return "within-seed-spread", f"differs within the seed spread (|z| <= {SEED_SPREAD_Z:g}): {text}"
         return "beyond-seed-spread", f"differs BEYOND the seed spread (|z| > {SEED_SPREAD_Z:g}): {text}"
