@@ -301,3 +301,20 @@ def test_keras_backup_and_restore_resumes_at_the_epoch_but_not_the_same_training
     # The probe's Keras callback (TensorFlow weights): the first update after the first stop departs.
     first = result["probe"]["resume"]["first_difference"]
     assert (first["step"], first["after_stop"]) == (33, 1) and first["tensors"], first
+
+
+def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
+    """Issue 39: a progress line while a run goes on (every 30 s; a fraction of a second here), whatever
+    the output is: the run, its seconds, the command's newest line."""
+    from reprocube.commands.check import check as check_command
+    from reprocube.orchestration import check_runs
+
+    monkeypatch.setattr(check_runs, "PROGRESS_EVERY_S", 0.3)
+    lines = []
+    result = check_command([*NUMPY, "--save-rng"], ["final.npz"], [], [], stops=1, at_line="saved",
+                           out=tmp_path / "out", echo=lines.append)  # fmt: skip
+    assert result["verdict"] == "resume-exact"
+    progress = [
+        line for line in lines if re.fullmatch(r"  clean-1: \d+ s, running; (its last line: .*|no output yet)", line)
+    ]
+    assert progress, lines

@@ -104,7 +104,9 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
             (shutil.copytree if path.is_dir() else shutil.copy2)(path, work / path.name)
         env = {**os.environ, **({seed_env: str(seed)} if seed_env else {})}
         argv = [*command, *([seed_arg.replace("{seed}", str(seed))] if seed_arg else [])]
-        return Run(name, work, out / "logs" / f"{name}.log", env, argv, out / "probe" / name)
+        run = Run(name, work, out / "logs" / f"{name}.log", env, argv, out / "probe" / name)
+        run.on_progress = lambda seconds: echo(one_line(f"  {name}: {seconds:.0f} s, running; {_last_line(run)}"))
+        return run
 
     result = {"command": command, "outputs": {"paths": outputs, "ignore": ignore}, "stop_seed": stop_seed,
               "signal": signal_name, "runs": [], "comparisons": {"repeat": []}, "not_checked": [],
@@ -381,6 +383,17 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
     scratch = [a["attempt"] for a in attempts if a.get("from_scratch")]
     not_resumed = f"after stop {scratch[0] - 1} the script began again at step 1" if scratch else None
     return {"differs": differs, "not_resumed": not_resumed, "compared": traced["compared_steps"]}
+
+
+def _last_line(run: Run) -> str:
+    """The command's newest output line (its own words; shown escaped), for a progress line."""
+    try:
+        with open(run.log, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+            lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output yet"
+    return f"its last line: {lines[-1][:120]}" if lines else "no output yet"
 
 
 def _failed(run: Run) -> str:

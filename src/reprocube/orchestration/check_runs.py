@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from reprocube.probe import ENV as PROBE_ENV
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
 EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit
+PROGRESS_EVERY_S = 30.0
 JITTER = 0.4  # default stops: each at its share of the clean run's duration, +-20%
 
 
@@ -76,6 +78,8 @@ class Run:
     command: list[str]
     probe: Path  # where each attempt's probe trace goes (reprocube.probe), if the script calls it
     attempts: list[Attempt] = field(default_factory=list)
+    # called with the seconds an attempt has run, every PROGRESS_EVERY_S: never a long silence, on any output
+    on_progress: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
 
     def probe_trace(self, attempt: int) -> Path:
         return self.probe / f"attempt-{attempt}.jsonl"
@@ -134,7 +138,7 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         reader = threading.Thread(target=_copy_output, args=(child, log, pattern, on_line), daemon=True)
         reader.start()
         try:
-            given = _wait_for_trigger(child, stop, run.work, seen, matched, start, timeout_s)
+            given = _wait_for_trigger(child, stop, run.work, seen, matched, start, timeout_s, run.on_progress)
             if given and pattern is None:
                 _signal_group(child, signum)
             given = given or matched.is_set()  # the reader's signal may have ended it before the loop looked
@@ -166,11 +170,15 @@ def _signal_group(child: subprocess.Popen, signum: int) -> None:
 
 
 def _wait_for_trigger(child, stop: Stop | None, work: Path, seen: set[str], matched: threading.Event,
-                      start: float, timeout_s: float) -> bool:  # fmt: skip
+                      start: float, timeout_s: float, on_progress=None) -> bool:  # fmt: skip
     """True when the stop's moment came while the command ran; False when it ended first (or there is no
     stop: it runs to its end, bounded by the watchdog)."""
+    reported = start
     while child.poll() is None:
         elapsed = time.perf_counter() - start
+        if on_progress is not None and time.perf_counter() - reported >= PROGRESS_EVERY_S:
+            reported = time.perf_counter()
+            on_progress(elapsed)
         if stop is not None:
             if stop.seconds is not None and elapsed >= stop.seconds:
                 return True

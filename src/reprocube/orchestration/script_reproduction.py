@@ -69,6 +69,9 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
             else:
                 shutil.copy2(path, work / path.name, follow_symlinks=False)
         run = Run(name, work, out / "logs" / f"{name}.log", env, command, out / "probe" / name)
+        run.on_progress = lambda seconds: echo(
+            f"  {name}: {seconds:.0f} s, running (A's run took {receipt.seconds:.0f} s)"
+        )
         echo(one_line(f"  {name}: {' '.join(command)}" + (f" with {settings_text(settings)}" if settings else "")))
         execute(run, [], signal.SIGTERM, timeout)
         result["runs"].append(run.as_dict())
