@@ -129,3 +129,117 @@ def test_a_signed_script_receipt_is_verified_before_anything_runs(numpy_receipt,
     assert not (tmp_path / "wrong").exists()
     proc, result = reproduce(tmp_path, signed, "--public-key", str(tmp_path / "a.pem.pub"), env_extra={"SEED": "0"})
     assert proc.returncode == 0 and result["verdict"] == "bit-identical", proc.stdout + proc.stderr
+
+
+# --- what an adversarial review found (each was a false verdict, a hang, a traceback or a forged line) ---
+TINY = """import os
+import numpy as np
+from reprocube import probe
+
+w = np.zeros(4, np.float32)
+for i in range(int(os.environ.get("N", "4"))):
+    w = w + 1
+    probe.step(np.float32(i), {"w": w})
+os.makedirs("od", exist_ok=True)
+open("od/a.bin", "wb").write(b"a")
+if os.environ.get("MORE"):
+    open("od/b.bin", "wb").write(b"b")
+if os.environ.get("FIFO"):
+    os.mkfifo("out.bin")
+else:
+    open("data.bin", "wb").write(os.environ.get("DATA", "x").encode())
+    if os.environ.get("LINK"):
+        os.symlink("data.bin", "out.bin")
+    else:
+        open("out.bin", "wb").write(b"x")
+print("saved", flush=True)
+"""
+TINY_COMMAND = [sys.executable, "tiny.py"]
+
+
+def tiny_receipt(where: Path, **env: str) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "tiny.py").write_text(TINY)
+    reprocube("check", "--out", "chk", "--copy", "tiny.py", "--output", "out.bin", "--output", "od", "--at-line",
+              "saved", "--stops", "1", "--", *TINY_COMMAND, cwd=where, check=False, env_extra=env)  # fmt: skip
+    return where / "chk" / "receipt"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return tiny_receipt(tmp_path_factory.mktemp("tiny"))
+
+
+def tiny_reproduce(tmp_path: Path, receipt: Path, out: str, **env: str):
+    (tmp_path / "tiny.py").write_text(TINY)  # the bytes A's check copied
+    return reproduce(tmp_path, receipt, "--copy", "tiny.py", command=TINY_COMMAND, out=out, env_extra=env)
+
+
+def test_more_updates_other_inputs_or_an_extra_output_are_differences(tiny, tmp_path):
+    proc, result = tiny_reproduce(tmp_path, tiny, "same")
+    assert proc.returncode == 0 and result["verdict"] == "bit-identical", proc.stdout + proc.stderr
+    proc, result = tiny_reproduce(tmp_path, tiny, "more-updates", N="6")
+    assert proc.returncode == 6 and "B made 6 updates, A 4" in result["summary"], result["summary"]
+    proc, result = tiny_reproduce(tmp_path, tiny, "extra-output", MORE="1")
+    assert proc.returncode == 6 and result["outputs"]["extra"] == ["od/b.bin"], result["summary"]
+    (tmp_path / "tiny.py").write_text(TINY + "# another source, the same bits\n")
+    proc = reprocube("reproduce", str(tiny), "--out", "other-source", "--copy", "tiny.py", "--", *TINY_COMMAND,
+                     cwd=tmp_path, check=False)  # fmt: skip
+    result = json.loads((tmp_path / "other-source" / "script-reproduce.json").read_text())
+    assert proc.returncode == 6 and "B's inputs are not A's (tiny.py)" in result["summary"], result["summary"]
+
+
+def test_a_linked_or_special_output_is_not_checked_and_never_hangs(tmp_path):
+    linked = tiny_receipt(tmp_path / "a", LINK="1")
+    assert read_script_receipt(linked).unrecorded_outputs == ["out.bin"]
+    proc, result = tiny_reproduce(tmp_path, linked, "linked", LINK="1", DATA="other bytes")
+    assert proc.returncode == 9 and result["verdict"] == "partly-checked", proc.stdout + proc.stderr
+    assert result["outputs"]["not_compared"] == ["out.bin"] and "out.bin: a link" in result["not_checked"][0]
+    proc, result = tiny_reproduce(tmp_path, tiny_receipt(tmp_path / "b"), "fifo", FIFO="1")
+    assert proc.returncode == 9 and result["outputs"]["not_compared"] == ["out.bin"], proc.stdout + proc.stderr
+
+
+def test_forged_positions_environments_and_names_are_refused_or_shown_escaped(tiny, tmp_path):
+    value = json.loads((tiny / "receipt.json").read_text())
+    for name, change, message in (
+        ("position", {"command_files": {"\u00b2": "0" * 64}}, "keyed by positions in command"),
+        ("env", {"env": {"env_vars": {"OMP_NUM_THREADS": ["1"]}}}, "OMP_NUM_THREADS must be a string"),
+    ):
+        forged = {**value, **change}
+        forged["receipt_sha256"] = _self_digest(forged)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "receipt.json").write_text(json.dumps(forged))
+        with pytest.raises(CheckpointError, match=message):
+            read_script_receipt(tmp_path / name)
+    # A name with control characters and a forged line reaches script-reproduce.md escaped, on one line.
+    forged = {**value, "outputs": {**value["outputs"], "\x1b[2J\u202eevil\nverdict: bit-identical": "0" * 64}}
+    forged["receipt_sha256"] = _self_digest(forged)
+    shutil.copytree(tiny, tmp_path / "named")
+    (tmp_path / "named" / "receipt.json").write_text(json.dumps(forged))
+    proc, _ = tiny_reproduce(tmp_path, tmp_path / "named", "escaped")
+    text = (tmp_path / "escaped" / "script-reproduce.md").read_text()
+    assert "\x1b" not in text and "\u202e" not in text and "\nverdict: bit-identical" not in text
+    assert "\x1b" not in proc.stdout and proc.returncode == 6
+
+
+def test_a_malformed_trace_of_b_is_not_checked_and_the_result_is_written(tiny, tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY)
+    command = ["sh", "-c", f'{sys.executable} tiny.py; echo junk >> "$REPROCUBE_PROBE"']
+    proc, result = reproduce(tmp_path, tiny, "--copy", "tiny.py", command=command, out="junk")
+    assert result["trace"]["unreadable"].startswith("B's probe trace could not be read"), proc.stdout + proc.stderr
+    assert any(line.startswith("every update: B's probe trace") for line in result["not_checked"])
+
+
+def test_the_wrong_kind_of_receipt_and_a_used_out_are_usage_errors(tiny, tmp_path):
+    trainer = Path(__file__).parent / "receipts" / "avx512" / "pytorch" / "receipt.json"
+    proc, _ = reproduce(tmp_path, trainer, out="t")
+    assert proc.returncode == 2 and "a run's receipt, reproduced without -- CMD" in error_lines(proc)[-1]
+    proc = reprocube("compare", str(tiny), str(tiny), cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "a script's receipt" in error_lines(proc)[-1]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "compare.json").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    for out in ("mine", "link"):
+        proc = reprocube("compare", str(trainer), str(trainer), "--out", out, cwd=tmp_path, check=False)
+        assert proc.returncode == 2 and len(error_lines(proc)) == 1, proc.stderr
+    assert (tmp_path / "mine" / "compare.json").read_text() == "mine"

@@ -16,10 +16,11 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube.errors import CheckpointError
+from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import sha256_file, write_file_atomic
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
@@ -29,19 +30,10 @@ RECEIPT = "receipt.json"
 TRACE = "trace.jsonl"
 MAX_RECEIPT_BYTES = 8 << 20
 MAX_FILES = 10_000  # inputs or outputs listed
-KEYS = (
-    "format",
-    "version",
-    "command",
-    "command_files",
-    "inputs",
-    "outputs",
-    "trace",
-    "seconds",
-    "env",
-    "seed",
-    "receipt_sha256",
-)
+KEYS = ("format", "version", "command", "command_files", "inputs", "declared_outputs", "outputs",
+        "unrecorded_outputs", "trace", "seconds", "env", "seed", "receipt_sha256")  # fmt: skip
+POSITION = re.compile(r"^[0-9]{1,9}\Z")
+MAX_SECONDS = 10**7  # 116 days: a B that hangs is still ended by its watchdog (10x this)
 SEED_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 SEED_VALUE = re.compile(r"^[0-9]{1,20}\Z")
 
@@ -52,7 +44,9 @@ class ScriptReceipt:
     command: list[str]
     command_files: dict[int, str]  # the command's arguments that name a file outside the work directory -> sha256
     inputs: dict[str, str]  # path relative to the work directory -> sha256
-    outputs: dict[str, str]  # declared output -> sha256 (of its bytes; of its tensors' digests for Orbax)
+    declared_outputs: list[str]  # the --output paths check was given
+    outputs: dict[str, str]  # each output file -> sha256 (of its bytes; of its tensors' digests for Orbax)
+    unrecorded_outputs: list[str]  # outputs A wrote that are not regular files (links, FIFOs): not recorded
     trace: str | None  # trace.jsonl's sha256; None: the script did not call the probe
     seconds: float  # the uninterrupted run's wall time
     env: dict
@@ -64,31 +58,39 @@ class ScriptReceipt:
         return self.directory / TRACE
 
 
-def is_script_receipt(path: Path) -> bool:
-    """Whether `path` (a directory or its receipt.json) is a script receipt: read strictly for its format."""
+def receipt_format(path: Path) -> str | None:
+    """The "format" a receipt (a directory or its receipt.json) says it has, read strictly; None where it
+    cannot be read or says none (its reader then names why)."""
     path = Path(path)
     target = path / RECEIPT if path.is_dir() else path
     try:
-        value = parse_json(read_bytes(target, MAX_RECEIPT_BYTES, CheckpointError), str(target), CheckpointError)
+        value = parse_json(read_bytes(target, 64 << 20, CheckpointError), str(target), CheckpointError)
     except CheckpointError:
-        return False
-    return isinstance(value, dict) and value.get("format") == FORMAT
+        return None
+    found = value.get("format") if isinstance(value, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def is_script_receipt(path: Path) -> bool:
+    return receipt_format(path) == FORMAT
 
 
 def input_digests(copies: list[Path]) -> dict[str, str]:
-    """What --copy puts into a work directory, by path inside it: every regular file's sha256. Links are
-    named as links (their target is not ours to read)."""
+    """What --copy puts into a work directory, by path inside it: every regular file's sha256 (a link or
+    a special file inside a copied directory is refused: its bytes are not the input's)."""
     digests: dict[str, str] = {}
     for top in copies:
-        if top.is_symlink() or top.is_file():
-            digests[top.name] = _digest(top)
-            continue
-        for directory, dirs, files in os.walk(top, followlinks=False):
-            for name in sorted(files) + sorted(d for d in dirs if (Path(directory) / d).is_symlink()):
-                path = Path(directory) / name
-                digests[(Path(top.name) / path.relative_to(top)).as_posix()] = _digest(path)
-            if len(digests) > MAX_FILES:
-                raise CheckpointError(f"--copy {top}: more than {MAX_FILES} files")
+        paths = [top] if not top.is_dir() or top.is_symlink() else []
+        for directory, dirs, files in os.walk(top, followlinks=False) if not paths else ():
+            paths += [Path(directory) / name for name in sorted(files)]
+            paths += [Path(directory) / d for d in sorted(dirs) if (Path(directory) / d).is_symlink()]
+            if len(paths) > MAX_FILES:
+                raise ConfigError(f"--copy {top}: more than {MAX_FILES} files")
+        for path in paths:
+            digest = _digest(path)
+            if digest is None:
+                raise ConfigError(f"--copy {path}: not a regular file (a link, a FIFO or a device)")
+            digests[(Path(top.name) / path.relative_to(top)).as_posix() if path != top else top.name] = digest
     return dict(sorted(digests.items()))
 
 
@@ -107,26 +109,34 @@ def command_file_digests(command: list[str]) -> dict[int, str]:
     return digests
 
 
-def output_digests(found: dict[str, Path]) -> dict[str, str]:
-    """The declared outputs as reprocube.analysis.outputs.collect lists them: each file's sha256; an Orbax
-    checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256 of each
-    tensor's digest, by name."""
+def output_digests(found: dict[str, Path]) -> dict[str, str | None]:
+    """The declared outputs as reprocube.analysis.outputs.collect lists them: each regular file's sha256;
+    an Orbax checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256
+    of each tensor's digest, by name; None for a link or a special file (not compared: not checked)."""
     return {name: _tensors_digest(path) if path.is_dir() and not path.is_symlink() else _digest(path)
             for name, path in found.items()}  # fmt: skip
 
 
-def outputs_named(work: Path, names: set[str]) -> dict[str, str]:
-    """B's outputs under the names A's receipt lists, found by walking B's work directory (links never
-    followed) and matching each entry's relative name as a string: a name read from a receipt is compared,
-    never opened as a path. {name: digest}, as output_digests gives."""
+def outputs_named(work: Path, names: set[str], declared: list[str]) -> dict[str, str | None]:
+    """B's outputs: every entry of B's work directory (walked, links never followed) whose relative name is
+    one A's receipt lists or lies under a declared output (--output, as A's check was given it), matched
+    as strings: a name read from a receipt is compared, never opened as a path. {name: digest}, as
+    output_digests gives; names A does not list are B's extra outputs."""
     found: dict[str, Path] = {}
+    prefixes = tuple(f"{d.rstrip('/')}/" for d in declared)
     for directory, dirs, files in os.walk(work, followlinks=False):
         for name in [*dirs, *files]:
             path = Path(directory) / name
             relative = path.relative_to(work).as_posix()
-            if relative in names and (not path.is_dir() or path.is_symlink() or _is_orbax(path)):
-                found[relative] = path  # a directory only as A listed one: an Orbax checkpoint
-        dirs[:] = [d for d in dirs if (Path(directory) / d).relative_to(work).as_posix() not in names]
+            listed = relative in names or relative in declared or relative.startswith(prefixes)
+            if not listed:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                if _is_orbax(path) or (relative in names and relative not in declared):
+                    found[relative] = path  # an Orbax checkpoint, one output (as A listed it)
+            else:
+                found[relative] = path
+        dirs[:] = [d for d in dirs if not _is_orbax(Path(directory) / d)]
         if len(found) > MAX_FILES:
             raise CheckpointError(f"{work}: more than {MAX_FILES} outputs")
     return output_digests(found)
@@ -146,14 +156,24 @@ def _tensors_digest(path: Path) -> str:
     return hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()
 
 
-def _digest(path: Path) -> str:
-    if path.is_symlink():
-        return hashlib.sha256(b"link:" + os.readlink(path).encode(errors="surrogateescape")).hexdigest()
-    return sha256_file(path)
+def _digest(path: Path) -> str | None:
+    """A regular file's sha256, opened without following a link or waiting on a FIFO; None for anything
+    else (a link, a FIFO, a device: its bytes are not the file's to compare)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        digest = hashlib.sha256()
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
-def write_script_receipt(directory: Path, command: list[str], inputs: dict[str, str], outputs: dict,
-                         trace: Path | None, seconds: float, env: dict, seed: dict | None) -> Path:  # fmt: skip
+def write_script_receipt(directory: Path, command: list[str], inputs: dict[str, str], declared: list[str],
+                         outputs: dict, trace: Path | None, seconds: float, env: dict, seed: dict | None) -> Path:  # fmt: skip
     """receipt.json (and trace.jsonl, copied) into `directory`, which must be new."""
     directory.mkdir(parents=True)
     trace_sha = None
@@ -163,7 +183,9 @@ def write_script_receipt(directory: Path, command: list[str], inputs: dict[str, 
         trace_sha = hashlib.sha256(data).hexdigest()
     body = {"format": FORMAT, "version": VERSION, "command": command,
             "command_files": {str(i): digest for i, digest in command_file_digests(command).items()},
-            "inputs": inputs, "outputs": outputs,
+            "inputs": inputs, "declared_outputs": declared,
+            "outputs": {name: digest for name, digest in outputs.items() if digest is not None},
+            "unrecorded_outputs": sorted(name for name, digest in outputs.items() if digest is None),
             "trace": trace_sha, "seconds": round(seconds, 3), "env": env, "seed": seed}  # fmt: skip
     body["receipt_sha256"] = _self_digest(body)
     path = directory / RECEIPT
@@ -200,8 +222,8 @@ def read_script_receipt(path: Path) -> ScriptReceipt:
     if not command or any("\0" in arg for arg in command):
         raise CheckpointError(f"{where}: command must be a non-empty list of strings without NUL")
     files = fields.mapping("command_files")
-    if not all(key.isdigit() and int(key) < len(command) for key in files.value):
-        raise CheckpointError(f"{where}: command_files must be keyed by positions in command")
+    if not all(POSITION.match(key) and int(key) < len(command) for key in files.value):
+        raise CheckpointError(f"{where}: command_files must be keyed by positions in command (0, 1, ...)")
     inputs, outputs = fields.mapping("inputs"), fields.mapping("outputs")
     for name, listed in (("inputs", inputs.value), ("outputs", outputs.value)):
         if len(listed) > MAX_FILES:
@@ -209,8 +231,13 @@ def read_script_receipt(path: Path) -> ScriptReceipt:
         for key in listed:
             _relative(key, f"{where}: {name}")
     seconds = fields.number("seconds")
-    if not 0 <= seconds < 10**9:
-        raise CheckpointError(f"{where}: seconds must be from 0 to 10**9")
+    if not 0 <= seconds <= MAX_SECONDS:
+        raise CheckpointError(f"{where}: seconds must be from 0 to {MAX_SECONDS}")
+    declared, unrecorded = fields.texts("declared_outputs"), fields.texts("unrecorded_outputs")
+    for name in [*declared, *unrecorded]:
+        _relative(name, f"{where}: outputs")
+    env = fields.mapping("env")
+    _check_env(env)
     seed = fields.nullable("seed", fields.mapping)
     if seed is not None:
         if sorted(seed.value) != ["value", "variable"]:
@@ -225,10 +252,25 @@ def read_script_receipt(path: Path) -> ScriptReceipt:
         outputs={key: outputs.sha256(key) for key in outputs.value},
         trace=fields.sha256("trace", nullable=True),
         seconds=seconds,
-        env=fields.mapping("env").value,
+        env=env.value,
+        declared_outputs=declared,
+        unrecorded_outputs=unrecorded,
         seed=None if seed is None else dict(seed.value),
         raw=raw,
     )
+
+
+def _check_env(env: Fields) -> None:
+    """The parts of A's environment that are acted on, typed: env_vars (text values: --match may set a
+    documented few) and cpu.isa (a list of names). The rest is described only (shown as a cause)."""
+    if env.has("env_vars"):
+        variables = env.mapping("env_vars")
+        for key in variables.value:
+            variables.text(key)
+    if env.has("cpu"):
+        cpu = env.mapping("cpu")
+        if cpu.has("isa"):
+            cpu.texts("isa")
 
 
 def _relative(name: str, where: str) -> None:

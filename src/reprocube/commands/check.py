@@ -312,7 +312,7 @@ def _write_receipt(out: Path, clean: Run, copies: list[Path], outputs: list[str]
     """The uninterrupted run's receipt (reprocube.script_receipt), once two such runs agreed: what
     `reprocube reproduce` retrains on another machine."""
     return write_script_receipt(
-        out / "receipt", clean.command, input_digests(copies), output_digests(collect(clean.work, outputs, ignore)),
+        out / "receipt", clean.command, input_digests(copies), outputs, output_digests(collect(clean.work, outputs, ignore)),
         clean.probe_trace(1), clean.attempts[-1].seconds, env,
         {"variable": seed_env, "value": clean.env[seed_env]} if seed_env else None,
     )  # fmt: skip
@@ -339,8 +339,11 @@ def _repeat_trace(first: Run, again: Run, result: dict) -> str | None:
     if a.names != b.names:
         result["probe"]["repeat"].append(None)
         return f"their probe traces record other tensors ({len(a.names)} vs {len(b.names)})"
-    difference = first_difference(steps_of(a, 0), steps_of(b, 0), a.names)
+    a_steps, b_steps = steps_of(a, 0), steps_of(b, 0)
+    difference = first_difference(a_steps, b_steps, a.names)
     result["probe"]["repeat"].append(difference)
+    if difference is None and set(a_steps) != set(b_steps):  # one made updates the other never did
+        return f"the first run made {counted(len(a_steps), 'update')}, the second {len(b_steps)}"
     if difference is None:
         return None
     return f"step {difference['step']} is the first update that differs: {describe_difference(difference, 'first run', 'second run')}"

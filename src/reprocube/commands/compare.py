@@ -17,6 +17,7 @@ from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigEr
 from reprocube.files import refuse_inside_checkpoints, safe_name
 from reprocube.receipt import find_receipt, read_receipt
 from reprocube.results.compare_result import COMPARE_RESULT, write_compare
+from reprocube.script_receipt import is_script_receipt
 
 HELP = "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B"
 
@@ -36,9 +37,13 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
-    names = (safe_name(Path(run).resolve().name.removesuffix(".json")) for run in (args.run_a, args.run_b))
+    for given in (args.run_a, args.run_b):
+        if is_script_receipt(given):
+            raise ConfigError(f"{given}: a script's receipt (from reprocube check): reproduce it with "
+                              "reprocube reproduce RECEIPT -- CMD")  # fmt: skip
+    names = (safe_name(_name(Path(run))) for run in (args.run_a, args.run_b))
     out = args.out or Path("compare-{}-vs-{}".format(*names))
-    refuse_inside_checkpoints(out)
+    _check_out(out)
     if not (_is_run(args.run_a) and _is_run(args.run_b)):  # a published receipt: its trace is what there is
         return _compare_receipts(args, out)
     a, b = load_run(args.run_a), load_run(args.run_b)
@@ -97,3 +102,26 @@ def _compare_receipts(args, out: Path) -> int:
         print(f"  likely cause: {cause['key']}: {cause['a']} -> {cause['b']}")
     print(f"written: {out / COMPARE_RESULT.name}, {out / COMPARE_RESULT.markdown_name}")
     return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(published["verdict"], EXIT_DIFFERENT)
+
+
+def _name(run: Path) -> str:
+    """A run's name for the default --out: the directory's, or a receipt file's directory's."""
+    resolved = run.resolve()
+    return resolved.parent.name if resolved.name == "receipt.json" else resolved.name.removesuffix(".json")
+
+
+def _check_out(out: Path) -> None:
+    """--out: never a link (nothing is written through one), never inside a run's checkpoints, and never
+    one that holds a compare.json or compare.md already (an earlier compare's, or not ours)."""
+    refuse_inside_checkpoints(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"--out {out} is a symbolic link or not a directory; compare writes into a directory")
+    held = [
+        name
+        for name in (COMPARE_RESULT.name, COMPARE_RESULT.markdown_name)
+        if (out / name).exists() or (out / name).is_symlink()
+    ]
+    if held:
+        raise ConfigError(
+            f"--out {out} holds {held[0]} already (an earlier compare?); remove it or choose another --out"
+        )

@@ -50,7 +50,7 @@ from reprocube.metrics import last_logged_step
 from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.orchestration.script_reproduction import reproduce_script
-from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
+from reprocube.receipt import RECEIPT, RECEIPT_FORMAT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
     B_RUN,
@@ -61,7 +61,7 @@ from reprocube.results.reproduce_result import (
 )
 from reprocube.results.script_reproduce_result import VERDICTS as SCRIPT_VERDICTS
 from reprocube.results.study_result import STUDY_RESULT, read_study
-from reprocube.script_receipt import is_script_receipt, read_script_receipt
+from reprocube.script_receipt import is_script_receipt, read_script_receipt, receipt_format
 from reprocube.terminal import counted, one_line
 from reprocube.trace import compare_traces
 
@@ -142,6 +142,9 @@ def _run_script(args) -> int:
                           ("--ulp", args.ulp != 16), ("--stall-timeout", args.stall_timeout)):  # fmt: skip
         if given:
             raise ConfigError(f"{option} is for a run's receipt, not a script's (written by reprocube check)")
+    if receipt_format(args.source) == RECEIPT_FORMAT:
+        raise ConfigError(f"{args.source}: a run's receipt, reproduced without -- CMD; -- CMD is for a script's "
+                          "receipt (from reprocube check)")  # fmt: skip
     receipt = read_script_receipt(args.source)
     if args.public_key is not None:
         from reprocube.signing import verify_receipt_signature  # cryptography: only when asked

@@ -42,10 +42,11 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
     for path in copies:
         if not path.exists():
             raise ConfigError(f"--copy {path}: does not exist")
+    b_inputs = input_digests(copies)  # a link or a special file is refused here, before anything is written
     a_trace = _a_trace(receipt)  # checked against the receipt's sha256 before anything runs
     _claim(out)
     echo(one_line(f"reproduce {receipt.directory / 'receipt.json'}: {' '.join(command)}; runs and logs in {out}"))
-    inputs = _inputs(receipt, input_digests(copies), command_file_digests(command))
+    inputs = _inputs(receipt, b_inputs, command_file_digests(command))
     result: dict = {
         "receipt": str(receipt.directory / "receipt.json"),
         "receipt_sha256": hashlib.sha256(receipt.raw).hexdigest(),
@@ -56,7 +57,7 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
         "match": None,
         "environment": collect_env({}),
     }
-    timeout = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * receipt.seconds)
+    timeout = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * receipt.seconds)  # seconds is bounded by the reader
 
     def run_b(name: str, settings: dict | None = None) -> tuple[Run, dict]:
         env = {k: v for k, v in os.environ.items() if not settings or k not in settings or settings[k] is not None}
@@ -145,28 +146,38 @@ def _inputs(receipt: ScriptReceipt, b: dict[str, str], b_files: dict[int, str]) 
 
 def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
     """B's probe trace and outputs against A's receipt."""
-    b_outputs = outputs_named(run.work, set(receipt.outputs))
+    b_outputs = outputs_named(run.work, set(receipt.outputs) | set(receipt.unrecorded_outputs),
+                              receipt.declared_outputs)  # fmt: skip
+    a_names = set(receipt.outputs) | set(receipt.unrecorded_outputs)
     outputs = {
-        "compared": sorted(n for n in receipt.outputs if n in b_outputs),
-        "differ": sorted(n for n in receipt.outputs if n in b_outputs and b_outputs[n] != receipt.outputs[n]),
+        "compared": sorted(n for n in receipt.outputs if b_outputs.get(n) is not None),
+        "differ": sorted(n for n in receipt.outputs if b_outputs.get(n) is not None and b_outputs[n] != receipt.outputs[n]),
         "missing": sorted(n for n in receipt.outputs if n not in b_outputs),
-    }
+        "extra": sorted(n for n in b_outputs if n not in a_names),  # written by B only, under a declared output
+        # not regular files (a link, a FIFO) in A or in B: their bytes were not compared
+        "not_compared": sorted({*receipt.unrecorded_outputs, *(n for n in receipt.outputs if n in b_outputs and b_outputs[n] is None)}),
+    }  # fmt: skip
     compared = {"outputs": outputs, "trace": None}
     if a_trace is None:
         return compared
-    b_trace = read_trace(run.probe_trace(1))
+    try:
+        b_trace = read_trace(run.probe_trace(1))
+    except CheckpointError as exc:  # B's own process wrote it: not a refused input, a claim not checked
+        compared["trace"] = {"unreadable": f"B's probe trace could not be read ({exc})"}
+        return compared
     if b_trace is None:
         compared["trace"] = {"error": "B wrote no probe trace (does the command call the probe?)"}
         return compared
     if b_trace.names != a_trace.names:
-        compared["trace"] = {"error": f"B's probe records other tensors ({len(b_trace.names)} vs A's "
-                                      f"{len(a_trace.names)})"}  # fmt: skip
+        only = sorted(set(a_trace.names) ^ set(b_trace.names))[:4] or ["the same names in another order"]
+        compared["trace"] = {"error": f"B's probe records other tensors than A's ({', '.join(only)})"}
         return compared
     a_steps, b_steps = steps_of(a_trace, 0), steps_of(b_trace, 0)
     common = set(a_steps) & set(b_steps)
     difference = first_difference(a_steps, b_steps, a_trace.names)
     compared["trace"] = {"a_steps": len(a_steps), "b_steps": len(b_steps), "compared_steps": len(common),
-                         "missing_steps": len(set(a_steps) - set(b_steps)), "first_difference": difference}  # fmt: skip
+                         "missing_steps": len(set(a_steps) - set(b_steps)),
+                         "extra_steps": len(set(b_steps) - set(a_steps)), "first_difference": difference}  # fmt: skip
     return compared
 
 
@@ -202,6 +213,8 @@ def _differs(result: dict) -> str | None:
     not_checked = result["not_checked"]
     if trace is None:
         _note(not_checked, "every update: A's receipt holds no probe trace (the script does not call the probe)")
+    elif "unreadable" in trace:
+        _note(not_checked, f"every update: {trace['unreadable']}")
     elif "error" in trace:
         found.append(trace["error"])
     else:
@@ -209,14 +222,26 @@ def _differs(result: dict) -> str | None:
         if difference is not None:
             found.append(f"step {difference['step']} is the first update that differs: "
                          f"{describe_difference(difference, 'A', 'B')}")  # fmt: skip
-        if trace["missing_steps"]:
-            found.append(f"B made {trace['b_steps']} updates, A {trace['a_steps']}: "
-                         f"{counted(trace['missing_steps'], 'update')} of A's never happened in B")  # fmt: skip
+        if trace["missing_steps"] or trace["extra_steps"]:
+            found.append(f"B made {counted(trace['b_steps'], 'update')}, A {trace['a_steps']}")
     if outputs.get("missing"):
         found.append(f"B did not write {outputs['missing'][0]}")
+    if outputs.get("extra"):
+        found.append(f"B wrote {outputs['extra'][0]}, which A did not" + (f" (and {len(outputs['extra']) - 1} more)"
+                                                                           if len(outputs["extra"]) > 1 else ""))  # fmt: skip
     if outputs.get("differ"):
         found.append(f"{outputs['differ'][0]} differs" + (f" (and {len(outputs['differ']) - 1} more)"
                                                           if len(outputs["differ"]) > 1 else ""))  # fmt: skip
+    for name in outputs.get("not_compared", []):
+        _note(not_checked, f"{name}: a link or a special file, not a regular file: its bytes were not compared")
+    # A's receipt claims its inputs and command too: another source or command is a difference, whatever
+    # the bits (the same bits from another script prove nothing about A's).
+    inputs, command = result["inputs"], result["command"]
+    changed = [*inputs["differ"], *inputs["only_a"]]
+    if changed:
+        found.append(f"B's inputs are not A's ({', '.join(changed[:4])})")
+    if not command["same"]:
+        found.append("B ran another command than A")
     return "; ".join(found) or None
 
 
@@ -242,11 +267,8 @@ def _failed(run: Run) -> str:
 
 def _finish(result: dict, out: Path, verdict: str, summary: str, started: float, echo) -> dict:
     notes = []
-    if not result["command"]["same"]:
-        notes.append("B ran another command than A")
-    if result["inputs"]["differ"] or result["inputs"]["only_a"] or result["inputs"]["only_b"]:
-        changed = [*result["inputs"]["differ"], *result["inputs"]["only_a"], *result["inputs"]["only_b"]]
-        notes.append(f"inputs differ from A's: {', '.join(changed[:4])}")
+    if result["inputs"]["only_b"]:
+        notes.append(f"inputs A did not have: {', '.join(result['inputs']['only_b'][:4])}")
     result.update(verdict=verdict, summary=one_line(f"{verdict}: {summary}" + (f" ({'; '.join(notes)})" if notes else "")),
                   wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
     result.setdefault("causes", [])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from reprocube.errors import EXIT_CHECK_VOID, EXIT_COMMAND_FAILED, EXIT_DIFFERENT, EXIT_OK
 from reprocube.results.schema import ResultFile
+from reprocube.terminal import one_line
 
 SCRIPT_REPRODUCE_RESULT = ResultFile(
     "script-reproduce.json",
@@ -52,32 +53,40 @@ def read_script_reproduce(path: Path) -> dict:
     }
 
 
+def _md(value) -> str:
+    """A value shown in the Markdown: from a receipt someone else wrote, so one line, every control
+    character escaped (reprocube.terminal), and no `|` to break a table."""
+    return one_line(str(value)).replace("|", "\\|").replace("`", "'")
+
+
 def markdown(result: dict) -> str:
-    lines = ["# reprocube reproduce (a script's receipt)", "", f"**{result['summary']}**", "",
-             f"- receipt: `{result['receipt']}` (sha256 `{result['receipt_sha256'][:16]}`)",
-             f"- A's command: `{' '.join(result['command']['a'])}`",
-             f"- B's command: `{' '.join(result['command']['b'])}`" + ("" if result["command"]["same"] else " (another)")]  # fmt: skip
+    command = result["command"]
+    lines = ["# reprocube reproduce (a script's receipt)", "", f"**{_md(result['summary'])}**", "",
+             f"- receipt: `{_md(result['receipt'])}` (sha256 `{result['receipt_sha256'][:16]}`)",
+             f"- A's command: `{_md(' '.join(command['a']))}`",
+             f"- B's command: `{_md(' '.join(command['b']))}`" + ("" if command["same"] else " (another)")]  # fmt: skip
     inputs = result["inputs"]
-    lines.append(f"- inputs compared by sha256: {inputs['compared']}; differ: {', '.join(inputs['differ']) or 'none'}"
-                 + (f"; only A's: {', '.join(inputs['only_a'])}" if inputs["only_a"] else "")
-                 + (f"; only B's: {', '.join(inputs['only_b'])}" if inputs["only_b"] else ""))  # fmt: skip
+    lines.append(f"- inputs compared by sha256: {inputs['compared']}; differ: {_md(', '.join(inputs['differ']) or 'none')}"
+                 + (f"; only A's: {_md(', '.join(inputs['only_a']))}" if inputs["only_a"] else "")
+                 + (f"; only B's: {_md(', '.join(inputs['only_b']))}" if inputs["only_b"] else ""))  # fmt: skip
     trace = result.get("trace")
-    if trace and "error" not in trace:
+    if trace and "first_difference" in trace:
         first = trace["first_difference"]
-        lines.append(f"- updates (the probe): {trace['compared_steps']} of A's {trace['a_steps']} compared; first "
-                     f"differing: {first['step'] if first else 'none'}")  # fmt: skip
+        lines.append(f"- updates (the probe): {trace['compared_steps']} of A's {trace['a_steps']} compared (B made "
+                     f"{trace['b_steps']}); first differing: {first['step'] if first else 'none'}")  # fmt: skip
     elif trace:
-        lines.append(f"- updates (the probe): {trace['error']}")
+        lines.append(f"- updates (the probe): {_md(trace.get('error') or trace.get('unreadable'))}")
     outputs = result.get("outputs")
     if outputs:
-        lines.append(f"- outputs compared: {', '.join(outputs['compared']) or 'none'}; differ: "
-                     f"{', '.join(outputs['differ']) or 'none'}"
-                     + (f"; missing in B: {', '.join(outputs['missing'])}" if outputs["missing"] else ""))  # fmt: skip
+        for key, label in (("compared", "outputs compared"), ("differ", "differ"), ("missing", "missing in B"),
+                           ("extra", "written by B only"), ("not_compared", "not compared (not regular files)")):  # fmt: skip
+            if outputs[key] or key in ("compared", "differ"):
+                lines.append(f"- {label}: {_md(', '.join(outputs[key]) or 'none')}")
     if result.get("causes"):
         lines += ["", "| likely cause | A | B |", "|---|---|---|"]
-        lines += [f"| {c['key']} | {c['a']} | {c['b']} |" for c in result["causes"]]
+        lines += [f"| {_md(c['key'])} | {_md(c['a'])} | {_md(c['b'])} |" for c in result["causes"]]
     if result.get("match"):
-        lines += ["", f"--match: {result['match']['summary']}"]
+        lines += ["", f"--match: {_md(result['match']['summary'])}"]
     if result["not_checked"]:
-        lines += ["", "## Not checked", ""] + [f"- {line}" for line in result["not_checked"]]
+        lines += ["", "## Not checked", ""] + [f"- {_md(line)}" for line in result["not_checked"]]
     return "\n".join(lines) + "\n"
