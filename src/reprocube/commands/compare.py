@@ -44,7 +44,7 @@ def run(args) -> int:
     names = (safe_name(_name(Path(run))) for run in (args.run_a, args.run_b))
     out = args.out or Path("compare-{}-vs-{}".format(*names))
     _check_out(out)
-    if not (_is_run(args.run_a) and _is_run(args.run_b)):  # a published receipt: its trace is what there is
+    if _is_receipt(args.run_a) or _is_receipt(args.run_b):  # a published receipt: its trace is what there is
         return _compare_receipts(args, out)
     a, b = load_run(args.run_a), load_run(args.run_b)
     result = compare_runs(a, b, args.tolerance)
@@ -74,8 +74,12 @@ def run(args) -> int:
     return EXIT_OK if result["passed"] else EXIT_DIFFERENT
 
 
-def _is_run(path: Path) -> bool:
-    return Path(path).is_dir() and (Path(path) / "checkpoints").is_dir()
+def _is_receipt(path: Path) -> bool:
+    """A receipt given alone: a file (receipt.json), or a directory that holds one and no checkpoints/."""
+    path = Path(path)
+    if path.is_dir():
+        return not (path / "checkpoints").is_dir() and (path / "receipt.json").exists()
+    return path.exists() or path.is_symlink()
 
 
 def _compare_receipts(args, out: Path) -> int:
