@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reprocube.errors import CheckpointError
+from reprocube.results.script_reproduce_result import read_script_reproduce
 from reprocube.script_receipt import _self_digest, read_script_receipt
 from reprocube.signing import generate_key
 
@@ -59,6 +60,8 @@ def test_a_receipt_reproduces_here_bit_for_bit(numpy_receipt, tmp_path):
     )
     assert result["outputs"]["compared"] == ["final.npz", "metrics.csv"] and result["outputs"]["differ"] == []
     assert "everything A's receipt records reproduced (64 updates of 64, 2 outputs)" in proc.stdout
+    read = read_script_reproduce(tmp_path / "rep" / "script-reproduce.json")  # the strict reader agrees
+    assert read["verdict"] == "bit-identical" and read["receipt_sha256"] == result["receipt_sha256"]
 
 
 def test_an_edited_script_differs_at_its_first_update_and_the_source_is_named(numpy_receipt, tmp_path):
