@@ -201,9 +201,11 @@ def test_kill_9_at_random_moments_then_resume_auto_is_bit_exact(generated, tmp_p
         at_startup, target, fraction = rng.random() < STARTUP_KILLS, next(targets), rng.random()
         with open(tmp_path / f"attempt-{attempt}.err", "w+") as err:
             if at_startup:
-                # anywhere from the imports to the first steps (past the restore and the metrics rewrite)
+                # anywhere from the imports to the session's start (past the restore and the metrics rewrite);
+                # at most 0.95 of the reference's start-up: up to 1.1 of it trained 40 steps on an idle machine
+                # and left the training kills only the last epoch (the spread assertion below failed)
                 status = kill_after(
-                    tmp_path, [*args, "run_name=soak", "resume=auto"], err, (0.3 + 0.8 * fraction) * startup_s
+                    tmp_path, [*args, "run_name=soak", "resume=auto"], err, (0.3 + 0.65 * fraction) * startup_s
                 )
             else:
                 # between two log lines, inside a checkpoint write, ...

@@ -16,7 +16,7 @@ from reprocube.analysis.tensors import difference_size, worst_tensor
 from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import refuse_inside_checkpoints, safe_name
 from reprocube.receipt import find_receipt, read_receipt
-from reprocube.results.compare_result import COMPARE_RESULT, write_compare
+from reprocube.results.compare_result import COMPARE_RESULT, receipts_line, write_compare
 from reprocube.script_receipt import is_script_receipt
 
 HELP = "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B"
@@ -59,7 +59,7 @@ def run(args) -> int:
     write_compare(result, out)
     print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
     if result["receipts"]:
-        print(f"  from their receipts' traces: {result['receipts']['summary']}")
+        print(f"  {receipts_line(result['receipts'])}")
     for row in result["checkpoints"]:
         worst = worst_tensor(row["tensors"])
         detail = "" if row["identical"] else f"  {worst['tensor']}: {difference_size(worst)}"

@@ -8,6 +8,7 @@ from reprocube.analysis.run_comparison import summary_line
 from reprocube.analysis.tensors import worst_tensor
 from reprocube.results.schema import ResultFile
 from reprocube.results.subject import read_run_subject
+from reprocube.terminal import counted
 
 COMPARE_RESULT = ResultFile(
     "compare.json",
@@ -62,6 +63,16 @@ def read_compare(path: Path) -> dict:
     }
 
 
+def receipts_line(receipts: dict) -> str:
+    """What two run directories' receipts say, beside their checkpoints: where they differ, or that they
+    claim the same steps (never "identical": the checkpoints are what the runs hold, the receipts claims)."""
+    if receipts["verdict"] != "bit-identical":
+        return f"from their receipts' traces: {receipts['summary']}"
+    coverage = receipts["coverage"]
+    return (f"their receipts' traces claim the same {counted(coverage['compared_steps'], 'step')} and "
+            f"{counted(coverage['a_epochs'], 'epoch record')} (what the receipts claim; the checkpoints are compared above)")  # fmt: skip
+
+
 def _read_receipts(receipts) -> dict:
     return {"verdict": receipts.one_of("verdict", ("bit-identical", "losses-only", "differs")),
             "summary": receipts.text("summary"), "tier": receipts.text("tier")}  # fmt: skip
@@ -85,7 +96,7 @@ def markdown(result: dict) -> str:
         "",
     ]
     if result.get("receipts"):
-        lines += [f"- from their receipts' traces: **{result['receipts']['summary']}**", ""]
+        lines += [f"- {receipts_line(result['receipts'])}", ""]
     for run in ("a", "b"):
         inputs = result["inputs"][run]
         bound = ", ".join(f"{name} `{digest[:12]}`" for name, digest in inputs["checkpoints"].items())
