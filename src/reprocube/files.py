@@ -128,6 +128,16 @@ def portable_path(path) -> str:
         return f".../{path.name}"
 
 
+def claim_new_or_empty(out: Path, command: str) -> None:
+    """--out for `command`'s evidence: a new or empty directory, made here; never a link, a file, or a
+    directory holding something (ConfigError, exit 2)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty (an earlier {command}?); remove it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def refuse_inside_checkpoints(out: Path) -> None:
     """A report's output directory may be anywhere but inside a run's checkpoints/: a checkpoint holds
     exactly the files its manifest lists, and one more would make it unreadable."""

@@ -104,11 +104,16 @@ def read_json(path: Path, error: type[ReprocubeError], max_bytes: int = MAX_JSON
     return parse_json(read_bytes(path, max_bytes, error), str(path), error)
 
 
-def iter_json_lines(path: Path, error: type[ReprocubeError], max_bytes: int) -> Iterator[tuple[int, object]]:
+def iter_json_lines(
+    path: Path, error: type[ReprocubeError], max_bytes: int, digest=None
+) -> Iterator[tuple[int, object]]:
     """(line number, value) of each non-empty line of a JSON-lines file, read as a stream: a large file
-    costs its records, not a copy of its text."""
+    costs its records, not a copy of its text. `digest` (a hashlib object), if given, is fed every byte
+    read: the digest of exactly what was parsed."""
     with _open_regular(Path(path), max_bytes, error, follow_links=False) as file:
         for number, line in enumerate(file, start=1):
+            if digest is not None:
+                digest.update(line)
             if len(line) > MAX_JSON_LINE_BYTES:
                 raise error(f"{path}:{number} is longer than {MAX_JSON_LINE_BYTES} bytes")
             if line.strip():

@@ -12,6 +12,7 @@ attempt announced (then the attempt departs at its first update, and the answer 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +42,15 @@ class AttemptTrace:
     checkpoints: list[int] = field(default_factory=list)  # global steps announced, in order
 
 
-def read_trace(path: Path) -> AttemptTrace | None:
-    """One attempt's trace; None where the script wrote none (no probe, or stopped before its first step)."""
+def read_trace(path: Path, expect_sha256: str | None = None) -> AttemptTrace | None:
+    """One attempt's trace; None where the script wrote none (no probe, or stopped before its first step).
+    `expect_sha256`: the sha256 a receipt records of it, checked against the very bytes parsed."""
     if not path.exists() and not path.is_symlink():
         return None
     trace, where = AttemptTrace(path), str(path)
     last_given = 0
-    for number, value in iter_json_lines(path, CheckpointError, MAX_TRACE_BYTES):
+    digest = hashlib.sha256() if expect_sha256 is not None else None
+    for number, value in iter_json_lines(path, CheckpointError, MAX_TRACE_BYTES, digest):
         fields = Fields(value, f"{where}:{number}", CheckpointError)
         if number == 1:
             _keys(fields, ("probe",))
@@ -68,6 +71,8 @@ def read_trace(path: Path) -> AttemptTrace | None:
                 fields.integer("step", last_given + 1, 2**62)
                 last_given = given
             trace.updates.append((given, update))
+    if digest is not None and digest.hexdigest() != expect_sha256:
+        raise CheckpointError(f"{path}: its sha256 is not the one its receipt records (the trace was changed)")
     return trace
 
 

@@ -19,9 +19,8 @@ from reprocube.analysis.outputs import collect, compare_outputs
 from reprocube.analysis.probe_trace import compare_stopped, describe_difference, first_difference, read_trace, steps_of
 from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import safe_name
-from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, planned_stops
-from reprocube.orchestration.children import last_error_line
+from reprocube.files import claim_new_or_empty, safe_name
+from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.results.check_result import VERDICTS, write_check
 from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.terminal import counted, one_line
@@ -136,7 +135,7 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
     try:
         clean = [ran(new_run("clean-1"), [], timeout or 24 * 3600.0)]
         if clean[0].exit != 0:
-            return finish("command-failed", "clean-1", _failed(clean[0]))
+            return finish("command-failed", "clean-1", failure_line(clean[0]))
         clean_s = clean[0].attempts[-1].seconds
         limit = timeout or max(120.0, 5 * clean_s)
         if not collect(clean[0].work, outputs, ignore):
@@ -144,7 +143,7 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         for i in range(2, repeat + 1):
             clean.append(ran(new_run(f"clean-{i}"), [], limit))
             if clean[-1].exit != 0:
-                return finish("command-failed", clean[-1].name, _failed(clean[-1]))
+                return finish("command-failed", clean[-1].name, failure_line(clean[-1]))
             comparison = compared(clean[-1], clean[0])
             result["comparisons"]["repeat"].append(comparison)
             traced = _repeat_trace(clean[0], clean[-1], result)
@@ -157,7 +156,7 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         if seed_env or seed_arg:
             control = ran(new_run("control", seed=1), [], limit)
             if control.exit != 0:
-                return finish("command-failed", "control", _failed(control))
+                return finish("command-failed", "control", failure_line(control))
             result["comparisons"]["control"] = compared(control, clean[0], explain=False)  # differing is enough
             if result["comparisons"]["control"]["identical"]:
                 return finish("control-void", "control", "a run with another seed wrote the same outputs: they do "
@@ -170,7 +169,7 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         stopped = ran(new_run("stopped"), plan, limit)
         landed = stopped.stops_landed
         if stopped.exit != 0:
-            return finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {_failed(stopped)}")
+            return finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {failure_line(stopped)}")
         if landed < len(plan):
             result["not_checked"].append(f"{len(plan) - landed} of the {len(plan)} stops did not land: the command "
                                          "ended before them")  # fmt: skip
@@ -299,11 +298,7 @@ def _stops(count: int, at, at_file, at_line, clean_s: float, seed: int) -> list[
 
 def _workspace(out: Path | None, command: list[str]) -> Path:
     out = Path(out) if out is not None else Path(f"check-{safe_name(Path(command[-1]).stem or 'command')}")
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConfigError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty (an earlier check?); remove it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_new_or_empty(out, "check")
     return out
 
 
@@ -397,12 +392,6 @@ def _last_line(run: Run) -> str:
     except OSError:
         return "no output yet"
     return f"its last line: {lines[-1][:120]}" if lines else "no output yet"
-
-
-def _failed(run: Run) -> str:
-    attempt = run.attempts[-1]
-    status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
-    return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
 
 
 def _first(comparison: dict) -> str:

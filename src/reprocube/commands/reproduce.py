@@ -47,13 +47,14 @@ from reprocube.errors import (
 )
 from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic
 from reprocube.metrics import last_logged_step
-from reprocube.orchestration.children import Watchdog, last_error_line, reprocube_command, run_watched
+from reprocube.orchestration.children import Watchdog, environment_with, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.orchestration.script_reproduction import reproduce_script
 from reprocube.receipt import RECEIPT, RECEIPT_FORMAT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
     B_RUN,
+    REPORT_FILES,
     REPRODUCE_RESULT,
     recipe_lines,
     signature_line,
@@ -340,8 +341,7 @@ def _workspace(out: Path | None, receipt: Receipt) -> _Workspace:
 # Written first into --out; with no reproduce.json beside it, the directory holds a reproduce that did not
 # finish, and a rerun may replace what it left. Only these names: anything else there is not ours.
 ATTEMPT_MARKER = ".reprocube-reproduce"
-ATTEMPT_NAMES = {"runs", "logs", "operations", "a", "report.html", "difference.png", "divergence-map.png",
-                 "seed-spread.png", REPRODUCE_RESULT.markdown_name}  # fmt: skip
+ATTEMPT_NAMES = {"runs", "logs", "operations", "a", *REPORT_FILES, REPRODUCE_RESULT.markdown_name}
 
 
 def _clear_failed_attempt(out: Path) -> None:
@@ -478,10 +478,7 @@ def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Pat
     """A training child, watched (a hang is reported, and ended after --stall-timeout), its progress said
     every PROGRESS_EVERY_S; with A's settings for an intervention: this environment with `env` applied
     (None unsets)."""
-    child_env = None
-    if env:
-        child_env = {k: v for k, v in os.environ.items() if k not in env or env[k] is not None}
-        child_env.update({k: v for k, v in env.items() if v is not None})
+    child_env = environment_with(env) if env else None
 
     def on_stall(seconds: float) -> None:
         hint = known_hang((child_env or os.environ).get("OMP_THREAD_LIMIT"))

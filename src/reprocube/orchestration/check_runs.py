@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprocube.orchestration.children import _die_with_parent
+from reprocube.orchestration.children import _die_with_parent, last_error_line
 from reprocube.probe import ENV as PROBE_ENV
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
@@ -95,6 +95,14 @@ class Run:
     def as_dict(self) -> dict:
         return {"name": self.name, "work": str(self.work), "log": str(self.log), "command": self.command,
                 "probe": str(self.probe), "attempts": [a.as_dict() for a in self.attempts], "stops_landed": self.stops_landed}  # fmt: skip
+
+
+def failure_line(run: Run) -> str:
+    """Why a run failed, in one line: its last attempt's exit status (or the watchdog), its time, what the
+    command last said and where its log is."""
+    attempt = run.attempts[-1]
+    status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
+    return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
 
 
 def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:

@@ -185,6 +185,14 @@ class ProgressWatch:
             self.on_stall(quiet)
 
 
+def environment_with(settings: dict[str, str | None]) -> dict[str, str]:
+    """This process's environment with `settings` applied: a value set, None unset (an intervention's
+    variables, as --match sets them for a child)."""
+    env = {k: v for k, v in os.environ.items() if k not in settings or settings[k] is not None}
+    env.update({k: v for k, v in settings.items() if v is not None})
+    return env
+
+
 def run_watched(
     command: list[str],
     log: Path,

@@ -24,8 +24,9 @@ from reprocube.analysis.probe_trace import describe_difference, first_difference
 from reprocube.analysis.receipt_comparison import session_settings, settings_text
 from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.orchestration.check_runs import Run, execute
-from reprocube.orchestration.children import last_error_line
+from reprocube.files import claim_new_or_empty
+from reprocube.orchestration.check_runs import Run, execute, failure_line
+from reprocube.orchestration.children import environment_with
 from reprocube.results.script_reproduce_result import write_script_reproduce
 from reprocube.script_receipt import ScriptReceipt, command_file_digests, input_digests, outputs_named
 from reprocube.terminal import counted, one_line
@@ -44,7 +45,7 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
             raise ConfigError(f"--copy {path}: does not exist")
     b_inputs = input_digests(copies)  # a link or a special file is refused here, before anything is written
     a_trace = _a_trace(receipt)  # checked against the receipt's sha256 before anything runs
-    _claim(out)
+    claim_new_or_empty(out, "reproduce")
     echo(one_line(f"reproduce {receipt.directory / 'receipt.json'}: {' '.join(command)}; runs and logs in {out}"))
     inputs = _inputs(receipt, b_inputs, command_file_digests(command))
     result: dict = {
@@ -60,8 +61,7 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
     timeout = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * receipt.seconds)  # seconds is bounded by the reader
 
     def run_b(name: str, settings: dict | None = None) -> tuple[Run, dict]:
-        env = {k: v for k, v in os.environ.items() if not settings or k not in settings or settings[k] is not None}
-        env.update({k: v for k, v in (settings or {}).items() if v is not None})
+        env = environment_with(settings or {})
         work = out / "work" / name
         work.mkdir(parents=True)
         for path in copies:  # links copied as links, as input_digests names them
@@ -80,7 +80,7 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
 
     b, compared = run_b("b")
     if b.exit != 0:
-        return _finish(result, out, "command-failed", _failed(b), started, echo)
+        return _finish(result, out, "command-failed", failure_line(b), started, echo)
     result.update(compared)
     causes = _causes(result, receipt)
     result["causes"] = causes
@@ -109,33 +109,25 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
 
 
 def _a_trace(receipt: ScriptReceipt):
+    """A's probe trace, parsed from the very bytes checked against the receipt's sha256 (a link or an
+    oversized file is refused by the reader)."""
     if receipt.trace is None:
         return None
-    path = receipt.trace_path
-    from reprocube.untrusted import read_bytes
-
-    data = read_bytes(path, 512 << 20, CheckpointError)  # a link or an oversized file is refused here
-    if hashlib.sha256(data).hexdigest() != receipt.trace:
-        raise CheckpointError(f"{path}: its sha256 is not the one its receipt records (the trace was changed)")
-    trace = read_trace(path)
+    trace = read_trace(receipt.trace_path, expect_sha256=receipt.trace)
     if trace is None:
-        raise CheckpointError(f"{path}: missing, though its receipt records one")
+        raise CheckpointError(f"{receipt.trace_path}: missing, though its receipt records one")
     return trace
 
 
-def _claim(out: Path) -> None:
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConfigError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty (an earlier reproduce?); remove it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+def _listed(inputs: dict[str, str], command_files: dict[int, str]) -> dict[str, str]:
+    """Inputs by name: the --copy inputs by path, the files a command names by an absolute path as
+    "argument N" (their position in the command)."""
+    return {**inputs, **{f"argument {i}": digest for i, digest in command_files.items()}}
 
 
 def _inputs(receipt: ScriptReceipt, b: dict[str, str], b_files: dict[int, str]) -> dict:
-    """B's inputs against A's by sha256: the --copy inputs by path, and the files the command names by an
-    absolute path (keyed "argument N"), by their position in the command."""
-    a = {**receipt.inputs, **{f"argument {i}": digest for i, digest in receipt.command_files.items()}}
-    b = {**b, **{f"argument {i}": digest for i, digest in b_files.items()}}
+    """B's inputs against A's by sha256."""
+    a, b = _listed(receipt.inputs, receipt.command_files), _listed(b, b_files)
     return {
         "compared": len(set(a) & set(b)),
         "differ": sorted(name for name in set(a) & set(b) if a[name] != b[name]),
@@ -188,7 +180,7 @@ def _causes(result: dict, receipt: ScriptReceipt) -> list[dict]:
     if not result["command"]["same"]:
         causes.append({"key": "command", "a": " ".join(receipt.command), "b": " ".join(result["command"]["b"])})
     inputs = result["inputs"]
-    listed = {**receipt.inputs, **{f"argument {i}": digest for i, digest in receipt.command_files.items()}}
+    listed = _listed(receipt.inputs, receipt.command_files)
     for name in inputs["differ"]:
         causes.append({"key": f"input {name}", "a": listed[name][:12], "b": "another sha256"})
     for name in inputs["only_a"]:
@@ -257,12 +249,6 @@ def _compared_text(result: dict) -> str:
         parts.append(f"{counted(trace['compared_steps'], 'update')} of {trace['a_steps']}")
     parts.append(f"{counted(len(outputs['compared']), 'output')}")
     return ", ".join(parts)
-
-
-def _failed(run: Run) -> str:
-    attempt = run.attempts[-1]
-    status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
-    return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
 
 
 def _finish(result: dict, out: Path, verdict: str, summary: str, started: float, echo) -> dict:

@@ -23,7 +23,11 @@ from reprocube.plots import plt
 from reprocube.receipt import Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
+    DIFFERENCE_FIGURE,
+    DIVERGENCE_FIGURE,
+    REPORT_PAGE,
     REPRODUCE_RESULT,
+    SPREAD_FIGURE,
     check_reproduce,
     check_subject,
     first_update_text,
@@ -98,22 +102,22 @@ def write_reproduction_page(out: Path, reproduction: dict) -> Path:
     ]
     for name, figure in figures.items():
         write_file_atomic(out / name, figure)
-    write_file_atomic(out / "report.html", "\n".join(parts).encode())
-    return out / "report.html"
+    write_file_atomic(out / REPORT_PAGE, "\n".join(parts).encode())
+    return out / REPORT_PAGE
 
 
 # --- the reproduction's figures --------------------------------------------------------------------
 def reproduction_figures(reproduction: dict) -> dict[str, bytes]:
     a, b, result = reproduction["a"], reproduction["b"], reproduction["result"]
     figures = {
-        "difference.png": _difference_plot(a, b, result),
-        "divergence-map.png": _trace_map(a, b, result),
+        DIFFERENCE_FIGURE: _difference_plot(a, b, result),
+        DIVERGENCE_FIGURE: _trace_map(a, b, result),
     }
     spread = result["seed_spread"]
     if spread is not None and (
         reproduction["spread_values"] or any(spread[m]["std"] is not None for m in ("test_accuracy", "test_loss"))
     ):
-        figures["seed-spread.png"] = _spread_plot(spread, reproduction["spread_values"])
+        figures[SPREAD_FIGURE] = _spread_plot(spread, reproduction["spread_values"])
     return figures
 
 
@@ -414,13 +418,13 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             + f"; {esc(first_update_text(first))}</p>"
         )
     sections = (
-        ("difference.png", None,
+        (DIFFERENCE_FIGURE, None,
          "Each panel has its own scale around a zero line, so a difference of one float32 ULP is visible. The "
          "dashed line marks the first diverging global step (the first loss, or weight digest, that differs)."),
-        ("divergence-map.png", "Divergence map (global step × tensor)",
+        (DIVERGENCE_FIGURE, "Divergence map (global step × tensor)",
          "Top: green where a tensor's weights are bit-identical at that global step, red where they differ. Bottom: "
          "how far apart the losses are per epoch, in float32 units in the last place (sign flips counted apart)."),
-        ("seed-spread.png", "Does it matter? The seed-to-seed spread",
+        (SPREAD_FIGURE, "Does it matter? The seed-to-seed spread",
          reproduction["spread_note"] or "A's and B's final test metrics among runs of A's config with other seeds."),
     )  # fmt: skip
     for name, heading, caption in sections:

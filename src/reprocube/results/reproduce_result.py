@@ -76,6 +76,10 @@ def _recipe_command(command) -> dict:
 
 
 B_RUN = "runs/b"
+# The page reproduce draws beside reproduce.json (reprocube.pages.reproduction_page) and its figures
+REPORT_PAGE = "report.html"
+DIFFERENCE_FIGURE, DIVERGENCE_FIGURE, SPREAD_FIGURE = "difference.png", "divergence-map.png", "seed-spread.png"
+REPORT_FILES = (REPORT_PAGE, DIFFERENCE_FIGURE, DIVERGENCE_FIGURE, SPREAD_FIGURE)
 A_RECEIPT_COPY = "a/receipt.json"  # A's receipt, its exact bytes
 CAUSE_KINDS = ("config", "code", "environment", "not-numeric")
 OPERATION_STATUSES = ("found", "none", "unavailable", "failed")  # first_operation.status
