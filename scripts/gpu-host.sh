@@ -17,6 +17,11 @@
 #                                             then, one at a time on an idle host: bench at batch 32 and 64
 #                                             (determinism on and off), verify's cost at 8 links with 8 jobs,
 #                                             and `reprocube check` of examples/pytorch_mlp.py on CUDA
+#   scripts/gpu-host.sh jax-cache DIR BUDGET_S
+#                                             JAX's compilation cache (on by default) on the GPU: a run that
+#                                             compiles into an empty cache, one that loads from it, one with
+#                                             it off, at batch 32 and 64 (each run's wall time, the three
+#                                             compared bit for bit); `check` of examples/flax_orbax.py there
 # With the device tool: run(command="scripts/gpu-host.sh run .gpu-bundle pytorch,jax 540", carry=[".gpu-bundle"]).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +45,10 @@ bundle() {
 setup() {
   local dir=$1 out=${OUT:-/tmp/gpu-host-out} site=/tmp/reprocube-site
   mkdir -p "$out" "$site"
+  if [ -n "${TRIAL:-}" ]; then  # this machine's venv has everything
+    python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist" >/dev/null
+    return
+  fi
   python3 -m pip install --quiet --no-index --no-deps --target "$site" "$dir"/wheels/*.whl
   python3 -m pip install --quiet --no-deps --no-build-isolation --target "$site" "$repo" >"$out/install.log" 2>&1 ||
     echo "reprocube not installable here (see install.log): run from src/" >&2
@@ -147,6 +156,36 @@ cpu_machine() {
   pack "$c" "$out/cpu-machine-$framework.tgz"
 }
 
+# TRIAL=1 DEVICE=cpu EXTRA=data.train_limit=640 PATH=.venv/bin:$PATH: the same on this CPU, with this venv
+# (a trial of the script before a lease).
+jax_cache() {
+  local dir budget=$2 out=${OUT:-/tmp/gpu-host-out} j=/tmp/jax-cache-check batch name setting start
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  rm -rf "$j"; mkdir -p "$j"
+  for batch in 64 32; do
+    for name in cold warm off; do
+      setting=$j/cache-$batch; [ "$name" = off ] && setting=off
+      start=$EPOCHREALTIME
+      REPROCUBE_JAX_CACHE=$setting JAX_LOG_COMPILES=1 timeout "$budget" python3 -m reprocube train framework=jax \
+        device="${DEVICE:-cuda}" epochs=2 batch_size=$batch data_dir=/tmp/data ${EXTRA:-} output_dir="$j/runs" run_name="b$batch-$name" \
+        log.progress=false >"$j/b$batch-$name.log" 2>&1 || echo "exit $?" >>"$j/b$batch-$name.log"
+      echo "{\"batch\": $batch, \"run\": \"$name\", \"wall_s\": $(awk "BEGIN {print $EPOCHREALTIME - $start}"), \"cache_hits\": $(grep -c 'compilation cache hit' "$j/b$batch-$name.log")}" | tee -a "$j/wall.jsonl"
+    done
+    for name in warm off; do
+      python3 -m reprocube compare "$j/runs/b$batch-cold" "$j/runs/b$batch-$name" --out "$j/compare-b$batch-$name" \
+        >"$j/compare-b$batch-$name.log" 2>&1; echo "compare b$batch cold/$name exit $?" | tee -a "$j/wall.jsonl"
+    done
+  done
+  # A script that is not ours on the GPU: Flax, Optax and an Orbax CheckpointManager, stopped twice.
+  (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python3 -m reprocube check --out "$j/check-flax-orbax" \
+    --output final --output metrics.csv --at-line saved --copy "$repo/examples/flax_orbax.py" --seed-env SEED \
+    -- python3 flax_orbax.py >"$j/check-flax-orbax.log" 2>&1; echo "check exit $?" >>"$j/check-flax-orbax.log") || true
+  tail -5 "$j/check-flax-orbax.log"
+  rm -rf "$j"/cache-* "$j"/runs/*/checkpoints
+  pack "$j" "$out/gpu-jax-cache.tgz"
+}
+
 run() {
   local dir frameworks=$2 budget=$3 extra=${4:-}
   dir=$(cd "$1" && pwd)
@@ -172,6 +211,7 @@ case ${1:-} in
   checks) shift; [ $# -ge 3 ] || { echo "usage: $0 checks DIR FRAMEWORKS BUDGET_S [RECEIPTS]" >&2; exit 2; }; checks "$@" ;;
   findings) shift; [ $# -ge 3 ] || { echo "usage: $0 findings DIR FRAMEWORKS BUDGET_S [--replay-only]" >&2; exit 2; }; findings "$@" ;;
   cpu-machine) shift; [ $# -eq 4 ] || { echo "usage: $0 cpu-machine DIR FRAMEWORK BUDGET_S RECEIPTS" >&2; exit 2; }; cpu_machine "$@" ;;
+  jax-cache) shift; [ $# -eq 2 ] || { echo "usage: $0 jax-cache DIR BUDGET_S" >&2; exit 2; }; jax_cache "$@" ;;
   timings) shift; [ $# -eq 3 ] || { echo "usage: $0 timings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; timings "$@" ;;
   *) echo "usage: $0 bundle [DIR] | run|checks|timings DIR FRAMEWORKS BUDGET_S ..." >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprocube.commands.verify import JAX_CACHE_ENV
+from reprocube import compilation_cache
 from reprocube.data.idx import UNSIGNED_BYTE
 
 FILE_KEYS = {
@@ -30,22 +30,18 @@ FILE_KEYS = {
 
 
 def pytest_configure(config):
-    """JAX's compiled steps shared by every process the tests start, through its persistent cache (as verify
-    shares them between its links): a JAX process takes ~3.5 s instead of ~10 s here (the JAX tests took
-    350 s instead of 619 s in CI). Loaded executables are the compiled ones (the key holds the HLO, the
-    XLA_FLAGS and the platform); verify's fresh checks, which must compile anew, are tested without it
-    (test_verify_compare_report)."""
+    """JAX's compiled steps shared by every process the tests start, through reprocube's compilation cache
+    (on by default; here one for the session, not the user's): a JAX process takes ~3.5 s instead of ~10 s
+    here (the JAX tests took 350 s instead of 619 s in CI). tests/test_compilation_cache.py proves a cached
+    run bit-identical to an uncached one; verify's fresh checks compile anew (test_verify_compare_report)."""
     cache = tempfile.mkdtemp(prefix="reprocube-tests-jax-cache-")
     config.jax_cache = cache
-    os.environ.update({"JAX_COMPILATION_CACHE_DIR": cache, **JAX_CACHE_ENV})
+    os.environ[compilation_cache.VARIABLE] = cache
 
 
 def pytest_unconfigure(config):
     if getattr(config, "jax_cache", None):
         shutil.rmtree(config.jax_cache, ignore_errors=True)
-
-
-WITHOUT_JAX_CACHE = {"JAX_COMPILATION_CACHE_DIR": None, **dict.fromkeys(JAX_CACHE_ENV)}
 
 
 @dataclass

@@ -179,6 +179,23 @@ def _cpu_info() -> dict:
     return info
 
 
+def cpu_signature() -> str:
+    """What compiled code depends on: the architecture, the CPU model and its full flag list (the first
+    processor's lines of /proc/cpuinfo)."""
+    model = flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = " ".join(sorted(value.split()))
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}\n{model or platform.processor()}\n{flags}"
+
+
 def _package_versions() -> dict:
     versions = {}
     for name in PACKAGES:

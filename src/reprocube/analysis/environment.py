@@ -68,6 +68,8 @@ NUMERIC_SETTINGS = ("env_vars.", "framework.", "cpu.isa", "cpu.model", "packages
 NOT_NUMERIC = {
     "env_vars.PYTHONHASHSEED": "every generator is seeded explicitly; no computation iterates a hash-ordered set",
     "hostname": "a name",
+    "framework.compilation_cache": "a step loaded from JAX's cache is the one this machine compiled "
+    "(bit-identical on the CPU: tests/test_compilation_cache.py)",
 }
 
 

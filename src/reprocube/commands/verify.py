@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+from reprocube import compilation_cache
 from reprocube.analysis.run_comparison import compare_runs, load_run, subject_of, summary_line
 from reprocube.backend import STEPS_PER_CALL
 from reprocube.checkpoint import epoch_name, read_checkpoint, scan_checkpoints, weights_digest
@@ -108,8 +109,8 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         if cfg.verify.full
         else plan_linear(cfg, steps, reference, _reference_epochs(cfg))
     )
-    if framework == "jax" and _runs_on_cpu(cfg):
-        share_compiled_code(plan, base / "jax-cache")
+    if framework == "jax":
+        share_compiled_code(plan, base / "jax-cache" if _runs_on_cpu(cfg) else None)
     commands = {check.name: child_commands(check, user, framework, base) for check in plan}
     jobs = cfg.verify.jobs or default_jobs(cfg.threads)
     where = "SLURM jobs" if cfg.verify.launcher == "slurm" else f"{jobs} at a time"
@@ -144,17 +145,17 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
 
 
 # JAX compiles its steps in every process (about 3 s of each check's start-up here). Every check but the
-# fresh process from scratch loads the compiled code from a cache the first process writes; that one
-# still compiles anew, so a compilation that gave other bits is still caught. Only on the CPU: on a GPU,
-# autotuning may choose other kernels in each compilation, which a cache would hide from the resumes.
-JAX_CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+# fresh process from scratch loads the compiled code from a cache the first process writes (verify's own,
+# not the user's: reprocube.compilation_cache); that one compiles anew, so a compilation that gave other
+# bits is still caught. Only on the CPU: on a GPU, autotuning may choose other kernels in each
+# compilation, which a cache would hide from the resumes, so there every check compiles anew.
 FRESH_CHECKS = ("link-epoch-1", "restart")  # the checks that compile anew
 
 
-def share_compiled_code(plan: list[Check], cache: Path) -> None:
+def share_compiled_code(plan: list[Check], cache: Path | None) -> None:
     for check in plan:
-        if check.name not in FRESH_CHECKS:
-            check.env = {**check.env, "JAX_COMPILATION_CACHE_DIR": str(cache.resolve()), **JAX_CACHE_ENV}
+        shared = cache is not None and check.name not in FRESH_CHECKS
+        check.env = {**check.env, compilation_cache.VARIABLE: str(cache.resolve()) if shared else compilation_cache.OFF}
 
 
 def _runs_on_cpu(cfg) -> bool:

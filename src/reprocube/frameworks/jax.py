@@ -25,6 +25,7 @@ from flax import linen as nn
 from flax import traverse_util
 from jax.extend import core as jax_core
 
+from reprocube import compilation_cache
 from reprocube.analysis.operations import STEP_INPUT
 from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
@@ -103,6 +104,7 @@ def _count_correct(logits, one_hot):
 class JaxBackend:
     def __init__(self, cfg, dataset):
         _prepare_xla(cfg)
+        self.compilation_cache = compilation_cache.enable(jax)
         jax.config.update("jax_default_prng_impl", cfg.framework.prng_impl)
         if cfg.device == "cuda" and jax.default_backend() != "gpu":
             raise ConfigError("device=cuda but JAX sees no GPU")
@@ -142,6 +144,7 @@ class JaxBackend:
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "default_matmul_precision": jax.config.jax_default_matmul_precision,  # None: the backend's (TF32 on GPU)
             "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "compilation_cache": "on" if self.compilation_cache else "off",
         }
         if jax.default_backend() == "gpu":
             info.update(
