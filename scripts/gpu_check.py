@@ -35,6 +35,7 @@ from pathlib import Path
 
 FRAMEWORK_MODULES = {"pytorch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
 EXIT_PREEMPTED = 75
+CHECKS = ("restart", "resume-epoch", "resume-sigterm", "verify", "fingerprint", "reproduce")
 BATCH_SIZES = (32, 64)
 
 
@@ -52,10 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--bench-only", action="store_true", help="only reprocube bench (timings on an otherwise idle host)"
     )
+    parser.add_argument(
+        "--checks",
+        default=",".join(CHECKS),
+        help=f"comma-separated subset of {','.join(CHECKS)} (default: all; a subset skips the findings)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every reprocube command")
     args = parser.parse_args(argv)
     if args.no_bench and args.bench_only:
         parser.error("--no-bench and --bench-only leave nothing to do")
+    args.checks = args.checks.split(",")
+    if unknown := [c for c in args.checks if c not in CHECKS]:
+        parser.error(f"unknown check {unknown[0]!r} (choose from {', '.join(CHECKS)})")
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (a resume needs an epoch to resume into)")
     frameworks = (
@@ -153,39 +162,49 @@ def check_framework(check: Check, framework: str, args) -> dict:
         checks.append({"check": name, "passed": bool(ok), "summary": summary})
         print(f"  {name}: {'ok' if ok else 'FAILED'}: {summary}", flush=True)
 
-    first_ok = train("first") and train("second")
-    restart = compare("restart", "first", "second") if first_ok else failed()
-    record("restart", restart["identical"], restart["summary"])
-    resumed = train("resume-epoch", "stop_after_epoch=1") and train("resume-epoch", "resume=latest")
-    outcome = compare("resume-epoch", "first", "resume-epoch") if resumed else failed()
-    record("resume-epoch", outcome["identical"], outcome["summary"])
+    wanted = set(args.checks)
+    first_ok = train("first")
+    if "restart" in wanted:
+        restart = compare("restart", "first", "second") if first_ok and train("second") else failed()
+        record("restart", restart["identical"], restart["summary"])
+    if "resume-epoch" in wanted:
+        resumed = train("resume-epoch", "stop_after_epoch=1") and train("resume-epoch", "resume=latest")
+        outcome = compare("resume-epoch", "first", "resume-epoch") if resumed else failed()
+        record("resume-epoch", outcome["identical"], outcome["summary"])
     steps = _steps_per_epoch(runs / "first")
     at = args.sigterm_step or (steps + max(steps // 2, 1) if steps else None)
-    if at is None:
+    if "resume-sigterm" not in wanted:
+        pass
+    elif at is None:
         record("resume-sigterm", False, "the first run recorded no epoch (no steps per epoch)")
     else:
         stopped = train("resume-sigterm", f"preempt_at_step={at}", expect=EXIT_PREEMPTED)
         resumed = stopped and train("resume-sigterm", "resume=latest")
         outcome = compare("resume-sigterm", "first", "resume-sigterm") if resumed else failed()
         record("resume-sigterm", outcome["identical"], f"SIGTERM after global step {at}: {outcome['summary']}")
-    started = time.perf_counter()
-    status = check.reprocube(f"{framework}-verify", "verify", *[o for o in base if not o.startswith("output_dir=")],
-                             f"output_dir={check.out / framework / 'verify'}")  # fmt: skip
-    timings["verify"] = round(time.perf_counter() - started, 2)
-    record("verify", status == 0, check.last_line(f"{framework}-verify"))
-    if first_ok:
+    if "verify" in wanted:
+        started = time.perf_counter()
+        status = check.reprocube(f"{framework}-verify", "verify", *[o for o in base if not o.startswith("output_dir=")],
+                                 f"output_dir={check.out / framework / 'verify'}")  # fmt: skip
+        timings["verify"] = round(time.perf_counter() - started, 2)
+        record("verify", status == 0, check.last_line(f"{framework}-verify"))
+    if first_ok and "fingerprint" in wanted:
         ok, summary = fingerprints_match_reference(runs / "first")
         record("fingerprint", ok, summary)
+    if first_ok and "reproduce" in wanted:
         started = time.perf_counter()
         result = reproduce(check, framework, runs / "first", "reproduce")
         timings["reproduce"] = round(time.perf_counter() - started, 2)
         record("reproduce", result.get("verdict") == "bit-identical", _reproduce_summary(result, check, framework))
-    nondeterministic = {}
-    if train("nondeterministic-1", "deterministic=false") and train("nondeterministic-2", "deterministic=false"):
+    # Findings, not checks (only with every check): whether this device gives other bits without the
+    # determinism flags, and what reproduce says of a B trained without them.
+    nondeterministic, replay = {}, {}
+    findings = wanted == set(CHECKS)
+    if findings and train("nondeterministic-1", "deterministic=false") and train("nondeterministic-2", "deterministic=false"):
         nondeterministic = compare("nondeterministic", "nondeterministic-1", "nondeterministic-2")
-    # A finding, not a check: what reproduce says of a B trained without the determinism flags.
-    replay = reproduce(check, framework, runs / "first", "replay-nondeterministic", "deterministic=false",
-                       "--allow-config-change") if first_ok else {}  # fmt: skip
+    if findings and first_ok:
+        replay = reproduce(check, framework, runs / "first", "replay-nondeterministic", "deterministic=false",
+                           "--allow-config-change")  # fmt: skip
     env = _read_json(runs / "first" / "env.json")
     return {
         "passed": all(c["passed"] for c in checks),

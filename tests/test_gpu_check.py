@@ -42,11 +42,13 @@ def test_the_gpu_check_runs_every_check_on_the_cpu_and_passes(generated, tmp_pat
 
 def test_the_gpu_check_fails_when_a_resume_is_not_exact(generated, tmp_path):
     """data.augment_rng=stateful (the known negative control) resumes differently: exit 1, named."""
-    proc = run_script(tmp_path, generated, "--no-bench", "data.pipeline=loader", "data.augment=true",
-                      "data.augment_rng=stateful", "data.workers=1")  # fmt: skip
+    proc = run_script(tmp_path, generated, "--no-bench", "--checks", "resume-epoch,resume-sigterm",
+                      "data.pipeline=loader", "data.augment=true", "data.augment_rng=stateful", "data.workers=1")  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
-    failed = [c["check"] for c in results["frameworks"]["pytorch"]["checks"] if not c["passed"]]
+    checks = results["frameworks"]["pytorch"]["checks"]
+    assert [c["check"] for c in checks] == ["resume-epoch", "resume-sigterm"]  # only those asked for
+    failed = [c["check"] for c in checks if not c["passed"]]
     assert "resume-sigterm" in failed or "resume-epoch" in failed, results["frameworks"]["pytorch"]["checks"]
     assert "Verdict: **FAILED**" in (tmp_path / "out" / "gpu-check.md").read_text()
 
@@ -64,7 +66,7 @@ def test_a_failed_training_is_reported_with_its_reason(generated, tmp_path):
     failed": each failed check now carries the training's exit status and its own last line."""
     still_gzipped = tmp_path / "gz"
     generated.write_gz(still_gzipped / "generated")
-    proc = run_script(tmp_path, generated, "--no-bench", data_dir=still_gzipped)
+    proc = run_script(tmp_path, generated, "--no-bench", "--checks", "restart", data_dir=still_gzipped)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     restart = results["frameworks"]["pytorch"]["checks"][0]
