@@ -200,7 +200,11 @@ def check_framework(check: Check, framework: str, args) -> dict:
     # determinism flags, and what reproduce says of a B trained without them.
     nondeterministic, replay = {}, {}
     findings = wanted == set(CHECKS)
-    if findings and train("nondeterministic-1", "deterministic=false") and train("nondeterministic-2", "deterministic=false"):
+    if (
+        findings
+        and train("nondeterministic-1", "deterministic=false")
+        and train("nondeterministic-2", "deterministic=false")
+    ):
         nondeterministic = compare("nondeterministic", "nondeterministic-1", "nondeterministic-2")
     if findings and first_ok:
         replay = reproduce(check, framework, runs / "first", "replay-nondeterministic", "deterministic=false",
