@@ -318,3 +318,19 @@ def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
         line for line in lines if re.fullmatch(r"  clean-1: \d+ s, running; (its last line: .*|no output yet)", line)
     ]
     assert progress, lines
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--slurm-option=-p gpu"], "give sbatch's long form"),
+        (["--slurm-option=--output=/elsewhere"], "check sets this itself"),
+        (["--signal", "KILL"], "--signal cannot be chosen"),
+    ],
+)
+def test_launcher_slurm_refuses_options_it_cannot_honour_before_anything_runs(tmp_path, options, message):
+    """Nothing is submitted, nothing written: one line, exit 2 (no SLURM needed)."""
+    proc = reprocube("check", "--launcher", "slurm", *options, "--output", "x", "--out", str(tmp_path / "out"), "--",
+                     "true", cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr and len(error_lines(proc)) == 1, proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

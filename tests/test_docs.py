@@ -32,7 +32,7 @@ CONFIGURATION = DOCS / "configuration.md"
 PAGES = [README, *sorted(DOCS.glob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 BACKTICKED = re.compile(r"`([^`\n]+)`")
-OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+OPTION = re.compile(r"(?<![\w=-])(--[a-z][a-z0-9-]*)")  # not a value (--slurm-option=--partition=gpu)
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```")
 
@@ -187,7 +187,7 @@ def test_every_option_the_docs_give_a_command_exists():
             if command not in options:
                 wrong.append(f"{page.name}: {line!r}: no command {command!r}")
                 continue
-            for option in OPTION.findall(line):
+            for option in OPTION.findall(line.split(" -- ")[0]):  # after ` -- `: the user's own command
                 checked += 1
                 if option.split("=")[0] not in options[command]:
                     wrong.append(f"{page.name}: {line!r}: {command} has no {option}")

@@ -280,3 +280,35 @@ def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
         study["groups"]["different_seeds"]["distinct_weights_digests"],
     ) == (1, 2)
     assert all(r["slurm_job_id"] == jobs["study"] for r in study["runs"])  # all in the one allocation
+
+
+def test_check_through_slurm_stops_are_real_requeues(slurm, tmp_path):
+    """`reprocube check --launcher slurm`: every run is a SLURM job and the stop is `scontrol requeue` (the
+    job is ended by SLURM and its batch script started again by SLURM): the NumPy example saving its
+    generator resumes exactly, each attempt's probe trace compared; without --save-rng the restart draws
+    anew and the first differing update after the requeue is named."""
+    example = [sys.executable, str(REPO / "examples" / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.5"]
+    options = ["--launcher", "slurm", "--slurm-option=--cpus-per-task=1", "--output", "final.npz", "--output",
+               "metrics.csv", "--at-line", "saved", "--stops", "1", "--repeat", "2"]  # fmt: skip
+    verdicts = {}
+    for name, flags in (("fixed", ["--save-rng", "--seed-env", "SEED"]), ("buggy", [])):
+        save_rng, seed = flags[:1], flags[1:]
+        proc = reprocube("check", *options, *seed, "--out", str(tmp_path / name), "--", *example, *save_rng,
+                         cwd=tmp_path, check=False, timeout=600)  # fmt: skip
+        result = json.loads((tmp_path / name / "check.json").read_text())
+        verdicts[name] = (proc.returncode, result["verdict"])
+        jobs = result["launcher"]["jobs"]
+        assert result["launcher"]["name"] == "slurm" and len(set(jobs.values())) == len(result["runs"]), result
+        stopped = next(r for r in result["runs"] if r["name"] == "stopped")
+        assert [a["exit"] for a in stopped["attempts"]][-1] == 0 and len(stopped["attempts"]) == 2, stopped
+        log = (tmp_path / name / "logs" / "stopped.log").read_text()
+        assert f"JOB {jobs['stopped']} ON" in log and "DUE TO JOB REQUEUE" in log, log  # SLURM's own line
+        if name == "fixed":
+            assert (
+                "stopped 1 time by SLURM requeue" in result["summary"]
+                and result["probe"]["resume"]["compared_steps"] == 64
+            )
+        else:
+            first = result["probe"]["resume"]["first_difference"]
+            assert first["after_stop"] == 1 and first["step"] > 16, first  # an update after the requeued epoch
+    assert verdicts == {"fixed": (0, "resume-exact"), "buggy": (6, "resume-differs")}

@@ -21,6 +21,7 @@ from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
+from reprocube.orchestration.check_slurm import check_options, execute_slurm
 from reprocube.results.check_result import VERDICTS, write_check
 from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.terminal import counted, one_line
@@ -54,6 +55,10 @@ def add_arguments(parser) -> None:
     add("--seed-env", metavar="VAR", help="the variable the command reads its seed from (control: another seed)")
     add("--seed-arg", metavar="TEMPLATE", help="an argument giving the seed, {seed} replaced (e.g. --seed={seed})")
     add("--timeout", type=float, metavar="SECONDS", help="the watchdog of each attempt (default 5x a clean run)")
+    add("--launcher", choices=("local", "slurm"), default="local",
+        help="local: child processes here | slurm: each run a SLURM job, each stop a real preemption (scontrol requeue)")  # fmt: skip
+    add("--slurm-option", action="append", default=[], metavar="--NAME=VALUE",
+        help="an sbatch option for every job (repeatable; --launcher slurm), e.g. --slurm-option=--partition=gpu")  # fmt: skip
     add("--out", type=Path, help="where the work directories, logs and check.json go (default ./check-NAME)")
     add("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]: the training command")
 
@@ -61,8 +66,9 @@ def add_arguments(parser) -> None:
 # check.yaml (--script-dir): the options' names as on the command line, with _ for -, and their types.
 OPTION_TYPES = {"command": list, "output": list, "ignore": list, "repeat": int, "stops": int, "signal": str,
                 "stop_seed": int, "at": str, "at_file": str, "at_line": str, "seed_env": str, "seed_arg": str,
-                "timeout": float}  # fmt: skip
-DEFAULTS = {"output": [], "ignore": [], "copy": [], "repeat": 2, "stops": 2, "signal": "TERM", "command": []}
+                "timeout": float, "launcher": str, "slurm_option": list}  # fmt: skip
+DEFAULTS = {"output": [], "ignore": [], "copy": [], "repeat": 2, "stops": 2, "signal": "TERM", "command": [],
+            "launcher": "local", "slurm_option": []}  # fmt: skip
 
 
 def run(args) -> int:
@@ -73,7 +79,7 @@ def run(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     result = check(command, args.output, args.ignore, args.copy, args.repeat, args.stops, args.signal,
                    args.stop_seed, args.at, args.at_file, args.at_line, args.seed_env, args.seed_arg, args.timeout,
-                   args.out)  # fmt: skip
+                   args.out, slurm=args.slurm_option if args.launcher == "slurm" else None)  # fmt: skip
     return VERDICTS[result["verdict"]]
 
 
@@ -81,14 +87,22 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
           stops: int = 2, signal_name: str = "TERM", stop_seed: int | None = None, at: str | None = None,
           at_file: str | None = None, at_line: str | None = None, seed_env: str | None = None,
           seed_arg: str | None = None, timeout: float | None = None, out: Path | None = None,
-          echo=print) -> dict:  # fmt: skip
+          echo=print, slurm: list[str] | None = None) -> dict:  # fmt: skip
+    """slurm: None runs here; a list of sbatch options runs each run as a SLURM job with them, each stop
+    a requeue (reprocube.orchestration.check_slurm)."""
     started = time.perf_counter()
     _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout,
                      stop_seed)  # fmt: skip
+    if slurm is not None:
+        check_options(slurm)
+        if signal_name != "TERM":
+            raise ConfigError("--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after "
+                              "KillWait): --signal cannot be chosen")  # fmt: skip
     stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
     out = _workspace(out, command)
     signum = SIGNALS[signal_name]
-    echo(one_line(f"check {' '.join(command)}: {repeat} clean runs, {counted(stops, 'stop')} by SIG{signal_name}; "
+    how = "SLURM requeue" if slurm is not None else f"SIG{signal_name}"
+    echo(one_line(f"check {' '.join(command)}: {repeat} clean runs, {counted(stops, 'stop')} by {how}; "
                   f"evidence in {out}"))  # fmt: skip
     copied = {path.name for path in copies}
     for arg in command:  # a relative path the user meant from here: the command runs in a fresh directory
@@ -110,6 +124,8 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
     result = {"command": command, "outputs": {"paths": outputs, "ignore": ignore}, "stop_seed": stop_seed,
               "signal": signal_name, "runs": [], "comparisons": {"repeat": []}, "not_checked": [],
               "stops": "", "probe": None, "environment": collect_env({})}  # fmt: skip
+    if slurm is not None:
+        result["launcher"] = {"name": "slurm", "sbatch_options": slurm, "jobs": {}}
 
     def finish(verdict: str, stage: str, summary: str) -> dict:
         result.update(verdict=verdict, stage=stage, summary=one_line(f"{verdict}: {summary}"),
@@ -128,7 +144,10 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
 
     def ran(run: Run, stop_list: list[Stop], limit: float) -> Run:
         echo(f"  {run.name}: {' '.join(run.command)}" + (f" ({counted(len(stop_list), 'stop')})" if stop_list else ""))
-        execute(run, stop_list, signum, limit)
+        if slurm is None:
+            execute(run, stop_list, signum, limit)
+        else:
+            result["launcher"]["jobs"][run.name] = execute_slurm(run, stop_list, limit, slurm)
         result["runs"].append(run.as_dict())
         return run
 
@@ -179,7 +198,7 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         comparison = compared(stopped, clean[0])
         result["comparisons"]["resume"] = comparison
         traced = _resume_trace(clean[0], stopped, result)
-        restarts = f"after {counted(landed, 'stop')} by SIG{signal_name} and as many restarts"
+        restarts = f"after {counted(landed, 'stop')} by {how} and as many restarts"
         if not comparison["identical"] or traced["differs"]:
             found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
             return finish("resume-differs", "resume", f"{restarts}, {'; '.join(found)}")
@@ -194,7 +213,7 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
             updates += "; the probe's traces could not be read (not checked)"
         elif traced["compared"] and any(line.startswith("the updates at steps") for line in result["not_checked"]):
             updates += " it recorded (not all: see not checked)"
-        return finish("resume-exact", "resume", f"stopped {counted(landed, 'time')} by SIG{signal_name} and "
+        return finish("resume-exact", "resume", f"stopped {counted(landed, 'time')} by {how} and "
                       f"restarted, every declared output is bit-identical to an uninterrupted run's{updates}{caveat}")  # fmt: skip
     except KeyboardInterrupt:
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")

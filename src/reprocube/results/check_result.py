@@ -33,6 +33,7 @@ CHECK_RESULT = ResultFile(
         "environment",  # this machine and process, as env.json records it
         "wall_s",
     ),
+    optional_keys=("launcher",),  # --launcher slurm: {name, sbatch_options, jobs: {run: SLURM job id}}
 )
 VERDICTS = {
     "resume-exact": EXIT_OK,
@@ -126,7 +127,8 @@ def markdown(result: dict) -> str:
         f"- command: `{' '.join(result['command'])}`",
         f"- outputs compared: {', '.join(f'`{o}`' for o in result['outputs']['paths'])}"
         + (f" (ignoring {', '.join(result['outputs']['ignore'])})" if result["outputs"]["ignore"] else ""),
-        f"- stops: {result['stops'] or 'none'} by SIG{result['signal']}"
+        f"- stops: {result['stops'] or 'none'} by "
+        + ("SLURM requeue (scontrol requeue)" if result.get("launcher") else f"SIG{result['signal']}")
         + (
             f"; the same fractions of a clean run: `--stop-seed {result['stop_seed']}`"
             if "of a clean run" in result["stops"]
