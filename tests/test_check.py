@@ -324,7 +324,9 @@ def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
     ("options", "message"),
     [
         (["--slurm-option=-p gpu"], "give sbatch's long form"),
-        (["--slurm-option=--output=/elsewhere"], "check sets this itself"),
+        (["--slurm-option=--output=/elsewhere"], "--output is check's own or breaks its jobs"),
+        (["--slurm-option=--outp=/elsewhere"], "--output is check's own"),  # sbatch takes a prefix
+        (["--slurm-option=--test-only"], "--test-only is check's own or breaks its jobs"),
         (["--signal", "KILL"], "--signal cannot be chosen"),
     ],
 )
@@ -334,3 +336,25 @@ def test_launcher_slurm_refuses_options_it_cannot_honour_before_anything_runs(tm
                      "true", cwd=tmp_path, check=False)  # fmt: skip
     assert proc.returncode == 2 and message in proc.stderr and len(error_lines(proc)) == 1, proc.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_slurm_batch_script_records_each_attempt_beside_the_output(tmp_path):
+    """check_slurm's batch script, run by bash as SLURM would (no SLURM needed): the command's output, even
+    one without a final newline or one that imitates a status line, never decides the exit status; each
+    start's time and status go to files of their own, per SLURM_RESTART_COUNT; odd arguments stay one."""
+    from reprocube.orchestration.check_runs import Run
+    from reprocube.orchestration.check_slurm import _began, _ended, batch_script
+
+    odd = 'it\'s $HOME `x` "q"\nline'
+    command = [sys.executable, "-c", "import sys; print(sys.argv[1] == " + repr(odd) + ", end=''); sys.exit(3)", odd]
+    run = Run("stopped", tmp_path / "work dir", tmp_path / "logs" / "stopped.log", {}, command, tmp_path / "probe")
+    run.work.mkdir()
+    (tmp_path / "logs" / "stopped.attempts").mkdir(parents=True)
+    script = tmp_path / "batch.sh"
+    script.write_text(batch_script(run))
+    for restarts, expected in (("0", 1), ("1", 2)):
+        done = subprocess.run(["bash", str(script)], env={**os.environ, "SLURM_RESTART_COUNT": restarts},
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 3 and done.stdout == "True", done
+        assert _ended(run, expected)[0] == 3 and _began(run, expected) <= _ended(run, expected)[1]
+    assert _ended(run, 3) is None

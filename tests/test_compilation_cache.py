@@ -17,6 +17,8 @@ HIT = "Persistent compilation cache hit"
 
 
 class _Config:
+    jax_enable_compilation_cache = True
+
     def __init__(self):
         self.values = {}
 
@@ -65,8 +67,25 @@ def test_a_linked_cache_directory_is_not_used(monkeypatch, capsys, tmp_path):
     jax = _FakeJax()
     assert not compilation_cache.enable(jax)
     assert jax.config.values == {"jax_compilation_cache_dir": None}
-    assert "is not a directory of this user" in capsys.readouterr().err
+    assert "is not a directory of this user's alone" in capsys.readouterr().err
     assert not any(elsewhere.iterdir())
+
+
+def test_a_cache_that_others_could_change_is_not_used(monkeypatch, capsys, tmp_path):
+    """JAX runs what it loads from the cache: a parent directory anyone may write (not sticky) turns it
+    off; our own directory left open is closed to 0700 and used."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(shared / "cache"))
+    jax = _FakeJax()
+    assert not compilation_cache.enable(jax)
+    assert f"{shared} could be changed by another user" in capsys.readouterr().err
+    shared.chmod(0o755)
+    directory = compilation_cache.cache_directory()
+    directory.chmod(0o777)
+    assert compilation_cache.enable(jax) and directory.stat().st_mode & 0o777 == 0o700
+    assert jax.config.values["jax_persistent_cache_enable_xla_caches"] == "none"
 
 
 def test_a_run_from_the_cache_is_bit_identical_to_a_compiled_one(generated, tmp_path):

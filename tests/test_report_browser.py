@@ -164,3 +164,33 @@ def test_report_refuses_a_malformed_reproduce_json_in_one_line(reproductions, tm
     assert proc.returncode == 4 and "Traceback" not in proc.stderr
     assert str(copy / "reproduce.json") in line and message in line, line
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+# Where the verdict line and the next step sit on a laptop's screen (1366x768, the viewport's CSS pixels).
+MEASURE_FOLD = (
+    "<script>window.addEventListener('load', () => { const bottom = s => Math.round("
+    "document.querySelector(s).getBoundingClientRect().bottom); document.title = 'fold ' + window.innerHeight"
+    " + ' verdict ' + bottom('p.headline') + ' todo ' + bottom('p.headline ~ h2 + p'); });</script>"
+)
+
+
+def test_the_verdict_line_and_what_to_do_are_above_the_fold(reproductions, tmp_path):
+    """Issue 39: the answer in two seconds. In the differing reproduction, the one-line verdict (what, how
+    big, does it matter) and the first line of "What to do" are inside a laptop's first screen."""
+    out = reproductions[2]
+    result = json.loads((out / "reproduce.json").read_text())
+    page = (out / "report.html").read_text()
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.replace("</body>", MEASURE_FOLD + "</body>"))
+    dom = chromium("--window-size=1366,768", "--virtual-time-budget=5000", "--dump-dom", measured.as_uri(),
+                   profile=tmp_path / "profile")  # fmt: skip
+    fold, verdict, todo = map(int, re.search(r"<title>fold (\d+) verdict (\d+) todo (\d+)</title>", dom).groups())
+    assert 0 < verdict < todo <= fold, (fold, verdict, todo)
+    text = html.unescape(re.sub(r"<[^>]*>", "", dom))
+    # Here ATEN_CPU_CAPABILITY=default already computes the initialisation differently: said so, never
+    # "update 1" (the first differing loss is step 1's, computed from weights that differed before it).
+    assert result["first_divergence"]["initial_tensors"], result["first_divergence"]
+    assert "B differs from A from the start (the initial weights already differ)" in text
+    assert "The initial weights already differ, before any update: tensors conv1.bias" in text
+    assert "most likely cause env.framework.cpu_capability" in text
+    assert "Find out whether this machine can give A's bits" in text  # no --match: the command that finds out

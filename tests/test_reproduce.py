@@ -401,7 +401,7 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     assert proc.returncode == 6 and "A's sessions followed" in match["summary"]
 
     # The recipe (issue 39): the two commands printed, run as printed in a shell, give A's bits.
-    printed = proc.stdout.split("to get A's bits on this machine (proven by --match), run in turn:\n")[1]
+    printed = proc.stdout.split("To get A's bits on this machine (proven by --match), run in turn:\n")[1]
     lines = [line.strip() for line in printed.splitlines()[:2]]
     assert lines[0].startswith("ONEDNN_MAX_CPU_ISA=SSE41 reprocube train ") and "preempt_at_step=15" in lines[0]
     assert "resume=latest" in lines[1] and "ONEDNN" not in lines[1], lines

@@ -138,6 +138,10 @@ def override(key: str, value: Any) -> str:
     return f"{key}={hydra_literal(value)}"
 
 
+PLAIN_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # no quote, $, paren, comma, dot or space: never grammar
+HYDRA_WORDS = {"null", "true", "false", "nan", "inf"}  # unquoted, Hydra reads these as other types
+
+
 def hydra_literal(value: Any) -> str:
     """Write a value in Hydra's override grammar so that it reaches the config as that very value:
     strings quoted (inside quotes no `,` `=` `[` or space is grammar) and every `${` escaped, twice, for
@@ -152,6 +156,8 @@ def hydra_literal(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, str) and PLAIN_WORD.fullmatch(value) and value.lower() not in HYDRA_WORDS:
+        return value  # a plain word is a string in Hydra's grammar too: recipes a person reads stay readable
     if isinstance(value, str):
         escaped = _escape_interpolations(_escape_interpolations(value))
         # In Hydra's quoted strings only a quote, and the backslashes before a quote or the closing

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences
+from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences, not_a_cause
 from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
 from reprocube.checkpoint import Checkpoint, epoch_name, run_fields, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
@@ -216,6 +216,7 @@ class TrainingLoop:
             f"{k}: {saved.get(k)} -> {self.framework_info.get(k)}"
             for k in sorted(set(saved) | set(self.framework_info))
             if saved.get(k) != self.framework_info.get(k)
+            and not not_a_cause(f"framework.{k}", saved.get("backend"), self.framework_info.get("backend"))
         ]
         if changed:
             self.out(

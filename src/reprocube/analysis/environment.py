@@ -68,9 +68,19 @@ NUMERIC_SETTINGS = ("env_vars.", "framework.", "cpu.isa", "cpu.model", "packages
 NOT_NUMERIC = {
     "env_vars.PYTHONHASHSEED": "every generator is seeded explicitly; no computation iterates a hash-ordered set",
     "hostname": "a name",
-    "framework.compilation_cache": "a step loaded from JAX's cache is the one this machine compiled "
-    "(bit-identical on the CPU: tests/test_compilation_cache.py)",
+    "framework.compilation_cache": "on the CPU a step loaded from JAX's cache is the one this machine compiles "
+    "(bit-identical: tests/test_compilation_cache.py)",
 }
+# Of those, the ones that hold only where both ran on the CPU: on a GPU a cached step carries an earlier
+# compilation's autotuning choices.
+CPU_ONLY = {"framework.compilation_cache"}
+
+
+def not_a_cause(key: str, backend_a, backend_b) -> str | None:
+    """Why a difference in `key` does not change these numbers, or None."""
+    if key in CPU_ONLY and not backend_a == backend_b == "cpu":
+        return None
+    return NOT_NUMERIC.get(key)
 
 
 def env_differences(a: dict, b: dict) -> list[dict]:
@@ -83,8 +93,9 @@ def env_differences(a: dict, b: dict) -> list[dict]:
         if fa.get(k, missing) != fb.get(k, missing)
     ]
     for row in rows:
-        if row["key"] in NOT_NUMERIC:
-            row["not_a_cause"] = NOT_NUMERIC[row["key"]]
+        reason = not_a_cause(row["key"], fa.get("framework.backend"), fb.get("framework.backend"))
+        if reason:
+            row["not_a_cause"] = reason
 
     def rank(row):
         if "not_a_cause" in row:

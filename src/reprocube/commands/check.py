@@ -21,12 +21,13 @@ from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
-from reprocube.orchestration.check_slurm import check_options, execute_slurm
+from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.results.check_result import VERDICTS, write_check
 from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.terminal import counted, one_line
 from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 
+LAUNCHERS = ("local", "slurm")
 HELP = "prove that any training command resumes bit-exactly from its own checkpoints: reprocube check -- CMD"
 SUSPECTS = (
     "unseeded generators (Python's random, NumPy, the framework's: torch.manual_seed, tf.random.set_seed, a JAX "
@@ -55,7 +56,7 @@ def add_arguments(parser) -> None:
     add("--seed-env", metavar="VAR", help="the variable the command reads its seed from (control: another seed)")
     add("--seed-arg", metavar="TEMPLATE", help="an argument giving the seed, {seed} replaced (e.g. --seed={seed})")
     add("--timeout", type=float, metavar="SECONDS", help="the watchdog of each attempt (default 5x a clean run)")
-    add("--launcher", choices=("local", "slurm"), default="local",
+    add("--launcher", choices=LAUNCHERS, default="local",
         help="local: child processes here | slurm: each run a SLURM job, each stop a real preemption (scontrol requeue)")  # fmt: skip
     add("--slurm-option", action="append", default=[], metavar="--NAME=VALUE",
         help="an sbatch option for every job (repeatable; --launcher slurm), e.g. --slurm-option=--partition=gpu")  # fmt: skip
@@ -77,6 +78,8 @@ def run(args) -> int:
     if not args.output:
         raise ConfigError("give at least one --output PATH: what the command writes that is compared")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.slurm_option and args.launcher != "slurm":
+        raise ConfigError("--slurm-option is for --launcher slurm")
     result = check(command, args.output, args.ignore, args.copy, args.repeat, args.stops, args.signal,
                    args.stop_seed, args.at, args.at_file, args.at_line, args.seed_env, args.seed_arg, args.timeout,
                    args.out, slurm=args.slurm_option if args.launcher == "slurm" else None)  # fmt: skip
@@ -94,10 +97,10 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
     _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout,
                      stop_seed)  # fmt: skip
     if slurm is not None:
-        check_options(slurm)
         if signal_name != "TERM":
             raise ConfigError("--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after "
                               "KillWait): --signal cannot be chosen")  # fmt: skip
+        check_slurm(slurm)
     stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
     out = _workspace(out, command)
     signum = SIGNALS[signal_name]
@@ -249,6 +252,8 @@ def _options_from(args) -> None:
             raise ConfigError(f"{path}: {key} must be {'an integer' if kind is int else 'a ' + kind.__name__}")
         if key == "signal" and value not in SIGNALS:
             raise ConfigError(f"{path}: signal must be one of {', '.join(sorted(SIGNALS))}")
+        if key == "launcher" and value not in LAUNCHERS:
+            raise ConfigError(f"{path}: launcher must be one of {', '.join(LAUNCHERS)}")
         setattr(args, key, value)
     if not args.command:
         raise ConfigError(f"{path}: command is missing (e.g. command: [python, train.py])")

@@ -58,6 +58,8 @@ from reprocube.results.reproduce_result import (
     REPRODUCE_RESULT,
     recipe_lines,
     signature_line,
+    verdict_line,
+    what_to_do,
     write_reproduce,
 )
 from reprocube.results.script_reproduce_result import VERDICTS as SCRIPT_VERDICTS
@@ -311,12 +313,13 @@ def reproduce(
     write_file_atomic(ws.out / A_RECEIPT_COPY, receipt.raw)
     write_reproduce(result, ws.out)
     _report(ws, receipt, b_path, result, echo)
-    echo(f"verdict: {result['summary']}")
-    recipe = (result["match"] or {}).get("recipe")
-    if recipe:
-        echo("to get A's bits on this machine (proven by --match), run" + (" in turn:" if len(recipe) > 1 else ":"))
-        for line in recipe_lines(recipe):
-            echo(f"  {line}")
+    # As reproduce.md and the page: the verdict line, the details, what to do (and the recipe, to copy).
+    echo(one_line(f"verdict: {result['verdict']}: {verdict_line(result)}"))
+    echo(f"  {result['summary']}")
+    for line in what_to_do(result):
+        echo(one_line(line))
+    for line in recipe_lines((result["match"] or {}).get("recipe") or []):
+        echo(f"  {line}")
     echo(f"written: {ws.out / REPRODUCE_RESULT.name}, {ws.out / REPRODUCE_RESULT.markdown_name}")
     return result
 

@@ -110,7 +110,9 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
         else plan_linear(cfg, steps, reference, _reference_epochs(cfg))
     )
     if framework == "jax":
-        share_compiled_code(plan, base / "jax-cache" if _runs_on_cpu(cfg) else None)
+        # device=auto through SLURM: the compute nodes may have a GPU that this machine lacks.
+        on_cpu = _runs_on_cpu(cfg) and not (cfg.verify.launcher == "slurm" and cfg.device == "auto")
+        share_compiled_code(plan, base / "jax-cache" if on_cpu else None)
     commands = {check.name: child_commands(check, user, framework, base) for check in plan}
     jobs = cfg.verify.jobs or default_jobs(cfg.threads)
     where = "SLURM jobs" if cfg.verify.launcher == "slurm" else f"{jobs} at a time"

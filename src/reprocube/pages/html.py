@@ -20,6 +20,8 @@ STYLE = (
     STYLE_RUNS[7:-8] + ".dim,.dim td{color:#999;font-weight:normal}td.num{font-family:monospace;text-align:right}"
     "p.caption{color:#555;font-size:13px;margin-top:0}.verdict{font-size:1.5em}h2{margin-top:1.6em}"
     "td{vertical-align:top}td.key{white-space:nowrap}td.value{word-break:break-all;max-width:380px}"
+    ".headline{font-size:1.2em;font-weight:bold;margin:.3em 0}pre.recipe{background:#f4f4f4;padding:.6em;"
+    "white-space:pre-wrap;word-break:break-all;margin-bottom:.3em}button.copy{font-size:12px}"
 )
 ENV_ROWS = (
     "python",

@@ -33,6 +33,8 @@ from reprocube.results.reproduce_result import (
     first_update_text,
     read_reproduce,
     recipe_lines,
+    verdict_line,
+    what_to_do,
 )
 from reprocube.terminal import counted
 
@@ -249,9 +251,11 @@ def _trace_map(a: Receipt, b: Receipt, result: dict) -> bytes:
         initial = " and at the initial weights" if len(columns) > after else ""
         title = f"every tensor agrees at all {after} boundaries in common{initial}"
     else:
+        # The boundaries are where the trace digests every tensor (trace.every_steps): say that the first
+        # red column is the first such digest after the first differing update, not the update itself.
         where = first["first_differing_boundary"]
-        title = f"first diverging step {first['step']}" + (
-            f"; weights first differ at boundary {where}" if where else ""
+        title = f"first differing update: step {first['step']}" + (
+            f"; the first digest after it (step {where}) is the first red column" if where else ""
         )
     top.set_title(f"weight digests per tensor, B vs A: {title}", fontsize=10)
 
@@ -338,8 +342,13 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             if unverifiable
             else ""
         ),
-        f"<p><b>{esc(result['summary'])}</b></p>",
-        f"<p>Does it matter? {esc(result['tier_text'])}</p>",
+        f"<p class='headline'>{esc(verdict_line(result))}</p>",
+        *_first_update(result, a, b),
+        f"<p>{esc(result['summary'])}</p>",
+        # The tier's words, unless the summary already ends with them (it does where B differs).
+        f"<p class='caption'>{esc(result['tier_text'])}</p>" if result["tier_text"] not in result["summary"] else "",
+        *_what_to_do(result, h2),
+        *_sessions(result, h2),
         f"<p class='caption'>A (published): <code>{esc(result['source'])}</code>"
         + (
             f" (file sha256 <code>{result['subject']['receipt_sha256'][:16]}…</code>, as sha256sum and a signature see it)"
@@ -384,9 +393,6 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         cls = "ok" if match["bit_identical"] else ("bad" if match["ran"] else "dim")
         parts.append(f"<p class='{cls}'>{esc(match['summary'])}</p>")
         parts += [f"<p class='caption'>cannot emulate: {esc(c)}</p>" for c in match["cannot"]]
-        if match.get("recipe"):  # proven: the command lines that give A's bits here, to copy
-            parts.append("<p>To get A's bits on this machine, run" + (" in turn:" if len(match["recipe"]) > 1 else ":")
-                         + "</p><pre class='recipe'>" + esc("\n".join(recipe_lines(match["recipe"]))) + "</pre>")  # fmt: skip
     claims = result["claims"]
     parts.append(f"<{h2}>What was compared: every claim of A's receipt</{h2}>")
     parts.append("<table><tr><th>claims of A</th><th>reproduced</th><th>differ</th><th>not checked</th></tr>")
@@ -434,6 +440,70 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
     parts += _epoch_table(a, b, h2)
     parts += _environment_tables(a, b, result, h2)
     return parts
+
+
+# Copies the recipe beside it (its text, never a value put into the script).
+COPY_BUTTON = (
+    "<button class='copy' onclick=\"navigator.clipboard.writeText(this.previousElementSibling.textContent);"
+    "this.textContent='copied'\">copy</button>"
+)
+
+
+def _first_update(result: dict, a: Receipt, b: Receipt) -> list[str]:
+    """The headline under the verdict: the first differing update with A's and B's loss there (an edited
+    receipt's value beside B's), the tensors, the most likely cause and the first differing operation."""
+    first = result["first_divergence"]
+    if first is None:
+        return []
+    steps, la, lb = _common_losses(a, b)
+    at = np.flatnonzero(steps == first["step"])
+    losses = ""
+    if at.size and la[at[0]].tobytes() != lb[at[0]].tobytes():  # an edited receipt's value beside B's
+        losses = f" (A's loss {float(la[at[0]])!r}, B's {float(lb[at[0]])!r})"
+    elif at.size:
+        losses = " (the loss bits agree there; the weights differ)"
+    if first.get("initial_tensors"):
+        items = ["The initial weights already differ, before any update: tensors "
+                 + ", ".join(f"<code>{html.escape(t)}</code>" for t in first["initial_tensors"])]  # fmt: skip
+    else:
+        items = [f"First differing update: <b>step {first['step']}</b>{losses}"]
+    if not first.get("initial_tensors") and (first.get("weight_tensors") or first.get("tensors")):
+        items.append(
+            "tensors "
+            + ", ".join(f"<code>{html.escape(t)}</code>" for t in first.get("weight_tensors") or first["tensors"])
+        )
+    cause = next((c for c in result["causes"] if c["kind"] != "not-numeric"), None)
+    if cause:
+        items.append(f"most likely cause <code>{html.escape(cause['key'])}</code> ({html.escape(str(cause['a']))} "
+                     f"&rarr; {html.escape(str(cause['b']))})")  # fmt: skip
+    operation = result.get("first_operation")
+    if operation and operation["status"] == "found":
+        items.append(f"first differing operation: {html.escape(operation['text'])}")
+    return ["<p class='first'>" + "; ".join(items) + "</p>"]
+
+
+def _what_to_do(result: dict, h2: str) -> list[str]:
+    """Right under the verdict: the next step (reproduce_result.what_to_do), the proven recipe to copy."""
+    parts = [f"<{h2}>What to do</{h2}>"]
+    parts += [f"<p>{html.escape(line)}</p>" for line in what_to_do(result)]
+    recipe = (result["match"] or {}).get("recipe")
+    if recipe:
+        parts.append(f"<pre class='recipe'>{html.escape(chr(10).join(recipe_lines(recipe)))}</pre>{COPY_BUTTON}")
+    return parts
+
+
+def _sessions(result: dict, h2: str) -> list[str]:
+    """A's sessions that resumed under other numeric settings (a finding about A, before anything of B)."""
+    if not result["a_sessions"]:
+        return []
+    parts = [f"<{h2}>A's own sessions</{h2}>", "<p>A was stopped and resumed under other numeric settings:</p><ul>"]
+    for finding in result["a_sessions"]:
+        changes = "; ".join(
+            f"<code>{html.escape(str(c['key']))}</code> {html.escape(str(c['a']))} &rarr; {html.escape(str(c['b']))}"
+            for c in finding["changes"][:6]
+        )
+        parts.append(f"<li>steps {finding['steps'][0]}..{finding['steps'][1]}: {changes}</li>")
+    return [*parts, "</ul>"]
 
 
 def _epoch_table(a: Receipt, b: Receipt, h2: str) -> list[str]:

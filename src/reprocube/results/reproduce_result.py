@@ -67,6 +67,57 @@ def recipe_lines(recipe: list[dict]) -> list[str]:
     return lines
 
 
+# What each tier means for the result, in a few words (the verdict line's last part).
+MATTERS = {
+    "within-ulp": "rounding-level differences only",
+    "within-seed-spread": "within the seed-to-seed spread: it does not change the result",
+    "beyond-seed-spread": "BEYOND the seed-to-seed spread: it changes the result",
+    "spread-unknown": "whether that matters was not measured (--seeds N measures it)",
+    "metrics-disagree": "A's recorded metrics are not what its own training steps give here",
+}
+
+
+def verdict_line(result: dict) -> str:
+    """The answer in one line a person reads in two seconds: what, how big, does it matter (the page's
+    and reproduce.md's first line, the terminal's verdict)."""
+    first, ulp = result["first_divergence"], result.get("ulp")
+    size = f", by at most {ulp['max_ulp']} ULP ({ulp['basis']})" if ulp else ""
+    if result["verdict"] == "bit-identical":
+        return f"Reproduced: B has A's bits at every one of the {counted(result['coverage']['compared_steps'], 'step')} compared."
+    if result["verdict"] == "losses-only":
+        return f"The trained model is bit-identical; only the reported training losses differ{size}."
+    if first and first.get("initial_tensors"):
+        what = "B differs from A from the start (the initial weights already differ)"
+    elif first:
+        what = f"B departs from A at update {first['step']}"
+    else:
+        what = "B differs from A"
+    return f"{what}{size}: {MATTERS.get(result['tier'], result['tier'])}."
+
+
+def what_to_do(result: dict) -> list[str]:
+    """The next step, in words, after the verdict: none; the recipe --match proved (recipe_lines follow);
+    why this machine cannot give A's bits; or the command that finds out."""
+    match = result["match"]
+    if result["verdict"] == "bit-identical":
+        return ["Nothing: this machine gives A's bits."]
+    if result["tier"] == "metrics-disagree":
+        return [
+            "Ask for A's run directory or a fresh receipt: its recorded metrics are not what its training computes."
+        ]
+    if match is None:
+        return [f"Find out whether this machine can give A's bits (and the exact commands if it can): "
+                f"reprocube reproduce {shlex.quote(result['source'])} --match"]  # fmt: skip
+    if match["bit_identical"] and match.get("recipe"):
+        return [
+            "To get A's bits on this machine (proven by --match), run"
+            + (" in turn:" if len(match["recipe"]) > 1 else ":")
+        ]
+    lines = [f"This machine cannot give A's bits: {match['summary']}"]
+    lines += [f"It cannot emulate {c}: a machine with A's setting can." for c in match["cannot"]]
+    return lines
+
+
 def _recipe_command(command) -> dict:
     env = command.mapping("env")
     return {
@@ -157,6 +208,15 @@ def check_reproduce(value, where: str) -> dict:
             "note": cause.text("note", optional=True),
         }
         for cause in fields.records("causes")
+    ]
+    result["a_sessions"] = [
+        {
+            "steps": session.step_range("steps"),
+            "changes": [
+                {"key": c.text("key"), "a": c.present("a"), "b": c.present("b")} for c in session.records("changes")
+            ],
+        }
+        for session in fields.records("a_sessions")
     ]
     result["self_consistent"] = fields.nullable("self_consistent", fields.boolean)
     check = fields.mapping("self_check") if result["self_consistent"] is not None else None
@@ -297,12 +357,27 @@ def first_update_text(first: dict) -> str:
     )
 
 
+def _sessions_lines(result: dict) -> list[str]:
+    if not result["a_sessions"]:
+        return []
+    lines = ["", "## A's own sessions", "", "A was stopped and resumed under other numeric settings:"]
+    return lines + [
+        f"- steps {f['steps'][0]}..{f['steps'][1]}: "
+        + "; ".join(
+            f"`{shown_value(c['key'])}` {shown_value(c['a'])} -> {shown_value(c['b'])}" for c in f["changes"][:6]
+        )
+        for f in result["a_sessions"]
+    ]
+
+
 def markdown(result: dict) -> str:
     first = result["first_divergence"]
     lines = [
         f"# reprocube reproduce: {result['run_a']}",
         "",
         f"**Verdict: {result['verdict']}**" + ("" if result["tier"] == result["verdict"] else f" ({result['tier']})"),
+        "",
+        f"**{verdict_line(result)}**",
         "",
         result["summary"],
         "",
@@ -313,7 +388,17 @@ def markdown(result: dict) -> str:
         f"- compared: {counted(result['coverage']['compared_steps'], 'step')} (every loss bit), "
         f"{counted(result['coverage']['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
         f"after the initial weights, {counted(result['coverage']['a_epochs'], 'epoch')}",
+        "",
+        "## What to do",
+        "",
+        *what_to_do(result),
+        *(
+            ["", "```sh", *recipe_lines(result["match"]["recipe"]), "```"]
+            if (result["match"] or {}).get("recipe")
+            else []
+        ),
     ]
+    lines += _sessions_lines(result)
     if first and first.get("weights_identical"):
         lines += [
             "",
@@ -341,15 +426,6 @@ def markdown(result: dict) -> str:
         lines += ["", "## First differing operation", "", operation["text"]]
         if operation.get("recordings"):
             lines += ["", "recordings: " + ", ".join(f"`{path}`" for path in operation["recordings"])]
-    if result["a_sessions"]:
-        lines += ["", "## A's own sessions", "", "A was stopped and resumed under other numeric settings:"]
-        lines += [
-            f"- steps {f['steps'][0]}..{f['steps'][1]}: "
-            + "; ".join(
-                f"`{shown_value(c['key'])}` {shown_value(c['a'])} -> {shown_value(c['b'])}" for c in f["changes"][:6]
-            )
-            for f in result["a_sessions"]
-        ]
     if result["self_consistent"] is not None:
         check = result.get("self_check", {})
         lines += [
@@ -374,9 +450,6 @@ def markdown(result: dict) -> str:
     if result["match"]:
         lines += ["", "## Intervention (--match)", "", result["match"]["summary"]]
         lines += [f"- cannot emulate: {c}" for c in result["match"]["cannot"]]
-        if result["match"].get("recipe"):
-            lines += ["", "To get A's bits on this machine (proven by --match), run:", "", "```sh",
-                      *recipe_lines(result["match"]["recipe"]), "```"]  # fmt: skip
     lines += ["", "## Does it matter?", "", result["tier_text"]]
     spread = result.get("seed_spread")
     if spread:
