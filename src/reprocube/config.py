@@ -138,7 +138,7 @@ def override(key: str, value: Any) -> str:
     return f"{key}={hydra_literal(value)}"
 
 
-PLAIN_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # no quote, $, paren, comma, dot or space: never grammar
+PLAIN_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # no quote, $, paren, comma, dot or space: never grammar
 HYDRA_WORDS = {"null", "true", "false", "nan", "inf"}  # unquoted, Hydra reads these as other types
 
 

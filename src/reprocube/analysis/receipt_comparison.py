@@ -601,7 +601,8 @@ def summary(result: dict) -> str:
             "B is deterministic but computes differently" if result["self_consistent"] else "B is NON-DETERMINISTIC"
         )
     likely = [c for c in result["causes"] if c["kind"] != "not-numeric"]
-    if likely:
+    proven = result["match"] and result["match"]["bit_identical"]  # then the match's summary names the cause
+    if likely and not proven:
         parts.append(
             f"likely cause: {likely[0]['key']} ({shown_value(likely[0]['a'])} -> {shown_value(likely[0]['b'])})"
         )

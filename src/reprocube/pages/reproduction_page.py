@@ -473,7 +473,10 @@ def _first_update(result: dict, a: Receipt, b: Receipt) -> list[str]:
             + ", ".join(f"<code>{html.escape(t)}</code>" for t in first.get("weight_tensors") or first["tensors"])
         )
     cause = next((c for c in result["causes"] if c["kind"] != "not-numeric"), None)
-    if cause:
+    match = result["match"]
+    if match and match["bit_identical"]:
+        items.append(f"the cause, proven: {html.escape(match['summary'])}")
+    elif cause:
         items.append(f"most likely cause <code>{html.escape(cause['key'])}</code> ({html.escape(str(cause['a']))} "
                      f"&rarr; {html.escape(str(cause['b']))})")  # fmt: skip
     operation = result.get("first_operation")

@@ -63,8 +63,16 @@ def recipe_lines(recipe: list[dict]) -> list[str]:
         unset = [f"-u {shlex.quote(k)}" for k, v in sorted(command["env"].items()) if v is None]
         assigned = [f"{k}={shlex.quote(v)}" for k, v in sorted(command["env"].items()) if v is not None]
         prefix = " ".join(["env", *unset] if unset else []) + " " if unset else ""
-        lines.append(prefix + " ".join([*assigned, shlex.join(command["argv"])]))
+        lines.append(prefix + " ".join([*assigned, *map(_shell_word, command["argv"])]))
     return lines
+
+
+def _shell_word(arg: str) -> str:
+    """shlex.quote, but a word holding single quotes and nothing a shell expands inside double quotes is
+    double-quoted: "key='value'" reads better than 'key='"'"'value'"'"''."""
+    if "'" in arg and not re.search(r'[$`\\"!\n]', arg):
+        return f'"{arg}"'
+    return shlex.quote(arg)
 
 
 # What each tier means for the result, in a few words (the verdict line's last part).
