@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reprocube.analysis.operations import OPS_VERSION
 from reprocube.backend import STEPS_PER_CALL, create_backend
 from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
 from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
@@ -35,7 +36,6 @@ from reprocube.rng import seed_host_rng
 from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
 from reprocube.trace import StepTrace, tensor_digest
 
-OPS_VERSION = 1
 RECORDABLE = ("pytorch", "jax", "tensorflow")  # the frameworks whose trainer has record_ops
 # Besides the run's result keys: the places and counts a replay of it needs (where its data is).
 REPLAY_PLACE_KEYS = ("epochs", "data_dir", "data.source_dir", "data.workers", "framework.inter_op_threads")

@@ -21,7 +21,7 @@ from reprocube.orchestration.children import (
     reprocube_command,
     run_watched,
 )
-from reprocube.results.study_result import GROUPS, read_member
+from reprocube.results.study_result import GROUPS, MEMBER_OK_KEYS, read_member
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: li
         else:
             record.update(
                 status="ok",
-                **{k: final[k] for k in ("epoch", "test_accuracy", "test_loss", "train_loss", "weights_digest")},
+                **{k: final[k] for k in MEMBER_OK_KEYS},
             )
     else:
         error = stalled or f"reprocube train exited {status}: {last_error_line(log_path)}"

@@ -45,7 +45,12 @@ def read_member(path: Path) -> dict:
     record.integer("seed", 0, 2**32 - 1)
     if record.text("group") not in GROUPS:
         raise ReprocubeError(f"{path}: group must be one of {', '.join(GROUPS)}")
-    if record.text("status") != "ok":
+    ok = record.text("status") == "ok"
+    expected = {*MEMBER_KEYS, *(MEMBER_OK_KEYS if ok else MEMBER_FAILED_KEYS)}
+    if set(record.value) != expected:
+        unknown = sorted(set(record.value) - expected) or sorted(expected - set(record.value))
+        raise ReprocubeError(f"{path}: keys {unknown[:3]} are not a member record's ({', '.join(sorted(expected))})")
+    if not ok:
         record.text("error")
     else:
         record.number("test_accuracy")

@@ -6,8 +6,6 @@ from __future__ import annotations
 from reprocube.errors import CheckpointError
 from reprocube.untrusted import Fields
 
-RUN_SUBJECT_KEYS = ("checkpoint", "config_hash", "weights_digest")
-
 
 def read_run_subject(subject: Fields) -> dict:
     checked = {
