@@ -2,6 +2,7 @@
 #   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
 #   make test    set up (Docker and the CPU image included), lint, and run every test
 #   make lint    ruff format --check and ruff check
+#   make test-quick  the tests that start no process (the inner loop, about a minute)
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
 PYTHON ?= python3
@@ -15,7 +16,7 @@ PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --ret
 CONTAINERS ?= 1
 SLURM ?= 1
 
-.PHONY: setup system-packages test-packages container-setup slurm-setup train lint test clean
+.PHONY: setup system-packages test-packages container-setup slurm-setup train lint test test-quick clean
 setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
@@ -83,6 +84,10 @@ TEST_ENV += REPROCUBE_SLURM_TESTS=1 SLURM_CONF=$(SLURM_DIR)/slurm.conf
 endif
 test: $(TEST_DEPS)
 	$(TEST_ENV) $(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
+
+# The inner loop: every test that starts no process (none trains), in a minute or two; no set-up beyond the venv.
+test-quick: $(VENV)/.installed
+	REPROCUBE_TEST_QUICK=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MLCUBE_VENV) .pytest_cache
