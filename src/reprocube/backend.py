@@ -6,7 +6,6 @@ checkpoint holds is defined in reprocube.state."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
 import numpy as np
@@ -14,6 +13,7 @@ from omegaconf import DictConfig
 
 from reprocube.data.store import Dataset
 from reprocube.errors import CheckpointError, ConfigError
+from reprocube.registry import import_registered
 from reprocube.state import EpochTotals, FrameworkState
 
 
@@ -91,12 +91,7 @@ def create_backend(cfg: DictConfig, dataset: Dataset) -> Backend:
         raise ConfigError(
             f"framework={cfg.framework.name} is not available (choose from {', '.join(sorted(BACKENDS))})"
         )
-    module_name, class_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"framework={cfg.framework.name} needs a package that is not installed: {exc}") from None
-    return getattr(module, class_name)(cfg, dataset)
+    return import_registered(target, f"framework={cfg.framework.name}")(cfg, dataset)
 
 
 def check_arrays(what: str, arrays: dict[str, np.ndarray], expected: dict[str, tuple[tuple[int, ...], object]]) -> None:

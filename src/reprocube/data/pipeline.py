@@ -25,7 +25,6 @@ Each names the checkpoint and the key: one line, exit status 4."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
@@ -34,7 +33,8 @@ import numpy as np
 
 from reprocube.data import augment
 from reprocube.data.store import Split
-from reprocube.errors import CheckpointError, ConfigError
+from reprocube.errors import CheckpointError
+from reprocube.registry import import_registered
 from reprocube.terminal import one_line
 
 PIPELINES = {
@@ -94,14 +94,8 @@ def create_pipeline(cfg, split: Split, batch_size: int) -> BatchPipeline:
         cfg.data.augment_rng == "stateful",
         float((np.float32(0.0) - np.float32(cfg.dataset.mean)) / np.float32(cfg.dataset.std)),
     )
-    module_name, class_name = PIPELINES[cfg.framework.name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"data.pipeline=loader for {cfg.framework.name} needs a package that is not installed: {exc}"
-        ) from None
-    return getattr(module, class_name)(source, batch_size, bool(cfg.data.drop_last), workers, cfg.seed)
+    pipeline = import_registered(PIPELINES[cfg.framework.name], f"data.pipeline=loader for {cfg.framework.name}")
+    return pipeline(source, batch_size, bool(cfg.data.drop_last), workers, cfg.seed)
 
 
 EPOCH, STEP_IN_EPOCH, WORKERS = "epoch", "step_in_epoch", "workers"  # the keys reprocube writes itself
@@ -183,6 +177,30 @@ class StateSchema:
         if len(message) > 300:
             message = message[:297] + "..."
         self.fail(path, f"was refused by {library}", message)
+
+
+class RestoredStateGuard:
+    """For a loader whose library state was restored (self.restored, its StateSchema, until the next
+    batches are drawn): those first batches are the library's first use of a state it accepted, and an
+    exception there is the checkpoint's fault, said in one line. A loader sets LIBRARY (the library
+    state's key) and LIBRARY_NAME, and draws its batches in _next_batches."""
+
+    LIBRARY: str
+    LIBRARY_NAME: str
+    restored: StateSchema | None = None
+
+    def next_batches(self, count: int) -> list:
+        if self.restored is None:
+            return self._next_batches(count)
+        try:
+            batches = self._next_batches(count)
+        except Exception as exc:
+            self.restored.library_failed(self.LIBRARY, f"{self.LIBRARY_NAME} at the first batch after it", exc)
+        self.restored = None
+        return batches
+
+    def _next_batches(self, count: int) -> list:
+        raise NotImplementedError
 
 
 def _join(path: str, key: str) -> str:

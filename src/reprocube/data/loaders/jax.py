@@ -20,6 +20,7 @@ from reprocube.data.pipeline import (
     Batch,
     ExampleSource,
     Integer,
+    RestoredStateGuard,
     StateSchema,
     Text,
     check_envelope,
@@ -107,7 +108,10 @@ def check_state(
     return workers, first
 
 
-class GrainPipeline:
+class GrainPipeline(RestoredStateGuard):
+    LIBRARY = LIBRARY
+    LIBRARY_NAME = "Grain's DataLoader"
+
     def __init__(self, source: ExampleSource, batch_size: int, drop_last: bool, workers: int, seed: int):
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags (their defaults); nothing else parses them
@@ -141,17 +145,7 @@ class GrainPipeline:
             try:
                 self.iterator.set_state(json.dumps(state[LIBRARY]).encode())
             except Exception as exc:
-                self.restored.library_failed(LIBRARY, "Grain's DataLoader", exc)
-
-    def next_batches(self, count: int) -> list[Batch]:
-        if self.restored is None:
-            return self._next_batches(count)
-        try:
-            batches = self._next_batches(count)
-        except Exception as exc:
-            self.restored.library_failed(LIBRARY, "Grain's DataLoader at the first batch after it", exc)
-        self.restored = None
-        return batches
+                self.restored.library_failed(LIBRARY, self.LIBRARY_NAME, exc)
 
     def _next_batches(self, count: int) -> list[Batch]:
         batches = [tuple(np.asarray(a) for a in next(self.iterator)) for _ in range(count)]

@@ -16,6 +16,7 @@ from reprocube.data.pipeline import (
     Batch,
     ExampleSource,
     Integer,
+    RestoredStateGuard,
     StateSchema,
     check_envelope,
     run_context,
@@ -136,7 +137,10 @@ def check_state(
     return workers
 
 
-class TorchDataPipeline:
+class TorchDataPipeline(RestoredStateGuard):
+    LIBRARY = LIBRARY
+    LIBRARY_NAME = "torchdata's StatefulDataLoader"
+
     def __init__(self, source: ExampleSource, batch_size: int, drop_last: bool, workers: int, seed: int):
         self.source, self.batch_size, self.drop_last, self.workers, self.seed = (
             source,
@@ -188,17 +192,7 @@ class TorchDataPipeline:
             self.loader.load_state_dict(state[LIBRARY])
             self.iterator = iter(self.loader)
         except Exception as exc:
-            self.restored.library_failed(LIBRARY, "torchdata's StatefulDataLoader", exc)
-
-    def next_batches(self, count: int) -> list[Batch]:
-        if self.restored is None:
-            return self._next_batches(count)
-        try:  # the first batches after restoring a state: the workers' first use of it
-            batches = self._next_batches(count)
-        except Exception as exc:
-            self.restored.library_failed(LIBRARY, "torchdata's StatefulDataLoader at the first batch after it", exc)
-        self.restored = None
-        return batches
+            self.restored.library_failed(LIBRARY, self.LIBRARY_NAME, exc)
 
     def _next_batches(self, count: int) -> list[Batch]:
         batches = []
