@@ -163,37 +163,32 @@ def _cpu_info() -> dict:
         "model": platform.processor() or None,
         "isa": [],
     }
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and not info["model"]:
-            info["model"] = value.strip()
-        elif key == "flags":
-            flags = set(value.split())
-            info["isa"] = [f for f in ISA_FLAGS if f in flags]
-            break
+    model, flags = _first_cpu()
+    info["model"] = info["model"] or model or None
+    info["isa"] = [f for f in ISA_FLAGS if f in flags]
     return info
 
 
 def cpu_signature() -> str:
-    """What compiled code depends on: the architecture, the CPU model and its full flag list (the first
-    processor's lines of /proc/cpuinfo)."""
-    model = flags = ""
+    """What compiled code depends on: the architecture, the CPU model and its full flag list."""
+    model, flags = _first_cpu()
+    return f"{platform.machine()}\n{model or platform.processor()}\n{' '.join(sorted(flags))}"
+
+
+def _first_cpu() -> tuple[str, set[str]]:
+    """The first processor's model name and flags in /proc/cpuinfo ("" and none where it cannot be read)."""
+    model = ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = " ".join(sorted(value.split()))
-                break
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return f"{platform.machine()}\n{model or platform.processor()}\n{flags}"
+        return model, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags":
+            return model, set(value.split())
+    return model, set()
 
 
 def _package_versions() -> dict:

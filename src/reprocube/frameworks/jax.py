@@ -33,7 +33,8 @@ from reprocube.state import EpochTotals, FrameworkState
 from reprocube.trace import tensor_digest, text_digest
 
 RUN_KEY = "jax.run_key"
-TRAIN_STEP_BATCH_SIZE = 7  # the static (shape-setting) argument of _train_step_fn, and of _eval_step_fn:
+# The position of the static (shape-setting) batch_size argument of _train_step_fn and of _eval_step_fn.
+TRAIN_STEP_BATCH_SIZE = 7
 EVAL_STEP_BATCH_SIZE = 4
 
 

@@ -46,6 +46,12 @@ class Stop:
         planned = f" ({self.fraction:.3f} of a clean run)" if self.fraction is not None else ""
         return f"{self.seconds:.2f} s after the attempt started{planned}"
 
+    def due(self, elapsed: float, work: Path, seen: set[str]) -> bool:
+        """Whether a time or file stop's moment came (a line stop is each launcher's: it reads the output)."""
+        if self.seconds is not None:
+            return elapsed >= self.seconds
+        return self.file_glob is not None and any(p not in seen for p in _matching(work, self.file_glob))
+
 
 def planned_stops(count: int, clean_s: float, seed: int) -> list[Stop]:
     """`count` stops spread over a clean run's duration, each attempt stopped after its share of it,
@@ -188,11 +194,7 @@ def _wait_for_trigger(child, stop: Stop | None, work: Path, seen: set[str], matc
             reported = time.perf_counter()
             on_progress(elapsed)
         if stop is not None:
-            if stop.seconds is not None and elapsed >= stop.seconds:
-                return True
-            if stop.file_glob is not None and any(p not in seen for p in _matching(work, stop.file_glob)):
-                return True
-            if stop.line is not None and matched.is_set():
+            if stop.due(elapsed, work, seen) or (stop.line is not None and matched.is_set()):
                 return True
         if elapsed >= timeout_s:
             return False

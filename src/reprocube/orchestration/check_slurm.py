@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from reprocube.errors import ConfigError
-from reprocube.orchestration.check_runs import PROGRESS_EVERY_S, Attempt, Run, Stop, _files, _matching
+from reprocube.orchestration.check_runs import PROGRESS_EVERY_S, Attempt, Run, Stop, _files
 from reprocube.probe import ENV as PROBE_ENV
 
 POLL_S = 0.5  # how often the job's state is asked (each look runs scontrol)
@@ -201,19 +201,15 @@ def _attempt(run: Run, job: str, number: int, stop: Stop | None, timeout_s: floa
 
 def _stop_came(stop: Stop, elapsed: float, run: Run, seen: set[str], cursor: list[int]) -> bool:
     """Whether the stop's moment came; cursor[0]: how far this attempt's log was read (whole lines)."""
-    if stop.seconds is not None:
-        return elapsed >= stop.seconds
-    if stop.file_glob is not None:
-        return any(p not in seen for p in _matching(run.work, stop.file_glob))
-    if stop.line is not None:
-        with open(run.log, "rb") as log:
-            log.seek(cursor[0])
-            text = log.read(1_000_000)
-        complete = text[: text.rfind(b"\n") + 1] or (text if len(text) == 1_000_000 else b"")
-        cursor[0] += len(complete)
-        pattern = re.compile(stop.line)
-        return any(pattern.search(line.decode("utf-8", "replace")) for line in complete.splitlines())
-    return False
+    if stop.line is None:
+        return stop.due(elapsed, run.work, seen)
+    with open(run.log, "rb") as log:
+        log.seek(cursor[0])
+        text = log.read(1_000_000)
+    complete = text[: text.rfind(b"\n") + 1] or (text if len(text) == 1_000_000 else b"")
+    cursor[0] += len(complete)
+    pattern = re.compile(stop.line)
+    return any(pattern.search(line.decode("utf-8", "replace")) for line in complete.splitlines())
 
 
 def _ended(run: Run, number: int) -> tuple[int, float] | None:
