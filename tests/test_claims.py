@@ -16,7 +16,8 @@ import pytest
 
 from forge import drop_fingerprints, losses, set_losses, write_forged
 from reprocube.analysis.claims import BOUNDARY_DIGESTS, NOT_CHECKED
-from reprocube.analysis.receipt_comparison import compare_receipts, match_plan
+from reprocube.analysis.match_plan import match_plan
+from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.commands.reproduce import reproduce
 from reprocube.env import threads_warning
 from reprocube.errors import CheckpointError

@@ -1,5 +1,5 @@
 """The first diverging operation (issue 26): replay_step records every operation of one step of a run
-(OPS.json); reprocube.analysis.operations reads it strictly and names the first operation that differs
+(OPS.json); reprocube.analysis.first_differing_operation reads it strictly and names the first operation that differs
 between two recordings."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.analysis.operations import first_differing_operation, read_ops
+from reprocube.analysis.first_differing_operation import first_differing_operation, read_ops
 from reprocube.checkpoint import manifest_self_digest
 from reprocube.config import config_hash
 from reprocube.errors import CheckpointError
@@ -237,7 +237,7 @@ def test_the_reader_refuses_what_is_no_regular_bounded_json_file(tmp_path, monke
     link.symlink_to(good)
     with pytest.raises(CheckpointError, match="symbolic link"):
         read_ops(link)
-    monkeypatch.setattr("reprocube.analysis.operations.MAX_OPS_BYTES", 100)
+    monkeypatch.setattr("reprocube.analysis.first_differing_operation.MAX_OPS_BYTES", 100)
     with pytest.raises(CheckpointError, match="more than the 100 allowed"):
         read_ops(good)
 

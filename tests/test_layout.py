@@ -85,6 +85,35 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not layer_violations(import_graph())
 
 
+# Within the engine: packages that never import another. A result file is written from what the
+# comparison engine found; the schema and its wording must not reach back into the engine that finds it.
+NEVER_IMPORTS = {"reprocube.results": "reprocube.analysis"}
+
+
+def engine_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in graph.items():
+        for lower, upper in NEVER_IMPORTS.items():
+            if module == lower or module.startswith(lower + "."):
+                found += [f"{module} -> {t} ({lower} may not import {upper})" for t in targets
+                          if t == upper or t.startswith(upper + ".")]  # fmt: skip
+    return sorted(found)
+
+
+def test_results_never_import_analysis():
+    assert not engine_violations(import_graph())
+
+
+def test_the_engine_checker_sees_results_importing_analysis():
+    """The circle as it stood before issue 38 (compare.md's wording taken from analysis) is found."""
+    graph = import_graph()
+    graph["reprocube.results.compare_result"] |= {"reprocube.analysis.run_comparison"}
+    assert engine_violations(graph) == [
+        "reprocube.results.compare_result -> reprocube.analysis.run_comparison "
+        "(reprocube.results may not import reprocube.analysis)"
+    ]
+
+
 def test_the_layer_checker_sees_an_upward_import_and_a_command_importing_another():
     graph = import_graph()
     graph["reprocube.trace"] = graph["reprocube.trace"] | {"reprocube.pages.html"}

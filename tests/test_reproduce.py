@@ -419,7 +419,7 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
 
 
 def test_a_flag_list_setting_says_which_of_bs_flags_it_drops():
-    from reprocube.analysis.receipt_comparison import settings_text
+    from reprocube.analysis.match_plan import settings_text
 
     b_env = {"env_vars": {"XLA_FLAGS": "--xla_cpu_prefer_vector_width=128 --xla_gpu_deterministic_ops=true"}}
     a_value = {"XLA_FLAGS": "--xla_gpu_deterministic_ops=true", "ONEDNN_MAX_CPU_ISA": None}

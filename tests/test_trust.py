@@ -481,7 +481,8 @@ def test_initial_weights_that_differ_are_named_as_such_not_as_the_first_update(r
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     first = result["first_divergence"]
     assert result["verdict"] == "differs" and first["initial_tensors"] == ["conv1.bias"] and first["step"] == 1
-    assert "the initial weights already differ, before any update (conv1.bias (1 tensor))" in result["summary"]
+    # The summary and reproduce.md word it alike (results.wording.first_update_text).
+    assert "the initial weights already differ, before any update: conv1.bias (1 tensor)" in result["summary"]
     report = (tmp_path / "r" / "reproduce.md").read_text()
     assert "the initial weights already differ, before any update: conv1.bias (1 tensor)" in report
     assert "the first update that changed the weights" not in report

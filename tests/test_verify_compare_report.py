@@ -254,7 +254,8 @@ def test_a_checkpoint_without_its_manifest_is_named_and_left_out(runs, tmp_path,
 
 
 def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):
-    from reprocube.analysis.run_comparison import compare_runs, load_run, summary_line
+    from reprocube.analysis.run_comparison import compare_runs, load_run
+    from reprocube.results.compare_result import summary_line
 
     result = compare_runs(load_run(runs / "a"), load_run(runs / "threads1"), tolerance=1.0)
     assert result["passed"] and not result["identical"]

@@ -1,5 +1,5 @@
 """Replaying one optimizer step of a run with every operation recorded, to find which operation first
-computes differently on two machines (reprocube.analysis.operations compares two recordings).
+computes differently on two machines (reprocube.analysis.first_differing_operation compares two recordings).
 
 The replay resumes from the newest checkpoint of the run at or before step N-1 (a fresh start when
 there is none), trains to step N-1 exactly as the loop does (same data order, same trainer calls, no
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reprocube.analysis.operations import OPS_VERSION
+from reprocube.analysis.first_differing_operation import OPS_VERSION
 from reprocube.backend import STEPS_PER_CALL, create_backend
 from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
 from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
@@ -106,7 +106,7 @@ def run_overrides(config: dict, where: Path) -> list[str]:
 
 
 def replay(plan: ReplayPlan) -> dict:
-    """Replay step plan.step and return the content of OPS.json (reprocube.analysis.operations reads it)."""
+    """Replay step plan.step and return the content of OPS.json (reprocube.analysis.first_differing_operation reads it)."""
     cfg = plan.cfg
     dataset = load_dataset(cfg)
     try:

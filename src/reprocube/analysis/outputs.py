@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from reprocube.analysis.tensors import difference_size, tensor_differences
+from reprocube.analysis.tensors import tensor_differences
 from reprocube.errors import CheckpointError
+from reprocube.results.wording import difference_size
 from reprocube.untrusted import parse_json, read_bytes
 
 MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is far smaller

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from reprocube.analysis.environment import env_differences
-from reprocube.analysis.tensors import difference_size, tensor_differences, worst_tensor
+from reprocube.analysis.tensors import tensor_differences
 from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
 from reprocube.config import config_differences
 from reprocube.errors import CheckpointError
 from reprocube.files import sha256_file
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
-from reprocube.terminal import counted
+from reprocube.results.wording import worst_tensor
 from reprocube.untrusted import Fields, read_json
 
 MAX_ENV_BYTES = 16 << 20
@@ -242,37 +242,3 @@ def _metric_differences(a: list[dict], b: list[dict]) -> list[dict]:
             if va != vb:
                 diffs.append({"epoch": epoch, "metric": field, "a": va, "b": vb})
     return diffs
-
-
-def summary_line(result: dict) -> str:
-    """The verdict in one line: what differs first, then every other reason the runs do not pass."""
-    missing, unreadable = result.get("missing_epoch_checkpoints", {}), result.get("unreadable_checkpoints", {})
-    reasons = [f"{run.upper()} lacks {', '.join(missing[run])}" for run in ("a", "b") if missing.get(run)]
-    skipped = [f"{run.upper()}:{name}" for run in ("a", "b") for name in unreadable.get(run, [])]
-    if skipped:
-        reasons.append(f"unreadable checkpoints {', '.join(skipped)}")
-    common = len(result["compared_checkpoints"])
-    first = result["first_difference"]
-    if not common:
-        return "no checkpoint in common: nothing could be compared" + "".join(f"; {r}" for r in reasons)
-    others = result.get("not_compared_checkpoints", {})
-    uncompared = [f"{run.upper()}:{name}" for run in ("a", "b") for name in others.get(run, [])]
-    if uncompared:  # said in every verdict: they hold weights this comparison did not look at
-        reasons.append(f"not compared (one run only): {', '.join(uncompared)}")
-    if result["identical"]:
-        return f"identical ({counted(common, 'checkpoint')})" + "".join(f"; {r}" for r in reasons)
-    if first is not None:
-        within = (
-            " (within tolerance)"
-            if result["tolerance"] > 0 and all(c["within_tolerance"] for c in result["checkpoints"])
-            else ""
-        )
-        head = f"differs from {first['checkpoint']}: {first['tensor']} ({difference_size(first)}){within}"
-    elif result["metric_differences"]:
-        head = "weights identical, metrics differ: " + ", ".join(
-            f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3]
-        )
-    else:
-        verdict = "not verified" if skipped and not missing.get("a") and not missing.get("b") else "not identical"
-        return f"{verdict}: {'; '.join(reasons)} (the {common} in common agree)"
-    return head + "".join(f"; {r}" for r in reasons)

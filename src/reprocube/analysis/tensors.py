@@ -70,21 +70,3 @@ def tensor_differences(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> li
 
 def _isnan(x: np.ndarray) -> np.ndarray:
     return np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
-
-
-def worst_tensor(tensors: list[dict]) -> dict | None:
-    """The row that explains a checkpoint's difference best: a missing/reshaped tensor, else max ULP."""
-    return max(
-        tensors,
-        key=lambda t: ("problem" in t, not t["identical"], t.get("max_ulp", 0), t.get("sign_flips", 0)),
-        default=None,
-    )
-
-
-def difference_size(row: dict) -> str:
-    """A tensor row's difference: the problem (only in one run, reshaped), else max abs and max ULP."""
-    if row.get("problem"):
-        return row["problem"]
-    flips = f", {row['sign_flips']} sign flips" if row.get("sign_flips") else ""
-    non_finite = f", {row['non_finite']} NaN or infinite" if row.get("non_finite") else ""
-    return f"max abs {row['max_abs']:.3g}, max {row['max_ulp']} ULP{flips}{non_finite}"

@@ -19,17 +19,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from reprocube.analysis.match_plan import match_outcome, match_plan, settings_text
 from reprocube.analysis.receipt_comparison import (
     compare_receipts,
     final_record,
     loss_ulp,
-    match_outcome,
-    match_plan,
     ranked_causes,
     seed_spread,
     seed_spread_of,
     session_changes,
-    settings_text,
     steps_per_epoch,
     summary,
     tier,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from reprocube import compilation_cache
-from reprocube.analysis.run_comparison import compare_runs, load_run, subject_of, summary_line
+from reprocube.analysis.run_comparison import compare_runs, load_run, subject_of
 from reprocube.backend import STEPS_PER_CALL
 from reprocube.checkpoint import epoch_name, read_checkpoint, scan_checkpoints, weights_digest
 from reprocube.config import config_differences, override, to_plain
@@ -24,6 +24,7 @@ from reprocube.orchestration.children import Watchdog, child_args
 from reprocube.orchestration.invocation import add_config_arguments
 from reprocube.orchestration.launcher import check_slurm
 from reprocube.orchestration.verify_runner import Check, Stage, child_commands, describe, run_local, run_slurm
+from reprocube.results.compare_result import summary_line
 from reprocube.results.verify_result import VERIFY_RESULT, write_verify
 from reprocube.state import TrainState
 from reprocube.trace import compare_traces

@@ -26,7 +26,7 @@ from flax import traverse_util
 from jax.extend import core as jax_core
 
 from reprocube import compilation_cache
-from reprocube.analysis.operations import STEP_INPUT
+from reprocube.analysis.first_differing_operation import STEP_INPUT
 from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.state import EpochTotals, FrameworkState

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
 
-from reprocube.analysis.operations import STEP_INPUT  # noqa: E402
+from reprocube.analysis.first_differing_operation import STEP_INPUT  # noqa: E402
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import ConfigError  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402

@@ -2,7 +2,7 @@
 fresh processes (`python -m reprocube.orchestration.replay_step`), once as B ran it (this environment,
 from B's run) and once under A's settings (as --match emulated them, from the matched run, which is A
 bit for bit), each recording every operation of the step; the two recordings compared operation by
-operation (reprocube.analysis.operations).
+operation (reprocube.analysis.first_differing_operation).
 
 Both replays start from the same state: every step before the first differing one agrees. Each replay
 must give its own run's loss bits at that step (B's and A's): otherwise the replay did not compute what
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from reprocube.analysis.operations import KERNELS_ONLY, first_differing_operation, read_ops
+from reprocube.analysis.first_differing_operation import KERNELS_ONLY, first_differing_operation, read_ops
 from reprocube.errors import ReprocubeError
 from reprocube.orchestration.children import last_error_line, python_module_command
 from reprocube.replay import RECORDABLE

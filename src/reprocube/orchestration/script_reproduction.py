@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from reprocube.analysis.environment import env_differences
+from reprocube.analysis.match_plan import session_settings, settings_text
 from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
-from reprocube.analysis.receipt_comparison import session_settings, settings_text
 from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty

@@ -30,12 +30,12 @@ from reprocube.results.reproduce_result import (
     SPREAD_FIGURE,
     check_reproduce,
     check_subject,
-    first_update_text,
     read_reproduce,
     recipe_lines,
     verdict_line,
     what_to_do,
 )
+from reprocube.results.wording import first_update_text
 from reprocube.terminal import counted
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")

@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.ticker
 import numpy as np
 
-from reprocube.analysis.run_comparison import compare_runs, load_run, run_subject, summary_line
+from reprocube.analysis.run_comparison import compare_runs, load_run, run_subject
 from reprocube.config import flatten_keys
 from reprocube.errors import ConfigError
 from reprocube.files import refuse_inside_checkpoints, write_file_atomic
@@ -28,6 +28,7 @@ from reprocube.pages.reproduction_page import (
 )
 from reprocube.pages.study_figure import box_plot
 from reprocube.plots import plt
+from reprocube.results.compare_result import summary_line
 from reprocube.results.study_result import STUDY_RESULT, read_study, summary_lines
 from reprocube.results.verify_result import VERIFY_RESULT, read_verify
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reprocube.analysis.run_comparison import summary_line
-from reprocube.analysis.tensors import worst_tensor
 from reprocube.results.schema import ResultFile
 from reprocube.results.subject import read_run_subject
+from reprocube.results.wording import difference_size, worst_tensor
 from reprocube.terminal import counted
 
 COMPARE_RESULT = ResultFile(
@@ -123,3 +122,37 @@ def _key_table(title: str, rows: list[dict]) -> list[str]:
     """A section of {key, a, b} rows (or "none")."""
     table = ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in rows]
     return ["", f"## {title}", "", *(table if rows else ["none"])]
+
+
+def summary_line(result: dict) -> str:
+    """The verdict in one line: what differs first, then every other reason the runs do not pass."""
+    missing, unreadable = result.get("missing_epoch_checkpoints", {}), result.get("unreadable_checkpoints", {})
+    reasons = [f"{run.upper()} lacks {', '.join(missing[run])}" for run in ("a", "b") if missing.get(run)]
+    skipped = [f"{run.upper()}:{name}" for run in ("a", "b") for name in unreadable.get(run, [])]
+    if skipped:
+        reasons.append(f"unreadable checkpoints {', '.join(skipped)}")
+    common = len(result["compared_checkpoints"])
+    first = result["first_difference"]
+    if not common:
+        return "no checkpoint in common: nothing could be compared" + "".join(f"; {r}" for r in reasons)
+    others = result.get("not_compared_checkpoints", {})
+    uncompared = [f"{run.upper()}:{name}" for run in ("a", "b") for name in others.get(run, [])]
+    if uncompared:  # said in every verdict: they hold weights this comparison did not look at
+        reasons.append(f"not compared (one run only): {', '.join(uncompared)}")
+    if result["identical"]:
+        return f"identical ({counted(common, 'checkpoint')})" + "".join(f"; {r}" for r in reasons)
+    if first is not None:
+        within = (
+            " (within tolerance)"
+            if result["tolerance"] > 0 and all(c["within_tolerance"] for c in result["checkpoints"])
+            else ""
+        )
+        head = f"differs from {first['checkpoint']}: {first['tensor']} ({difference_size(first)}){within}"
+    elif result["metric_differences"]:
+        head = "weights identical, metrics differ: " + ", ".join(
+            f"epoch {d['epoch']} {d['metric']}" for d in result["metric_differences"][:3]
+        )
+    else:
+        verdict = "not verified" if skipped and not missing.get("a") and not missing.get("b") else "not identical"
+        return f"{verdict}: {'; '.join(reasons)} (the {common} in common agree)"
+    return head + "".join(f"; {r}" for r in reasons)

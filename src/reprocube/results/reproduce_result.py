@@ -12,6 +12,7 @@ from pathlib import Path
 from reprocube.errors import CheckpointError
 from reprocube.receipt import Receipt
 from reprocube.results.schema import ResultFile
+from reprocube.results.wording import first_update_text
 from reprocube.terminal import counted, shown_value
 from reprocube.untrusted import Fields
 
@@ -330,39 +331,6 @@ def check_subject(result: dict, a: Receipt, where: str) -> None:
         raise CheckpointError(
             f"{where}: subject does not describe {a.path} (its config_hash or final_weights_digest differs)"
         )
-
-
-def tensor_list(tensors: list[str], shown: int = 4) -> str:
-    """`a`, `b`, ... (N tensors): a few names, and how many there are."""
-    names = ", ".join(tensors[:shown]) + (", ..." if len(tensors) > shown else "")
-    return f"{names} ({len(tensors)} tensor{'s' if len(tensors) != 1 else ''})"
-
-
-def first_update_text(first: dict) -> str:
-    """Where the first update that changed the weights is known: by the per-step fingerprints to the step
-    (and the tensors it changed, for the steps that have per-tensor fingerprints), else a window; or that
-    the initial weights already differ (no update made them differ)."""
-    if first.get("initial_tensors"):
-        return (
-            f"the initial weights already differ, before any update: {tensor_list(first['initial_tensors'])} "
-            "(the initialisation computed differently)"
-        )
-    if first.get("first_weight_step") is not None:
-        tensors = first.get("weight_tensors")
-        return f"the first update that changed the weights: step {first['first_weight_step']}" + (
-            f", which changed {tensor_list(tensors)}"
-            if tensors
-            else " (the model's fingerprint; no per-tensor one that far)"
-        )
-    if first.get("fingerprinted"):
-        return "the weights agree after every step both runs fingerprint"
-    window = first.get("window")
-    if window is None:
-        return "the first update that changed the weights is not known"
-    return (
-        f"the first update that made the weights differ is one of steps {window[0]}..{window[1]} (A's receipt has "
-        "no per-step weight fingerprints; trace.every_steps=1 pins it to one step)"
-    )
 
 
 def _sessions_lines(result: dict) -> list[str]:

@@ -1,0 +1,153 @@
+"""`reprocube reproduce --match`: what to set on this machine (B) to emulate the environment A's receipt
+records, session by session; what cannot be emulated and why; and, once B has been retrained under those
+settings, what the retraining showed. Only documented variables with checked values are ever set
+(reprocube.env.refused_match_setting)."""
+
+from __future__ import annotations
+
+import json
+
+from reprocube.analysis.environment import NOT_NUMERIC
+from reprocube.analysis.receipt_comparison import compare_receipts
+from reprocube.env import refused_match_setting
+from reprocube.receipt import Receipt
+
+# CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine.
+AVX2_CAPS = {
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
+}
+# Variables holding a list of flags: --match shows which of B's flags A's value drops and adds.
+FLAG_LISTS = ("XLA_FLAGS",)
+
+
+def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
+    """What --match would set to emulate A here, session by session: A's documented numeric variables
+    where B's differ (None: unset it), AVX2 caps on an AVX-512 B for an AVX2 A; what cannot be emulated and
+    why; the variables refused (only documented ones with checked values are ever set: reprocube.env).
+    Where A's sessions ran under different settings, `segments` says which settings train which steps."""
+    segments, cannot, not_applied = [], [], []
+    for session in a.sessions:
+        plan = _session_plan(session["env"], b.env, causes)
+        segments.append(
+            {"from_step": session["from_step"], "to_step": session["to_step"], "settings": plan["settings"]}
+        )
+        cannot += [c for c in plan["cannot"] if c not in cannot]
+        not_applied += [r for r in plan["not_applied"] if r not in not_applied]
+    segments = _merge_equal(segments)
+    followed = len({json.dumps(s["settings"], sort_keys=True) for s in segments}) > 1
+    return {
+        "settings": segments[0]["settings"],
+        "b_env": b.env,  # what the settings replace (settings_text says which flags are dropped)
+        "segments": segments if followed else None,  # None: one set of settings for every step
+        "cannot": cannot,
+        "not_applied": not_applied,
+    }
+
+
+def session_settings(a_env: dict, b_env: dict) -> dict:
+    """What --match sets here (b_env) to emulate one environment of A (a_env), and what it cannot: a
+    script receipt's single session (no config to tell apart)."""
+    return _session_plan(a_env, b_env, [])
+
+
+def _merge_equal(segments: list[dict]) -> list[dict]:
+    """Segments that train steps, consecutive ones under equal settings joined: B runs one process per
+    change of settings, however many sessions A had (at least one segment)."""
+    merged: list[dict] = []
+    for segment in segments:
+        if segment["to_step"] <= segment["from_step"]:
+            continue
+        if merged and merged[-1]["settings"] == segment["settings"]:
+            merged[-1] = {**merged[-1], "to_step": segment["to_step"]}
+        else:
+            merged.append(dict(segment))
+    return merged or segments[:1]
+
+
+def _session_plan(a_env: dict, b_env: dict, causes: list[dict]) -> dict:
+    env, cannot, not_applied = {}, [], []
+    a_vars = a_env.get("env_vars") if isinstance(a_env.get("env_vars"), dict) else {}
+    b_vars = b_env.get("env_vars") if isinstance(b_env.get("env_vars"), dict) else {}
+    for key in sorted(set(a_vars) | set(b_vars)):
+        if f"env_vars.{key}" in NOT_NUMERIC or a_vars.get(key) == b_vars.get(key):
+            continue
+        refused = refused_match_setting(key, a_vars.get(key))  # only documented variables, checked values
+        if refused:
+            not_applied.append({"key": key, "reason": refused})
+        else:
+            env[key] = a_vars.get(key)  # None: unset it
+    isa_a = set(_isa(a_env))
+    isa_b = set(_isa(b_env))
+    if "avx512f" in isa_b and "avx512f" not in isa_a and isa_a:
+        for key, value in AVX2_CAPS.items():
+            if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
+                env[key] = value
+    missing = sorted(isa_a - isa_b)
+    if missing:
+        cannot.append(f"A's CPU had {', '.join(missing)}, which this CPU lacks: its kernels cannot run here")
+    affecting = [c["key"] for c in causes if c["kind"] == "config"]
+    if affecting:
+        cannot.append(
+            f"config differences ({', '.join(affecting)}) are not emulated: they are A's config, not settings"
+        )
+    if not_applied:
+        cannot.append(
+            f"not applied (reported only; --match sets only documented ISA and thread variables): "
+            f"{', '.join(row['key'] for row in not_applied)}"
+        )
+    return {"settings": env, "cannot": cannot, "not_applied": not_applied}
+
+
+def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
+    """--match's result: `matched` is B retrained under plan["settings"] (None: nothing to emulate)."""
+    cannot, not_applied = plan["cannot"], plan["not_applied"]
+    if matched is None and not plan["segments"]:
+        return {"settings": {}, "segments": None, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
+                "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
+    outcome = compare_receipts(a, matched)
+    shown = settings_text(plan["settings"], plan.get("b_env"))
+    if plan["segments"]:
+        shown = (
+            "A's sessions followed ("
+            + "; ".join(
+                f"steps {s['from_step'] + 1}..{s['to_step']}: {settings_text(s['settings']) or 'this environment'}"
+                for s in plan["segments"]
+            )
+            + ")"
+        )
+    first = outcome["first_divergence"]
+    if outcome["identical"]:
+        summary = f"with {shown}, B reproduces A bit for bit"
+    elif first is not None:
+        summary = f"with {shown}, B still differs (first at step {first['step']})"
+    else:  # every step agrees; what differs is elsewhere (A's config, an evaluation, what was not checked)
+        elsewhere = "; ".join(outcome["reasons"]) or "an evaluation differs"
+        summary = f"with {shown}, every training step of B agrees with A's, but B is not bit-identical: {elsewhere}"
+    return {"settings": plan["settings"], "segments": plan["segments"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"],
+            "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
+
+
+def settings_text(env: dict, b_env: dict | None = None) -> str:
+    """The settings as KEY=VALUE (or KEY unset); with B's environment, a flag list (XLA_FLAGS) also says
+    which of B's flags it drops and which it adds: the value alone names the flags the trainer adds."""
+    b_vars = (b_env or {}).get("env_vars") if isinstance((b_env or {}).get("env_vars"), dict) else {}
+    shown = []
+    for key, value in env.items():
+        text = f"{key}={value}" if value is not None else f"{key} unset"
+        if key in FLAG_LISTS and b_env is not None:
+            mine, theirs = set((value or "").split()), set(str(b_vars.get(key) or "").split())
+            change = [f"drops {' '.join(sorted(theirs - mine))}" if theirs - mine else "",
+                      f"adds {' '.join(sorted(mine - theirs))}" if mine - theirs else ""]  # fmt: skip
+            text += f" ({'; '.join(c for c in change if c)})" if any(change) else ""
+        shown.append(text)
+    return ", ".join(shown)
+
+
+def _isa(env: dict) -> list[str]:
+    cpu = env.get("cpu")
+    isa = cpu.get("isa") if isinstance(cpu, dict) else None
+    return [f for f in isa if isinstance(f, str)] if isinstance(isa, list) else []

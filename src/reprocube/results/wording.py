@@ -1,0 +1,56 @@
+"""How a finding reads, written once for every page, Markdown file and terminal line that states it:
+which tensors, the first update that changed the weights, a tensor row's difference and which row
+explains a checkpoint best."""
+
+from __future__ import annotations
+
+
+def tensor_list(tensors: list[str], shown: int = 4) -> str:
+    """`a`, `b`, ... (N tensors): a few names, and how many there are."""
+    names = ", ".join(tensors[:shown]) + (", ..." if len(tensors) > shown else "")
+    return f"{names} ({len(tensors)} tensor{'s' if len(tensors) != 1 else ''})"
+
+
+def first_update_text(first: dict) -> str:
+    """Where the first update that changed the weights is known: by the per-step fingerprints to the step
+    (and the tensors it changed, for the steps that have per-tensor fingerprints), else a window; or that
+    the initial weights already differ (no update made them differ)."""
+    if first.get("initial_tensors"):
+        return (
+            f"the initial weights already differ, before any update: {tensor_list(first['initial_tensors'])} "
+            "(the initialisation computed differently)"
+        )
+    if first.get("first_weight_step") is not None:
+        tensors = first.get("weight_tensors")
+        return f"the first update that changed the weights: step {first['first_weight_step']}" + (
+            f", which changed {tensor_list(tensors)}"
+            if tensors
+            else " (the model's fingerprint; no per-tensor one that far)"
+        )
+    if first.get("fingerprinted"):
+        return "the weights agree after every step both runs fingerprint"
+    window = first.get("window")
+    if window is None:
+        return "the first update that changed the weights is not known"
+    return (
+        f"the first update that made the weights differ is one of steps {window[0]}..{window[1]} (A's receipt has "
+        "no per-step weight fingerprints; trace.every_steps=1 pins it to one step)"
+    )
+
+
+def worst_tensor(tensors: list[dict]) -> dict | None:
+    """The row that explains a checkpoint's difference best: a missing/reshaped tensor, else max ULP."""
+    return max(
+        tensors,
+        key=lambda t: ("problem" in t, not t["identical"], t.get("max_ulp", 0), t.get("sign_flips", 0)),
+        default=None,
+    )
+
+
+def difference_size(row: dict) -> str:
+    """A tensor row's difference: the problem (only in one run, reshaped), else max abs and max ULP."""
+    if row.get("problem"):
+        return row["problem"]
+    flips = f", {row['sign_flips']} sign flips" if row.get("sign_flips") else ""
+    non_finite = f", {row['non_finite']} NaN or infinite" if row.get("non_finite") else ""
+    return f"max abs {row['max_abs']:.3g}, max {row['max_ulp']} ULP{flips}{non_finite}"
