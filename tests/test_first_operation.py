@@ -309,7 +309,7 @@ def relabel(checkpoint: Path, framework: str) -> None:
 
 @pytest.mark.parametrize("framework", ["mxnet"])
 def test_other_frameworks_are_refused_in_one_line(pytorch_run, tmp_path, framework):
-    """A run of a framework without record_ops: exit 2, one line, before the framework is imported. The
+    """A run of a framework that is not ours: exit 2, one line, before anything is imported. The
     run is a PyTorch run's checkpoint relabelled (consistently: its hashes recomputed)."""
     shutil.copytree(pytorch_run, tmp_path / "a")
     for checkpoint in (tmp_path / "a" / "checkpoints").iterdir():
@@ -317,8 +317,7 @@ def test_other_frameworks_are_refused_in_one_line(pytorch_run, tmp_path, framewo
     proc = replay_step(tmp_path / "a", 1, tmp_path / "ops.json", tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"reprocube: error: replay_step: recording each operation of a step is not implemented for {framework} "
-        "yet (only for pytorch, jax, tensorflow)"
+        f"reprocube: error: replay_step: the run's framework '{framework}' is not one of pytorch, tensorflow, jax"
     ]
     assert not (tmp_path / "ops.json").exists()
 

@@ -3,7 +3,10 @@ digests recorded before a refactoring (issue 14: "not one bit changes").
 
 CPU kernels give different bits on different ISAs (../shared/notes/numerics.md), and a lock bump may
 change them too, so the recorded digests are keyed by the CPU's ISA flags and the frameworks' versions:
-on a machine with no record the test skips and says how to add one. To record on this machine:
+on a machine with no record the test skips and says how to add one, except in CI (.ci/run sets
+REPROCUBE_REQUIRE_GOLDEN=1), where a missing record fails: both machine kinds are recorded, so a missing
+key there means a lock bump or a new kind of machine, and the digests must be recorded before the change
+lands. To record on this machine:
     REPROCUBE_RECORD_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden_digests.py
 """
 
@@ -29,6 +32,7 @@ CONFIG = (
     "seed=0",
     "log.progress=false",
 )
+RECORD_COMMAND = "REPROCUBE_RECORD_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden_digests.py"
 VERSIONED = {
     "pytorch": ("torch",),
     "tensorflow": ("tensorflow", "tensorflow-cpu", "keras"),
@@ -58,7 +62,10 @@ def test_final_digest_matches_the_recorded_one(fashion_data, framework):
     key = machine_key(framework)
     recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     if key not in recorded.get(framework, {}) and not os.environ.get("REPROCUBE_RECORD_GOLDEN"):
-        pytest.skip(f"no digest recorded for {framework} on {key}; record with REPROCUBE_RECORD_GOLDEN=1")
+        missing = f"no digest recorded for {framework} on {key}; record it with {RECORD_COMMAND}"
+        if os.environ.get("REPROCUBE_REQUIRE_GOLDEN"):
+            pytest.fail(missing)
+        pytest.skip(missing)
     run_name = f"golden-{framework}"
     reprocube("train", f"framework={framework}", *CONFIG, "data_dir=data", f"run_name={run_name}", cwd=fashion_data)
     manifest = json.loads(

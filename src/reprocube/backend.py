@@ -2,10 +2,12 @@
 
 A backend holds only framework code: the model, the optimizer, the framework's generators and device
 placement. The loop (reprocube.loop) owns data order, checkpoints, metrics, signals and resume; what a
-checkpoint holds is defined in reprocube.state."""
+checkpoint holds is defined in reprocube.state. In each trainer the one-batch optimizer update is named
+`_batch_step`, whatever its framework makes of it (a PyTorch method, a tf.function, a jitted function)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -62,6 +64,11 @@ class Backend(Protocol):
 
     def import_state(self, state: FrameworkState) -> None:
         """Raise CheckpointError (check_arrays) when the arrays do not fit the model."""
+
+    def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
+        """Run `run_step` (one optimizer step through train_steps or train_batches) with each of its
+        operations recorded in order: name, where it ran, a digest of each input before and each output
+        after it (reprocube.replay writes them to OPS.json). Recording changes nothing the step computes."""
 
 
 # The most steps the loop hands to a trainer at once; also how many steps a signal may wait (well under

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from reprocube.analysis.first_differing_operation import OPS_VERSION
-from reprocube.backend import STEPS_PER_CALL, create_backend
+from reprocube.backend import FRAMEWORKS, STEPS_PER_CALL, create_backend
 from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
 from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
 from reprocube.data.pipeline import check_position, create_pipeline
@@ -36,7 +36,6 @@ from reprocube.rng import seed_host_rng
 from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
 from reprocube.trace import StepTrace, tensor_digest
 
-RECORDABLE = ("pytorch", "jax", "tensorflow")  # the frameworks whose trainer has record_ops
 # Besides the run's result keys: the places and counts a replay of it needs (where its data is).
 REPLAY_PLACE_KEYS = ("epochs", "data_dir", "data.source_dir", "data.workers", "framework.inter_op_threads")
 
@@ -50,17 +49,11 @@ class ReplayPlan:
     start: Checkpoint | None  # where the replay resumes (None: a fresh start)
 
 
-def not_recordable(framework: str) -> str:
-    return (
-        f"replay_step: recording each operation of a step is not implemented for {framework} yet "
-        f"(only for {', '.join(RECORDABLE)})"
-    )
-
-
 def plan_replay(run: Path, step: int, overrides: list[str] = (), config_files: list[str] = ()) -> ReplayPlan:
     """Read the run (its newest checkpoint holds its config and trace), build its config with the
     caller's overrides (place keys only: a result-affecting change is refused), and pick the checkpoint
-    to resume from. Refuses a framework without record_ops before importing it (ConfigError, exit 2)."""
+    to resume from. Refuses a framework that is not ours before importing anything (ConfigError, exit 2):
+    every trainer records its operations (Backend.record_ops)."""
     run = Path(run)
     found, _ = scan_checkpoints(run / "checkpoints")
     if not found:
@@ -68,8 +61,8 @@ def plan_replay(run: Path, step: int, overrides: list[str] = (), config_files: l
     latest = read_checkpoint(found[-1])
     config = latest.content.config
     framework = config.get("framework", {}).get("name") if isinstance(config.get("framework"), dict) else None
-    if framework not in RECORDABLE:
-        raise ConfigError(not_recordable(str(framework)))
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"replay_step: the run's framework {str(framework)!r} is not one of {', '.join(FRAMEWORKS)}")
     cfg = load_config(run_overrides(config, latest.path) + list(overrides), config_files)
     differences = config_differences(config, to_plain(cfg))
     if differences:
@@ -115,8 +108,6 @@ def replay(plan: ReplayPlan) -> dict:
         raise ConfigError(str(exc)) from None
     seed_host_rng(cfg.seed)  # as train() does, before the trainer seeds its own generators
     backend = create_backend(cfg, dataset)
-    if not hasattr(backend, "record_ops"):
-        raise ConfigError(not_recordable(cfg.framework.name))
     pipeline = create_pipeline(cfg, dataset.train, cfg.batch_size) if cfg.data.pipeline == "loader" else None
     reference = TrainState.from_checkpoint(plan.latest, sampler.steps_per_epoch).trace
     try:

@@ -132,7 +132,7 @@ class JaxBackend:
         # training step's executable 39 MB (the whole training set), slow to compile and to cache.
         self._train_step = jax.jit(self._train_step_fn, static_argnums=(TRAIN_STEP_BATCH_SIZE,))
         self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(EVAL_STEP_BATCH_SIZE,))
-        self._train_batch = jax.jit(self._step_fn)
+        self._train_batch = jax.jit(self._batch_step)
 
     def info(self) -> dict:
         device = jax.devices()[0]
@@ -163,9 +163,9 @@ class JaxBackend:
     # --- training -------------------------------------------------------------------------------
     def _train_step_fn(self, params, opt_state, totals, x_train, y_train, order, lo, batch_size, global_step):
         index = jax.lax.dynamic_slice(order, (lo,), (batch_size,))
-        return self._step_fn(params, opt_state, totals, x_train[index], y_train[index], global_step)
+        return self._batch_step(params, opt_state, totals, x_train[index], y_train[index], global_step)
 
-    def _step_fn(self, params, opt_state, totals, images, one_hot, global_step):
+    def _batch_step(self, params, opt_state, totals, images, one_hot, global_step):
         batch_size = one_hot.shape[0]
         step_key = jax.random.fold_in(self.dropout_key, global_step)  # the position alone sets the masks
 
@@ -278,7 +278,7 @@ class JaxBackend:
         recorder = _JaxprRecorder()
         compiled = self._train_step, self._train_batch
         self._train_step = recorder.recording(self._train_step_fn, static_argnums=(TRAIN_STEP_BATCH_SIZE,))
-        self._train_batch = recorder.recording(self._step_fn)
+        self._train_batch = recorder.recording(self._batch_step)
         try:
             run_step()
         finally:

@@ -141,13 +141,13 @@ class PytorchBackend:
     def train_batches(self, batches, first_global_step: int) -> None:
         self._group_losses = []
         for images, labels in batches:
-            self._step(torch.from_numpy(images).to(self.device), torch.from_numpy(labels).to(self.device))
+            self._batch_step(torch.from_numpy(images).to(self.device), torch.from_numpy(labels).to(self.device))
 
     def _train_step(self, lo: int, hi: int) -> None:
         index = self._order[lo:hi]
-        self._step(self.x_train.index_select(0, index), self.y_train.index_select(0, index))
+        self._batch_step(self.x_train.index_select(0, index), self.y_train.index_select(0, index))
 
-    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+    def _batch_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         batch = len(labels)
         self.optimizer.zero_grad(set_to_none=True)
         log_probs = self.model(images)

@@ -144,13 +144,13 @@ class TensorflowBackend:
 
     def _batch_graph(self, images, one_hot):
         """One step of the loader pipeline: its loss and fingerprint."""
-        return self._step_graph(images, one_hot), self._fingerprint_graph()
+        return self._batch_step(images, one_hot), self._fingerprint_graph()
 
     def _train_step_graph(self, lo, hi):
         index = self._order[lo:hi]
-        return self._step_graph(tf.gather(self.x_train, index), tf.gather(self.y_train, index))
+        return self._batch_step(tf.gather(self.x_train, index), tf.gather(self.y_train, index))
 
-    def _step_graph(self, images, one_hot):
+    def _batch_step(self, images, one_hot):
         batch = tf.cast(tf.shape(one_hot)[0], tf.float32)
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)

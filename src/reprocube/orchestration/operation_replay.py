@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reprocube.analysis.first_differing_operation import KERNELS_ONLY, first_differing_operation, read_ops
+from reprocube.backend import FRAMEWORKS
 from reprocube.errors import ReprocubeError
 from reprocube.orchestration.children import last_error_line, python_module_command
-from reprocube.replay import RECORDABLE
 
 # run_replay(command, log, env) -> exit status: a child run watched like reproduce's training children
 RunChild = Callable[[list[str], Path, dict | None], int]
@@ -36,9 +36,9 @@ def _record(framework: str, step: int, replays, out: Path, logs: Path, place_ove
     """Each (name, run, env) of `replays`: `step` of that run recorded in a fresh process under env, read
     back strictly. {name: recording}, or an entry of reproduce.json (status unavailable or failed) saying
     why not, in `label`'s words."""
-    if framework not in RECORDABLE:
+    if framework not in FRAMEWORKS:  # every trainer of ours records (Backend.record_ops)
         return unavailable(
-            step, f"recording each operation of a step is implemented for {', '.join(RECORDABLE)} only, not {framework}"
+            step, f"recording each operation of a step is implemented for {', '.join(FRAMEWORKS)} only, not {framework}"
         )
     out.mkdir(parents=True, exist_ok=True)
     recordings = {}
