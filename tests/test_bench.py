@@ -9,7 +9,7 @@ import pytest
 
 from reprocube.commands.bench import FIGURES as ALL_FIGURES
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 FIGURES = tuple(f for f in ALL_FIGURES if f != "peak_gpu_mb")  # no GPU here
 

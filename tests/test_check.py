@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 from reprocube.results.check_result import read_check
 from test_report_browser import decode_images, rendered
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1"]
@@ -228,9 +227,7 @@ def test_ctrl_c_ends_the_script_and_says_where_the_evidence_is(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "reprocube", "check", "--out", str(tmp_path / "out"), *OUTPUTS,
                              "--", sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(pid_file.exists, timeout=60, what="the script to start", process=proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and f"the evidence so far is in {tmp_path / 'out'}" in out, out + err

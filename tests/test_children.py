@@ -16,7 +16,7 @@ import pytest
 
 from reprocube.orchestration.children import last_error_line, run_child
 
-from conftest import reprocube, slow_steps_pythonpath
+from helpers import reprocube, slow_steps_pythonpath, wait_until
 
 
 def test_a_child_runs_into_its_log_after_a_command_line(tmp_path):
@@ -73,15 +73,6 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-def wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def processes_naming(text: str) -> list[int]:
     """The live processes whose command line contains `text`."""
     pids = []
@@ -110,12 +101,14 @@ def test_a_child_dies_with_its_parent(tmp_path, how, signum):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, how, str(pid_file), str(tmp_path / "child.log")])
     child = None
     try:
-        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 60), "no child"
+        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), timeout=60, what="the child")
         child = int(pid_file.read_text())
         assert alive(child)
         parent.send_signal(signum)
         assert parent.wait(timeout=10) == -signum  # nothing in the parent swallows SIGTERM
-        assert wait_until(lambda: not alive(child), 5), f"child {child} outlived its parent ({how}, {signum.name})"
+        wait_until(
+            lambda: not alive(child), timeout=5, what=f"child {child} to die with its parent ({how}, {signum.name})"
+        )
     finally:
         parent.kill()
         parent.wait()
@@ -144,15 +137,15 @@ def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_rec
     try:
         # B is training: its first step records are written.
         metrics = out / "runs" / "b" / "metrics.jsonl"
-        started = wait_until(
-            lambda: (metrics.is_file() and metrics.stat().st_size > 0) or parent.poll() is not None, 240
+        wait_until(
+            lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout=240, what="B to train", process=parent
         )
-        assert started and parent.poll() is None, f"B did not start training (reproduce exited {parent.returncode})"
         children = processes_naming(str(out))
         assert children, "no training child seen"
         parent.send_signal(signum)
         assert parent.wait(timeout=10) == -signum
-        assert wait_until(lambda: not processes_naming(str(out)), 5), f"still running: {processes_naming(str(out))}"
+        wait_until(lambda: not processes_naming(str(out)), timeout=5, what="every training child to end",
+                   detail=lambda: f"; still running: {processes_naming(str(out))}")  # fmt: skip
     finally:
         parent.kill()
         parent.wait()

@@ -23,7 +23,7 @@ from reprocube.env import threads_warning
 from reprocube.errors import CheckpointError
 from reprocube.receipt import RECEIPT, read_receipt
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
 SMALL = ["epochs=2", "trace.every_steps=5"]

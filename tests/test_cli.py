@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import reprocube
+from helpers import reprocube
 
 
 def test_console_script_and_module_entry_points(tmp_path):

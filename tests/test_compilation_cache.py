@@ -11,7 +11,7 @@ import pytest
 
 from reprocube import compilation_cache
 
-from conftest import epoch_digests, reprocube
+from helpers import epoch_digests, reprocube
 
 HIT = "Persistent compilation cache hit"
 

@@ -25,6 +25,8 @@ import yaml
 from reprocube.backend import FRAMEWORKS
 from reprocube.checkpoint import list_checkpoints, read_checkpoint
 
+from helpers import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 MLCUBE = REPO / ".venv-mlcube" / "bin" / "mlcube"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -297,12 +299,7 @@ def test_docker_stop_mid_epoch_checkpoints_and_the_resumed_run_is_bit_exact(cube
     cube.write("stop.yaml", config)
     process = cube.popen("pytorch", "parameters_file=stop.yaml")
     run = cube.workspace / "runs" / "stopped"
-    deadline = time.monotonic() + 300
-    while not (run / "checkpoints" / "epoch-0001").exists():
-        assert process.poll() is None and time.monotonic() < deadline, (
-            "the run ended or stalled before its first checkpoint"
-        )
-        time.sleep(0.05)
+    wait_until((run / "checkpoints" / "epoch-0001").exists, timeout=300, what="the first checkpoint", process=process)
     containers = subprocess.run(
         ["docker", "ps", "-q", "--filter", f"ancestor={IMAGE}"], capture_output=True, text=True, check=True
     ).stdout.split()

@@ -25,7 +25,7 @@ import pytest
 from reprocube.backend import FRAMEWORKS
 from reprocube.env import collect_env
 
-from conftest import reprocube
+from helpers import reprocube
 
 RECEIPTS = Path(__file__).parent / "receipts"
 ISAS = ("avx512", "avx2")

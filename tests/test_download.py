@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FILE_KEYS, GeneratedDataset, make_payloads, reprocube
+from helpers import FILE_KEYS, GeneratedDataset, make_payloads, reprocube
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from safetensors.numpy import save as save_safetensors
 from reprocube.checkpoint import manifest_self_digest, weights_digest
 from reprocube.receipt import self_digest
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 SMALL = ["framework=pytorch", "epochs=2", "log.every_steps=5", "log.progress=false"]
 

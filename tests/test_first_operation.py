@@ -21,7 +21,7 @@ from reprocube.config import config_hash
 from reprocube.errors import CheckpointError
 from reprocube.orchestration.operation_replay import nondeterministic_operation
 
-from conftest import reprocube
+from helpers import reprocube
 
 
 def digest(text: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 
 from reprocube.backend import FRAMEWORKS
 
-from conftest import reprocube
+from helpers import reprocube
 
 GOLDEN = Path(__file__).with_name("golden_digests.json")
 CONFIG = (

@@ -28,7 +28,7 @@ import yaml
 from reprocube.backend import FRAMEWORKS
 from reprocube.data.idx import parse_idx
 
-from conftest import epoch_digests, reprocube
+from helpers import epoch_digests, reprocube
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

@@ -20,7 +20,7 @@ from safetensors.numpy import save as save_safetensors
 
 from reprocube.checkpoint import manifest_self_digest
 
-from conftest import GeneratedDataset, encode_idx, error_lines, make_payloads, reprocube
+from helpers import GeneratedDataset, encode_idx, error_lines, make_payloads, reprocube
 
 TRAIN = ["framework=pytorch", "epochs=2", "log.every_steps=5", "log.progress=false"]
 

@@ -4,7 +4,7 @@ import pytest
 from reprocube.data.idx import parse_idx
 from reprocube.errors import DataError
 
-from conftest import encode_idx
+from helpers import encode_idx
 
 
 def test_round_trip():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 
-from conftest import manifest, reprocube
+from helpers import ProcessEnded, manifest, reprocube, wait_until
 
 ATTEMPTS = 20
 SEED = 20_150  # the kill plan; change it to soak other moments
@@ -140,23 +140,19 @@ def test_the_checks_notice_a_repeated_line_and_a_leftover(tmp_path):
     assert leftovers(copy) == [".metrics.jsonl.k2j3.partial", "checkpoints/.tmp-step-000004-123"]
 
 
-def wait_until(condition, proc: subprocess.Popen, timeout: float = 120) -> bool:
-    """Poll `condition` until it holds (True) or the process ends (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        if condition():
-            return True
-        time.sleep(0.002)
-    raise AssertionError("the attempt neither progressed nor ended in time")
+def until(condition, proc: subprocess.Popen, what: str) -> bool:
+    """True once `condition` holds, False when the attempt ends first (a kill that comes too late)."""
+    try:
+        return wait_until(condition, timeout=120, what=what, process=proc, interval=0.002)
+    except ProcessEnded:
+        return False
 
 
 def kill_after(cwd: Path, args: list[str], err, delay_s: float) -> int:
     """Start an attempt and SIGKILL it `delay_s` after its launch; its exit status."""
     launched = time.monotonic()
     proc = start(cwd, args, err)
-    if wait_until(lambda: time.monotonic() - launched > delay_s, proc):
+    if until(lambda: time.monotonic() - launched > delay_s, proc, "the kill's moment"):
         os.killpg(proc.pid, signal.SIGKILL)
     return proc.wait(timeout=60)
 
@@ -166,12 +162,13 @@ def kill_at_step(cwd: Path, args: list[str], err, run: Path, step: int, delay_s:
     logged global step `step` or later; its exit status."""
     sessions_before = file_signature(run / "sessions.jsonl")
     proc = start(cwd, args, err)
-    if wait_until(
+    if until(
         lambda: (
             file_signature(run / "sessions.jsonl") != sessions_before
             and last_global_step(run / "metrics.jsonl") >= step
         ),
         proc,
+        f"the session and global step {step}",
     ):
         time.sleep(delay_s)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -185,7 +182,7 @@ def test_kill_9_at_random_moments_then_resume_auto_is_bit_exact(generated, tmp_p
     with open(tmp_path / "reference.err", "w+") as err:
         launched = time.monotonic()
         proc = start(tmp_path, [*args, "run_name=reference"], err)
-        wait_until(lambda: (reference / "sessions.jsonl").exists(), proc)
+        until(lambda: (reference / "sessions.jsonl").exists(), proc, "the reference's session")
         startup_s, started = time.monotonic() - launched, time.monotonic()
         status = proc.wait(timeout=300)
         step_s = (time.monotonic() - started) / TOTAL_STEPS

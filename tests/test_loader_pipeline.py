@@ -16,7 +16,7 @@ from reprocube.data import augment
 from reprocube.data.pipeline import ExampleSource
 from reprocube.data.store import Split
 
-from conftest import epoch_digests, reprocube
+from helpers import epoch_digests, reprocube
 
 LOADER = ["data.pipeline=loader", "data.augment=true", "epochs=2", "log.every_steps=5"]
 STEPS_PER_EPOCH = 21

@@ -25,7 +25,7 @@ from reprocube.data.pipeline import ExampleSource, check_position
 from reprocube.data.store import Split
 from reprocube.errors import CheckpointError
 
-from conftest import epoch_digests, error_lines, reprocube
+from helpers import epoch_digests, error_lines, reprocube
 
 STEPS = 10  # data.train_limit=320, batch size 32
 STOP = 5  # the SIGTERM drill's global step: mid-epoch

@@ -18,7 +18,7 @@ import yaml
 
 from reprocube.backend import FRAMEWORKS
 
-from conftest import error_lines
+from helpers import error_lines
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "run.sh"

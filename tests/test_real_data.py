@@ -9,7 +9,7 @@ import pytest
 
 from reprocube.backend import FRAMEWORKS
 
-from conftest import reprocube
+from helpers import reprocube
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 

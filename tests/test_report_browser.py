@@ -21,7 +21,7 @@ import pytest
 from reprocube.commands.reproduce import reproduce
 from reprocube.pages.runs_page import write_report
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 SMALL = ["framework=pytorch", "epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 CHROMIUM = shutil.which("chromium")

@@ -23,7 +23,7 @@ from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.receipt import read_receipt
 
-from conftest import error_lines, manifest, read_metrics, reprocube
+from helpers import error_lines, manifest, read_metrics, reprocube
 
 SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
@@ -334,7 +334,7 @@ def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):
 def test_a_hanging_b_is_reported_and_ended_by_the_stall_timeout(generated, tmp_path):
     """B stands still (each step group waits 60 s, as a spinning kernel would): reproduce says so while it
     waits and, with --stall-timeout, ends B and exits 5 in one line; no verdict is written."""
-    from conftest import slow_steps_pythonpath
+    from helpers import slow_steps_pythonpath
 
     published = publish_receipt_only(train_a(generated, tmp_path, "pytorch", "epochs=1"), tmp_path)
     proc = reprocube(

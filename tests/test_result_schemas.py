@@ -6,6 +6,7 @@ writer checks every time): these tests show the checks can fail."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,31 @@ def test_a_result_file_is_not_read_through_a_symbolic_link(tmp_path):
 def test_a_new_schema_is_a_few_lines():
     schema = ResultFile("x.json", version=3, keys=("a",), optional_keys=("b",))
     assert schema.markdown_name == "x.md" and schema.check({"a": 1, "b": 2}, "x").value == {"a": 1, "b": 2}
+
+
+# A reproduce.json as reprocube wrote it at schema version 2 (on the H100 host, 2026-11-25): before
+# first_divergence.weights_identical and match.recipe were written every time.
+REPRODUCE_V2 = Path(__file__).with_name("fixtures") / "reproduce-v2.json"
+
+
+def test_an_older_reproduce_result_is_upgraded_in_one_place_and_read(tmp_path):
+    from reprocube.results.reproduce_result import read_reproduce
+
+    assert json.loads(REPRODUCE_V2.read_text())[VERSION_KEY] == 2
+    result = read_reproduce(REPRODUCE_V2)
+    assert result["first_divergence"]["weights_identical"] is False  # what its absence meant
+    assert result["match"]["recipe"] is None and result["verdict"] == "differs"
+    # The same object claiming the current version is not upgraded: the missing key is named.
+    current = {**json.loads(REPRODUCE_V2.read_text()), VERSION_KEY: REPRODUCE_RESULT.version}
+    (tmp_path / "reproduce.json").write_text(json.dumps(current))
+    with pytest.raises(CheckpointError, match="weights_identical"):
+        read_reproduce(tmp_path / "reproduce.json")
+
+
+def test_an_upgrade_adds_only_what_is_missing_and_never_a_version_it_does_not_know():
+    schema = ResultFile("x.json", version=3, keys=("a", "b"), upgrades=((1, lambda v: v), (2, lambda v: {**v, "b": 0})))
+    assert schema.check({VERSION_KEY: 2, "a": 1}, "x").value == {VERSION_KEY: 3, "a": 1, "b": 0}
+    assert schema.check({VERSION_KEY: 1, "a": 1}, "x").value == {VERSION_KEY: 3, "a": 1, "b": 0}
+    for odd in (True, 2.0, "2", 4):  # True == 1 and 2.0 == 2 in a dict lookup: never an upgrade
+        with pytest.raises(CheckpointError, match="is not 3"):
+            schema.check({VERSION_KEY: odd, "a": 1}, "x")

@@ -18,7 +18,7 @@ from reprocube.results.script_reproduce_result import read_script_reproduce
 from reprocube.script_receipt import _self_digest, read_script_receipt
 from reprocube.signing import generate_key
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1", "--save-rng"]

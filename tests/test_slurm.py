@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
+from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_EPOCHS = 30  # the SLURM job's: enough to outlast the warning on a fast machine (see `dataset`)
@@ -58,15 +58,9 @@ def _job(job_id: str) -> dict[str, str]:
 
 
 def _wait_for(predicate, timeout: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(
-        f"timed out after {timeout:.0f} s waiting for {what}; job log:\n{log.read_text() if log.exists() else '(none)'}"
-    )
+    """wait_until, polling SLURM once a second, with the job's log in the message."""
+    job_log = lambda: f"; job log:\n{log.read_text() if log.exists() else '(none)'}"  # noqa: E731
+    return wait_until(predicate, timeout=timeout, what=what, interval=1, detail=job_log)
 
 
 def _checkpoint_at_warning(log: str, checkpoints: Path) -> str:
@@ -239,7 +233,7 @@ def test_a_study_job_killed_on_slurm_is_listed_and_the_others_are_reported(slurm
 def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
     """hpc/verify.sbatch and hpc/study.sbatch as users submit them (no warning here: the train job's
     test covers that path, which they share)."""
-    from conftest import make_payloads
+    from helpers import make_payloads
 
     data = GeneratedDataset(tmp_path / "data", make_payloads(train=650, test=200))
     data.write_raw()

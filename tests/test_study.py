@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import epoch_digests, error_lines, reprocube, slow_steps_pythonpath, wait_for_global_step
+from helpers import epoch_digests, error_lines, reprocube, slow_steps_pythonpath, wait_for_global_step
 
 REPO = Path(__file__).resolve().parents[1]
 PREEMPTIBLE = REPO / "hpc" / "preemptible.sh"

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from conftest import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
+from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
 
 DEFAULT_INTER_OP = 1  # conf/framework/tensorflow.yaml
 

@@ -29,7 +29,7 @@ from reprocube.trace import (
     model_fingerprint,
 )
 
-from conftest import reprocube
+from helpers import reprocube
 
 SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32

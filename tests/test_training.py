@@ -18,7 +18,7 @@ import pytest
 from reprocube.backend import BACKENDS as BACKEND_CLASS
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 
-from conftest import (
+from helpers import (
     GeneratedDataset,
     epoch_digests,
     error_lines,

@@ -24,7 +24,7 @@ from reprocube.terminal import printable
 from reprocube.trace import LOSS_KEYS, TRACE_VERSION, decode_losses, encode_losses
 from reprocube.untrusted import iter_json_lines, read_json
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 SECRET = "s3cr3t-value-of-the-reproducer"
 SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]

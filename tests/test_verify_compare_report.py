@@ -13,7 +13,7 @@ import pytest
 from reprocube.backend import FRAMEWORKS
 from reprocube.commands.reproduce import reproduce
 
-from conftest import error_lines, reprocube
+from helpers import error_lines, reprocube
 
 SMALL = ["epochs=3", "log.every_steps=5"]
 

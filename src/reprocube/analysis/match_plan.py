@@ -106,7 +106,7 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     """--match's result: `matched` is B retrained under plan["settings"] (None: nothing to emulate)."""
     cannot, not_applied = plan["cannot"], plan["not_applied"]
     if matched is None and not plan["segments"]:
-        return {"settings": {}, "segments": None, "ran": False, "bit_identical": None, "cannot": cannot, "not_applied": not_applied,
+        return {"settings": {}, "segments": None, "ran": False, "bit_identical": None, "recipe": None, "cannot": cannot, "not_applied": not_applied,
                 "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
     outcome = compare_receipts(a, matched)
     shown = settings_text(plan["settings"], plan.get("b_env"))
@@ -127,7 +127,7 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     else:  # every step agrees; what differs is elsewhere (A's config, an evaluation, what was not checked)
         elsewhere = "; ".join(outcome["reasons"]) or "an evaluation differs"
         summary = f"with {shown}, every training step of B agrees with A's, but B is not bit-identical: {elsewhere}"
-    return {"settings": plan["settings"], "segments": plan["segments"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"],
+    return {"settings": plan["settings"], "segments": plan["segments"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"], "recipe": None,
             "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
 
 

@@ -126,6 +126,7 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             "first_differing_boundary": divergence.first_boundary.step if divergence.first_boundary else None,
             "tensor": divergence.tensors[0] if divergence.tensors else None,
             "tensors": divergence.tensors,
+            "weights_identical": False,  # losses-only below: every weight digest agrees
         }
     elif epoch_differences:
         first = None  # the training steps agree; an evaluation differs (see epoch_differences)

@@ -9,7 +9,6 @@ Run A is the published run (its receipt), run B is this machine's retraining of 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -48,12 +47,12 @@ from reprocube.metrics import last_logged_step
 from reprocube.orchestration.children import Watchdog, environment_with, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.orchestration.script_reproduction import reproduce_script
-from reprocube.receipt import RECEIPT, RECEIPT_FORMAT, SIGNATURE_FILE, Receipt, read_receipt
+from reprocube.receipt import RECEIPT_FORMAT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
-    B_RUN,
     REPORT_FILES,
     REPRODUCE_RESULT,
+    new_result,
     recipe_lines,
     signature_line,
     verdict_line,
@@ -190,33 +189,12 @@ def reproduce(
     allow_oversubscribe: bool = False,
 ) -> dict:
     started = time.perf_counter()
-    if seeds < 0 or seeds == 1 or seeds > 64:
-        raise ConfigError(f"--seeds must be 0 or from 2 to 64 (a standard deviation needs two runs), got {seeds}")
-    if ulp < 0:
-        raise ConfigError(f"--ulp must be >= 0, got {ulp}")
-    if stall_timeout is not None and not (0 < stall_timeout < float("inf")):
-        raise ConfigError(f"--stall-timeout must be a number of seconds > 0, got {stall_timeout}")
+    _check_options(seeds, ulp, stall_timeout)
     source = Path(source)
     if not source.exists():
         raise ConfigError(f"{source} does not exist (give a receipt.json or a run directory)")
     receipt = read_receipt(source)
-    signature = None
-    if public_key is not None:
-        from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
-
-        signature = verify_receipt_signature(receipt.raw, receipt.path, public_key)
-    study_path, unsigned = study, []
-    beside = _study_beside(receipt.path) if study is None else None
-    if beside is not None and signature is not None:  # the signature covers receipt.json, nothing beside it
-        unsigned.append(
-            f"{beside / STUDY_RESULT.name}: beside the signed receipt, not signed: ignored (pass --study to use it)"
-        )
-    elif beside is not None:
-        study_path = beside
-    if signature is None and (receipt.path.parent / SIGNATURE_FILE).is_file():
-        unsigned.append(
-            f"{receipt.path.parent / SIGNATURE_FILE}: a signature beside the receipt, NOT checked (pass --public-key)"
-        )
+    signature, study_path, unsigned = _signature_and_study(receipt, public_key, study)
     spread_study = _read_spread_study(study_path) if study_path is not None else None
     user_overrides, user_config_changes = _check_overrides(overrides, allow_config_change)
     base, b_config = _overrides_for(receipt, user_overrides)
@@ -225,17 +203,7 @@ def reproduce(
         raise ConfigError(f"A's config: {oversubscribed}; pass --allow-oversubscribe to train it anyway")
     stop_at = _stop_step(receipt)
     ws = _workspace(out, receipt)  # only now, with every input accepted, is anything written
-    framework = receipt.config["framework"]["name"]
-    trained = f"{counted(receipt.epoch, 'epoch')}, {counted(receipt.global_step, 'step')}"
-    if stop_at is not None:
-        trained = f"partial: A stopped at global step {stop_at} (epoch {receipt.epoch + 1}); B trains to there"
-    echo(f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {trained}; "
-         f"runs and logs in {ws.out}")  # fmt: skip
-    echo(f"  signature: {signature_line(signature)}")
-    if oversubscribed:
-        echo(f"  warning: {oversubscribed}")
-    for line in unsigned:
-        echo(f"  unsigned: {line}")
+    _announce(receipt, stop_at, ws, signature, unsigned, oversubscribed, echo)
 
     a_changed = [o for o in user_overrides if o.partition("=")[0].strip() in user_config_changes]
 
@@ -261,34 +229,7 @@ def reproduce(
     b_wall = time.perf_counter() - b_started
     b = read_receipt(b_path)
     outcome = compare_receipts(receipt, b)
-
-    result: dict = {
-        # What this result is about: the receipt file's bytes (as sha256sum and the signature see them).
-        "subject": {
-            "receipt_sha256": hashlib.sha256(receipt.raw).hexdigest(),
-            "config_hash": receipt.value["config_hash"],
-            "final_weights_digest": receipt.epochs[-1]["weights_digest"] if receipt.epochs else None,
-        },
-        "source": str(receipt.path),
-        "source_sha256": receipt.value["receipt_sha256"],
-        "signature": None if signature is None else {"key_id": signature.get("key_id"), "verified": True},
-        "unsigned": unsigned,
-        "run_a": receipt.run_name,
-        "run_b": B_RUN,
-        # Every file the result draws on, inside this directory and bound by the sha256 of its bytes:
-        # `report` reads these and nothing else.
-        "inputs": {
-            "a_receipt": {"path": A_RECEIPT_COPY, "sha256": hashlib.sha256(receipt.raw).hexdigest()},
-            "b_receipt": {"path": f"{B_RUN}/{RECEIPT}", "sha256": hashlib.sha256(b.raw).hexdigest()},
-        },
-        "framework": framework,
-        **outcome,  # verdict, identical, first_divergence, epoch_differences, coverage, reasons
-        "causes": [],
-        "self_consistent": None,
-        "match": None,
-        "seed_spread": None,
-        "first_operation": None,
-    }
+    result = new_result(receipt, b, outcome, signature, unsigned)
     first_step = (outcome["first_divergence"] or {}).get("step")
     result["causes"] = ranked_causes(receipt, b, user_config_changes, at_step=first_step)
     result["a_sessions"] = session_changes(receipt)
@@ -311,7 +252,59 @@ def reproduce(
     write_file_atomic(ws.out / A_RECEIPT_COPY, receipt.raw)
     write_reproduce(result, ws.out)
     _report(ws, receipt, b_path, result, echo)
-    # As reproduce.md and the page: the verdict line, the details, what to do (and the recipe, to copy).
+    _echo_answer(result, ws, echo)
+    return result
+
+
+def _check_options(seeds: int, ulp: int, stall_timeout: float | None) -> None:
+    if seeds < 0 or seeds == 1 or seeds > 64:
+        raise ConfigError(f"--seeds must be 0 or from 2 to 64 (a standard deviation needs two runs), got {seeds}")
+    if ulp < 0:
+        raise ConfigError(f"--ulp must be >= 0, got {ulp}")
+    if stall_timeout is not None and not (0 < stall_timeout < float("inf")):
+        raise ConfigError(f"--stall-timeout must be a number of seconds > 0, got {stall_timeout}")
+
+
+def _signature_and_study(receipt: Receipt, public_key: Path | None, study: Path | None):
+    """The checked signature (None: not asked), the study to measure the spread with (--study, or one
+    beside an unsigned receipt), and what lies beside the receipt unsigned or unchecked."""
+    signature = None
+    if public_key is not None:
+        from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
+
+        signature = verify_receipt_signature(receipt.raw, receipt.path, public_key)
+    study_path, unsigned = study, []
+    beside = _study_beside(receipt.path) if study is None else None
+    if beside is not None and signature is not None:  # the signature covers receipt.json, nothing beside it
+        unsigned.append(
+            f"{beside / STUDY_RESULT.name}: beside the signed receipt, not signed: ignored (pass --study to use it)"
+        )
+    elif beside is not None:
+        study_path = beside
+    if signature is None and (receipt.path.parent / SIGNATURE_FILE).is_file():
+        unsigned.append(
+            f"{receipt.path.parent / SIGNATURE_FILE}: a signature beside the receipt, NOT checked (pass --public-key)"
+        )
+    return signature, study_path, unsigned
+
+
+def _announce(receipt: Receipt, stop_at, ws: _Workspace, signature, unsigned, oversubscribed, echo) -> None:
+    """What is reproduced and where its runs go, before anything trains."""
+    framework = receipt.config["framework"]["name"]
+    trained = f"{counted(receipt.epoch, 'epoch')}, {counted(receipt.global_step, 'step')}"
+    if stop_at is not None:
+        trained = f"partial: A stopped at global step {stop_at} (epoch {receipt.epoch + 1}); B trains to there"
+    echo(f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {trained}; "
+         f"runs and logs in {ws.out}")  # fmt: skip
+    echo(f"  signature: {signature_line(signature)}")
+    if oversubscribed:
+        echo(f"  warning: {oversubscribed}")
+    for line in unsigned:
+        echo(f"  unsigned: {line}")
+
+
+def _echo_answer(result: dict, ws: _Workspace, echo) -> None:
+    """As reproduce.md and the page: the verdict line, the details, what to do (and the recipe, to copy)."""
     echo(one_line(f"verdict: {result['verdict']}: {verdict_line(result)}"))
     echo(f"  {result['summary']}")
     for line in what_to_do(result):
@@ -319,7 +312,6 @@ def reproduce(
     for line in recipe_lines((result["match"] or {}).get("recipe") or []):
         echo(f"  {line}")
     echo(f"written: {ws.out / REPRODUCE_RESULT.name}, {ws.out / REPRODUCE_RESULT.markdown_name}")
-    return result
 
 
 # --- inputs ----------------------------------------------------------------------------------------

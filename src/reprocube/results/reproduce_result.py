@@ -10,17 +10,41 @@ import shlex
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
-from reprocube.receipt import Receipt
+from reprocube.receipt import RECEIPT, Receipt
 from reprocube.results.schema import ResultFile
 from reprocube.results.wording import first_update_text
 from reprocube.terminal import counted, shown_value
 from reprocube.untrusted import Fields
 
 # Version 2: `inputs` binds A's receipt (copied here) and B's by digest; run_b is B_RUN, inside the
-# reproduce directory (version 1 named any path).
+# reproduce directory (version 1 named any path). Version 3: every key below is written every time
+# (first_operation; first_divergence's fingerprint, initial-weight, window and weights_identical keys;
+# match.recipe); a version-2 file lacking some is upgraded (_from_version_2).
+# What a version-2 file's first_divergence meant by each key it lacked (written before the key existed).
+V2_FIRST_DIVERGENCE = {
+    "first_weight_step": None,  # no per-step weight fingerprints
+    "weight_tensors": None,
+    "fingerprinted": False,
+    "initial_tensors": None,  # no digests of the initial weights
+    "window": None,
+    "weights_identical": False,
+}
+
+
+def _from_version_2(value: dict) -> dict:
+    """A version-2 reproduce.json as version 3: each key it may lack, as what its absence meant."""
+    if isinstance(value.get("first_divergence"), dict):
+        value["first_divergence"] = {**V2_FIRST_DIVERGENCE, **value["first_divergence"]}
+    if isinstance(value.get("match"), dict):
+        value["match"] = {"recipe": None, **value["match"]}  # no recipe: written before --match gave one
+    value.setdefault("first_operation", None)  # written before the first operation was looked for
+    return value
+
+
 REPRODUCE_RESULT = ResultFile(
     "reproduce.json",
-    version=2,
+    version=3,
+    upgrades=((2, _from_version_2),),
     keys=(
         "subject",  # the receipt file's sha256, its config_hash and final weights digest
         "source",  # A's receipt as given
@@ -48,13 +72,46 @@ REPRODUCE_RESULT = ResultFile(
         "summary",
         "wall_s",
         "claims",  # A's claims counted per kind: reproduced, differs, not checked (analysis.claims)
+        # the operation behind the first differing step (reprocube.orchestration.operation_replay), null
+        # where the training steps agree
+        "first_operation",
     ),
-    # self_check: where self_consistent is not null; first_operation: the operation behind the first
-    # differing step (reprocube.orchestration.operation_replay), null where the training steps agree
-    # (results written before it have no such key)
-    optional_keys=("self_check", "first_operation"),
+    optional_keys=("self_check",),  # where self_consistent is not null
 )
 VERDICTS = ("bit-identical", "losses-only", "differs")
+
+
+def new_result(a: Receipt, b: Receipt, outcome: dict, signature: dict | None, unsigned: list[str]) -> dict:
+    """reproduce.json as it stands once B is compared with A (`outcome`: analysis.receipt_comparison's
+    verdict keys); the findings that need more training (causes, self_check, match, seed spread, the
+    first operation) and the tiers and summary are filled in after."""
+    return {
+        # What this result is about: the receipt file's bytes (as sha256sum and the signature see them).
+        "subject": {
+            "receipt_sha256": hashlib.sha256(a.raw).hexdigest(),
+            "config_hash": a.value["config_hash"],
+            "final_weights_digest": a.epochs[-1]["weights_digest"] if a.epochs else None,
+        },
+        "source": str(a.path),
+        "source_sha256": a.value["receipt_sha256"],
+        "signature": None if signature is None else {"key_id": signature.get("key_id"), "verified": True},
+        "unsigned": unsigned,
+        "run_a": a.run_name,
+        "run_b": B_RUN,
+        # Every file the result draws on, inside this directory and bound by the sha256 of its bytes:
+        # `report` reads these and nothing else.
+        "inputs": {
+            "a_receipt": {"path": A_RECEIPT_COPY, "sha256": hashlib.sha256(a.raw).hexdigest()},
+            "b_receipt": {"path": f"{B_RUN}/{RECEIPT}", "sha256": hashlib.sha256(b.raw).hexdigest()},
+        },
+        "framework": a.config["framework"]["name"],
+        **outcome,  # verdict, identical, first_divergence, epoch_differences, coverage, reasons, claims
+        "causes": [],
+        "self_consistent": None,
+        "match": None,
+        "seed_spread": None,
+        "first_operation": None,
+    }
 
 
 def recipe_lines(recipe: list[dict]) -> list[str]:
@@ -194,18 +251,16 @@ def check_reproduce(value, where: str) -> dict:
             "last_matching_boundary": first.nullable("last_matching_boundary", integer),
             "first_differing_boundary": first.nullable("first_differing_boundary", integer),
             "tensors": first.texts("tensors"),
-            # the per-step weight fingerprints (older results have none of these keys)
-            "first_weight_step": first.nullable("first_weight_step", integer)
-            if first.has("first_weight_step")
-            else None,
-            "weight_tensors": first.nullable("weight_tensors", first.texts) if first.has("weight_tensors") else None,
-            "fingerprinted": first.boolean("fingerprinted") if first.has("fingerprinted") else False,
-            # the initial weights' digests (older results and receipts have none)
-            "initial_tensors": first.nullable("initial_tensors", first.texts) if first.has("initial_tensors") else None,
-            # where the first differing update lies (older results have no window)
-            "window": first.step_range("window") if first.value.get("window") is not None else None,
-            # losses-only: every weight digest agrees (older results have no such key)
-            "weights_identical": first.boolean("weights_identical") if first.has("weights_identical") else False,
+            # the per-step weight fingerprints
+            "first_weight_step": first.nullable("first_weight_step", integer),
+            "weight_tensors": first.nullable("weight_tensors", first.texts),
+            "fingerprinted": first.boolean("fingerprinted"),
+            # the initial weights' digests (None: A's receipt has none)
+            "initial_tensors": first.nullable("initial_tensors", first.texts),
+            # where the first differing update lies
+            "window": first.nullable("window", first.step_range),
+            # losses-only: every weight digest agrees
+            "weights_identical": first.boolean("weights_identical"),
         }
     result["first_divergence"] = first
     result["causes"] = [
@@ -240,10 +295,10 @@ def check_reproduce(value, where: str) -> dict:
         "bit_identical": match.nullable("bit_identical", match.boolean),
         "cannot": match.texts("cannot"),
         "summary": match.text("summary"),
-        # the commands that gave A's bits here (older results have none)
-        "recipe": [_recipe_command(c) for c in match.records("recipe")] if match.has("recipe") else None,
+        # the commands that gave A's bits here (None: --match did not prove them)
+        "recipe": match.nullable("recipe", lambda key: [_recipe_command(c) for c in match.records(key)]),
     }
-    operation = fields.nullable("first_operation", fields.mapping) if fields.has("first_operation") else None
+    operation = fields.nullable("first_operation", fields.mapping)
     result["first_operation"] = operation and {
         "status": operation.one_of("status", OPERATION_STATUSES),
         "step": operation.nullable("step", operation.integer),

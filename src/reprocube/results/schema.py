@@ -1,9 +1,15 @@
 """`ResultFile`: a result file's name, version and keys, with the writer that checks a result against them
 and the reader that checks a file against them (reprocube.untrusted: a regular file, bounded, strict JSON).
-Each result module declares one and types its values on top (the values are read key by key there)."""
+Each result module declares one and types its values on top (the values are read key by key there).
+
+A schema's version moves whenever keys are added. A file of an older version is brought to the current
+one in one place, the schema's `upgrades` (Grain's way: state with a version, read strictly once
+upgraded), so the typed reader knows one shape: an upgrade only adds each missing key as what its
+absence meant, and interprets nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +27,9 @@ class ResultFile:
     keys: tuple[str, ...]  # written every time
     optional_keys: tuple[str, ...] = ()  # written when they apply
     max_bytes: int = MAX_JSON_BYTES
+    # (version, function): a file of that version made into one of the next (the function gets and
+    # returns the file's object, VERSION_KEY included); applied in turn up to `version`.
+    upgrades: tuple[tuple[int, Callable[[dict], dict]], ...] = ()
 
     @property
     def markdown_name(self) -> str:
@@ -46,6 +55,8 @@ class ResultFile:
 
     def check(self, value, where: str) -> Fields:
         fields = Fields(value, where, CheckpointError)
+        if fields.has(VERSION_KEY):
+            fields = Fields(self._upgraded(fields.value), where, CheckpointError)
         if fields.has(VERSION_KEY) and fields.value[VERSION_KEY] != self.version:
             raise CheckpointError(
                 f"{where}: {VERSION_KEY} {str(fields.value[VERSION_KEY])[:20]} is not {self.version} "
@@ -55,3 +66,11 @@ class ResultFile:
         if unknown:
             raise CheckpointError(f"{where}: {str(unknown[0])[:60]!r} is not a key of {self.name}")
         return fields
+
+    def _upgraded(self, value: dict) -> dict:
+        """An older version's object brought to this version by the upgrades, in turn; any other object
+        as it is (the version check then names it)."""
+        upgrades = dict(self.upgrades)
+        while type(value[VERSION_KEY]) is int and value[VERSION_KEY] in upgrades:  # never True for 1
+            value = {**upgrades[value[VERSION_KEY]](dict(value)), VERSION_KEY: value[VERSION_KEY] + 1}
+        return value
