@@ -151,6 +151,8 @@ CHECKPOINT_CASES = {
         "correct",
     ),
     "rng.numpy.pos = 10**30": (lambda c: edit_state(c, lambda s: s["rng"]["numpy"].update(pos=10**30)), "rng"),
+    # Version 3 writes every key: one missing is named (an older version's file is upgraded instead).
+    "state version 3 without sessions": (lambda c: edit_state(c, lambda s: s.pop("sessions")), "lacks sessions"),
     "integer momentum buffers": (
         lambda c: resign(
             c,
@@ -237,6 +239,30 @@ def test_compare_names_an_unreadable_checkpoint_and_goes_on(case, run_copy, refe
     assert len(warnings) == 1 and "epoch-0001" in warnings[0]
     assert "not verified: unreadable checkpoints B:epoch-0001" in proc.stdout
     assert json.loads((out / "compare.json").read_text())["unreadable_checkpoints"] == {"a": [], "b": ["epoch-0001"]}
+
+
+def test_a_version_2_state_without_its_later_keys_is_read_as_what_their_absence_meant(run_copy):
+    """state.json version 2, as written before "trace", "loader" and "sessions" existed: upgraded in one
+    place (state._upgraded) and read; the same object claiming version 3 is refused, naming the key."""
+    from reprocube.checkpoint import read_checkpoint
+    from reprocube.errors import CheckpointError
+    from reprocube.state import TrainState
+
+    checkpoint = run_copy / "checkpoints" / "epoch-0001"
+    steps_per_epoch = json.loads((checkpoint / "manifest.json").read_text())["steps_per_epoch"]
+    written = TrainState.from_checkpoint(read_checkpoint(checkpoint), steps_per_epoch)
+    assert written.trace is not None and written.sessions and written.loader is None
+
+    def as_version(version):
+        return lambda s: [s.pop(key) for key in ("trace", "loader", "sessions")] and s.update(version=version)
+
+    edit_state(checkpoint, as_version(2))
+    older = TrainState.from_checkpoint(read_checkpoint(checkpoint), steps_per_epoch)
+    assert (older.trace, older.loader, older.sessions) == (None, None, None)
+    assert older.position == written.position and older.epoch_totals == written.epoch_totals
+    edit_state(checkpoint, lambda s: s.update(version=3))
+    with pytest.raises(CheckpointError, match="state.json version 3 lacks trace"):
+        TrainState.from_checkpoint(read_checkpoint(checkpoint), steps_per_epoch)
 
 
 # ---- resume=auto past a damaged newest checkpoint -------------------------------------------------------------

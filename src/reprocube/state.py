@@ -25,10 +25,12 @@ position agrees with the manifest and with this dataset's steps per epoch; the t
 arrays match their model (backend.check_arrays). Only safetensors and JSON are read: no pickle.
 
 Versions of state.json: 1 (no "version" key) held a "framework" mapping of scalars nobody read; 2 writes
-it empty (reprocube before version 2 requires the key) and ignores it. Both are read; 2 is written. The
-checkpoint's file set (checkpoint.FORMAT_VERSION) is unchanged. The optional "trace" key came later
-within version 2: older readers ignore it, and a checkpoint without it resumes with a trace that starts
-at its position."""
+it empty (reprocube before version 2 requires the key) and ignores it, and gained "trace", "loader" and
+"sessions" as optional keys; 3 writes every key every time ("loader" null where there is no loader state,
+"trace" and "sessions" null only where a resumed checkpoint had none). All three are read: an older one is
+brought to version 3 in one place (_upgraded: each missing key as what its absence meant), and the reader
+knows one shape. A checkpoint without a trace resumes with a trace that starts at its position. The
+checkpoint's file set (checkpoint.FORMAT_VERSION) is unchanged."""
 
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ from reprocube.metrics import MetricsHistory
 from reprocube.rng import HostRng
 from reprocube.trace import StepTrace
 
-STATE_VERSION = 2
-READABLE_STATE_VERSIONS = (1, 2)
+STATE_VERSION = 3
+READABLE_STATE_VERSIONS = (1, 2, 3)
 
 # state.json keys
 VERSION = "version"
@@ -148,14 +150,11 @@ class TrainState:
             POSITION: self.position.as_dict(),
             EPOCH_TOTALS: self.epoch_totals.as_dict(),
             HOST_RNG: self.host_rng.meta,
-            LEGACY_FRAMEWORK: {},  # read (and ignored) by reprocube before state version 2: they can resume this
+            LEGACY_FRAMEWORK: {},  # read (and ignored) by reprocube before state version 2
+            TRACE: None if self.trace is None else self.trace.to_json(),
+            LOADER: self.loader,
+            SESSIONS: self.sessions,
         }
-        if self.trace is not None:
-            state_json[TRACE] = self.trace.to_json()
-        if self.loader is not None:
-            state_json[LOADER] = self.loader
-        if self.sessions is not None:
-            state_json[SESSIONS] = self.sessions
         rng = {**self.host_rng.arrays, **self.framework.rng}
         content = CheckpointContent(self.framework.weights, self.framework.optimizer, rng, state_json, config)
         manifest_fields = {
@@ -190,6 +189,10 @@ class TrainState:
             raise CheckpointError(
                 f"{where}: state.json version {version!r} is not one this reprocube reads ({READABLE_STATE_VERSIONS})"
             )
+        state = _upgraded(state, version)
+        missing = [key for key in (TRACE, LOADER, SESSIONS) if key not in state]
+        if missing:
+            raise CheckpointError(f"{where}: state.json version {STATE_VERSION} lacks {missing[0]}")
         position_json = _mapping(state, POSITION, where)
         position = Position(
             *(
@@ -218,15 +221,15 @@ class TrainState:
                 )
         framework = FrameworkState(checkpoint.content.weights, checkpoint.content.optimizer, framework_rng)
         trace = None
-        if TRACE in state:
+        if state[TRACE] is not None:
             trace = StepTrace.from_json(state[TRACE], f"{where}: state.json {TRACE}", CheckpointError)
             if trace.last_step != position.global_step:
                 raise CheckpointError(
                     f"{where}: state.json {TRACE} ends at global step {trace.last_step}, not at the checkpoint's "
                     f"{position.global_step}"
                 )
-        loader = _mapping(state, LOADER, where) if LOADER in state else None  # checked by the pipeline
-        sessions = _sessions(state[SESSIONS], position.global_step, where) if SESSIONS in state else None
+        loader = _mapping(state, LOADER, where) if state[LOADER] is not None else None  # checked by the pipeline
+        sessions = _sessions(state[SESSIONS], position.global_step, where) if state[SESSIONS] is not None else None
         return cls(
             position,
             totals,
@@ -237,6 +240,15 @@ class TrainState:
             loader,
             sessions,
         )
+
+
+def _upgraded(state: dict, version: int) -> dict:
+    """An older state.json as version 3: the keys versions 1 and 2 may lack, as what their absence meant
+    (no trace, no loader state, no sessions recorded). Version 3 is as it is: there a missing key is an
+    error the reader names."""
+    if version == STATE_VERSION:
+        return state
+    return {TRACE: None, LOADER: None, SESSIONS: None, **state, VERSION: STATE_VERSION}
 
 
 def _sessions(value, global_step: int, where: str) -> list[dict]:
