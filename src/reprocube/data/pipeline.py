@@ -98,7 +98,7 @@ def create_pipeline(cfg, split: Split, batch_size: int) -> BatchPipeline:
     return pipeline(source, batch_size, bool(cfg.data.drop_last), workers, cfg.seed)
 
 
-EPOCH, STEP_IN_EPOCH, WORKERS = "epoch", "step_in_epoch", "workers"  # the keys reprocube writes itself
+EPOCH, STEP_IN_EPOCH, WORKERS = "epoch", "step_in_epoch", "workers"  # the keys reprocube writes itself (every loader)
 
 
 def check_position(state: dict | None, epoch: int, step_in_epoch: int, where: str) -> None:

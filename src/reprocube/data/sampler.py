@@ -7,6 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def steps_per_epoch(num_examples: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches an epoch has: the last one short unless drop_last (then it is dropped)."""
+    full, rest = divmod(num_examples, batch_size)
+    return full if (drop_last or rest == 0) else full + 1
+
+
 class EpochSampler:
     def __init__(self, seed: int, num_examples: int, batch_size: int, drop_last: bool = False):
         if num_examples < 1:
@@ -14,8 +20,7 @@ class EpochSampler:
         self.seed = seed
         self.num_examples = num_examples
         self.batch_size = batch_size
-        full, rest = divmod(num_examples, batch_size)
-        self.steps_per_epoch = full if (drop_last or rest == 0) else full + 1
+        self.steps_per_epoch = steps_per_epoch(num_examples, batch_size, drop_last)
         if self.steps_per_epoch == 0:
             raise ValueError(f"batch_size {batch_size} exceeds the {num_examples} examples with drop_last")
 

@@ -17,6 +17,9 @@ import numpy as np
 from absl import flags
 
 from reprocube.data.pipeline import (
+    EPOCH,
+    STEP_IN_EPOCH,
+    WORKERS,
     Batch,
     ExampleSource,
     Integer,
@@ -26,6 +29,7 @@ from reprocube.data.pipeline import (
     check_envelope,
     run_context,
 )
+from reprocube.data.sampler import steps_per_epoch
 
 LIBRARY = "grain"  # the library state's key in reprocube's loader state
 GRAIN_STATE_VERSION = 2  # the "version" Grain's DataLoader writes (grain 0.2)
@@ -126,7 +130,7 @@ class GrainPipeline(RestoredStateGuard):
         self.close()
         self.epoch, self.step_in_epoch = epoch, step_in_epoch
         n = len(order)
-        steps = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        steps = steps_per_epoch(n, self.batch_size, self.drop_last)
         saved_workers, saved_first = (
             (None, 0) if state is None else check_state(state, epoch, step_in_epoch, n, self.batch_size, steps, origin)
         )
@@ -154,7 +158,7 @@ class GrainPipeline(RestoredStateGuard):
 
     def state(self) -> dict:
         grain_state = json.loads(self.iterator.get_state())
-        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "workers": self.workers, LIBRARY: grain_state}
+        return {EPOCH: self.epoch, STEP_IN_EPOCH: self.step_in_epoch, WORKERS: self.workers, LIBRARY: grain_state}
 
     def close(self) -> None:
         self.iterator = None

@@ -13,6 +13,9 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from reprocube.data.pipeline import (
+    EPOCH,
+    STEP_IN_EPOCH,
+    WORKERS,
     Batch,
     ExampleSource,
     Integer,
@@ -21,6 +24,7 @@ from reprocube.data.pipeline import (
     check_envelope,
     run_context,
 )
+from reprocube.data.sampler import steps_per_epoch
 from reprocube.errors import CheckpointError
 
 PREFETCH_FACTOR = 2
@@ -163,7 +167,7 @@ class TorchDataPipeline(RestoredStateGuard):
         self.close()
         self.epoch, self.step_in_epoch = epoch, step_in_epoch
         n = len(order)
-        steps = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        steps = steps_per_epoch(n, self.batch_size, self.drop_last)
         saved_workers = (
             None if state is None else check_state(state, epoch, step_in_epoch, n, self.batch_size, steps, origin)
         )
@@ -204,9 +208,9 @@ class TorchDataPipeline(RestoredStateGuard):
 
     def state(self) -> dict:
         return {
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "workers": self.workers,
+            EPOCH: self.epoch,
+            STEP_IN_EPOCH: self.step_in_epoch,
+            WORKERS: self.workers,
             LIBRARY: self.loader.state_dict(),
         }
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from reprocube.data.pipeline import STEP_IN_EPOCH, Batch, ExampleSource, StateSchema, run_context
+from reprocube.data.pipeline import EPOCH, STEP_IN_EPOCH, Batch, ExampleSource, StateSchema, run_context
+from reprocube.data.sampler import steps_per_epoch
 
 PREFETCH_BATCHES = 2
 
@@ -25,12 +26,12 @@ class TfDataPipeline:
     ) -> None:
         self.epoch, self.step_in_epoch = epoch, step_in_epoch
         n = len(order)
-        steps = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        steps = steps_per_epoch(n, self.batch_size, self.drop_last)
         if state is not None:
             schema = StateSchema(origin, run_context(epoch, step_in_epoch, steps, n, self.batch_size))
             if not 1 <= step_in_epoch <= steps:
                 schema.fail(STEP_IN_EPOCH, f"is {step_in_epoch}: a loader state is saved from step 1 to {steps} only")
-            schema.check(state, {"epoch": epoch, STEP_IN_EPOCH: step_in_epoch})
+            schema.check(state, {EPOCH: epoch, STEP_IN_EPOCH: step_in_epoch})
 
         def load(batch: np.int64):
             lo = int(batch) * self.batch_size
@@ -49,7 +50,7 @@ class TfDataPipeline:
         return batches
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+        return {EPOCH: self.epoch, STEP_IN_EPOCH: self.step_in_epoch}
 
     def close(self) -> None:
         self.iterator = None
