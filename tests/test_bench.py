@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from reprocube.commands.bench import FIGURES as ALL_FIGURES
+from reprocube.results.bench_result import FIGURES as ALL_FIGURES
 
 from helpers import error_lines, reprocube
 

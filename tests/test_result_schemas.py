@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from reprocube.errors import CheckpointError
+from reprocube.results.bench_result import BENCH_RESULT
 from reprocube.results.check_result import CHECK_RESULT
 from reprocube.results.compare_result import COMPARE_RESULT, read_compare
 from reprocube.results.reproduce_result import REPRODUCE_RESULT
@@ -18,7 +19,7 @@ from reprocube.results.schema import VERSION_KEY, ResultFile
 from reprocube.results.study_result import STUDY_RESULT
 from reprocube.results.verify_result import VERIFY_RESULT, read_verify
 
-SCHEMAS = (VERIFY_RESULT, COMPARE_RESULT, REPRODUCE_RESULT, STUDY_RESULT, CHECK_RESULT)
+SCHEMAS = (VERIFY_RESULT, COMPARE_RESULT, REPRODUCE_RESULT, STUDY_RESULT, CHECK_RESULT, BENCH_RESULT)
 DIGEST = "ab" * 32
 
 

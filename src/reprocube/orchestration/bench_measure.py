@@ -1,6 +1,6 @@
 """One `reprocube bench` measurement, in a fresh process: `python -m reprocube.orchestration.bench_measure
 --result FILE [--config-file F] KEY=VALUE ...` times one framework with one determinism setting and writes
-its figures to FILE as JSON. The suite around it (repeats, statistics, Markdown) is reprocube.commands.bench."""
+its figures to FILE as JSON. The suite around it is reprocube.commands.bench (repeats) and reprocube.results.bench_result (statistics, Markdown)."""
 
 from __future__ import annotations
 
