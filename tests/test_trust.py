@@ -349,7 +349,7 @@ def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a
 
 def test_verify_hands_a_path_holding_grammar_to_its_children_as_one_value(tmp_path):
     """verify "run='runs/a,b'" said NOT reproducible: the checkpoint paths went unquoted into the links."""
-    from reprocube.commands.verify import plan_full, plan_linear
+    from reprocube.orchestration.verify_plan import plan_full, plan_linear
 
     cfg = load_config(["epochs=2"])
     reference = tmp_path / "runs" / "a,b 'c' ${x}"
