@@ -17,7 +17,7 @@ from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences, no
 from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
 from reprocube.checkpoint import Checkpoint, epoch_name, run_fields, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
-from reprocube.data.pipeline import BatchPipeline, check_position, create_pipeline
+from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.env import collect_env, threads_warning, usable_cpus
@@ -28,6 +28,7 @@ from reprocube.receipt import build_receipt, write_receipt
 from reprocube.rng import seed_host_rng
 from reprocube.runs import RunDirectory, open_run
 from reprocube.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState
+from reprocube.steps import StepWalk
 from reprocube.terminal import counted, raw_stderr, shown_value
 from reprocube.trace import StepTrace
 
@@ -141,16 +142,14 @@ class TrainingLoop:
         self.env: dict = {}  # env.json's fingerprint of this process, for the receipt
         self.trace = StepTrace(cfg.trace.every_steps, first_step=0)
         self.sessions: list[dict] = []  # [{from_step, env}] of every process that trained this run
-        self.pipeline: BatchPipeline | None = pipeline  # data.pipeline=loader; None: the resident dataset
-        self.loader_state: dict | None = None  # to restore when the resumed epoch starts
-        self.loader_origin = "the checkpoint"  # where it was read (named by the pipeline's checks)
+        # The way through the steps (reprocube.steps), the replay's too; pipeline: data.pipeline=loader.
+        self.walk = StepWalk(backend, sampler, pipeline)
 
     # --- save and resume: mirror images through TrainState ----------------------------------------
     def _save(self, name: str, reason: str, framework: FrameworkState | None = None):
         framework = framework or self.backend.export_state()
         self.trace.add_boundary(self.position.global_step, framework.weights)
-        mid_epoch = self.pipeline is not None and self.position.step_in_epoch > 0
-        loader = self.pipeline.state() if mid_epoch else None
+        loader = self.walk.loader_state(self.position)
         state = TrainState.capture(
             self.position, self.backend, self.history, framework, self.trace, loader, self.sessions
         )
@@ -174,11 +173,7 @@ class TrainingLoop:
         state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
         self.position, self.history = state.position, state.history
         self.sessions = list(state.sessions or [])  # the earlier processes'; begin_session adds this one
-        if self.pipeline is not None:
-            check_position(
-                state.loader, self.position.epoch, self.position.step_in_epoch, f"checkpoint {checkpoint.path}"
-            )
-            self.loader_state, self.loader_origin = state.loader, f"checkpoint {checkpoint.path}"
+        self.walk.restore_loader(state.loader, self.position, f"checkpoint {checkpoint.path}")
         if state.trace is not None:
             self.trace = state.trace
             self.trace.every_steps = self.cfg.trace.every_steps  # a cadence, like log.every_steps
@@ -234,8 +229,7 @@ class TrainingLoop:
         try:
             return self._run(stop, show_progress)
         finally:
-            if self.pipeline is not None:
-                self.pipeline.close()  # its worker processes
+            self.walk.close()
 
     def _run(self, stop: StopRequest, show_progress: bool) -> int:
         cfg, sampler, backend = self.cfg, self.sampler, self.backend
@@ -248,16 +242,7 @@ class TrainingLoop:
                 self.trace.add_boundary(0, weights)
         while self.position.epoch < cfg.epochs:
             position = self.position
-            order = sampler.epoch_order(position.epoch)
-            if self.pipeline is None:
-                backend.begin_epoch(order)
-            else:
-                self.pipeline.start(
-                    position.epoch, order, position.step_in_epoch, self.loader_state, self.loader_origin
-                )
-                self.loader_state = None
-            if position.step_in_epoch == 0:
-                backend.set_epoch_totals(EpochTotals())
+            self.walk.begin_epoch(position)
             first_step, started = position.step_in_epoch, time.perf_counter()
             bar = tqdm(
                 total=sampler.steps_per_epoch,
@@ -269,11 +254,7 @@ class TrainingLoop:
             )
             while position.step_in_epoch < sampler.steps_per_epoch:
                 step, end = position.step_in_epoch, self.schedule.group_end(position)
-                if self.pipeline is None:
-                    backend.train_steps(sampler.steps_bounds(step, end), position.global_step)
-                else:
-                    backend.train_batches(self.pipeline.next_batches(end - step), position.global_step)
-                position.step_in_epoch, position.global_step = end, position.global_step + (end - step)
+                self.walk.train(position, end)
                 losses = backend.group_losses()
                 self.trace.add_losses(losses, backend.group_fingerprints())
                 bar.update(end - step)

@@ -26,14 +26,15 @@ from reprocube.analysis.first_differing_operation import OPS_VERSION
 from reprocube.backend import FRAMEWORKS, STEPS_PER_CALL, create_backend
 from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
 from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
-from reprocube.data.pipeline import check_position, create_pipeline
+from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.env import ENV_PREFIXES, ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.metrics import MetricsHistory
 from reprocube.rng import seed_host_rng
-from reprocube.state import EpochTotals, FrameworkState, Position, TrainState
+from reprocube.state import FrameworkState, Position, TrainState
+from reprocube.steps import StepWalk
 from reprocube.trace import StepTrace, tensor_digest
 
 # Besides the run's result keys: the places and counts a replay of it needs (where its data is).
@@ -177,60 +178,28 @@ def _run_reference(
 
 
 class _Steps:
-    """The loop's way through the steps (reprocube.loop.TrainingLoop._run) without its records: the
-    epoch's order handed over (or the loader started) when an epoch begins, steps in groups that never
-    cross an epoch's end."""
+    """The replay's way to step N: the training loop's walk (reprocube.steps.StepWalk), from a checkpoint
+    or a fresh start, in groups of at most STEPS_PER_CALL steps (grouping never changes what is computed),
+    each epoch's end moving on to the next (the replay keeps no records)."""
 
     def __init__(self, backend, sampler: EpochSampler, pipeline):
-        self.backend, self.sampler, self.pipeline = backend, sampler, pipeline
+        self.walk = StepWalk(backend, sampler, pipeline)
+        self.backend, self.sampler = backend, sampler
         self.position = Position()
-        self.started_epoch: int | None = None
-        self.loader_state: dict | None = None
-        self.loader_origin = "the checkpoint"
 
     def restore(self, checkpoint: Checkpoint) -> None:
         state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
         self.position = state.position
-        if self.pipeline is not None:
-            where = f"checkpoint {checkpoint.path}"
-            check_position(state.loader, self.position.epoch, self.position.step_in_epoch, where)
-            self.loader_state, self.loader_origin = state.loader, where
-
-    def _begin_epoch(self) -> None:
-        p = self.position
-        if self.started_epoch == p.epoch:
-            return
-        order = self.sampler.epoch_order(p.epoch)
-        if self.pipeline is None:
-            self.backend.begin_epoch(order)
-        else:
-            self.pipeline.start(p.epoch, order, p.step_in_epoch, self.loader_state, self.loader_origin)
-            self.loader_state = None
-        if p.step_in_epoch == 0:
-            self.backend.set_epoch_totals(EpochTotals())
-        self.started_epoch = p.epoch
+        self.walk.restore_loader(state.loader, self.position, f"checkpoint {checkpoint.path}")
 
     def advance_to(self, global_step: int) -> None:
         p, per_epoch = self.position, self.sampler.steps_per_epoch
         while p.global_step < global_step:
-            self._begin_epoch()
-            first = p.step_in_epoch
-            end = min(per_epoch, first + STEPS_PER_CALL, first + global_step - p.global_step)
-            if self.pipeline is None:
-                self.backend.train_steps(self.sampler.steps_bounds(first, end), p.global_step)
-            else:
-                self.backend.train_batches(self.pipeline.next_batches(end - first), p.global_step)
-            p.step_in_epoch, p.global_step = end, p.global_step + end - first
+            end = min(per_epoch, p.step_in_epoch + STEPS_PER_CALL, p.step_in_epoch + global_step - p.global_step)
+            self.walk.train(p, end)
             if end == per_epoch:
                 p.epoch, p.step_in_epoch = p.epoch + 1, 0
 
     def next_step(self) -> Callable[[], None]:
-        """The next step as a call that can be made twice from the same state (its batch fetched once)."""
-        self._begin_epoch()
-        p = self.position
-        done = p.global_step
-        if self.pipeline is None:
-            bounds = self.sampler.steps_bounds(p.step_in_epoch, p.step_in_epoch + 1)
-            return lambda: self.backend.train_steps(bounds, done)
-        batches = self.pipeline.next_batches(1)
-        return lambda: self.backend.train_batches(batches, done)
+        """The next step as a call that can be made twice from the same state (its data taken once)."""
+        return self.walk.group(self.position, self.position.step_in_epoch + 1)
