@@ -57,8 +57,12 @@ def u32_text(array: np.ndarray) -> str:
 
 def drop_fingerprints(value: dict) -> None:
     """A trace as written before fingerprints existed (the four keys come together)."""
-    for key in ("fingerprint_first_step", "fingerprint_u32_le_base64", "tensor_fingerprint_steps",
-                "tensor_fingerprint_u32_le_base64"):  # fmt: skip
+    for key in (
+        "fingerprint_first_step",
+        "fingerprint_u32_le_base64",
+        "tensor_fingerprint_steps",
+        "tensor_fingerprint_u32_le_base64",
+    ):
         value["trace"].pop(key, None)
 
 

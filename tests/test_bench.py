@@ -25,8 +25,17 @@ def pytorch_bench(generated, tmp_path_factory):
         "threads": "2",
     }  # as reference_tutorial.py writes
     reference.write_text(json.dumps({"date": "2026-11-01", "batch_size_train": 32, "results": {"pytorch": epochs}}))
-    proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=2", "bench.verify_epochs=[1]",
-                     f"bench.reference={reference}", f"bench.out={out}", cwd=out, timeout=600)  # fmt: skip
+    proc = reprocube(
+        "bench",
+        "framework=pytorch",
+        *generated.overrides(),
+        "bench.repeats=2",
+        "bench.verify_epochs=[1]",
+        f"bench.reference={reference}",
+        f"bench.out={out}",
+        cwd=out,
+        timeout=600,
+    )
     return proc, json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
 
 
@@ -67,8 +76,17 @@ def test_bench_derives_costs_and_reference_ratios_from_its_medians(pytorch_bench
 
 @pytest.mark.parametrize("framework", ["tensorflow", "jax"])
 def test_bench_runs_for_the_other_frameworks(generated, tmp_path, framework):
-    reprocube("bench", f"framework={framework}", *generated.overrides(), "bench.repeats=1", "bench.deterministic=[true]",
-              "bench.verify_epochs=[]", f"bench.out={tmp_path}", cwd=tmp_path, timeout=600)  # fmt: skip
+    reprocube(
+        "bench",
+        f"framework={framework}",
+        *generated.overrides(),
+        "bench.repeats=1",
+        "bench.deterministic=[true]",
+        "bench.verify_epochs=[]",
+        f"bench.out={tmp_path}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     results = json.loads((tmp_path / "bench.json").read_text())
     (run,) = results["frameworks"][framework]["runs"]
     assert run["framework"] == framework and all(run[figure] > 0 for figure in FIGURES)
@@ -97,8 +115,18 @@ def test_bench_refuses_bad_settings_in_one_line(tmp_path, override, message):
 
 
 def test_bench_names_an_unreadable_reference(generated, tmp_path):
-    proc = reprocube("bench", "framework=pytorch", *generated.overrides(), "bench.repeats=1", "bench.deterministic=[true]", "bench.verify_epochs=[]",
-                     f"bench.reference={tmp_path}/absent.json", f"bench.out={tmp_path}/out", cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "bench",
+        "framework=pytorch",
+        *generated.overrides(),
+        "bench.repeats=1",
+        "bench.deterministic=[true]",
+        "bench.verify_epochs=[]",
+        f"bench.reference={tmp_path}/absent.json",
+        f"bench.out={tmp_path}/out",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 2
     assert error_lines(proc) == [f"reprocube: error: bench.reference: {tmp_path}/absent.json is missing"]
     assert not (tmp_path / "out").exists()

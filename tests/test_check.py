@@ -29,7 +29,7 @@ OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
 def check(tmp_path: Path, *args: str, command=NUMPY, name: str = "out") -> tuple[subprocess.CompletedProcess, dict]:
     proc = reprocube(
         "check", "--out", name, *args, "--", *command, cwd=tmp_path, check=False, timeout=600
-    )  # fmt: skip  (--out relative: the command runs in another directory)
+    )  # (--out relative: the command runs in another directory)
     path = tmp_path / name / "check.json"
     return proc, json.loads(path.read_text()) if path.exists() else {}
 
@@ -84,9 +84,11 @@ def test_report_of_a_check_refuses_a_malformed_check_json_in_one_line(tmp_path):
     (tmp_path / "out" / "check.json").write_text(json.dumps(result))
     page = reprocube("report", "out", "--out", "page", cwd=tmp_path)
     assert page.returncode == 0 and "<script>alert" not in (tmp_path / "page" / "report.html").read_text()
-    for change, message in (({"verdict": "fine"}, "verdict must be one of"),
-                            ({"runs": [{"name": "/etc/passwd", "attempts": []}]}, "name must be one of"),
-                            ({"probe": {"resume": {"attempts": 3}}}, "attempts must be a list")):  # fmt: skip
+    for change, message in (
+        ({"verdict": "fine"}, "verdict must be one of"),
+        ({"runs": [{"name": "/etc/passwd", "attempts": []}]}, "name must be one of"),
+        ({"probe": {"resume": {"attempts": 3}}}, "attempts must be a list"),
+    ):
         (tmp_path / "out" / "check.json").write_text(json.dumps({**result, **change}))
         proc = reprocube("report", "out", "--out", "bad", cwd=tmp_path, check=False)
         [line] = error_lines(proc)
@@ -110,10 +112,13 @@ def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):
 
 
 def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):
-    script = ("import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "
-              "time.sleep(1.5); open('out.txt', 'w').write('1')")  # fmt: skip
-    proc, result = check(tmp_path, "--output", "out.txt", "--at", "0.8", "--stops", "1",
-                         command=[sys.executable, "-c", script])  # fmt: skip
+    script = (
+        "import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "
+        "time.sleep(1.5); open('out.txt', 'w').write('1')"
+    )
+    proc, result = check(
+        tmp_path, "--output", "out.txt", "--at", "0.8", "--stops", "1", command=[sys.executable, "-c", script]
+    )
     assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     unread = [line for line in result["not_checked"] if "the probe's traces, unreadable" in line]
@@ -153,8 +158,17 @@ def test_the_default_stops_are_replayed_by_their_seed(tmp_path):
 
 
 def test_sigkill_in_the_middle_of_a_non_atomic_save_is_the_scripts_failure(tmp_path):
-    proc, result = check(tmp_path, *OUTPUTS, "--signal", "KILL", "--stops", "1", "--at-file", "ckpt.npz",
-                         command=[*NUMPY, "--save-rng", "--non-atomic"])  # fmt: skip
+    proc, result = check(
+        tmp_path,
+        *OUTPUTS,
+        "--signal",
+        "KILL",
+        "--stops",
+        "1",
+        "--at-file",
+        "ckpt.npz",
+        command=[*NUMPY, "--save-rng", "--non-atomic"],
+    )
     assert proc.returncode == 10 and result["verdict"] == "command-failed", proc.stdout
     assert result["stage"] == "stopped" and "after 1 stop" in result["summary"]
     assert "Traceback" not in proc.stderr and "stopped exited 1" in result["summary"]
@@ -163,12 +177,14 @@ def test_sigkill_in_the_middle_of_a_non_atomic_save_is_the_scripts_failure(tmp_p
 def test_a_failing_command_and_bad_options_are_one_line(tmp_path):
     proc, result = check(tmp_path, *OUTPUTS, command=[sys.executable, "-c", "raise SystemExit(3)"])
     assert proc.returncode == 10 and "clean-1 exited 3" in result["summary"]
-    for args, message in ((["--output", "/etc"], "a path inside the work directory"),
-                          ([*OUTPUTS, "--repeat", "1"], "--repeat must be from 2 to 10"),
-                          ([*OUTPUTS, "--seed-arg=--seed"], "holds no {seed}"),
-                          ([*OUTPUTS, "--at-line", "("], "is not a regular expression"),
-                          ([*OUTPUTS, "--seed-env", "A=B"], "is not a variable name"),
-                          ([*OUTPUTS, "--stop-seed", "-5"], "--stop-seed must be from 0")):  # fmt: skip
+    for args, message in (
+        (["--output", "/etc"], "a path inside the work directory"),
+        ([*OUTPUTS, "--repeat", "1"], "--repeat must be from 2 to 10"),
+        ([*OUTPUTS, "--seed-arg=--seed"], "holds no {seed}"),
+        ([*OUTPUTS, "--at-line", "("], "is not a regular expression"),
+        ([*OUTPUTS, "--seed-env", "A=B"], "is not a variable name"),
+        ([*OUTPUTS, "--stop-seed", "-5"], "--stop-seed must be from 0"),
+    ):
         proc, _ = check(tmp_path, *args, name="refused")
         [line] = error_lines(proc)
         assert proc.returncode == 2 and message in line, line
@@ -181,7 +197,7 @@ def test_a_failing_command_and_bad_options_are_one_line(tmp_path):
 def test_an_output_that_cannot_be_read_is_not_checked_never_a_difference(tmp_path):
     """A FIFO among a directory's outputs (the same in every run): named as not compared; the verdict
     rests on the files compared."""
-    script = "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); os.path.exists('out/pipe') or os.mkfifo('out/pipe'); time.sleep(1)"  # fmt: skip
+    script = "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); os.path.exists('out/pipe') or os.mkfifo('out/pipe'); time.sleep(1)"
     proc, result = check(
         tmp_path, "--output", "out", "--at", "0.6", "--stops", "1", command=[sys.executable, "-c", script]
     )
@@ -195,19 +211,27 @@ def test_a_script_directory_with_its_check_yaml_is_checked_and_a_bad_one_is_one_
     script = tmp_path / "script"
     script.mkdir()
     (script / "numpy_sgd.py").write_bytes((EXAMPLES / "numpy_sgd.py").read_bytes())
-    options = {"command": [sys.executable, "numpy_sgd.py", "--epochs", "3", "--sleep", "0.1", "--save-rng"],
-               "output": ["final.npz"], "stops": 1, "at_line": "saved", "seed_env": "SEED"}  # fmt: skip
+    options = {
+        "command": [sys.executable, "numpy_sgd.py", "--epochs", "3", "--sleep", "0.1", "--save-rng"],
+        "output": ["final.npz"],
+        "stops": 1,
+        "at_line": "saved",
+        "seed_env": "SEED",
+    }
     (script / "check.yaml").write_text(json.dumps(options))  # YAML is a superset of JSON
     proc = reprocube("check", "--script-dir", "script", "--out", "out", cwd=tmp_path, check=False)
     result = json.loads((tmp_path / "out" / "check.json").read_text())
     assert proc.returncode == 0 and result["verdict"] == "resume-exact", proc.stdout
     assert result["command"] == options["command"] and result["stops"].count("saved") == 1
-    for text, message in (("command: python", "command must be a list of strings"),
-                          ('{"command": ["x"], "output": ["y"], "hack": 1}', "'hack' is not an option of check"),
-                          ('{"command": ["x"], "output": ["y"], "stops": "2"}', "stops must be an integer"),
-                          ('{"command": ["x"], "output": ["y"], "stops": true}', "stops must be an integer"),
-                          ('{"output": ["y"]}', "command is missing"), ("[1]", "must be a mapping"),
-                          ("&a [*a]", "alias")):  # fmt: skip
+    for text, message in (
+        ("command: python", "command must be a list of strings"),
+        ('{"command": ["x"], "output": ["y"], "hack": 1}', "'hack' is not an option of check"),
+        ('{"command": ["x"], "output": ["y"], "stops": "2"}', "stops must be an integer"),
+        ('{"command": ["x"], "output": ["y"], "stops": true}', "stops must be an integer"),
+        ('{"output": ["y"]}', "command is missing"),
+        ("[1]", "must be a mapping"),
+        ("&a [*a]", "alias"),
+    ):
         (script / "check.yaml").write_text(text)
         proc = reprocube("check", "--script-dir", "script", "--out", "refused", cwd=tmp_path, check=False)
         [line] = error_lines(proc)
@@ -224,9 +248,25 @@ def test_a_script_directory_with_its_check_yaml_is_checked_and_a_bad_one_is_one_
 def test_ctrl_c_ends_the_script_and_says_where_the_evidence_is(tmp_path):
     pid_file = tmp_path / "pid"
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-m", "reprocube", "check", "--out", str(tmp_path / "out"), *OUTPUTS,
-                             "--", sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "check",
+            "--out",
+            str(tmp_path / "out"),
+            *OUTPUTS,
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_until(pid_file.exists, timeout=60, what="the script to start", process=proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -238,8 +278,9 @@ def test_ctrl_c_ends_the_script_and_says_where_the_evidence_is(tmp_path):
 @pytest.mark.parametrize("save_rng, verdict", [(False, "resume-differs"), (True, "resume-exact")])
 def test_the_pytorch_example_its_bug_and_its_fix(tmp_path, save_rng, verdict):
     command = [sys.executable, str(EXAMPLES / "pytorch_mlp.py"), *(["--save-rng"] if save_rng else [])]
-    proc, result = check(tmp_path, "--output", "model.pt", "--output", "metrics.csv", "--at-line", "saved",
-                         command=command)  # fmt: skip
+    proc, result = check(
+        tmp_path, "--output", "model.pt", "--output", "metrics.csv", "--at-line", "saved", command=command
+    )
     assert result["verdict"] == verdict, proc.stdout + proc.stderr
     traced = result["probe"]["resume"]
     if not save_rng:
@@ -257,8 +298,9 @@ def test_the_flax_orbax_example_its_bug_and_its_fix(tmp_path, reseed, verdict):
     """Orbax checkpoints are compared by their tensors (their bytes never agree), and the JAX probe names
     the first update after the first stop when the script takes a fresh key at every start."""
     command = [sys.executable, str(EXAMPLES / "flax_orbax.py"), "--epochs", "3", *(["--reseed"] if reseed else [])]
-    proc, result = check(tmp_path, "--output", "final", "--output", "metrics.csv", "--at-line", "saved", "--stops",
-                         "1", command=command)  # fmt: skip
+    proc, result = check(
+        tmp_path, "--output", "final", "--output", "metrics.csv", "--at-line", "saved", "--stops", "1", command=command
+    )
     assert result["verdict"] == verdict, proc.stdout + proc.stderr
     final = next(f for f in result["comparisons"]["resume"]["files"] if f["path"] == "final")
     traced = result["probe"]["resume"]
@@ -288,8 +330,16 @@ def test_keras_backup_and_restore_resumes_at_the_epoch_but_not_the_same_training
     """Measured (docs/check.md): Keras 3's BackupAndRestore restores the weights, the optimizer and the
     epoch, but not the generators behind the shuffling and the dropout: the resumed epochs train otherwise,
     and the history of the epochs before the restart is gone."""
-    proc, result = check(tmp_path, "--output", "model.weights.h5", "--output", "history.csv", "--at-line", "saved",
-                         command=[sys.executable, str(EXAMPLES / "keras_fit.py")])  # fmt: skip
+    proc, result = check(
+        tmp_path,
+        "--output",
+        "model.weights.h5",
+        "--output",
+        "history.csv",
+        "--at-line",
+        "saved",
+        command=[sys.executable, str(EXAMPLES / "keras_fit.py")],
+    )
     assert result["verdict"] == "resume-differs", proc.stdout + proc.stderr
     files = {f["path"]: f for f in result["comparisons"]["resume"]["files"]}
     assert files["model.weights.h5"]["tensor"]["tensor"].startswith("layers/")
@@ -308,8 +358,9 @@ def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
 
     monkeypatch.setattr(check_runs, "PROGRESS_EVERY_S", 0.3)
     lines = []
-    result = check_command([*NUMPY, "--save-rng"], ["final.npz"], [], [], stops=1, at_line="saved",
-                           out=tmp_path / "out", echo=lines.append)  # fmt: skip
+    result = check_command(
+        [*NUMPY, "--save-rng"], ["final.npz"], [], [], stops=1, at_line="saved", out=tmp_path / "out", echo=lines.append
+    )
     assert result["verdict"] == "resume-exact"
     progress = [
         line for line in lines if re.fullmatch(r"  clean-1: \d+ s, running; (its last line: .*|no output yet)", line)
@@ -329,8 +380,20 @@ def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
 )
 def test_launcher_slurm_refuses_options_it_cannot_honour_before_anything_runs(tmp_path, options, message):
     """Nothing is submitted, nothing written: one line, exit 2 (no SLURM needed)."""
-    proc = reprocube("check", "--launcher", "slurm", *options, "--output", "x", "--out", str(tmp_path / "out"), "--",
-                     "true", cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "check",
+        "--launcher",
+        "slurm",
+        *options,
+        "--output",
+        "x",
+        "--out",
+        str(tmp_path / "out"),
+        "--",
+        "true",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 2 and message in proc.stderr and len(error_lines(proc)) == 1, proc.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
@@ -350,8 +413,9 @@ def test_the_slurm_batch_script_records_each_attempt_beside_the_output(tmp_path)
     script = tmp_path / "batch.sh"
     script.write_text(batch_script(run))
     for restarts, expected in (("0", 1), ("1", 2)):
-        done = subprocess.run(["bash", str(script)], env={**os.environ, "SLURM_RESTART_COUNT": restarts},
-                              capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            ["bash", str(script)], env={**os.environ, "SLURM_RESTART_COUNT": restarts}, capture_output=True, text=True
+        )
         assert done.returncode == 3 and done.stdout == "True", done
         assert _ended(run, expected)[0] == 3 and _began(run, expected) <= _ended(run, expected)[1]
     assert _ended(run, 3) is None

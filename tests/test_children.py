@@ -119,8 +119,17 @@ def test_a_child_dies_with_its_parent(tmp_path, how, signum):
 def tiny_receipt(generated, tmp_path_factory) -> Path:
     """A finished two-epoch PyTorch run on the generated dataset: the run directory holding receipt.json."""
     root = tmp_path_factory.mktemp("a")
-    reprocube("train", "framework=pytorch", *generated.overrides(), "epochs=2", "log.every_steps=5",
-              "trace.every_steps=5", f"output_dir={root}", "run_name=a", cwd=root)  # fmt: skip
+    reprocube(
+        "train",
+        "framework=pytorch",
+        *generated.overrides(),
+        "epochs=2",
+        "log.every_steps=5",
+        "trace.every_steps=5",
+        f"output_dir={root}",
+        "run_name=a",
+        cwd=root,
+    )
     return root / "a"
 
 
@@ -131,8 +140,16 @@ def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_rec
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env["PYTHONPATH"] = slow_steps_pythonpath(tmp_path, 0.5, os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "reprocube", "reproduce", str(tiny_receipt), "--out", str(out),
-               f"data_dir={generated.data_dir}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "reprocube",
+        "reproduce",
+        str(tiny_receipt),
+        "--out",
+        str(out),
+        f"data_dir={generated.data_dir}",
+    ]
     parent = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # B is training: its first step records are written.
@@ -144,8 +161,12 @@ def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_rec
         assert children, "no training child seen"
         parent.send_signal(signum)
         assert parent.wait(timeout=10) == -signum
-        wait_until(lambda: not processes_naming(str(out)), timeout=5, what="every training child to end",
-                   detail=lambda: f"; still running: {processes_naming(str(out))}")  # fmt: skip
+        wait_until(
+            lambda: not processes_naming(str(out)),
+            timeout=5,
+            what="every training child to end",
+            detail=lambda: f"; still running: {processes_naming(str(out))}",
+        )
     finally:
         parent.kill()
         parent.wait()
@@ -163,8 +184,9 @@ def test_a_silent_child_is_reported_then_ended(tmp_path):
     command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"]
     watchdog = Watchdog(warn_after_s=60, stop_after_s=2.0, setting="watchdog.stop_minutes=...")
     with pytest.raises(StalledChild, match="made no progress for [23] s, stuck before logging any step, and was ended"):
-        run_watched(command, tmp_path / "child.log", [tmp_path / "metrics.jsonl"], stalls.append,
-                    watchdog=watchdog, poll_s=0.1)  # fmt: skip
+        run_watched(
+            command, tmp_path / "child.log", [tmp_path / "metrics.jsonl"], stalls.append, watchdog=watchdog, poll_s=0.1
+        )
     assert stalls and 1.0 <= stalls[0] < 2.0, "reported (at half the stop time) before it was ended"
     assert time.monotonic() - started < 30, "ended, not waited for"
 
@@ -183,8 +205,14 @@ def test_a_stalled_child_is_ended_naming_the_last_step_it_logged(tmp_path):
         "time.sleep(120)\n"
     )
     with pytest.raises(StalledChild) as ended:
-        run_watched([sys.executable, "-c", script], tmp_path / "child.log", [progress], lambda s: None,
-                    watchdog=Watchdog(stop_after_s=2.0, setting="watchdog.stop_minutes=0.03"), poll_s=0.1)  # fmt: skip
+        run_watched(
+            [sys.executable, "-c", script],
+            tmp_path / "child.log",
+            [progress],
+            lambda s: None,
+            watchdog=Watchdog(stop_after_s=2.0, setting="watchdog.stop_minutes=0.03"),
+            poll_s=0.1,
+        )
     assert "stuck after global step 7 (the last it logged), and was ended (watchdog.stop_minutes=0.03)" in str(
         ended.value
     )
@@ -197,8 +225,14 @@ def test_a_child_that_makes_progress_is_never_reported(tmp_path):
     stalls = []
     # Silent on stdout, but a progress file grows every 0.3 s for 3 s.
     script = f"import time\nfor i in range(10):\n    open({str(progress)!r}, 'a').write('x\\n'); time.sleep(0.3)\n"
-    status = run_watched([sys.executable, "-c", script], tmp_path / "child.log", [progress], stalls.append,
-                         watchdog=Watchdog(warn_after_s=1.0, stop_after_s=2.0), poll_s=0.1)  # fmt: skip
+    status = run_watched(
+        [sys.executable, "-c", script],
+        tmp_path / "child.log",
+        [progress],
+        stalls.append,
+        watchdog=Watchdog(warn_after_s=1.0, stop_after_s=2.0),
+        poll_s=0.1,
+    )
     assert status == 0 and not stalls
 
 
@@ -211,8 +245,17 @@ def test_verify_ends_a_stalled_check_naming_its_step_and_fails(generated, tmp_pa
     in one line naming the last step it logged; the checks that need it are not run; verify fails."""
     hanging = slow_steps_pythonpath(tmp_path, 120, os.environ.get("PYTHONPATH", ""), after_groups=1)
     started = time.monotonic()
-    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *STALL, "verify.mid_epoch=false",
-                     cwd=tmp_path, check=False, env_extra={"PYTHONPATH": hanging}, timeout=300)  # fmt: skip
+    proc = reprocube(
+        "verify",
+        "framework=pytorch",
+        *generated.overrides(),
+        *STALL,
+        "verify.mid_epoch=false",
+        cwd=tmp_path,
+        check=False,
+        env_extra={"PYTHONPATH": hanging},
+        timeout=300,
+    )
     assert proc.returncode == 6, proc.stdout + proc.stderr
     assert time.monotonic() - started < 120, "ended by the watchdog, not waited for"
     [failed] = [line for line in proc.stdout.splitlines() if "FAILED reference" in line]
@@ -223,10 +266,22 @@ def test_verify_ends_a_stalled_check_naming_its_step_and_fails(generated, tmp_pa
 
 def test_study_records_a_stalled_run_as_failed_and_finishes_the_others(generated, tmp_path):
     study = tmp_path / "study"
-    hanging = slow_steps_pythonpath(tmp_path, 120, os.environ.get("PYTHONPATH", ""), after_groups=1,
-                                    only_with_arg="run_name=same-seed-00")  # fmt: skip
-    proc = reprocube("study", "framework=pytorch", "runs=2", *generated.overrides(), *STALL, "data.train_limit=320",
-                     f"study.dir={study}", cwd=tmp_path, check=False, env_extra={"PYTHONPATH": hanging}, timeout=600)  # fmt: skip
+    hanging = slow_steps_pythonpath(
+        tmp_path, 120, os.environ.get("PYTHONPATH", ""), after_groups=1, only_with_arg="run_name=same-seed-00"
+    )
+    proc = reprocube(
+        "study",
+        "framework=pytorch",
+        "runs=2",
+        *generated.overrides(),
+        *STALL,
+        "data.train_limit=320",
+        f"study.dir={study}",
+        cwd=tmp_path,
+        check=False,
+        env_extra={"PYTHONPATH": hanging},
+        timeout=600,
+    )
     assert proc.returncode == 5, proc.stdout + proc.stderr
     import json
 

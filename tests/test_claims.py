@@ -34,8 +34,17 @@ def quiet(_line: str) -> None:
 
 
 def train(generated, root: Path, name: str, *extra: str, expect: int = 0) -> Path:
-    proc = reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={root}",
-                     f"run_name={name}", *extra, cwd=root, check=False)  # fmt: skip
+    proc = reprocube(
+        "train",
+        "framework=pytorch",
+        *generated.overrides(),
+        *SMALL,
+        f"output_dir={root}",
+        f"run_name={name}",
+        *extra,
+        cwd=root,
+        check=False,
+    )
     assert proc.returncode == expect, proc.stderr
     return root / name
 
@@ -97,8 +106,9 @@ def test_a_differing_partial_receipt_is_said_partial_and_b_trains_only_to_where_
     values.view(np.uint32)[STEPS_PER_EPOCH - 1] ^= 1  # the loss bits of step 21, the epoch's last
     set_losses(forged, values)
     a = write_forged(forged, tmp_path / "forged")
-    proc = reprocube("reproduce", str(a), "--out", str(tmp_path / "out"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce", str(a), "--out", str(tmp_path / "out"), f"data_dir={generated.data_dir}", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 7, proc.stderr  # losses-only: every weight claim agrees, one at step 24
     result = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert result["first_divergence"]["step"] == STEPS_PER_EPOCH
@@ -192,8 +202,9 @@ def test_threads_beyond_the_usable_cpus_are_said_before_training(runs, generated
     forged = receipt_value(runs["full"])
     forged["config"]["threads"] = 1024
     a = write_forged(forged, tmp_path / "forged")
-    proc = reprocube("reproduce", str(a), "--out", str(tmp_path / "out"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce", str(a), "--out", str(tmp_path / "out"), f"data_dir={generated.data_dir}", cwd=tmp_path, check=False
+    )
     [line] = error_lines(proc)
     assert proc.returncode == 2 and "threads=1024 but this process may use" in line, proc.stderr
     assert "--allow-oversubscribe" in line and "slower" in line and not (tmp_path / "out").exists()
@@ -226,10 +237,22 @@ def test_a_losses_only_replay_never_names_the_update(tmp_path):
         out.write_text(json.dumps(recording(A) | {"framework": "jax"}))
         return 0
 
-    for weights_identical, expected, absent in ((True, "the loss's reduction", "the optimizer's update"),
-                                                (False, "the optimizer's update", "the loss's reduction")):  # fmt: skip
-        found = first_operation("jax", 6, tmp_path / "b", tmp_path / "m", {}, tmp_path / f"ops-{weights_identical}",
-                                tmp_path, [], run_child, weights_identical=weights_identical)  # fmt: skip
+    for weights_identical, expected, absent in (
+        (True, "the loss's reduction", "the optimizer's update"),
+        (False, "the optimizer's update", "the loss's reduction"),
+    ):
+        found = first_operation(
+            "jax",
+            6,
+            tmp_path / "b",
+            tmp_path / "m",
+            {},
+            tmp_path / f"ops-{weights_identical}",
+            tmp_path,
+            [],
+            run_child,
+            weights_identical=weights_identical,
+        )
         assert found["status"] == "none" and expected in found["text"] and absent not in found["text"], found
 
 
@@ -238,8 +261,9 @@ def test_compare_names_the_checkpoints_it_did_not_compare(runs, generated, tmp_p
     weights agree where both have checkpoints, and the verdict names the one it did not compare."""
     shutil.copytree(runs["partial"], tmp_path / "resumed")
     resumed = train(generated, tmp_path, "resumed", "resume=latest")
-    compared = reprocube("compare", str(runs["full"]), str(resumed), "--out", str(tmp_path / "c"),
-                         cwd=tmp_path, check=False)  # fmt: skip
+    compared = reprocube(
+        "compare", str(runs["full"]), str(resumed), "--out", str(tmp_path / "c"), cwd=tmp_path, check=False
+    )
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "identical (2 checkpoints); not compared (one run only): B:step-000024" in compared.stdout
     result = json.loads((tmp_path / "c" / "compare.json").read_text())

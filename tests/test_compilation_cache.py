@@ -95,9 +95,14 @@ def test_a_run_from_the_cache_is_bit_identical_to_a_compiled_one(generated, tmp_
     runs = {}
     for name, setting in (("cold", str(cache)), ("warm", str(cache)), ("off", "off")):
         proc = reprocube(
-            "train", "framework=jax", *generated.overrides(), "epochs=2", f"run_name={name}", cwd=tmp_path,
+            "train",
+            "framework=jax",
+            *generated.overrides(),
+            "epochs=2",
+            f"run_name={name}",
+            cwd=tmp_path,
             env_extra={compilation_cache.VARIABLE: setting, "JAX_LOG_COMPILES": "1"},
-        )  # fmt: skip
+        )
         run = tmp_path / "runs" / name
         env = json.loads((run / "env.json").read_text())
         runs[name] = (epoch_digests(run), env["framework"]["compilation_cache"], HIT in proc.stderr)

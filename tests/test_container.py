@@ -88,8 +88,20 @@ class Cube:
             launcher = root / "launcher"
             uv = Path(sys.executable).parent / "uv"
             subprocess.run([str(uv), "venv", "--quiet", "--python", "/usr/bin/python3", str(launcher)], check=True)
-            subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(launcher / "bin" / "python"), "--require-hashes",
-                            "-r", str(REPO / "requirements-mlcube.txt")], check=True)  # fmt: skip
+            subprocess.run(
+                [
+                    str(uv),
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--python",
+                    str(launcher / "bin" / "python"),
+                    "--require-hashes",
+                    "-r",
+                    str(REPO / "requirements-mlcube.txt"),
+                ],
+                check=True,
+            )
             # What `make setup` does: docker runs without a shell (scripts/reprocube_mlcube_noshell.py).
             subprocess.run(
                 [str(launcher / "bin" / "python"), str(REPO / "scripts" / "reprocube_mlcube_noshell.py"), "--install"],
@@ -147,8 +159,12 @@ class Cube:
         return result
 
 
-CHECK_YAML = {"command": ["python", "numpy_sgd.py", "--epochs", "4", "--sleep", "0.1", "--save-rng"],
-              "output": ["final.npz", "metrics.csv"], "seed_env": "SEED", "at_line": "saved"}  # fmt: skip
+CHECK_YAML = {
+    "command": ["python", "numpy_sgd.py", "--epochs", "4", "--sleep", "0.1", "--save-rng"],
+    "output": ["final.npz", "metrics.csv"],
+    "seed_env": "SEED",
+    "at_line": "saved",
+}
 
 
 def final_digests(run: Path) -> list[str]:
@@ -236,9 +252,22 @@ def test_a_committed_reference_receipt_gets_the_same_answer_in_the_container_as_
     assert proc.returncode in (0, 6, 7), proc.stdout
     inside = json.loads((cube.workspace / "reports" / "reproduce-reference" / "reproduce.json").read_text())
     native = subprocess.run(
-        [sys.executable, "-m", "reprocube", "reproduce", str(source), "--match", "--out", str(tmp_path / "native"),
-         f"data_dir={cube.workspace / 'data'}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "reproduce",
+            str(source),
+            "--match",
+            "--out",
+            str(tmp_path / "native"),
+            f"data_dir={cube.workspace / 'data'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert native.returncode == proc.returncode, native.stderr
     outside = json.loads((tmp_path / "native" / "reproduce.json").read_text())
     for key in ("verdict", "tier", "first_divergence", "claims", "epoch_differences"):
@@ -283,10 +312,21 @@ def test_everything_in_the_workspace_belongs_to_the_invoking_user(cube):
 def test_a_native_run_gives_the_container_runs_bits(cube, framework, tmp_path):
     """Same machine, same config and thread count: the image's Python and libraries give the same weights."""
     native = subprocess.run(
-        [sys.executable, "-m", "reprocube", "train", "--config-file", str(cube.workspace / "train.yaml"), f"framework={framework}",
-         f"data_dir={cube.workspace / 'data'}", f"output_dir={tmp_path}"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "train",
+            "--config-file",
+            str(cube.workspace / "train.yaml"),
+            f"framework={framework}",
+            f"data_dir={cube.workspace / 'data'}",
+            f"output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert native.returncode == 0, native.stderr
     assert final_digests(tmp_path / f"{framework}-seed0") == final_digests(
         cube.workspace / "runs" / f"{framework}-seed0"
@@ -317,10 +357,21 @@ def test_docker_stop_mid_epoch_checkpoints_and_the_resumed_run_is_bit_exact(cube
 
     cube.write("uninterrupted.yaml", {**config, "run_name": "uninterrupted"})
     native = subprocess.run(
-        [sys.executable, "-m", "reprocube", "train", "--config-file", str(cube.workspace / "uninterrupted.yaml"), "framework=pytorch",
-         f"data_dir={cube.workspace / 'data'}", f"output_dir={tmp_path}"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "train",
+            "--config-file",
+            str(cube.workspace / "uninterrupted.yaml"),
+            "framework=pytorch",
+            f"data_dir={cube.workspace / 'data'}",
+            f"output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert native.returncode == 0, native.stderr
     assert final_digests(run)[-1] == final_digests(tmp_path / "uninterrupted")[-1]
 

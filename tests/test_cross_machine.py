@@ -41,11 +41,23 @@ def this_isa() -> str:
 def test_a_reference_receipt_reproduces_here_as_established(isa, framework, fashion_mnist, tmp_path):
     receipt = RECEIPTS / isa / framework
     if not (receipt / "receipt.json").is_file():
-        pytest.skip(f"no receipt of an {isa} machine committed for {framework} ({receipt}): make it with "
-                    f"scripts/make-reference-receipts.sh on an {isa} machine")  # fmt: skip
-    proc = reprocube("reproduce", str(receipt), "--match", "--public-key", str(RECEIPTS / isa / "signing-key.pub"),
-                     "--out", str(tmp_path / "out"), f"data_dir={fashion_mnist}", cwd=tmp_path, check=False,
-                     timeout=600)  # fmt: skip
+        pytest.skip(
+            f"no receipt of an {isa} machine committed for {framework} ({receipt}): make it with "
+            f"scripts/make-reference-receipts.sh on an {isa} machine"
+        )
+    proc = reprocube(
+        "reproduce",
+        str(receipt),
+        "--match",
+        "--public-key",
+        str(RECEIPTS / isa / "signing-key.pub"),
+        "--out",
+        str(tmp_path / "out"),
+        f"data_dir={fashion_mnist}",
+        cwd=tmp_path,
+        check=False,
+        timeout=600,
+    )
     assert proc.returncode in (0, 6, 7), proc.stderr
     result = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert result["signature"]["verified"] is True

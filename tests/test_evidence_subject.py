@@ -273,8 +273,9 @@ def test_two_runs_short_of_their_configs_epochs_are_not_identical(other, tmp_pat
         shutil.copytree(other, tmp_path / name)
         shutil.rmtree(tmp_path / name / "checkpoints" / "epoch-0002")
         forge_sessions(tmp_path / name, 2)
-    proc = reprocube("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c"),
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c"), cwd=tmp_path, check=False
+    )
     assert proc.returncode == 6, proc.stdout
     assert "not identical: A lacks epoch-0002; B lacks epoch-0002 (the 1 in common agree)" in proc.stdout
 

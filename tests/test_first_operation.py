@@ -29,26 +29,47 @@ def digest(text: str) -> str:
 
 
 def op(index: int, name: str, inputs=("x", "w"), outputs=("y",), where="forward, conv1", params="p") -> dict:
-    return {"index": index, "op": name, "where": where, "params": digest(params),
-            "inputs": [digest(i) for i in inputs], "outputs": [digest(o) for o in outputs]}  # fmt: skip
+    return {
+        "index": index,
+        "op": name,
+        "where": where,
+        "params": digest(params),
+        "inputs": [digest(i) for i in inputs],
+        "outputs": [digest(o) for o in outputs],
+    }
 
 
 def recording(ops: list[dict], step: int = 6) -> dict:
     return {
-        "version": 1, "framework": "pytorch", "step": step, "run": "runs/a", "resumed_from": "step-000005",
-        "start_step": step - 1, "framework_info": {"name": "pytorch", "num_threads": 2, "mkldnn": True,
-        "onednn": None}, "env_vars": {}, "loss_f32": "400f2fde", "run_loss_f32": "400f2fde",
-        "loss_matches_run": True, "weights_match_run": None, "recording_changed_nothing": True, "ops": ops,
-    }  # fmt: skip
+        "version": 1,
+        "framework": "pytorch",
+        "step": step,
+        "run": "runs/a",
+        "resumed_from": "step-000005",
+        "start_step": step - 1,
+        "framework_info": {"name": "pytorch", "num_threads": 2, "mkldnn": True, "onednn": None},
+        "env_vars": {},
+        "loss_f32": "400f2fde",
+        "run_loss_f32": "400f2fde",
+        "loss_matches_run": True,
+        "weights_match_run": None,
+        "recording_changed_nothing": True,
+        "ops": ops,
+    }
 
 
 A = [
     op(0, "aten.index_select.default", ("data", "order"), ("batch",), "batch"),
     op(1, "aten.convolution.default", ("batch", "w1", "b1"), ("c1",)),
     op(2, "aten.relu.default", ("c1",), ("r1",), "forward, model"),
-    op(3, "aten.convolution_backward.default", ("g", "batch", "w1"), ("gi", "gw", "gb"),
-       "backward, conv1 (ConvolutionBackward0)"),
-]  # fmt: skip
+    op(
+        3,
+        "aten.convolution_backward.default",
+        ("g", "batch", "w1"),
+        ("gi", "gw", "gb"),
+        "backward, conv1 (ConvolutionBackward0)",
+    ),
+]
 
 
 def test_equal_recordings_have_no_differing_operation():
@@ -57,8 +78,13 @@ def test_equal_recordings_have_no_differing_operation():
 
 def test_an_operation_whose_inputs_agree_and_output_differs_is_named():
     b = copy.deepcopy(A)
-    b[3] = op(3, "aten.convolution_backward.default", ("g", "batch", "w1"), ("gi", "gw*", "gb"),
-              "backward, conv1 (ConvolutionBackward0)")  # fmt: skip
+    b[3] = op(
+        3,
+        "aten.convolution_backward.default",
+        ("g", "batch", "w1"),
+        ("gi", "gw*", "gb"),
+        "backward, conv1 (ConvolutionBackward0)",
+    )
     found = first_differing_operation(recording(A), recording(b))
     assert found["index"] == 3 and found["kind"] == "output" and found["inputs_equal"] is True
     assert found["op"] == "aten.convolution_backward.default" and found["differing_outputs"] == [1]
@@ -162,8 +188,13 @@ def nondeterministic(tmp_path: Path, run_child) -> dict:
 
 def test_a_non_deterministic_operation_of_b_is_named_from_two_recordings_of_its_step(tmp_path):
     again = copy.deepcopy(A)
-    again[3] = op(3, "aten.convolution_backward.default", ("g", "batch", "w1"), ("gi", "gw*", "gb"),
-                  "backward, conv1 (ConvolutionBackward0)")  # fmt: skip
+    again[3] = op(
+        3,
+        "aten.convolution_backward.default",
+        ("g", "batch", "w1"),
+        ("gi", "gw*", "gb"),
+        "backward, conv1 (ConvolutionBackward0)",
+    )
     # Neither replay gives B's loss bits: a non-deterministic step need not; the same inputs are what count.
     first, second = recording(A) | {"loss_matches_run": False}, recording(again) | {"loss_matches_run": False}
     found = nondeterministic(tmp_path, replays_giving(first, second))
@@ -245,8 +276,17 @@ def test_the_reader_refuses_what_is_no_regular_bounded_json_file(tmp_path, monke
 # --- end to end: a PyTorch run, its step replayed in fresh processes ------------------------------------
 def replay_step(run: Path, step: int, out: Path, cwd: Path, env_extra: dict | None = None):
     env = {**os.environ, "PYTHONHASHSEED": "0", **(env_extra or {})}
-    command = [sys.executable, "-m", "reprocube.orchestration.replay_step", "--run", str(run), "--step", str(step),
-               "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "reprocube.orchestration.replay_step",
+        "--run",
+        str(run),
+        "--step",
+        str(step),
+        "--out",
+        str(out),
+    ]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -254,14 +294,25 @@ def replay_step(run: Path, step: int, out: Path, cwd: Path, env_extra: dict | No
 def pytorch_run(generated, tmp_path_factory) -> Path:
     """One epoch (21 steps) with a step checkpoint every 5 steps and weight digests every 3."""
     where = tmp_path_factory.mktemp("runs")
-    reprocube("train", "framework=pytorch", *generated.overrides(), "epochs=1", "checkpoint.every_steps=5",
-              "trace.every_steps=3", f"output_dir={where}", "run_name=a", cwd=where)  # fmt: skip
+    reprocube(
+        "train",
+        "framework=pytorch",
+        *generated.overrides(),
+        "epochs=1",
+        "checkpoint.every_steps=5",
+        "trace.every_steps=3",
+        f"output_dir={where}",
+        "run_name=a",
+        cwd=where,
+    )
     return where / "a"
 
 
 def tree(directory: Path) -> dict[str, str]:
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(directory.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(directory.rglob("*"))
+    }
 
 
 def test_replayed_steps_agree_and_another_isa_names_its_first_operation(pytorch_run, tmp_path):
@@ -334,8 +385,17 @@ KERNEL_CASES = {
 def kernels_run(request, generated, tmp_path_factory) -> tuple[str, Path]:
     framework = request.param
     where = tmp_path_factory.mktemp(f"{framework}-runs")
-    reprocube("train", f"framework={framework}", *generated.overrides(), "epochs=1", "checkpoint.every_steps=5",
-              "trace.every_steps=3", f"output_dir={where}", "run_name=a", cwd=where)  # fmt: skip
+    reprocube(
+        "train",
+        f"framework={framework}",
+        *generated.overrides(),
+        "epochs=1",
+        "checkpoint.every_steps=5",
+        "trace.every_steps=3",
+        f"output_dir={where}",
+        "run_name=a",
+        cwd=where,
+    )
     return framework, where / "a"
 
 

@@ -16,10 +16,23 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh"
 def run_script(tmp_path: Path, generated, *args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess:
     overrides = [f"data_dir={data_dir}" if data_dir and o.startswith("data_dir=") else o for o in generated.overrides()]
     return subprocess.run(
-        [str(SCRIPT), "--device", "cpu", "--frameworks", "pytorch", "--out", str(tmp_path / "out"), *args,
-         *overrides, "log.every_steps=5"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--frameworks",
+            "pytorch",
+            "--out",
+            str(tmp_path / "out"),
+            *args,
+            *overrides,
+            "log.every_steps=5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
 
 
 def test_the_gpu_check_runs_every_check_on_the_cpu_and_passes(generated, tmp_path):
@@ -28,8 +41,13 @@ def test_the_gpu_check_runs_every_check_on_the_cpu_and_passes(generated, tmp_pat
     results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     pytorch = results["frameworks"]["pytorch"]
     assert [c["check"] for c in pytorch["checks"]] == [
-        "restart", "resume-epoch", "resume-sigterm", "verify", "fingerprint", "reproduce"
-    ]  # fmt: skip
+        "restart",
+        "resume-epoch",
+        "resume-sigterm",
+        "verify",
+        "fingerprint",
+        "reproduce",
+    ]
     assert all(c["passed"] for c in pytorch["checks"]) and results["passed"] is True
     assert pytorch["framework_env"]["device"] == "cpu" and pytorch["final_weights_digest"]
     assert isinstance(pytorch["without_determinism"]["identical"], bool)
@@ -42,8 +60,17 @@ def test_the_gpu_check_runs_every_check_on_the_cpu_and_passes(generated, tmp_pat
 
 def test_the_gpu_check_fails_when_a_resume_is_not_exact(generated, tmp_path):
     """data.augment_rng=stateful (the known negative control) resumes differently: exit 1, named."""
-    proc = run_script(tmp_path, generated, "--no-bench", "--checks", "resume-epoch,resume-sigterm",
-                      "data.pipeline=loader", "data.augment=true", "data.augment_rng=stateful", "data.workers=1")  # fmt: skip
+    proc = run_script(
+        tmp_path,
+        generated,
+        "--no-bench",
+        "--checks",
+        "resume-epoch,resume-sigterm",
+        "data.pipeline=loader",
+        "data.augment=true",
+        "data.augment_rng=stateful",
+        "data.workers=1",
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     checks = results["frameworks"]["pytorch"]["checks"]

@@ -35,8 +35,13 @@ def test_the_cublas_workspace_is_set_before_torch_is_imported():
     script = "import os, sys; import reprocube.frameworks.pytorch; print(os.environ['CUBLAS_WORKSPACE_CONFIG'])"
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == ":4096:8"
-    kept = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                          env={**__import__("os").environ, "CUBLAS_WORKSPACE_CONFIG": ":16:8"})  # fmt: skip
+    kept = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
+    )
     assert kept.stdout.strip() == ":16:8", "a user's own setting is kept"
 
 

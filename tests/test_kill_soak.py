@@ -120,9 +120,19 @@ def test_the_checks_notice_a_repeated_line_and_a_leftover(tmp_path):
         run.mkdir()
     lines = [
         {"kind": "step", "epoch": 1, "global_step": 1, "loss": 2.3},
-        {"kind": "epoch", "epoch": 1, "global_step": 1, "train_loss": 2.3, "train_accuracy": 0.1,
-         "test_loss": 2.2, "test_accuracy": 0.2, "wall_s": 0.1, "samples_per_s": 10.0, "weights_digest": "ab"},
-    ]  # fmt: skip
+        {
+            "kind": "epoch",
+            "epoch": 1,
+            "global_step": 1,
+            "train_loss": 2.3,
+            "train_accuracy": 0.1,
+            "test_loss": 2.2,
+            "test_accuracy": 0.2,
+            "wall_s": 0.1,
+            "samples_per_s": 10.0,
+            "weights_digest": "ab",
+        },
+    ]
     (reference / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert metrics_problems(reference, reference) == []
     # another wall time is not a difference

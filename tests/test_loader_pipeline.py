@@ -23,8 +23,16 @@ STEPS_PER_EPOCH = 21
 
 
 def train(generated, cwd: Path, framework: str, name: str, *extra: str, check: bool = True):
-    return reprocube("train", f"framework={framework}", *generated.overrides(), *LOADER, f"run_name={name}", *extra,
-                     cwd=cwd, check=check)  # fmt: skip
+    return reprocube(
+        "train",
+        f"framework={framework}",
+        *generated.overrides(),
+        *LOADER,
+        f"run_name={name}",
+        *extra,
+        cwd=cwd,
+        check=check,
+    )
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -44,8 +52,14 @@ def test_one_digest_for_every_worker_count_and_resume_point(framework, generated
         train(generated, tmp_path, framework, name, f"data.workers={resumed_with}", "resume=latest")
         assert epoch_digests(tmp_path / "runs" / name) == digests[0], resumed_with
     # Resumed in a fresh process from the epoch-1 checkpoint (with 1 worker): the same epoch 2.
-    train(generated, tmp_path, framework, "from-epoch-1", "data.workers=1",
-          f"resume={tmp_path / 'runs' / 'w2' / 'checkpoints' / 'epoch-0001'}")  # fmt: skip
+    train(
+        generated,
+        tmp_path,
+        framework,
+        "from-epoch-1",
+        "data.workers=1",
+        f"resume={tmp_path / 'runs' / 'w2' / 'checkpoints' / 'epoch-0001'}",
+    )
     assert epoch_digests(tmp_path / "runs" / "from-epoch-1") == {"epoch-0002": digests[0]["epoch-0002"]}
     # Without augmentation the loader feeds the resident path's very batches: the same weights (checked for
     # PyTorch here; for all three on Fashion-MNIST by hand, see the note: it costs CI a minute).
@@ -71,8 +85,16 @@ def test_verify_catches_the_stateful_control_and_says_why(framework, generated, 
 
 
 def test_verify_passes_the_stateless_loader_with_a_sigterm_mid_epoch(generated, tmp_path):
-    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *LOADER, "data.workers=2",
-                     "verify.mid_epoch=true", cwd=tmp_path, timeout=900)  # fmt: skip
+    proc = reprocube(
+        "verify",
+        "framework=pytorch",
+        *generated.overrides(),
+        *LOADER,
+        "data.workers=2",
+        "verify.mid_epoch=true",
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert "verdict: all bit-identical" in proc.stdout and "known not to resume" not in proc.stdout
 
 

@@ -70,8 +70,16 @@ def jax_run(generated, workdir) -> tuple[Path, str]:
 
 
 def resume(generated, framework: str, run: Path) -> subprocess.CompletedProcess:
-    return reprocube("train", f"framework={framework}", *generated.overrides(), *LOADER, f"run_name={run.name}",
-                     "resume=latest", cwd=run.parent.parent, check=False)  # fmt: skip
+    return reprocube(
+        "train",
+        f"framework={framework}",
+        *generated.overrides(),
+        *LOADER,
+        f"run_name={run.name}",
+        "resume=latest",
+        cwd=run.parent.parent,
+        check=False,
+    )
 
 
 def forge(run: Path, target: Path, edit) -> Path:
@@ -141,7 +149,7 @@ GRAIN_CASES = [
         "source-of-another-epoch",
         setter(("grain",), "data_source", "reprocube.EpochBatches(epoch=1, batches=0..10)"),
         "grain.data_source is",
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -156,11 +164,24 @@ def assert_refused(proc: subprocess.CompletedProcess, run: Path, named: str) -> 
 # The cases run through the CLI (one process each); every case is also checked in-process, against the state
 # of the same genuine checkpoint.
 CLI_CASES = {
-    "pytorch": ["sampler-next-minus-1", "sampler-next-beyond-the-epoch", "worker-count-changed", "seed-2**70",
-                "missing-key", "extra-key", "next-as-text"],
-    "jax": ["index-out-of-range", "index-moved-back", "worker-count-changed", "missing-key", "extra-key",
-            "index-as-text"],
-}  # fmt: skip
+    "pytorch": [
+        "sampler-next-minus-1",
+        "sampler-next-beyond-the-epoch",
+        "worker-count-changed",
+        "seed-2**70",
+        "missing-key",
+        "extra-key",
+        "next-as-text",
+    ],
+    "jax": [
+        "index-out-of-range",
+        "index-moved-back",
+        "worker-count-changed",
+        "missing-key",
+        "extra-key",
+        "index-as-text",
+    ],
+}
 ALL_CASES = {"pytorch": TORCH_CASES, "jax": GRAIN_CASES}
 
 

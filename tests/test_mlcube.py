@@ -234,14 +234,36 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
     ws = str(workspace)
     assert [r["argv"] for r in runs] == [
         [
-            "run", "--nv", "--bind", f"{ws}:/mlcube_io0", "--bind", f"{ws}/source:/mlcube_io1", "--bind", f"{ws}/data:/mlcube_io2",
-            sif, "download", "--parameters_file=/mlcube_io0/train.yaml", "--source_dir=/mlcube_io1", "--data_dir=/mlcube_io2",
+            "run",
+            "--nv",
+            "--bind",
+            f"{ws}:/mlcube_io0",
+            "--bind",
+            f"{ws}/source:/mlcube_io1",
+            "--bind",
+            f"{ws}/data:/mlcube_io2",
+            sif,
+            "download",
+            "--parameters_file=/mlcube_io0/train.yaml",
+            "--source_dir=/mlcube_io1",
+            "--data_dir=/mlcube_io2",
         ],
         [
-            "run", "--nv", "--bind", f"{ws}:/mlcube_io0", "--bind", f"{ws}/data:/mlcube_io1", "--bind", f"{ws}/runs:/mlcube_io2",
-            sif, "pytorch", "--parameters_file=/mlcube_io0/train.yaml", "--data_dir=/mlcube_io1", "--runs_dir=/mlcube_io2",
+            "run",
+            "--nv",
+            "--bind",
+            f"{ws}:/mlcube_io0",
+            "--bind",
+            f"{ws}/data:/mlcube_io1",
+            "--bind",
+            f"{ws}/runs:/mlcube_io2",
+            sif,
+            "pytorch",
+            "--parameters_file=/mlcube_io0/train.yaml",
+            "--data_dir=/mlcube_io1",
+            "--runs_dir=/mlcube_io2",
         ],
-    ]  # fmt: skip
+    ]
 
     # The emulated runscript really trained: the run and its manifest are in the workspace.
     from reprocube.checkpoint import latest_checkpoint, read_checkpoint

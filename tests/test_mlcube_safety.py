@@ -154,9 +154,13 @@ def test_a_value_that_needs_a_shell_or_splits_wrongly_is_refused_in_one_line(tmp
 def run_sh(*args: str, cwd: Path, stub: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     path = f"{stub}:{BIN}:{os.environ['PATH']}" if stub else f"{BIN}:{os.environ['PATH']}"
     return subprocess.run(
-        ["bash", str(RUN_SH), *args], cwd=cwd, env={**os.environ, **(env or {}), "PATH": path},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        ["bash", str(RUN_SH), *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {}), "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture

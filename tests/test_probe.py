@@ -42,8 +42,10 @@ def as_framework(framework: str):
     if framework == "jax":
         import jax.numpy as jnp
 
-        return {"dense": {"kernel": jnp.asarray(WEIGHTS["dense.kernel"]), "bias": jnp.asarray(WEIGHTS["dense.bias"])},
-                "conv": {"kernel": jnp.asarray(WEIGHTS["conv.kernel"])}}, jnp.float32(0.25)  # fmt: skip
+        return {
+            "dense": {"kernel": jnp.asarray(WEIGHTS["dense.kernel"]), "bias": jnp.asarray(WEIGHTS["dense.bias"])},
+            "conv": {"kernel": jnp.asarray(WEIGHTS["conv.kernel"])},
+        }, jnp.float32(0.25)
     import tensorflow as tf
 
     return {k: tf.Variable(v) for k, v in WEIGHTS.items()}, tf.constant(0.25)
@@ -74,7 +76,7 @@ def test_a_torch_module_is_recorded_by_its_state_dict_names(tmp_path):
 
 
 def test_outside_check_nothing_is_recorded(tmp_path):
-    code = "from reprocube import probe; import numpy as np; probe.step(np.float32(1), {'w': np.ones(3, np.float32)}); probe.checkpoint(1)"  # fmt: skip
+    code = "from reprocube import probe; import numpy as np; probe.step(np.float32(1), {'w': np.ones(3, np.float32)}); probe.checkpoint(1)"
     env = {k: v for k, v in os.environ.items() if k != probe.ENV}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "" and list(tmp_path.iterdir()) == []
@@ -131,8 +133,10 @@ def test_where_each_restart_resumed_is_found_by_its_first_update(tmp_path):
 
     def write(name, steps, checkpoints=()):
         lines = [{"probe": 1}, {"names": ["w"]}]
-        lines += [{"index": i, "step": None, "loss": f"{s:08x}", "loss_dtype": "float32", "fingerprints": [s]}
-                  for i, s in enumerate(steps, start=1)]  # fmt: skip
+        lines += [
+            {"index": i, "step": None, "loss": f"{s:08x}", "loss_dtype": "float32", "fingerprints": [s]}
+            for i, s in enumerate(steps, start=1)
+        ]
         lines += [{"checkpoint": c, "after_index": len(steps)} for c in checkpoints]
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
         return read_trace(tmp_path / name)
@@ -174,6 +178,9 @@ def test_the_probe_refuses_wrong_steps_at_the_call_and_keeps_what_it_was_given(t
     trace = read_trace(tmp_path / "trace.jsonl")
     assert trace.checkpoints == [0]
     assert [(u.loss_dtype, u.loss) for _, u in trace.updates] == [
-        ("float32", np.float32(1.5).tobytes().hex()), ("float32", np.float32(2.5).tobytes().hex()),
-        ("bfloat16", "003f"), ("float64", np.float64(7).tobytes().hex())]  # fmt: skip
+        ("float32", np.float32(1.5).tobytes().hex()),
+        ("float32", np.float32(2.5).tobytes().hex()),
+        ("bfloat16", "003f"),
+        ("float64", np.float64(7).tobytes().hex()),
+    ]
     assert len({u.fingerprints for _, u in trace.updates}) == 1  # the same weights each time

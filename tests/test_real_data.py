@@ -21,8 +21,16 @@ def train_one_epoch(tmp_path: Path, framework: str, *extra: str) -> dict:
     reprocube(
         "download", "dataset=fashion_mnist", "data_dir=data", f"data.source_dir={DEBIAN_FASHION_MNIST}", cwd=tmp_path
     )
-    reprocube("train", f"framework={framework}", "dataset=fashion_mnist", "data_dir=data", "epochs=1", *extra,
-              cwd=tmp_path, timeout=600)  # fmt: skip
+    reprocube(
+        "train",
+        f"framework={framework}",
+        "dataset=fashion_mnist",
+        "data_dir=data",
+        "epochs=1",
+        *extra,
+        cwd=tmp_path,
+        timeout=600,
+    )
     metrics = (tmp_path / f"runs/{framework}-seed0/metrics.jsonl").read_text().splitlines()
     [epoch] = [r for r in map(json.loads, metrics) if r["kind"] == "epoch"]
     return epoch

@@ -182,8 +182,13 @@ def test_the_verdict_line_and_what_to_do_are_above_the_fold(reproductions, tmp_p
     page = (out / "report.html").read_text()
     measured = tmp_path / "measured.html"
     measured.write_text(page.replace("</body>", MEASURE_FOLD + "</body>"))
-    dom = chromium("--window-size=1366,768", "--virtual-time-budget=5000", "--dump-dom", measured.as_uri(),
-                   profile=tmp_path / "profile")  # fmt: skip
+    dom = chromium(
+        "--window-size=1366,768",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        measured.as_uri(),
+        profile=tmp_path / "profile",
+    )
     fold, verdict, todo = map(int, re.search(r"<title>fold (\d+) verdict (\d+) todo (\d+)</title>", dom).groups())
     assert 0 < verdict < todo <= fold, (fold, verdict, todo)
     text = html.unescape(re.sub(r"<[^>]*>", "", dom))

@@ -51,9 +51,15 @@ def quiet(_line: str) -> None:
 
 def train_a(generated, tmp_path: Path, framework: str, *extra: str) -> Path:
     reprocube(
-        "train", f"framework={framework}", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}",
-        "run_name=a", *extra, cwd=tmp_path,
-    )  # fmt: skip
+        "train",
+        f"framework={framework}",
+        *generated.overrides(),
+        *SMALL,
+        f"output_dir={tmp_path / 'a'}",
+        "run_name=a",
+        *extra,
+        cwd=tmp_path,
+    )
     return tmp_path / "a" / "a"
 
 
@@ -157,8 +163,9 @@ def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_ste
     if framework != "pytorch":
         return  # the same machine's bit-identical answer and exit 0 through the CLI: once is enough for CI's time
     monkeypatch.delenv(variable)
-    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "out2"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path)  # fmt: skip
+    proc = reprocube(
+        "reproduce", str(published), "--out", str(tmp_path / "out2"), f"data_dir={generated.data_dir}", cwd=tmp_path
+    )
     assert "verdict: bit-identical" in proc.stdout, proc.stdout
     assert json.loads((tmp_path / "out2" / "reproduce.json").read_text())["tier"] == "bit-identical"
     assert tree_digest(published) == before
@@ -166,15 +173,26 @@ def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_ste
 
 def test_a_config_difference_is_named_as_the_cause_and_refused_without_the_flag(generated, tmp_path):
     a = train_a(generated, tmp_path, "pytorch")
-    proc = reprocube("reproduce", str(a), "--out", str(tmp_path / "refused"), "optimizer.lr=0.0100001",
-                     f"data_dir={generated.data_dir}", cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(a),
+        "--out",
+        str(tmp_path / "refused"),
+        "optimizer.lr=0.0100001",
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 2 and not (tmp_path / "refused").exists()
     assert error_lines(proc)[-1].startswith("reprocube: error: optimizer.lr: only place keys")
     lines = []
     result = reproduce(
-        a, tmp_path / "out", [f"data_dir={generated.data_dir}", "optimizer.lr=0.0100001"],
-        allow_config_change=True, echo=lines.append,
-    )  # fmt: skip
+        a,
+        tmp_path / "out",
+        [f"data_dir={generated.data_dir}", "optimizer.lr=0.0100001"],
+        allow_config_change=True,
+        echo=lines.append,
+    )
     assert "  b: reprocube train (A's config changed by optimizer.lr=0.0100001)" in lines, lines
     assert result["verdict"] == "differs"
     assert result["causes"][0]["key"] == "config.optimizer.lr" and result["causes"][0]["kind"] == "config"
@@ -185,8 +203,16 @@ def test_a_config_difference_is_named_as_the_cause_and_refused_without_the_flag(
 
 def test_a_partial_b_never_passes(generated, tmp_path):
     a = train_a(generated, tmp_path, "pytorch")
-    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, "epochs=1",
-              f"output_dir={tmp_path / 'b'}", "run_name=b", cwd=tmp_path)  # fmt: skip
+    reprocube(
+        "train",
+        "framework=pytorch",
+        *generated.overrides(),
+        *SMALL,
+        "epochs=1",
+        f"output_dir={tmp_path / 'b'}",
+        "run_name=b",
+        cwd=tmp_path,
+    )
     outcome = compare_receipts(read_receipt(a), read_receipt(tmp_path / "b" / "b"))
     assert outcome["identical"] is False
     assert outcome["first_divergence"] is None  # every step B has agrees...
@@ -307,8 +333,9 @@ def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_to
     lines = []
     result = reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=lines.append)
     assert result["verdict"] == "bit-identical"
-    assert any(re.fullmatch(r"  b: \d+ s, (global step \d+ of \d+.*|no step logged yet \(starting\))", line)
-               for line in lines), lines  # fmt: skip
+    assert any(
+        re.fullmatch(r"  b: \d+ s, (global step \d+ of \d+.*|no step logged yet \(starting\))", line) for line in lines
+    ), lines
     assert "nowhere" not in (out / "logs" / "b.log").read_text()  # the failed attempt's log was replaced
     # A finished reproduce is evidence: never replaced.
     with pytest.raises(ConfigError, match="is not empty"):
@@ -323,8 +350,16 @@ def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):
     other = generate_key(tmp_path / "keys" / "other.pem")
     published = publish_receipt_only(a, tmp_path)
     sign_receipt(published / "receipt.json", tmp_path / "keys" / "good.pem")
-    proc = reprocube("reproduce", str(published), "--public-key", str(other), "--out", str(tmp_path / "o1"),
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(published),
+        "--public-key",
+        str(other),
+        "--out",
+        str(tmp_path / "o1"),
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 4 and "not by the given key" in error_lines(proc)[-1]
     assert not (tmp_path / "o1").exists()
     result = reproduce(published, tmp_path / "o2", [f"data_dir={generated.data_dir}"], public_key=good, echo=quiet)
@@ -338,10 +373,17 @@ def test_a_hanging_b_is_reported_and_ended_by_the_stall_timeout(generated, tmp_p
 
     published = publish_receipt_only(train_a(generated, tmp_path, "pytorch", "epochs=1"), tmp_path)
     proc = reprocube(
-        "reproduce", str(published), "--out", str(tmp_path / "r"), "--stall-timeout", "6",
-        f"data_dir={generated.data_dir}", cwd=tmp_path, check=False,
+        "reproduce",
+        str(published),
+        "--out",
+        str(tmp_path / "r"),
+        "--stall-timeout",
+        "6",
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
         env_extra={"PYTHONPATH": slow_steps_pythonpath(tmp_path, 60, os.environ.get("PYTHONPATH", ""))},
-    )  # fmt: skip
+    )
     assert proc.returncode == 5, proc.stderr
     assert "b: no progress for 3 s" in proc.stdout, proc.stdout
     assert error_lines(proc) == [error_lines(proc)[0]] and "made no progress for 6 s, stuck " in proc.stderr
@@ -354,11 +396,27 @@ def test_a_stopped_run_reproduces_to_where_a_stopped_and_says_so(generated, tmp_
     the verdict says it covers only what A has, and the page is drawn (no epoch and no boundary in common
     but the stop's)."""
     a = tmp_path / "a" / "a"
-    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}",
-              "run_name=a", "preempt_at_step=8", cwd=tmp_path, check=False)  # fmt: skip
+    reprocube(
+        "train",
+        "framework=pytorch",
+        *generated.overrides(),
+        *SMALL,
+        f"output_dir={tmp_path / 'a'}",
+        "run_name=a",
+        "preempt_at_step=8",
+        cwd=tmp_path,
+        check=False,
+    )
     published = publish_receipt_only(a, tmp_path)
-    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(published),
+        "--out",
+        str(tmp_path / "r"),
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["verdict"] == "bit-identical" and result["coverage"]["compared_steps"] == 8
@@ -374,8 +432,7 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     the session that computed the first differing step first, compares B's digest at step 15, and --match
     (B stopped at 15 and resumed as A was) reproduces A bit for bit."""
     args = ["train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}", "run_name=a"]
-    first = reprocube(*args, "preempt_at_step=15", cwd=tmp_path, check=False,
-                      env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41"})  # fmt: skip
+    first = reprocube(*args, "preempt_at_step=15", cwd=tmp_path, check=False, env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41"})
     assert first.returncode == 75, first.stderr
     resumed = reprocube(*args, "resume=latest", cwd=tmp_path)
     assert "numeric settings differ from the previous session's" in resumed.stdout
@@ -386,8 +443,16 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     assert "ONEDNN_MAX_CPU_ISA" not in receipt.env["env_vars"]
 
     published = publish_receipt_only(tmp_path / "a" / "a", tmp_path)
-    proc = reprocube("reproduce", str(published), "--match", "--out", str(tmp_path / "r"),
-                     f"data_dir={generated.data_dir}", cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(published),
+        "--match",
+        "--out",
+        str(tmp_path / "r"),
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["verdict"] == "differs" and result["first_divergence"]["step"] <= 15, result["summary"]
     assert result["a_sessions"] and result["a_sessions"][0]["steps"] == [16, 2 * STEPS_PER_EPOCH]
@@ -411,8 +476,14 @@ def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_s
     (tmp_path / "recipe").mkdir()
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `reprocube` on PATH
     for line, status in zip(lines, (75, 0), strict=True):
-        ran = subprocess.run(["bash", "-c", line], cwd=tmp_path / "recipe", capture_output=True, text=True,
-                             env={**os.environ, "PATH": path}, timeout=300)  # fmt: skip
+        ran = subprocess.run(
+            ["bash", "-c", line],
+            cwd=tmp_path / "recipe",
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PATH": path},
+            timeout=300,
+        )
         assert ran.returncode == status, ran.stdout + ran.stderr
     again = read_receipt(tmp_path / "recipe" / "runs" / "a-bits")
     assert compare_receipts(receipt, again)["identical"] is True
@@ -461,13 +532,24 @@ def test_a_within_ulp_answer_still_shows_the_seed_spread_it_measured():
     from reprocube.analysis.receipt_comparison import tier
 
     result = {
-        "verdict": "differs", "first_divergence": {"step": 3}, "epoch_differences": [], "reasons": [],
+        "verdict": "differs",
+        "first_divergence": {"step": 3},
+        "epoch_differences": [],
+        "reasons": [],
         "coverage": {"a_steps": [1, 42], "b_steps": [1, 42], "a_complete": True},
-        "ulp": {"basis": "the last epoch's step losses", "sign_flips": 0, "max_ulp": 3, "median_ulp": 1.0,
-                "p99_ulp": 2.0, "max_relative": 1e-7},
-        "seed_spread": {"test_accuracy": {"difference": 0.001, "in_std": 0.25},
-                        "test_loss": {"difference": -0.002, "in_std": -0.4}},
-    }  # fmt: skip
+        "ulp": {
+            "basis": "the last epoch's step losses",
+            "sign_flips": 0,
+            "max_ulp": 3,
+            "median_ulp": 1.0,
+            "p99_ulp": 2.0,
+            "max_relative": 1e-7,
+        },
+        "seed_spread": {
+            "test_accuracy": {"difference": 0.001, "in_std": 0.25},
+            "test_loss": {"difference": -0.002, "in_std": -0.4},
+        },
+    }
     name, text = tier(result, 16)
     assert name == "within-ulp" and "max 3, median 1" in text
     assert "the seed spread, measured: test accuracy B - A = +0.001 (+0.25 seed std), test loss -0.40 seed std" in text

@@ -29,14 +29,14 @@ OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
 def numpy_receipt(tmp_path_factory) -> Path:
     """A check of the NumPy example (its script named by an absolute path) and the receipt it wrote."""
     where = tmp_path_factory.mktemp("numpy")
-    reprocube("check", "--out", "chk", *OUTPUTS, "--seed-env", "SEED", "--at-line", "saved", "--", *NUMPY,
-              cwd=where)  # fmt: skip
+    reprocube("check", "--out", "chk", *OUTPUTS, "--seed-env", "SEED", "--at-line", "saved", "--", *NUMPY, cwd=where)
     return where / "chk" / "receipt"
 
 
 def reproduce(tmp_path: Path, receipt: Path, *args: str, command=NUMPY, out: str = "rep", env_extra=None):
-    proc = reprocube("reproduce", str(receipt), "--out", out, *args, "--", *command, cwd=tmp_path, check=False,
-                     env_extra=env_extra)  # fmt: skip
+    proc = reprocube(
+        "reproduce", str(receipt), "--out", out, *args, "--", *command, cwd=tmp_path, check=False, env_extra=env_extra
+    )
     path = tmp_path / out / "script-reproduce.json"
     return proc, json.loads(path.read_text()) if path.exists() else {}
 
@@ -82,10 +82,26 @@ def test_match_restores_a_pytorch_receipt_made_under_other_isa_caps(tmp_path):
     caps = {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
     shutil.copy(EXAMPLES / "pytorch_mlp.py", tmp_path / "pytorch_mlp.py")
     command = [sys.executable, "pytorch_mlp.py", "--save-rng", "--epochs", "2"]
-    reprocube("check", "--out", "chk", "--copy", "pytorch_mlp.py", "--output", "model.pt", "--at-line", "saved",
-              "--stops", "1", "--", *command, cwd=tmp_path, env_extra=caps)  # fmt: skip
-    proc, result = reproduce(tmp_path, tmp_path / "chk" / "receipt", "--match", "--copy", "pytorch_mlp.py",
-                             command=command)  # fmt: skip
+    reprocube(
+        "check",
+        "--out",
+        "chk",
+        "--copy",
+        "pytorch_mlp.py",
+        "--output",
+        "model.pt",
+        "--at-line",
+        "saved",
+        "--stops",
+        "1",
+        "--",
+        *command,
+        cwd=tmp_path,
+        env_extra=caps,
+    )
+    proc, result = reproduce(
+        tmp_path, tmp_path / "chk" / "receipt", "--match", "--copy", "pytorch_mlp.py", command=command
+    )
     assert proc.returncode == 6, proc.stdout + proc.stderr
     assert result["trace"]["first_difference"]["step"] == 1 and result["inputs"]["differ"] == []
     assert {c["key"] for c in result["causes"]} >= {f"env.env_vars.{name}" for name in caps}
@@ -163,8 +179,26 @@ TINY_COMMAND = [sys.executable, "tiny.py"]
 def tiny_receipt(where: Path, **env: str) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     (where / "tiny.py").write_text(TINY)
-    reprocube("check", "--out", "chk", "--copy", "tiny.py", "--output", "out.bin", "--output", "od", "--at-line",
-              "saved", "--stops", "1", "--", *TINY_COMMAND, cwd=where, check=False, env_extra=env)  # fmt: skip
+    reprocube(
+        "check",
+        "--out",
+        "chk",
+        "--copy",
+        "tiny.py",
+        "--output",
+        "out.bin",
+        "--output",
+        "od",
+        "--at-line",
+        "saved",
+        "--stops",
+        "1",
+        "--",
+        *TINY_COMMAND,
+        cwd=where,
+        check=False,
+        env_extra=env,
+    )
     return where / "chk" / "receipt"
 
 
@@ -186,8 +220,18 @@ def test_more_updates_other_inputs_or_an_extra_output_are_differences(tiny, tmp_
     proc, result = tiny_reproduce(tmp_path, tiny, "extra-output", MORE="1")
     assert proc.returncode == 6 and result["outputs"]["extra"] == ["od/b.bin"], result["summary"]
     (tmp_path / "tiny.py").write_text(TINY + "# another source, the same bits\n")
-    proc = reprocube("reproduce", str(tiny), "--out", "other-source", "--copy", "tiny.py", "--", *TINY_COMMAND,
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(tiny),
+        "--out",
+        "other-source",
+        "--copy",
+        "tiny.py",
+        "--",
+        *TINY_COMMAND,
+        cwd=tmp_path,
+        check=False,
+    )
     result = json.loads((tmp_path / "other-source" / "script-reproduce.json").read_text())
     assert proc.returncode == 6 and "B's inputs are not A's (tiny.py)" in result["summary"], result["summary"]
 

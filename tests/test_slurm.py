@@ -103,9 +103,21 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         "PYTHONHASHSEED": "0",
     }
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--time=1", "--signal=B:USR1@45", f"--output={log}", f"--chdir={tmp_path}", str(REPO / "hpc" / "train.sbatch"), *run],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
+        [
+            "sbatch",
+            "--parsable",
+            "--time=1",
+            "--signal=B:USR1@45",
+            f"--output={log}",
+            f"--chdir={tmp_path}",
+            str(REPO / "hpc" / "train.sbatch"),
+            *run,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     job_id = submitted.stdout.strip().split(";")[0]
     started = time.monotonic()
     try:
@@ -126,10 +138,23 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         stopped_name = _checkpoint_at_warning(log.read_text(), tmp_path / "runs" / "slurm" / "checkpoints")
         compared_epochs = _epochs_begun(stopped_name, steps_per_epoch) + 1
         plain = subprocess.Popen(
-            [sys.executable, "-m", "reprocube", "train", *(o for o in run[:-2] if o != f"epochs={JOB_EPOCHS}"), f"epochs={compared_epochs}",
-             f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "reprocube",
+                "train",
+                *(o for o in run[:-2] if o != f"epochs={JOB_EPOCHS}"),
+                f"epochs={compared_epochs}",
+                f"output_dir={tmp_path}/plain",
+                "run_name=plain",
+                "log.progress=false",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         plain_output, _ = plain.communicate(timeout=600)
         assert plain.returncode == 0, plain_output[-3000:]
     finally:
@@ -157,8 +182,20 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
 
 def test_study_through_the_submitit_slurm_launcher_one_job_per_run(slurm, dataset, tmp_path):
     study = tmp_path / "study"
-    args = ["study", "framework=pytorch", "runs=2", "epochs=1", "threads=1", "data.train_limit=640", "data.test_limit=200",
-            *dataset.overrides(), f"study.dir={study}", "study.launcher=slurm", "study.slurm.cpus_per_task=1", "study.slurm.timeout_min=10"]  # fmt: skip
+    args = [
+        "study",
+        "framework=pytorch",
+        "runs=2",
+        "epochs=1",
+        "threads=1",
+        "data.train_limit=640",
+        "data.test_limit=200",
+        *dataset.overrides(),
+        f"study.dir={study}",
+        "study.launcher=slurm",
+        "study.slurm.cpus_per_task=1",
+        "study.slurm.timeout_min=10",
+    ]
     done = reprocube(*args, cwd=tmp_path, timeout=600)
     result = json.loads((study / "study.json").read_text())
     same, different = result["groups"]["same_seed"], result["groups"]["different_seeds"]
@@ -179,10 +216,24 @@ def test_study_through_the_submitit_slurm_launcher_one_job_per_run(slurm, datase
 def test_verify_through_the_submitit_slurm_launcher_one_job_per_check(slurm, dataset, tmp_path):
     """verify.launcher=slurm: the reference as one job, then every link and the control as one array;
     the same verdict and the same bits as the checks run here."""
-    common = ["verify", "framework=pytorch", "epochs=2", "threads=1", "data.train_limit=640", "data.test_limit=200",
-              *dataset.overrides()]  # fmt: skip
-    reprocube(*common, f"output_dir={tmp_path}/slurm", "verify.launcher=slurm", "verify.slurm.cpus_per_task=1",
-              "verify.slurm.timeout_min=10", cwd=tmp_path, timeout=600)  # fmt: skip
+    common = [
+        "verify",
+        "framework=pytorch",
+        "epochs=2",
+        "threads=1",
+        "data.train_limit=640",
+        "data.test_limit=200",
+        *dataset.overrides(),
+    ]
+    reprocube(
+        *common,
+        f"output_dir={tmp_path}/slurm",
+        "verify.launcher=slurm",
+        "verify.slurm.cpus_per_task=1",
+        "verify.slurm.timeout_min=10",
+        cwd=tmp_path,
+        timeout=600,
+    )
     reprocube(*common, f"output_dir={tmp_path}/local", cwd=tmp_path, timeout=600)
     results = {
         where: json.loads((tmp_path / where / "verify-pytorch" / "reference" / "verify.json").read_text())
@@ -214,8 +265,22 @@ def test_a_study_job_killed_on_slurm_is_listed_and_the_others_are_reported(slurm
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     study = tmp_path / "study"
-    args = [sys.executable, "-m", "reprocube", "study", "framework=pytorch", "runs=2", "epochs=1", "threads=1", "data.train_limit=320",
-            "data.test_limit=100", *dataset.overrides(), f"study.dir={study}", "study.launcher=slurm", "study.slurm.cpus_per_task=1"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "reprocube",
+        "study",
+        "framework=pytorch",
+        "runs=2",
+        "epochs=1",
+        "threads=1",
+        "data.train_limit=320",
+        "data.test_limit=100",
+        *dataset.overrides(),
+        f"study.dir={study}",
+        "study.launcher=slurm",
+        "study.slurm.cpus_per_task=1",
+    ]
     env = {**os.environ, "PYTHONPATH": f"{hook}:{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 5, done.stdout + done.stderr
@@ -245,10 +310,23 @@ def test_verify_and_study_batch_scripts_run_to_completion(slurm, tmp_path):
     }
     common = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={tmp_path}"]
     jobs = {}
-    for name, args in (("verify", ["framework=pytorch", "epochs=2", "threads=1"]),
-                       ("study", ["framework=pytorch", "study.runs=2", "epochs=1", "threads=1", f"study.dir={tmp_path}/study"])):  # fmt: skip
-        submitted = subprocess.run([*common, f"--output={tmp_path}/{name}.log", str(REPO / "hpc" / f"{name}.sbatch"), *args, *data.overrides()],
-                                   capture_output=True, text=True, env=env, check=True)  # fmt: skip
+    for name, args in (
+        ("verify", ["framework=pytorch", "epochs=2", "threads=1"]),
+        ("study", ["framework=pytorch", "study.runs=2", "epochs=1", "threads=1", f"study.dir={tmp_path}/study"]),
+    ):
+        submitted = subprocess.run(
+            [
+                *common,
+                f"--output={tmp_path}/{name}.log",
+                str(REPO / "hpc" / f"{name}.sbatch"),
+                *args,
+                *data.overrides(),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
         jobs[name] = submitted.stdout.strip().split(";")[0]
     try:
         for name, job_id in jobs.items():
@@ -282,13 +360,37 @@ def test_check_through_slurm_stops_are_real_requeues(slurm, tmp_path):
     generator resumes exactly, each attempt's probe trace compared; without --save-rng the restart draws
     anew and the first differing update after the requeue is named."""
     example = [sys.executable, str(REPO / "examples" / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.5"]
-    options = ["--launcher", "slurm", "--slurm-option=--cpus-per-task=1", "--output", "final.npz", "--output",
-               "metrics.csv", "--at-line", "saved", "--stops", "1", "--repeat", "2"]  # fmt: skip
+    options = [
+        "--launcher",
+        "slurm",
+        "--slurm-option=--cpus-per-task=1",
+        "--output",
+        "final.npz",
+        "--output",
+        "metrics.csv",
+        "--at-line",
+        "saved",
+        "--stops",
+        "1",
+        "--repeat",
+        "2",
+    ]
     verdicts = {}
     for name, flags in (("fixed", ["--save-rng", "--seed-env", "SEED"]), ("buggy", [])):
         save_rng, seed = flags[:1], flags[1:]
-        proc = reprocube("check", *options, *seed, "--out", str(tmp_path / name), "--", *example, *save_rng,
-                         cwd=tmp_path, check=False, timeout=600)  # fmt: skip
+        proc = reprocube(
+            "check",
+            *options,
+            *seed,
+            "--out",
+            str(tmp_path / name),
+            "--",
+            *example,
+            *save_rng,
+            cwd=tmp_path,
+            check=False,
+            timeout=600,
+        )
         result = json.loads((tmp_path / name / "check.json").read_text())
         verdicts[name] = (proc.returncode, result["verdict"])
         jobs = result["launcher"]["jobs"]

@@ -171,8 +171,14 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     env.update(REPROCUBE=f"{sys.executable} -m reprocube", PYTHONHASHSEED="0")
     # Slow every step down, so that the signal lands mid-run: a hook module run at start-up.
     slow_env = {**env, "PYTHONPATH": slow_steps_pythonpath(tmp_path, 0.05, env.get("PYTHONPATH", ""))}
-    shell = subprocess.Popen(["bash", str(PREEMPTIBLE), "train", "resume=auto", *run, "log.every_steps=1", "checkpoint.every_epochs=1"],
-                             cwd=tmp_path, env=slow_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    shell = subprocess.Popen(
+        ["bash", str(PREEMPTIBLE), "train", "resume=auto", *run, "log.every_steps=1", "checkpoint.every_epochs=1"],
+        cwd=tmp_path,
+        env=slow_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     checkpoints = tmp_path / "runs" / "r" / "checkpoints"
     # Signalled once a step of epoch 2 is logged (steps 22-42, ~1 s at 0.05 s a step): signalled as soon as
     # epoch-0001 existed, the run was once still finishing epoch 1 and stopped there (no step checkpoint).
@@ -227,8 +233,13 @@ def test_preemptible_runs_the_singularity_image_when_given(generated, tmp_path):
     assert done.returncode == 0, done.stderr
     assert log.read_text().split() == ["exec", "--nv", str(sif), "reprocube", *args]
     assert (tmp_path / "runs" / "s" / "checkpoints" / "epoch-0001").is_dir()
-    missing = subprocess.run(["bash", str(PREEMPTIBLE), *args], cwd=tmp_path, env={**env, "REPROCUBE_SIF": str(tmp_path / "absent.sif")},
-                             capture_output=True, text=True)  # fmt: skip
+    missing = subprocess.run(
+        ["bash", str(PREEMPTIBLE), *args],
+        cwd=tmp_path,
+        env={**env, "REPROCUBE_SIF": str(tmp_path / "absent.sif")},
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines() == [
         f"reprocube-slurm: REPROCUBE_SIF={tmp_path}/absent.sif: no such image"

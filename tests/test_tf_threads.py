@@ -23,8 +23,15 @@ def train(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tf-threads")
 
     def run(run_name, *overrides):
-        reprocube("train", "framework=tensorflow", *data.overrides(), "epochs=2", f"run_name={run_name}", *overrides,
-                  cwd=workdir)  # fmt: skip
+        reprocube(
+            "train",
+            "framework=tensorflow",
+            *data.overrides(),
+            "epochs=2",
+            f"run_name={run_name}",
+            *overrides,
+            cwd=workdir,
+        )
         return workdir / "runs" / run_name
 
     return run

@@ -152,8 +152,12 @@ def test_each_trainer_computes_the_reference_on_its_device(framework, generated,
     path = os.pathsep.join([str(Path(__file__).parent), *sys.path])  # this module, reprocube and the packages
     proc = subprocess.run(
         [sys.executable, "-c", DEVICE_PROBE, framework, *generated.overrides(), "data.train_limit=256"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": path},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     weights = torch_layout_weights(7)
@@ -348,8 +352,14 @@ def test_an_interrupted_run_has_the_uninterrupted_fingerprints(framework, genera
     checkpoint."""
     runs = {}
     for name, drill in (("a", None), ("c", 32)):
-        common = ["train", f"framework={framework}", *generated.overrides(), *SMALL, f"output_dir={tmp_path}",
-                  f"run_name={name}"]  # fmt: skip
+        common = [
+            "train",
+            f"framework={framework}",
+            *generated.overrides(),
+            *SMALL,
+            f"output_dir={tmp_path}",
+            f"run_name={name}",
+        ]
         if drill is not None:
             assert reprocube(*common, f"preempt_at_step={drill}", cwd=tmp_path, check=False).returncode == 75
             common.append("resume=latest")

@@ -219,8 +219,9 @@ def larger_reference(framework: str, larger, tmp_path_factory) -> Path:
     """The uninterrupted run on the larger dataset, trained once per framework for the tests below."""
     if framework not in _LARGER_REFERENCES:
         cwd = tmp_path_factory.mktemp(f"larger-runs-{framework}")
-        reprocube("train", f"framework={framework}", *larger.overrides(), *LARGER_ARGS, "run_name=uninterrupted",
-                  cwd=cwd)  # fmt: skip
+        reprocube(
+            "train", f"framework={framework}", *larger.overrides(), *LARGER_ARGS, "run_name=uninterrupted", cwd=cwd
+        )
         _LARGER_REFERENCES[framework] = cwd / "runs" / "uninterrupted"
     return _LARGER_REFERENCES[framework]
 

@@ -34,8 +34,9 @@ SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 def receipt_a(generated, tmp_path_factory) -> dict:
     """A genuine two-epoch PyTorch receipt on the generated dataset."""
     where = tmp_path_factory.mktemp("a")
-    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={where}", "run_name=a",
-              cwd=where)  # fmt: skip
+    reprocube(
+        "train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={where}", "run_name=a", cwd=where
+    )
     return json.loads((where / "a" / "receipt.json").read_text())
 
 
@@ -147,13 +148,29 @@ def test_match_never_applies_an_undocumented_variable(generated, tmp_path):
     evil.mkdir()
     marker = tmp_path / "code-ran"
     (evil / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
-    reprocube("train", "framework=pytorch", *generated.overrides(), *SMALL, f"output_dir={tmp_path / 'a'}",
-              "run_name=a", cwd=tmp_path, env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41"})  # fmt: skip
+    reprocube(
+        "train",
+        "framework=pytorch",
+        *generated.overrides(),
+        *SMALL,
+        f"output_dir={tmp_path / 'a'}",
+        "run_name=a",
+        cwd=tmp_path,
+        env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41"},
+    )
     genuine = json.loads((tmp_path / "a" / "a" / "receipt.json").read_text())
     hostile = {"PYTHONPATH": str(evil), "LD_PRELOAD": str(evil / "x.so"), "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     forged = forge(genuine, lambda r: r["env"]["env_vars"].update(hostile))
-    proc = reprocube("reproduce", str(write(forged, evil / "receipt.json")), "--out", "out", "--match",
-                     f"data_dir={generated.data_dir}", cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(write(forged, evil / "receipt.json")),
+        "--out",
+        "out",
+        "--match",
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 6, proc.stderr  # B differs (it runs without the ISA cap)...
     result = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert result["match"]["settings"] == {"ONEDNN_MAX_CPU_ISA": "SSE41"}  # ...and --match applies the cap only
@@ -277,7 +294,7 @@ HOSTILE_VALUES = st.one_of(
             " ",
             "\ud800",
             "A=B",
-        ]  # fmt: skip
+        ]
     ),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False),
@@ -309,7 +326,11 @@ def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("REPROCUBE_TEST_SECRET", SECRET)
-    monkeypatch.setattr(reproduce_module, "_run_with_env", lambda c, log, env, **watch: (_ for _ in ()).throw(TrainingWouldStart(c, env)))  # fmt: skip
+    monkeypatch.setattr(
+        reproduce_module,
+        "_run_with_env",
+        lambda c, log, env, **watch: (_ for _ in ()).throw(TrainingWouldStart(c, env)),
+    )
     paths = [p for p in _paths(receipt_a) if p and p[0] not in ("receipt_sha256", "config_hash")]
     where = data.draw(st.sampled_from(paths))
     value = data.draw(HOSTILE_VALUES)
@@ -375,14 +396,19 @@ def test_hydra_settings_from_a_file_are_refused(receipt_a, tmp_path, until_train
         r["config"]["framework"]["name"] = "evil"
 
     with pytest.raises(ReprocubeError) as refused:
-        reproduce(write(forge(receipt_a, change), tmp_path / "pub" / "receipt.json"), tmp_path / "out", [],
-                  echo=lambda line: None)  # fmt: skip
+        reproduce(
+            write(forge(receipt_a, change), tmp_path / "pub" / "receipt.json"),
+            tmp_path / "out",
+            [],
+            echo=lambda line: None,
+        )
     assert SECRET not in str(refused.value) and "hydra" in str(refused.value)
     (tmp_path / "mine.yaml").write_text(
         f"hydra:\n  searchpath: ['file://{tmp_path / 'pub' / 'conf'}']\nframework: evil\n"
     )
-    proc = reprocube("train", "--config-file", "mine.yaml", cwd=tmp_path, check=False,
-                     env_extra={"REPROCUBE_TEST_SECRET": SECRET})  # fmt: skip
+    proc = reprocube(
+        "train", "--config-file", "mine.yaml", cwd=tmp_path, check=False, env_extra={"REPROCUBE_TEST_SECRET": SECRET}
+    )
     assert proc.returncode == 2 and SECRET not in proc.stderr + proc.stdout, proc.stderr
 
 
@@ -398,8 +424,12 @@ def test_a_receipt_without_the_records_of_its_epochs_is_refused(receipt_a, tmp_p
 
 
 def test_dataset_names_are_names_and_classes_are_bounded(tmp_path):
-    for bad in ("dataset.files.train_labels.name=/proc/self/environ", "dataset.name=../x",
-                "dataset.files.test_images.name=..", "dataset.num_classes=4611686018427387904"):  # fmt: skip
+    for bad in (
+        "dataset.files.train_labels.name=/proc/self/environ",
+        "dataset.name=../x",
+        "dataset.files.test_images.name=..",
+        "dataset.num_classes=4611686018427387904",
+    ):
         proc = reprocube("train", bad, "--print-config", cwd=tmp_path, check=False)
         assert proc.returncode == 2 and len(error_lines(proc)) == 1, (bad, proc.stderr)
 
@@ -427,8 +457,15 @@ def test_edited_epoch_metrics_are_flagged_never_rated_within_ulp(receipt_a, gene
         receipt["epochs"][-1]["test_accuracy"] = 0.9
 
     published = write(forge(receipt_a, edit), tmp_path / "pub" / "receipt.json")
-    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(published),
+        "--out",
+        str(tmp_path / "r"),
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 6, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["first_divergence"] is None and result["tier"] == "metrics-disagree", result["tier_text"]
@@ -475,8 +512,15 @@ def test_initial_weights_that_differ_are_named_as_such_not_as_the_first_update(r
         trace["boundaries"][0][1][index] = "0123456789abcdef"
 
     published = write(forge(receipt_a, other_initial_conv1_bias), tmp_path / "pub" / "receipt.json")
-    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(published),
+        "--out",
+        str(tmp_path / "r"),
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 6, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     first = result["first_divergence"]
@@ -500,8 +544,15 @@ def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, ge
         trace[key] = encode_losses(bits.view(np.float32))
 
     published = write(forge(receipt_a, one_loss_bit), tmp_path / "pub" / "receipt.json")
-    proc = reprocube("reproduce", str(published), "--out", str(tmp_path / "r"), f"data_dir={generated.data_dir}",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "reproduce",
+        str(published),
+        "--out",
+        str(tmp_path / "r"),
+        f"data_dir={generated.data_dir}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 7, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["verdict"] == "losses-only" and result["tier"] == "losses-only"

@@ -19,8 +19,9 @@ SMALL = ["epochs=3", "log.every_steps=5"]
 
 
 def test_verify_all_frameworks_passes(generated, tmp_path):
-    proc = reprocube("verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path,
-                     timeout=900)  # fmt: skip
+    proc = reprocube(
+        "verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path, timeout=900
+    )
     assert "verdict: all bit-identical" in proc.stdout
     for framework in FRAMEWORKS:
         base = tmp_path / "runs" / f"verify-{framework}"
@@ -106,8 +107,15 @@ def test_verify_jobs_do_not_change_the_result(generated, tmp_path):
 
 
 def test_verify_refuses_a_sigterm_step_past_the_run(generated, tmp_path):
-    proc = reprocube("verify", "framework=pytorch", *generated.overrides(), *SMALL, "verify.mid_epoch_step=63",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "verify",
+        "framework=pytorch",
+        *generated.overrides(),
+        *SMALL,
+        "verify.mid_epoch_step=63",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 2
     assert error_lines(proc) == [
         "reprocube: error: verify.mid_epoch_step=63 is not before the run's last step (63); choose an earlier step"
@@ -160,16 +168,22 @@ def test_compare_of_two_receipts_names_the_first_update_and_cause_as_reproduce_d
     published.mkdir()
     for name in ("a", "threads1"):
         shutil.copy(runs / name / "receipt.json", published / f"{name}.json")
-    proc = reprocube("compare", str(published / "a.json"), str(published / "threads1.json"), "--out", "c",
-                     cwd=tmp_path, check=False)  # fmt: skip
+    proc = reprocube(
+        "compare", str(published / "a.json"), str(published / "threads1.json"), "--out", "c", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 6, proc.stdout + proc.stderr
     receipts = json.loads((tmp_path / "c" / "compare.json").read_text())["receipts"]
     assert receipts["verdict"] == "differs" and receipts["first_divergence"]["first_weight_step"] == 1
     assert receipts["causes"][0]["key"] == "config.threads", receipts["causes"][:3]
     assert "(their receipts' traces, no checkpoints): differs from global step 1" in proc.stdout
     # reproduce, training B with threads=1, names the same first update, tensors and cause.
-    reproduced = reproduce(published / "a.json", tmp_path / "r", [f"data_dir={generated.data_dir}", "threads=1"],
-                           allow_config_change=True, echo=lambda line: None)  # fmt: skip
+    reproduced = reproduce(
+        published / "a.json",
+        tmp_path / "r",
+        [f"data_dir={generated.data_dir}", "threads=1"],
+        allow_config_change=True,
+        echo=lambda line: None,
+    )
     for key in ("step", "first_weight_step", "weight_tensors"):
         assert reproduced["first_divergence"][key] == receipts["first_divergence"][key], key
     assert reproduced["causes"][0]["key"] == receipts["causes"][0]["key"]

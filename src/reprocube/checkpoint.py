@@ -65,12 +65,26 @@ HEX_DIGEST = re.compile(r"^[0-9a-f]{64}\Z")  # \Z: "$" would also match before a
 # reprocube.state's TrainState.to_checkpoint, the run's identity from the loop), then the keys
 # write_checkpoint adds. read_manifest types each one.
 MANIFEST_FIELD_KEYS = (
-    "epoch", "step_in_epoch", "global_step", "steps_per_epoch", "metrics",
-    "framework", "framework_info", "seed", "config_hash", "reason",
-)  # fmt: skip
+    "epoch",
+    "step_in_epoch",
+    "global_step",
+    "steps_per_epoch",
+    "metrics",
+    "framework",
+    "framework_info",
+    "seed",
+    "config_hash",
+    "reason",
+)
 MANIFEST_OWN_KEYS = (
-    "format_version", "reprocube_version", "weights_digest", "files", "file_bytes", "created_unix", "manifest_sha256",
-)  # fmt: skip
+    "format_version",
+    "reprocube_version",
+    "weights_digest",
+    "files",
+    "file_bytes",
+    "created_unix",
+    "manifest_sha256",
+)
 NAME_PATTERN = re.compile(r"^(epoch-\d{4,}|step-\d{6,})\Z")
 
 
@@ -104,8 +118,13 @@ class Manifest:
 def run_fields(framework: str, framework_info=None, seed=None, config_hash=None, reason=None) -> dict:
     """The run's identity, recorded in each manifest beside the state's own fields (write_checkpoint);
     what is not given is left out."""
-    fields = {"framework": framework, "framework_info": framework_info, "seed": seed, "config_hash": config_hash,
-              "reason": reason}  # fmt: skip
+    fields = {
+        "framework": framework,
+        "framework_info": framework_info,
+        "seed": seed,
+        "config_hash": config_hash,
+        "reason": reason,
+    }
     return {key: value for key, value in fields.items() if value is not None}
 
 

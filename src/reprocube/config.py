@@ -188,8 +188,21 @@ def validate(cfg: DictConfig) -> None:
 
 
 # The config's sections: each must be a mapping before its keys are checked.
-SECTIONS = ("data", "optimizer", "checkpoint", "log", "trace", "verify", "bench", "study", "study.slurm",
-            "verify.slurm", "watchdog", "dataset", "framework")  # fmt: skip
+SECTIONS = (
+    "data",
+    "optimizer",
+    "checkpoint",
+    "log",
+    "trace",
+    "verify",
+    "bench",
+    "study",
+    "study.slurm",
+    "verify.slurm",
+    "watchdog",
+    "dataset",
+    "framework",
+)
 
 
 class _Checks:
@@ -258,8 +271,12 @@ def _validate_counts(check: _Checks) -> None:
     check.boolean("verify.full")
     check.integer("verify.jobs", 1, MAX_THREADS + 1, allow_none=True)
     check.integer("bench.repeats", 1)
-    check.int_list("trace.at_steps", lambda n: 1 <= n < 2**62,
-                   f"a list of at most {MAX_TRACE_AT_STEPS} global steps >= 1, e.g. [40,90]", MAX_TRACE_AT_STEPS)  # fmt: skip
+    check.int_list(
+        "trace.at_steps",
+        lambda n: 1 <= n < 2**62,
+        f"a list of at most {MAX_TRACE_AT_STEPS} global steps >= 1, e.g. [40,90]",
+        MAX_TRACE_AT_STEPS,
+    )
 
 
 def _validate_bench(check: _Checks) -> None:

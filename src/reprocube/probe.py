@@ -47,8 +47,10 @@ class _Recorder:
     def step(self, loss, params, step: int | None) -> None:
         if step is not None:  # wrong here, not silently dropped by the reader later
             if step < 1 or step <= self.last_step:
-                raise ValueError(f"reprocube probe: step={step}: give the global step of the update just done, "
-                                 f"counting from 1 and increasing (the last was {self.last_step})")  # fmt: skip
+                raise ValueError(
+                    f"reprocube probe: step={step}: give the global step of the update just done, "
+                    f"counting from 1 and increasing (the last was {self.last_step})"
+                )
             self.last_step = step
         names, tensors = _named_tensors(params)
         if self.names is None:
@@ -70,8 +72,15 @@ class _Recorder:
     def flush(self) -> None:
         for index, step, loss, fingerprints in self.pending:
             value, dtype = _loss_bits(loss)
-            self._write({"index": index, "step": step, "loss": value, "loss_dtype": dtype,
-                         "fingerprints": [int(f) & 0xFFFFFFFF for f in _to_host(fingerprints)]})  # fmt: skip
+            self._write(
+                {
+                    "index": index,
+                    "step": step,
+                    "loss": value,
+                    "loss_dtype": dtype,
+                    "fingerprints": [int(f) & 0xFFFFFFFF for f in _to_host(fingerprints)],
+                }
+            )
         self.pending.clear()
 
     def _write(self, record: dict) -> None:
@@ -160,8 +169,12 @@ def _fingerprints(tensors: list):
     frameworks = {_framework(t) for t in tensors}
     if len(frameworks) > 1:  # weights of several frameworks: each brought to the host (rare; a sync)
         return _numpy_fingerprints([_to_numpy(t) for t in tensors])
-    return {"torch": _torch_fingerprints, "jax": _jax_fingerprints, "tensorflow": _tf_fingerprints,
-            "numpy": _numpy_fingerprints}[frameworks.pop()](tensors)  # fmt: skip
+    return {
+        "torch": _torch_fingerprints,
+        "jax": _jax_fingerprints,
+        "tensorflow": _tf_fingerprints,
+        "numpy": _numpy_fingerprints,
+    }[frameworks.pop()](tensors)
 
 
 def _to_numpy(value):

@@ -239,12 +239,38 @@ def read_receipt(source: Path, error: type[CheckpointError] = CheckpointError) -
 MAX_SESSIONS = 1000
 # Every key a receipt may hold (sessions and reprocube.source_files: absent from older receipts): a key
 # this reader does not know would be a claim nobody compares, so it is refused.
-RECEIPT_KEYS = frozenset({"format", "version", "reprocube", "config", "config_hash", "dataset", "env", "position",
-                          "complete", "epochs", "checkpoints", "trace", "sessions", SELF_DIGEST})  # fmt: skip
+RECEIPT_KEYS = frozenset(
+    {
+        "format",
+        "version",
+        "reprocube",
+        "config",
+        "config_hash",
+        "dataset",
+        "env",
+        "position",
+        "complete",
+        "epochs",
+        "checkpoints",
+        "trace",
+        "sessions",
+        SELF_DIGEST,
+    }
+)
 POSITION_KEYS = frozenset({"epoch", "global_step", "step_in_epoch"})
 EPOCH_RECORD_KEYS = frozenset({*DETERMINISTIC_EPOCH_FIELDS, "wall_s", "samples_per_s", "weights_digest"})
-TRACE_KEYS = frozenset({"version", "every_steps", "first_step", "steps", "tensor_names", "boundaries",
-                        *LOSS_KEYS.values(), *FINGERPRINT_KEYS})  # fmt: skip
+TRACE_KEYS = frozenset(
+    {
+        "version",
+        "every_steps",
+        "first_step",
+        "steps",
+        "tensor_names",
+        "boundaries",
+        *LOSS_KEYS.values(),
+        *FINGERPRINT_KEYS,
+    }
+)
 CONFIG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # one level: "optimizer.lr" would shadow a nested lr
 
 

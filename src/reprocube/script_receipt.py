@@ -30,8 +30,21 @@ RECEIPT = "receipt.json"
 TRACE = "trace.jsonl"
 MAX_RECEIPT_BYTES = 8 << 20
 MAX_FILES = 10_000  # inputs or outputs listed
-KEYS = ("format", "version", "command", "command_files", "inputs", "declared_outputs", "outputs",
-        "unrecorded_outputs", "trace", "seconds", "env", "seed", "receipt_sha256")  # fmt: skip
+KEYS = (
+    "format",
+    "version",
+    "command",
+    "command_files",
+    "inputs",
+    "declared_outputs",
+    "outputs",
+    "unrecorded_outputs",
+    "trace",
+    "seconds",
+    "env",
+    "seed",
+    "receipt_sha256",
+)
 POSITION = re.compile(r"^[0-9]{1,9}\Z")
 MAX_SECONDS = 10**7  # 116 days: a B that hangs is still ended by its watchdog (10x this)
 SEED_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
@@ -113,8 +126,10 @@ def output_digests(found: dict[str, Path]) -> dict[str, str | None]:
     """The declared outputs as reprocube.analysis.outputs.collect lists them: each regular file's sha256;
     an Orbax checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256
     of each tensor's digest, by name; None for a link or a special file (not compared: not checked)."""
-    return {name: _tensors_digest(path) if path.is_dir() and not path.is_symlink() else _digest(path)
-            for name, path in found.items()}  # fmt: skip
+    return {
+        name: _tensors_digest(path) if path.is_dir() and not path.is_symlink() else _digest(path)
+        for name, path in found.items()
+    }
 
 
 def outputs_named(work: Path, names: set[str], declared: list[str]) -> dict[str, str | None]:
@@ -172,8 +187,17 @@ def _digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def write_script_receipt(directory: Path, command: list[str], inputs: dict[str, str], declared: list[str],
-                         outputs: dict, trace: Path | None, seconds: float, env: dict, seed: dict | None) -> Path:  # fmt: skip
+def write_script_receipt(
+    directory: Path,
+    command: list[str],
+    inputs: dict[str, str],
+    declared: list[str],
+    outputs: dict,
+    trace: Path | None,
+    seconds: float,
+    env: dict,
+    seed: dict | None,
+) -> Path:
     """receipt.json (and trace.jsonl, copied) into `directory`, which must be new."""
     directory.mkdir(parents=True)
     trace_sha = None
@@ -181,12 +205,20 @@ def write_script_receipt(directory: Path, command: list[str], inputs: dict[str, 
         data = read_bytes(trace, 512 << 20, CheckpointError)
         write_file_atomic(directory / TRACE, data)
         trace_sha = hashlib.sha256(data).hexdigest()
-    body = {"format": FORMAT, "version": VERSION, "command": command,
-            "command_files": {str(i): digest for i, digest in command_file_digests(command).items()},
-            "inputs": inputs, "declared_outputs": declared,
-            "outputs": {name: digest for name, digest in outputs.items() if digest is not None},
-            "unrecorded_outputs": sorted(name for name, digest in outputs.items() if digest is None),
-            "trace": trace_sha, "seconds": round(seconds, 3), "env": env, "seed": seed}  # fmt: skip
+    body = {
+        "format": FORMAT,
+        "version": VERSION,
+        "command": command,
+        "command_files": {str(i): digest for i, digest in command_file_digests(command).items()},
+        "inputs": inputs,
+        "declared_outputs": declared,
+        "outputs": {name: digest for name, digest in outputs.items() if digest is not None},
+        "unrecorded_outputs": sorted(name for name, digest in outputs.items() if digest is None),
+        "trace": trace_sha,
+        "seconds": round(seconds, 3),
+        "env": env,
+        "seed": seed,
+    }
     body["receipt_sha256"] = _self_digest(body)
     path = directory / RECEIPT
     write_file_atomic(path, (json.dumps(body, sort_keys=True, indent=1) + "\n").encode())

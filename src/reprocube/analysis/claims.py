@@ -36,10 +36,20 @@ EPOCH_TEST = "epoch test metrics"
 SESSION_ENDS = "session ends"
 CONFIG = "config keys"
 DATASET = "dataset payloads"
-KINDS = (LOSS_BITS, MODEL_FINGERPRINTS, TENSOR_FINGERPRINTS, INITIAL_DIGESTS, BOUNDARY_DIGESTS, EPOCH_WEIGHTS,
-         EPOCH_TRAINING, EPOCH_TEST, SESSION_ENDS, CONFIG, DATASET)  # fmt: skip
-WEIGHT_KINDS = (MODEL_FINGERPRINTS, TENSOR_FINGERPRINTS, INITIAL_DIGESTS, BOUNDARY_DIGESTS, EPOCH_WEIGHTS,
-                SESSION_ENDS)  # fmt: skip
+KINDS = (
+    LOSS_BITS,
+    MODEL_FINGERPRINTS,
+    TENSOR_FINGERPRINTS,
+    INITIAL_DIGESTS,
+    BOUNDARY_DIGESTS,
+    EPOCH_WEIGHTS,
+    EPOCH_TRAINING,
+    EPOCH_TEST,
+    SESSION_ENDS,
+    CONFIG,
+    DATASET,
+)
+WEIGHT_KINDS = (MODEL_FINGERPRINTS, TENSOR_FINGERPRINTS, INITIAL_DIGESTS, BOUNDARY_DIGESTS, EPOCH_WEIGHTS, SESSION_ENDS)
 LOSS_KINDS = (LOSS_BITS, EPOCH_TRAINING)
 TRAINING_FIELDS = ("train_loss", "train_accuracy")  # computed from the steps' own losses and predictions
 TEST_FIELDS = tuple(f for f in DETERMINISTIC_EPOCH_FIELDS[2:] if f not in TRAINING_FIELDS)
@@ -66,8 +76,12 @@ class Tally:
             self.why_not_checked.append(why)
 
     def as_dict(self) -> dict:
-        return {REPRODUCED: self.reproduced, DIFFERS: self.differs, NOT_CHECKED: self.not_checked,
-                "why_not_checked": self.why_not_checked}  # fmt: skip
+        return {
+            REPRODUCED: self.reproduced,
+            DIFFERS: self.differs,
+            NOT_CHECKED: self.not_checked,
+            "why_not_checked": self.why_not_checked,
+        }
 
 
 @dataclass
@@ -99,8 +113,14 @@ def _any(tally: Tally) -> bool:
 def account(a: Receipt, b: Receipt) -> Ledger:
     """Every claim of A's receipt against B's, classified."""
     ledger = Ledger()
-    _per_step(ledger.tallies[LOSS_BITS], a.trace.first_step, a.trace.loss_bits(), b.trace.first_step,
-              b.trace.loss_bits(), "B's trace")  # fmt: skip
+    _per_step(
+        ledger.tallies[LOSS_BITS],
+        a.trace.first_step,
+        a.trace.loss_bits(),
+        b.trace.first_step,
+        b.trace.loss_bits(),
+        "B's trace",
+    )
     _fingerprints(ledger, a.trace, b.trace)
     _boundaries(ledger, a.trace, b.trace)
     _epochs(ledger, a, b)
@@ -126,8 +146,9 @@ def _payloads(receipt: Receipt) -> dict:
     return {name: spec.get("sha256") for name, spec in files.items() if isinstance(spec, dict)}
 
 
-def _per_step(tally: Tally, first_a: int, values_a: np.ndarray, first_b: int, values_b: np.ndarray,
-              what: str) -> np.ndarray:  # fmt: skip
+def _per_step(
+    tally: Tally, first_a: int, values_a: np.ndarray, first_b: int, values_b: np.ndarray, what: str
+) -> np.ndarray:
     """One claim per step of A's values (steps first_a+1 ..): equal in B, differing, or outside B's. The
     steps (1-based global) that B reproduced are returned."""
     last_a, last_b = first_a + len(values_a), first_b + len(values_b)
@@ -140,8 +161,11 @@ def _per_step(tally: Tally, first_a: int, values_a: np.ndarray, first_b: int, va
     tally.add(DIFFERS, int(same.size - same.sum()))
     outside = len(values_a) - (hi - lo)
     if outside:
-        tally.add(NOT_CHECKED, outside * (values_a.shape[1] if values_a.ndim > 1 else 1),
-                  f"{what} covers steps {first_b + 1}..{last_b}, A's {first_a + 1}..{last_a}")  # fmt: skip
+        tally.add(
+            NOT_CHECKED,
+            outside * (values_a.shape[1] if values_a.ndim > 1 else 1),
+            f"{what} covers steps {first_b + 1}..{last_b}, A's {first_a + 1}..{last_a}",
+        )
     rows = same if same.ndim == 1 else same.all(axis=1)
     return lo + 1 + np.flatnonzero(rows)
 
@@ -155,8 +179,9 @@ def _fingerprints(ledger: Ledger, a: StepTrace, b: StepTrace) -> None:
         models.add(NOT_CHECKED, len(a.fingerprints), "B's trace holds no weight fingerprints")
         tensors.add(NOT_CHECKED, rows_a.size, "B's trace holds no weight fingerprints")
         return
-    reproduced = _per_step(models, a.fingerprint_first_step, a.fingerprints, b.fingerprint_first_step,
-                           b.fingerprints, "B's fingerprints")  # fmt: skip
+    reproduced = _per_step(
+        models, a.fingerprint_first_step, a.fingerprints, b.fingerprint_first_step, b.fingerprints, "B's fingerprints"
+    )
     if reproduced.size:
         ledger.weight_reproduced_at(int(reproduced[-1]))
     if not rows_a.size:
@@ -164,8 +189,14 @@ def _fingerprints(ledger: Ledger, a: StepTrace, b: StepTrace) -> None:
     if a.tensor_names != b.tensor_names:
         tensors.add(NOT_CHECKED, rows_a.size, "B's trace names other tensors")
         return
-    _per_step(tensors, a.fingerprint_first_step, rows_a, b.fingerprint_first_step, b.tensor_fingerprints,
-              "B's per-tensor fingerprints")  # fmt: skip
+    _per_step(
+        tensors,
+        a.fingerprint_first_step,
+        rows_a,
+        b.fingerprint_first_step,
+        b.tensor_fingerprints,
+        "B's per-tensor fingerprints",
+    )
 
 
 def _boundaries(ledger: Ledger, a: StepTrace, b: StepTrace) -> None:
@@ -196,8 +227,11 @@ def _epochs(ledger: Ledger, a: Receipt, b: Receipt) -> None:
     b_epochs = {record["epoch"]: record for record in b.epochs}
     for record in a.epochs:
         other = b_epochs.get(record["epoch"])
-        for kind, keys in ((EPOCH_WEIGHTS, ("weights_digest",)), (EPOCH_TRAINING, TRAINING_FIELDS),
-                           (EPOCH_TEST, TEST_FIELDS)):  # fmt: skip
+        for kind, keys in (
+            (EPOCH_WEIGHTS, ("weights_digest",)),
+            (EPOCH_TRAINING, TRAINING_FIELDS),
+            (EPOCH_TEST, TEST_FIELDS),
+        ):
             tally = ledger.tallies[kind]
             for key in keys:
                 if other is None:

@@ -29,9 +29,21 @@ LOSS_BITS = re.compile(r"^[0-9a-f]{8}\Z")
 OP_NAME = re.compile(r"^[A-Za-z0-9_.]{1,200}\Z")
 MAX_TEXT = 500
 TOP_KEYS = (
-    "version", "framework", "step", "run", "resumed_from", "start_step", "framework_info", "env_vars", "loss_f32",
-    "run_loss_f32", "loss_matches_run", "weights_match_run", "recording_changed_nothing", "ops",
-)  # fmt: skip
+    "version",
+    "framework",
+    "step",
+    "run",
+    "resumed_from",
+    "start_step",
+    "framework_info",
+    "env_vars",
+    "loss_f32",
+    "run_loss_f32",
+    "loss_matches_run",
+    "weights_match_run",
+    "recording_changed_nothing",
+    "ops",
+)
 OP_KEYS = ("index", "op", "where", "params", "inputs", "outputs")
 # JAX's and TensorFlow's recordings hold the step's inputs (one STEP_INPUT entry each) and its kernels only (convolutions,
 # matrix products): recording every intermediate changes how the step is fused (XLA, oneDNN's graph rewrites).
@@ -156,9 +168,11 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
         )
         if inputs and x["op"] == STEP_INPUT:
             kind = "inputs"
-            initial = " (the initial weights: the initialisation computed differently)" if (
-                a_ops["step"] == 1 and ".params." in f".{x['where'].removeprefix('step input ')}"
-            ) else ""  # fmt: skip
+            initial = (
+                " (the initial weights: the initialisation computed differently)"
+                if (a_ops["step"] == 1 and ".params." in f".{x['where'].removeprefix('step input ')}")
+                else ""
+            )
             text = f"the state or data entering step {a_ops['step']} differs, first at {x['where']}{initial}"
             text += _earlier_steps(a_ops, b_ops)
         elif inputs and a_ops["framework"] in KERNELS_ONLY:
@@ -185,10 +199,20 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
             cause = " (a random operation: its generator state differs)" if random else ""
             text = f"{_describe(x)}: inputs equal, {output_text}{cause}"
         return {
-            "index": i, "kind": kind, "op": x["op"], "where": x["where"], "b_op": y["op"], "b_where": y["where"],
-            "inputs_equal": not inputs, "params_equal": params_equal, "differing_inputs": inputs,
-            "differing_outputs": outputs, "random": random, "compared": i, "text": text,
-        }  # fmt: skip
+            "index": i,
+            "kind": kind,
+            "op": x["op"],
+            "where": x["where"],
+            "b_op": y["op"],
+            "b_where": y["where"],
+            "inputs_equal": not inputs,
+            "params_equal": params_equal,
+            "differing_inputs": inputs,
+            "differing_outputs": outputs,
+            "random": random,
+            "compared": i,
+            "text": text,
+        }
     if len(a_list) != len(b_list):
         i = min(len(a_list), len(b_list))
         return _sequence(i, a_list[i] if i < len(a_list) else None, b_list[i] if i < len(b_list) else None)
@@ -208,9 +232,18 @@ def _sequence(i: int, x: dict | None, y: dict | None) -> dict:
     a_text = _describe(x) if x is not None else "nothing (its recording ends)"
     b_text = _describe(y) if y is not None else "nothing (its recording ends)"
     return {
-        "index": i, "kind": "sequence", "op": x["op"] if x else None, "where": x["where"] if x else None,
-        "b_op": y["op"] if y else None, "b_where": y["where"] if y else None, "inputs_equal": None,
-        "params_equal": None, "differing_inputs": [], "differing_outputs": [], "random": False, "compared": i,
+        "index": i,
+        "kind": "sequence",
+        "op": x["op"] if x else None,
+        "where": x["where"] if x else None,
+        "b_op": y["op"] if y else None,
+        "b_where": y["where"] if y else None,
+        "inputs_equal": None,
+        "params_equal": None,
+        "differing_inputs": [],
+        "differing_outputs": [],
+        "random": False,
+        "compared": i,
         "text": f"the operation sequences diverge at operation {i}: A runs {a_text}, B runs {b_text} "
         f"(another kernel path or library version)",
-    }  # fmt: skip
+    }

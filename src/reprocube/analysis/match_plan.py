@@ -106,8 +106,17 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     """--match's result: `matched` is B retrained under plan["settings"] (None: nothing to emulate)."""
     cannot, not_applied = plan["cannot"], plan["not_applied"]
     if matched is None and not plan["segments"]:
-        return {"settings": {}, "segments": None, "ran": False, "bit_identical": None, "recipe": None, "cannot": cannot, "not_applied": not_applied,
-                "summary": "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")}  # fmt: skip
+        return {
+            "settings": {},
+            "segments": None,
+            "ran": False,
+            "bit_identical": None,
+            "recipe": None,
+            "cannot": cannot,
+            "not_applied": not_applied,
+            "summary": "nothing this machine can emulate differs from A"
+            + (f" ({'; '.join(cannot)})" if cannot else ""),
+        }
     outcome = compare_receipts(a, matched)
     shown = settings_text(plan["settings"], plan.get("b_env"))
     if plan["segments"]:
@@ -127,8 +136,17 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     else:  # every step agrees; what differs is elsewhere (A's config, an evaluation, what was not checked)
         elsewhere = "; ".join(outcome["reasons"]) or "an evaluation differs"
         summary = f"with {shown}, every training step of B agrees with A's, but B is not bit-identical: {elsewhere}"
-    return {"settings": plan["settings"], "segments": plan["segments"], "ran": True, "run": str(matched.path.parent), "bit_identical": outcome["identical"], "recipe": None,
-            "cannot": cannot, "not_applied": not_applied, "summary": summary}  # fmt: skip
+    return {
+        "settings": plan["settings"],
+        "segments": plan["segments"],
+        "ran": True,
+        "run": str(matched.path.parent),
+        "bit_identical": outcome["identical"],
+        "recipe": None,
+        "cannot": cannot,
+        "not_applied": not_applied,
+        "summary": summary,
+    }
 
 
 def settings_text(env: dict, b_env: dict | None = None) -> str:
@@ -140,8 +158,10 @@ def settings_text(env: dict, b_env: dict | None = None) -> str:
         text = f"{key}={value}" if value is not None else f"{key} unset"
         if key in FLAG_LISTS and b_env is not None:
             mine, theirs = set((value or "").split()), set(str(b_vars.get(key) or "").split())
-            change = [f"drops {' '.join(sorted(theirs - mine))}" if theirs - mine else "",
-                      f"adds {' '.join(sorted(mine - theirs))}" if mine - theirs else ""]  # fmt: skip
+            change = [
+                f"drops {' '.join(sorted(theirs - mine))}" if theirs - mine else "",
+                f"adds {' '.join(sorted(mine - theirs))}" if mine - theirs else "",
+            ]
             text += f" ({'; '.join(c for c in change if c)})" if any(change) else ""
         shown.append(text)
     return ", ".join(shown)

@@ -81,8 +81,13 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
     # same nor different, and the caller names it as not checked.
     compared = [f for f in files if f.get("compared", True)]
     first = next((f for f in compared if not f["same"]), None)
-    return {"identical": bool(compared) and first is None and not missing, "files": files, "first": first,
-            "missing": missing, "not_compared": [f["path"] for f in files if not f.get("compared", True)]}  # fmt: skip
+    return {
+        "identical": bool(compared) and first is None and not missing,
+        "files": files,
+        "first": first,
+        "missing": missing,
+        "not_compared": [f["path"] for f in files if not f.get("compared", True)],
+    }
 
 
 def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
@@ -114,14 +119,21 @@ def _orbax_difference(a: Path, b: Path) -> dict:
     try:
         ta, tb = load_orbax(a), load_orbax(b)
     except (CheckpointError, ValueError, OSError, KeyError, TypeError, RuntimeError) as exc:
-        return {"same": False, "compared": False,
-                "detail": f"not compared: an Orbax checkpoint could not be read: {str(exc)[:200]}"}  # fmt: skip
+        return {
+            "same": False,
+            "compared": False,
+            "detail": f"not compared: an Orbax checkpoint could not be read: {str(exc)[:200]}",
+        }
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
         return {"same": True, "detail": None, "tensors": len(ta)}
     first = rows[0]
-    return {"same": False, "tensor": first, "detail": f"tensor {first['tensor']}: {difference_size(first)} "
-            f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)"}  # fmt: skip
+    return {
+        "same": False,
+        "tensor": first,
+        "detail": f"tensor {first['tensor']}: {difference_size(first)} "
+        f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)",
+    }
 
 
 def load_orbax(path: Path) -> dict[str, np.ndarray]:
@@ -160,8 +172,11 @@ def content_difference(name: str, a: bytes, b: bytes) -> dict:
             if not rows:
                 return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
             first = rows[0]
-            return {"tensor": first, "detail": f"tensor {first['tensor']}: {difference_size(first)} "
-                    f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)"}  # fmt: skip
+            return {
+                "tensor": first,
+                "detail": f"tensor {first['tensor']}: {difference_size(first)} "
+                f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)",
+            }
         if suffix == ".json":
             return _first_key(parse_json(a, "A", CheckpointError), parse_json(b, "B", CheckpointError))
         if suffix in TEXT_SUFFIXES:

@@ -129,8 +129,14 @@ def first_difference(a: dict[int, Update], b: dict[int, Update], names: list[str
 
 def _described(step: int, a: Update, b: Update, names: list[str]) -> dict:
     tensors = [name for name, x, y in zip(names, a.fingerprints, b.fingerprints, strict=True) if x != y]
-    return {"step": step, "loss_a": loss_value(a), "loss_b": loss_value(b), "loss_same": a.loss == b.loss,
-            "tensors": tensors, "tensor_count": len(names)}  # fmt: skip
+    return {
+        "step": step,
+        "loss_a": loss_value(a),
+        "loss_b": loss_value(b),
+        "loss_same": a.loss == b.loss,
+        "tensors": tensors,
+        "tensor_count": len(names),
+    }
 
 
 def loss_value(update: Update) -> str:
@@ -159,8 +165,11 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
             announced += trace.checkpoints if trace else []
             continue
         if trace.names != clean.names:
-            return {"error": f"attempt {number} recorded other tensors than the uninterrupted run ({len(trace.names)} "
-                    f"vs {len(clean.names)})", "attempts": described}  # fmt: skip
+            return {
+                "error": f"attempt {number} recorded other tensors than the uninterrupted run ({len(trace.names)} "
+                f"vs {len(clean.names)})",
+                "attempts": described,
+            }
         given, update = trace.updates[0]
         if number == 1 or given is not None:
             start, how = (given - 1 if given is not None else 0), "given" if given is not None else "first"
@@ -171,9 +180,14 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         steps = steps_of(trace, start)
         # From scratch: began at step 1 again although an earlier attempt had announced a checkpoint (a
         # restart before the first checkpoint rightly begins at step 1).
-        entry = {"attempt": number, "steps": len(steps), "resumed_at": start, "how": how,
-                 "last_announced": announced[-1] if announced else None,
-                 "from_scratch": number > 1 and start == 0 and how != "assumed" and any(announced)}  # fmt: skip
+        entry = {
+            "attempt": number,
+            "steps": len(steps),
+            "resumed_at": start,
+            "how": how,
+            "last_announced": announced[-1] if announced else None,
+            "from_scratch": number > 1 and start == 0 and how != "assumed" and any(announced),
+        }
         described.append(entry)
         difference = first_difference(reference, steps, clean.names)
         if difference is not None and first is None:
@@ -181,9 +195,14 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         trained.update(steps)
         announced += trace.checkpoints
     missing = sorted(set(reference) - set(trained))
-    return {"attempts": described, "first_difference": first, "compared_steps": len(set(reference) & set(trained)),
-            "reference_steps": len(reference), "unrecorded_steps": _ranges(missing),
-            "extra_steps": _ranges(sorted(set(trained) - set(reference)))}  # fmt: skip
+    return {
+        "attempts": described,
+        "first_difference": first,
+        "compared_steps": len(set(reference) & set(trained)),
+        "reference_steps": len(reference),
+        "unrecorded_steps": _ranges(missing),
+        "extra_steps": _ranges(sorted(set(trained) - set(reference))),
+    }
 
 
 def _ranges(steps: list[int]) -> list[list[int]]:

@@ -75,9 +75,10 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
     # claims less than its config's run records (claims removed, or a receipt of an older reprocube).
     a_steps = {boundary.step for boundary in a.trace.boundaries}
     lacking = [
-        boundary.step for boundary in b.trace.boundaries
+        boundary.step
+        for boundary in b.trace.boundaries
         if a.trace.first_step <= boundary.step <= a.global_step and boundary.step not in a_steps
-    ]  # fmt: skip
+    ]
     if lacking:
         shown = ", ".join(map(str, lacking[:8])) + (", ..." if len(lacking) > 8 else "")
         reasons.append(
@@ -135,8 +136,11 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
     # at or after A's last step, and only loss claims differ.
     ledger = account(a, b)
     nothing_unchecked = ledger.count(NOT_CHECKED) == 0
-    unchecked = [f"{t.not_checked} {kind} ({'; '.join(t.why_not_checked)})"
-                 for kind, t in ledger.tallies.items() if t.not_checked]  # fmt: skip
+    unchecked = [
+        f"{t.not_checked} {kind} ({'; '.join(t.why_not_checked)})"
+        for kind, t in ledger.tallies.items()
+        if t.not_checked
+    ]
     if unchecked:
         reasons.append(f"not checked: {', '.join(unchecked)}")
     last_weight = ledger.last_reproduced_weight_step
@@ -146,9 +150,13 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             f"not at its last step {a.global_step}: whether the trained model is the same is not known"
         )
     identical = (
-        not reasons and not epoch_differences and step is None and nothing_unchecked
-        and ledger.count(DIFFERS) == 0 and ledger.count(REPRODUCED) > 0
-    )  # fmt: skip
+        not reasons
+        and not epoch_differences
+        and step is None
+        and nothing_unchecked
+        and ledger.count(DIFFERS) == 0
+        and ledger.count(REPRODUCED) > 0
+    )
     losses_only = (
         not identical
         and not reasons

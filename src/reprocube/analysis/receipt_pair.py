@@ -41,5 +41,16 @@ def compare_published(a: Receipt, b: Receipt, max_ulp: int = DEFAULT_ULP) -> dic
 
 
 # What compare.json keeps of it (the reproduce-only keys are left out: nothing was trained)
-PUBLISHED_KEYS = ("verdict", "identical", "first_divergence", "coverage", "reasons", "causes", "claims", "ulp",
-                  "tier", "tier_text", "summary")  # fmt: skip
+PUBLISHED_KEYS = (
+    "verdict",
+    "identical",
+    "first_divergence",
+    "coverage",
+    "reasons",
+    "causes",
+    "claims",
+    "ulp",
+    "tier",
+    "tier_text",
+    "summary",
+)

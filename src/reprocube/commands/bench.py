@@ -68,9 +68,11 @@ def run_bench(frameworks: list[str], cfg, overrides: list[str], config_files: li
         for repeat in range(cfg.bench.repeats):
             for deterministic in cfg.bench.deterministic:
                 record = _measure([*user, f"framework={framework}", f"deterministic={str(deterministic).lower()}"])
-                out(f"[{framework}] deterministic={deterministic} #{repeat + 1}: epoch {record['epoch_s']:.2f} s, "
+                out(
+                    f"[{framework}] deterministic={deterministic} #{repeat + 1}: epoch {record['epoch_s']:.2f} s, "
                     f"{record['samples_per_s']:.0f} samples/s, first step {record['first_step_s']:.2f} s, "
-                    f"checkpoint {record['checkpoint_write_s'] * 1000:.1f} ms")  # fmt: skip
+                    f"checkpoint {record['checkpoint_write_s'] * 1000:.1f} ms"
+                )
                 entry["runs"].append(record)
         for deterministic in cfg.bench.deterministic:
             entry["summary"]["on" if deterministic else "off"] = summarise(
@@ -140,8 +142,10 @@ def _verify_cost(framework: str, user: list[str], cfg, out) -> list[dict]:
                     raise ReprocubeError(f"bench: {command[0]} for {framework} exited {status}: {last_error_line(log)}")
         row = {"epochs": epochs, **timings, "ratio": timings["verify_s"] / timings["train_s"]}
         row["reused_ratio"] = timings["verify_reused_s"] / timings["train_s"]
-        out(f"[{framework}] verify ({epochs} epochs): {row['verify_s']:.1f} s = {row['ratio']:.2f}x one training run "
-            f"({row['train_s']:.1f} s); with run=PATH {row['verify_reused_s']:.1f} s = {row['reused_ratio']:.2f}x")  # fmt: skip
+        out(
+            f"[{framework}] verify ({epochs} epochs): {row['verify_s']:.1f} s = {row['ratio']:.2f}x one training run "
+            f"({row['train_s']:.1f} s); with run=PATH {row['verify_reused_s']:.1f} s = {row['reused_ratio']:.2f}x"
+        )
         rows.append(row)
     return rows
 

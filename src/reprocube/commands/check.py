@@ -39,11 +39,20 @@ SUSPECTS = (
 
 def add_arguments(parser) -> None:
     add = parser.add_argument
-    add("--script-dir", type=Path, metavar="DIR",
+    add(
+        "--script-dir",
+        type=Path,
+        metavar="DIR",
         help="everything in DIR is copied into each work directory and DIR/check.yaml gives the command and the "
-             "options (the mlcube check task; then give no other option but --out)")  # fmt: skip
-    add("--output", action="append", default=[], metavar="PATH",
-        help="a file or directory the command writes in its work directory (repeatable, required): what is compared")  # fmt: skip
+        "options (the mlcube check task; then give no other option but --out)",
+    )
+    add(
+        "--output",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file or directory the command writes in its work directory (repeatable, required): what is compared",
+    )
     add("--ignore", action="append", default=[], metavar="GLOB", help="outputs not compared (logs, timestamps)")
     add("--copy", action="append", default=[], type=Path, metavar="PATH", help="copied into each work directory")
     add("--repeat", type=int, default=2, help="uninterrupted runs (default 2): they must agree")
@@ -56,20 +65,52 @@ def add_arguments(parser) -> None:
     add("--seed-env", metavar="VAR", help="the variable the command reads its seed from (control: another seed)")
     add("--seed-arg", metavar="TEMPLATE", help="an argument giving the seed, {seed} replaced (e.g. --seed={seed})")
     add("--timeout", type=float, metavar="SECONDS", help="the watchdog of each attempt (default 5x a clean run)")
-    add("--launcher", choices=LAUNCHERS, default="local",
-        help="local: child processes here | slurm: each run a SLURM job, each stop a real preemption (scontrol requeue)")  # fmt: skip
-    add("--slurm-option", action="append", default=[], metavar="--NAME=VALUE",
-        help="an sbatch option for every job (repeatable; --launcher slurm), e.g. --slurm-option=--partition=gpu")  # fmt: skip
+    add(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="local",
+        help="local: child processes here | slurm: each run a SLURM job, each stop a real preemption (scontrol requeue)",
+    )
+    add(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="--NAME=VALUE",
+        help="an sbatch option for every job (repeatable; --launcher slurm), e.g. --slurm-option=--partition=gpu",
+    )
     add("--out", type=Path, help="where the work directories, logs and check.json go (default ./check-NAME)")
     add("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]: the training command")
 
 
 # check.yaml (--script-dir): the options' names as on the command line, with _ for -, and their types.
-OPTION_TYPES = {"command": list, "output": list, "ignore": list, "repeat": int, "stops": int, "signal": str,
-                "stop_seed": int, "at": str, "at_file": str, "at_line": str, "seed_env": str, "seed_arg": str,
-                "timeout": float, "launcher": str, "slurm_option": list}  # fmt: skip
-DEFAULTS = {"output": [], "ignore": [], "copy": [], "repeat": 2, "stops": 2, "signal": "TERM", "command": [],
-            "launcher": "local", "slurm_option": []}  # fmt: skip
+OPTION_TYPES = {
+    "command": list,
+    "output": list,
+    "ignore": list,
+    "repeat": int,
+    "stops": int,
+    "signal": str,
+    "stop_seed": int,
+    "at": str,
+    "at_file": str,
+    "at_line": str,
+    "seed_env": str,
+    "seed_arg": str,
+    "timeout": float,
+    "launcher": str,
+    "slurm_option": list,
+}
+DEFAULTS = {
+    "output": [],
+    "ignore": [],
+    "copy": [],
+    "repeat": 2,
+    "stops": 2,
+    "signal": "TERM",
+    "command": [],
+    "launcher": "local",
+    "slurm_option": [],
+}
 
 
 def run(args) -> int:
@@ -80,38 +121,77 @@ def run(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.slurm_option and args.launcher != "slurm":
         raise ConfigError("--slurm-option is for --launcher slurm")
-    result = check(command, args.output, args.ignore, args.copy, args.repeat, args.stops, args.signal,
-                   args.stop_seed, args.at, args.at_file, args.at_line, args.seed_env, args.seed_arg, args.timeout,
-                   args.out, slurm=args.slurm_option if args.launcher == "slurm" else None)  # fmt: skip
+    result = check(
+        command,
+        args.output,
+        args.ignore,
+        args.copy,
+        args.repeat,
+        args.stops,
+        args.signal,
+        args.stop_seed,
+        args.at,
+        args.at_file,
+        args.at_line,
+        args.seed_env,
+        args.seed_arg,
+        args.timeout,
+        args.out,
+        slurm=args.slurm_option if args.launcher == "slurm" else None,
+    )
     return VERDICTS[result["verdict"]]
 
 
-def check(command: list[str], outputs: list[str], ignore: list[str], copies: list[Path], repeat: int = 2,
-          stops: int = 2, signal_name: str = "TERM", stop_seed: int | None = None, at: str | None = None,
-          at_file: str | None = None, at_line: str | None = None, seed_env: str | None = None,
-          seed_arg: str | None = None, timeout: float | None = None, out: Path | None = None,
-          echo=print, slurm: list[str] | None = None) -> dict:  # fmt: skip
+def check(
+    command: list[str],
+    outputs: list[str],
+    ignore: list[str],
+    copies: list[Path],
+    repeat: int = 2,
+    stops: int = 2,
+    signal_name: str = "TERM",
+    stop_seed: int | None = None,
+    at: str | None = None,
+    at_file: str | None = None,
+    at_line: str | None = None,
+    seed_env: str | None = None,
+    seed_arg: str | None = None,
+    timeout: float | None = None,
+    out: Path | None = None,
+    echo=print,
+    slurm: list[str] | None = None,
+) -> dict:
     """slurm: None runs here; a list of sbatch options runs each run as a SLURM job with them, each stop
     a requeue (reprocube.orchestration.check_slurm)."""
     started = time.perf_counter()
-    _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout,
-                     stop_seed)  # fmt: skip
+    _check_arguments(
+        command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed
+    )
     if slurm is not None:
         if signal_name != "TERM":
-            raise ConfigError("--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after "
-                              "KillWait): --signal cannot be chosen")  # fmt: skip
+            raise ConfigError(
+                "--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after "
+                "KillWait): --signal cannot be chosen"
+            )
         check_slurm(slurm)
     stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
     out = _workspace(out, command)
     signum = SIGNALS[signal_name]
     how = "SLURM requeue" if slurm is not None else f"SIG{signal_name}"
-    echo(one_line(f"check {' '.join(command)}: {repeat} clean runs, {counted(stops, 'stop')} by {how}; "
-                  f"evidence in {out}"))  # fmt: skip
+    echo(
+        one_line(
+            f"check {' '.join(command)}: {repeat} clean runs, {counted(stops, 'stop')} by {how}; evidence in {out}"
+        )
+    )
     copied = {path.name for path in copies}
     for arg in command:  # a relative path the user meant from here: the command runs in a fresh directory
         if not Path(arg).is_absolute() and Path(arg).is_file() and Path(arg).name not in copied:
-            echo(one_line(f"  note: {arg} is here but the command runs in an empty work directory: pass "
-                          f"--copy {arg}, or give its absolute path"))  # fmt: skip
+            echo(
+                one_line(
+                    f"  note: {arg} is here but the command runs in an empty work directory: pass "
+                    f"--copy {arg}, or give its absolute path"
+                )
+            )
 
     def new_run(name: str, seed: int = 0) -> Run:
         work = out / "work" / name
@@ -124,15 +204,28 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         run.on_progress = lambda seconds: echo(one_line(f"  {name}: {seconds:.0f} s, running; {_last_line(run)}"))
         return run
 
-    result = {"command": command, "outputs": {"paths": outputs, "ignore": ignore}, "stop_seed": stop_seed,
-              "signal": signal_name, "runs": [], "comparisons": {"repeat": []}, "not_checked": [],
-              "stops": "", "probe": None, "environment": collect_env({})}  # fmt: skip
+    result = {
+        "command": command,
+        "outputs": {"paths": outputs, "ignore": ignore},
+        "stop_seed": stop_seed,
+        "signal": signal_name,
+        "runs": [],
+        "comparisons": {"repeat": []},
+        "not_checked": [],
+        "stops": "",
+        "probe": None,
+        "environment": collect_env({}),
+    }
     if slurm is not None:
         result["launcher"] = {"name": "slurm", "sbatch_options": slurm, "jobs": {}}
 
     def finish(verdict: str, stage: str, summary: str) -> dict:
-        result.update(verdict=verdict, stage=stage, summary=one_line(f"{verdict}: {summary}"),
-                      wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
+        result.update(
+            verdict=verdict,
+            stage=stage,
+            summary=one_line(f"{verdict}: {summary}"),
+            wall_s=round(time.perf_counter() - started, 1),
+        )
         write_check(result, out)
         echo(f"verdict: {result['summary']}")
         echo(f"written: {out / 'check.json'}, {out / 'check.md'}")
@@ -171,8 +264,11 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
             traced = _repeat_trace(clean[0], clean[-1], result)
             if not comparison["identical"] or traced:
                 where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
-                return finish("not-deterministic", "repeat", f"two uninterrupted runs differ ({where}); "
-                              f"resume was not tested. Usual suspects: {SUSPECTS}")  # fmt: skip
+                return finish(
+                    "not-deterministic",
+                    "repeat",
+                    f"two uninterrupted runs differ ({where}); resume was not tested. Usual suspects: {SUSPECTS}",
+                )
         receipt = _write_receipt(out, clean[0], copies, outputs, ignore, result["environment"], seed_env)
         echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         if seed_env or seed_arg:
@@ -181,11 +277,17 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
                 return finish("command-failed", "control", failure_line(control))
             result["comparisons"]["control"] = compared(control, clean[0], explain=False)  # differing is enough
             if result["comparisons"]["control"]["identical"]:
-                return finish("control-void", "control", "a run with another seed wrote the same outputs: they do "
-                              "not depend on the training, so their agreement proves nothing")  # fmt: skip
+                return finish(
+                    "control-void",
+                    "control",
+                    "a run with another seed wrote the same outputs: they do "
+                    "not depend on the training, so their agreement proves nothing",
+                )
         else:
-            result["not_checked"].append("no negative control (--seed-env or --seed-arg): whether the outputs depend "
-                                         "on the training was not checked")  # fmt: skip
+            result["not_checked"].append(
+                "no negative control (--seed-env or --seed-arg): whether the outputs depend "
+                "on the training was not checked"
+            )
         plan = _stops(stops, at, at_file, at_line, statistics.median(a.attempts[-1].seconds for a in clean), stop_seed)
         result["stops"] = "; ".join(stop.describe() for stop in plan)
         stopped = ran(new_run("stopped"), plan, limit)
@@ -193,11 +295,16 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
         if stopped.exit != 0:
             return finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {failure_line(stopped)}")
         if landed < len(plan):
-            result["not_checked"].append(f"{len(plan) - landed} of the {len(plan)} stops did not land: the command "
-                                         "ended before them")  # fmt: skip
+            result["not_checked"].append(
+                f"{len(plan) - landed} of the {len(plan)} stops did not land: the command ended before them"
+            )
         if landed == 0:
-            return finish("no-stop-landed", "stopped", "the command finished before its first stop: resume was not "
-                          "tested (stop earlier: --at SECONDS, --at-file GLOB or --at-line REGEX)")  # fmt: skip
+            return finish(
+                "no-stop-landed",
+                "stopped",
+                "the command finished before its first stop: resume was not "
+                "tested (stop earlier: --at SECONDS, --at-file GLOB or --at-line REGEX)",
+            )
         comparison = compared(stopped, clean[0])
         result["comparisons"]["resume"] = comparison
         traced = _resume_trace(clean[0], stopped, result)
@@ -206,8 +313,12 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
             found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
             return finish("resume-differs", "resume", f"{restarts}, {'; '.join(found)}")
         if traced["not_resumed"]:
-            return finish("not-resumed", "resume", f"{restarts}: {traced['not_resumed']} instead of resuming, so "
-                          "resume was not tested (the same outputs show only that the script is deterministic)")  # fmt: skip
+            return finish(
+                "not-resumed",
+                "resume",
+                f"{restarts}: {traced['not_resumed']} instead of resuming, so "
+                "resume was not tested (the same outputs show only that the script is deterministic)",
+            )
         caveat = "; no negative control" if not (seed_env or seed_arg) else ""
         updates = (
             f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
@@ -216,8 +327,12 @@ def check(command: list[str], outputs: list[str], ignore: list[str], copies: lis
             updates += "; the probe's traces could not be read (not checked)"
         elif traced["compared"] and any(line.startswith("the updates at steps") for line in result["not_checked"]):
             updates += " it recorded (not all: see not checked)"
-        return finish("resume-exact", "resume", f"stopped {counted(landed, 'time')} by {how} and "
-                      f"restarted, every declared output is bit-identical to an uninterrupted run's{updates}{caveat}")  # fmt: skip
+        return finish(
+            "resume-exact",
+            "resume",
+            f"stopped {counted(landed, 'time')} by {how} and "
+            f"restarted, every declared output is bit-identical to an uninterrupted run's{updates}{caveat}",
+        )
     except KeyboardInterrupt:
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
         raise
@@ -232,8 +347,9 @@ def _options_from(args) -> None:
     given = [k for k, default in DEFAULTS.items() if getattr(args, k) not in (default, None)]
     given += [k for k in OPTION_TYPES if k not in DEFAULTS and getattr(args, k) is not None]
     if given:
-        raise ConfigError(f"--script-dir {directory}: give --{given[0].replace('_', '-')} in check.yaml, not on the "
-                          "command line")  # fmt: skip
+        raise ConfigError(
+            f"--script-dir {directory}: give --{given[0].replace('_', '-')} in check.yaml, not on the command line"
+        )
     path = directory / "check.yaml"
     options = parse_yaml(read_bytes(path, MAX_YAML_BYTES, ConfigError), str(path), ConfigError)
     if not isinstance(options, dict):
@@ -263,8 +379,9 @@ def _options_from(args) -> None:
     args.copy = sorted(p for p in directory.iterdir() if p.name != "check.yaml")
 
 
-def _check_arguments(command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout,
-                     stop_seed):  # fmt: skip
+def _check_arguments(
+    command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed
+):
     if not command:
         raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
     if repeat < 2 or repeat > 10:
@@ -326,15 +443,22 @@ def _workspace(out: Path | None, command: list[str]) -> Path:
     return out
 
 
-def _write_receipt(out: Path, clean: Run, copies: list[Path], outputs: list[str], ignore: list[str], env: dict,
-                   seed_env: str | None) -> Path:  # fmt: skip
+def _write_receipt(
+    out: Path, clean: Run, copies: list[Path], outputs: list[str], ignore: list[str], env: dict, seed_env: str | None
+) -> Path:
     """The uninterrupted run's receipt (reprocube.script_receipt), once two such runs agreed: what
     `reprocube reproduce` retrains on another machine."""
     return write_script_receipt(
-        out / "receipt", clean.command, input_digests(copies), outputs, output_digests(collect(clean.work, outputs, ignore)),
-        clean.probe_trace(1), clean.attempts[-1].seconds, env,
+        out / "receipt",
+        clean.command,
+        input_digests(copies),
+        outputs,
+        output_digests(collect(clean.work, outputs, ignore)),
+        clean.probe_trace(1),
+        clean.attempts[-1].seconds,
+        env,
         {"variable": seed_env, "value": clean.env[seed_env]} if seed_env else None,
-    )  # fmt: skip
+    )
 
 
 def _traces(run: Run) -> list:
@@ -378,9 +502,11 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
         result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
         return {"differs": None, "not_resumed": None, "compared": 0}
     if traced is None:
-        result["not_checked"].append("which step first departs after a stop, and whether each restart resumed "
-                                     "instead of starting again: the script does not call the probe "
-                                     "(from reprocube import probe; docs/check.md)")  # fmt: skip
+        result["not_checked"].append(
+            "which step first departs after a stop, and whether each restart resumed "
+            "instead of starting again: the script does not call the probe "
+            "(from reprocube import probe; docs/check.md)"
+        )
         return {"differs": None, "not_resumed": None, "compared": 0}
     result["probe"] = {**(result["probe"] or {"repeat": []}), "resume": traced}
     if "error" in traced:
@@ -393,15 +519,19 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
         if not stop:
             differs = f"step {step} differs before any stop ({details})"
         elif attempt["how"] == "assumed":
-            differs = (f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
-                       f"script announced at step {attempt['resumed_at']} ({details})")  # fmt: skip
+            differs = (
+                f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
+                f"script announced at step {attempt['resumed_at']} ({details})"
+            )
         else:
             differs = f"after stop {stop} (resumed at step {attempt['resumed_at']}), step {step} is the first update that differs ({details})"
     if traced["unrecorded_steps"]:
         spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in traced["unrecorded_steps"][:5])
-        result["not_checked"].append(f"the updates at steps {spans}: no attempt of the stopped run recorded them (a "
-                                     "stop ended an attempt before the probe wrote them, and the restart resumed "
-                                     "after them: call probe.checkpoint right after each save)")  # fmt: skip
+        result["not_checked"].append(
+            f"the updates at steps {spans}: no attempt of the stopped run recorded them (a "
+            "stop ended an attempt before the probe wrote them, and the restart resumed "
+            "after them: call probe.checkpoint right after each save)"
+        )
     scratch = [a["attempt"] for a in attempts if a.get("from_scratch")]
     not_resumed = f"after stop {scratch[0] - 1} the script began again at step 1" if scratch else None
     return {"differs": differs, "not_resumed": not_resumed, "compared": traced["compared_steps"]}

@@ -26,9 +26,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("run_a", type=Path, help="a run directory, or a receipt (receipt.json: its trace only)")
     parser.add_argument("run_b", type=Path, help="a run directory, or a receipt")
     parser.add_argument(
-        "--tolerance", type=float, default=0.0,
+        "--tolerance",
+        type=float,
+        default=0.0,
         help="pass when every weight differs by at most this (default 0: bit-exact)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--out", type=Path, help="directory for compare.json and compare.md (default: ./compare-A-vs-B)"
     )
@@ -39,8 +41,10 @@ def run(args) -> int:
         raise ConfigError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     for given in (args.run_a, args.run_b):
         if is_script_receipt(given):
-            raise ConfigError(f"{given}: a script's receipt (from reprocube check): reproduce it with "
-                              "reprocube reproduce RECEIPT -- CMD")  # fmt: skip
+            raise ConfigError(
+                f"{given}: a script's receipt (from reprocube check): reproduce it with "
+                "reprocube reproduce RECEIPT -- CMD"
+            )
     names = (safe_name(_name(Path(run))) for run in (args.run_a, args.run_b))
     out = args.out or Path("compare-{}-vs-{}".format(*names))
     _check_out(out)
@@ -91,14 +95,32 @@ def _compare_receipts(args, out: Path) -> int:
     nothing = {"a": [], "b": []}
     result = {
         "subject": {"a": None, "b": None},  # a run's subject is its final checkpoint: none was read
-        "inputs": {run: {"checkpoints": {}, "env.json": None, "metrics.jsonl": None,
-                         "receipt.json": hashlib.sha256(r.raw).hexdigest()} for run, r in (("a", a), ("b", b))},  # fmt: skip
-        "run_a": str(args.run_a), "run_b": str(args.run_b), "compared_checkpoints": [],
-        "identical": published["identical"], "passed": published["identical"], "tolerance": 0.0,
-        "first_difference": None, "checkpoints": [], "metric_differences": [], "config_differences": [],
-        "env_differences": [], "unreadable_checkpoints": nothing, "missing_epoch_checkpoints": nothing,
-        "not_compared_checkpoints": nothing, "max_abs": None, "receipts": published,
-    }  # fmt: skip
+        "inputs": {
+            run: {
+                "checkpoints": {},
+                "env.json": None,
+                "metrics.jsonl": None,
+                "receipt.json": hashlib.sha256(r.raw).hexdigest(),
+            }
+            for run, r in (("a", a), ("b", b))
+        },
+        "run_a": str(args.run_a),
+        "run_b": str(args.run_b),
+        "compared_checkpoints": [],
+        "identical": published["identical"],
+        "passed": published["identical"],
+        "tolerance": 0.0,
+        "first_difference": None,
+        "checkpoints": [],
+        "metric_differences": [],
+        "config_differences": [],
+        "env_differences": [],
+        "unreadable_checkpoints": nothing,
+        "missing_epoch_checkpoints": nothing,
+        "not_compared_checkpoints": nothing,
+        "max_abs": None,
+        "receipts": published,
+    }
     out.mkdir(parents=True, exist_ok=True)
     write_compare(result, out)
     print(f"{args.run_a} vs {args.run_b} (their receipts' traces, no checkpoints): {published['summary']}")

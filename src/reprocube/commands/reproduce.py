@@ -102,14 +102,20 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--ulp", type=int, default=16, help="the 'within N ULP' tier's N (default 16)")
     parser.add_argument(
-        "--stall-timeout", type=float, metavar="SECONDS",
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
         help="end a training child that makes no progress for this long (default: warn every 120 s, never end it)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--copy", action="append", default=[], type=Path, metavar="PATH",
+        "--copy",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
         help="a script receipt's inputs: copied into the work directory (reprocube reproduce RECEIPT --copy "
-             "train.py -- python train.py)",
-    )  # fmt: skip
+        "train.py -- python train.py)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="place keys: data_dir=, device=, ...")
     parser.set_defaults(script_command=[])  # a script receipt's: -- CMD [ARG ...] (reprocube.cli splits it off)
 
@@ -137,14 +143,21 @@ def run(args) -> int:
 
 
 def _run_script(args) -> int:
-    for option, given in (("--study", args.study), ("--seeds", args.seeds), ("--allow-config-change",
-                          args.allow_config_change), ("--allow-oversubscribe", args.allow_oversubscribe),
-                          ("--ulp", args.ulp != 16), ("--stall-timeout", args.stall_timeout)):  # fmt: skip
+    for option, given in (
+        ("--study", args.study),
+        ("--seeds", args.seeds),
+        ("--allow-config-change", args.allow_config_change),
+        ("--allow-oversubscribe", args.allow_oversubscribe),
+        ("--ulp", args.ulp != 16),
+        ("--stall-timeout", args.stall_timeout),
+    ):
         if given:
             raise ConfigError(f"{option} is for a run's receipt, not a script's (written by reprocube check)")
     if receipt_format(args.source) == RECEIPT_FORMAT:
-        raise ConfigError(f"{args.source}: a run's receipt, reproduced without -- CMD; -- CMD is for a script's "
-                          "receipt (from reprocube check)")  # fmt: skip
+        raise ConfigError(
+            f"{args.source}: a run's receipt, reproduced without -- CMD; -- CMD is for a script's "
+            "receipt (from reprocube check)"
+        )
     receipt = read_script_receipt(args.source)
     if args.public_key is not None:
         from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
@@ -216,10 +229,21 @@ def reproduce(
         )
         log = ws.logs / f"{name}.log"
         config = "A's config" + (f" changed by {', '.join(a_changed)}" if a_changed else "")
-        echo(one_line(f"  {name}: reprocube train ({config}{''.join(' ' + e for e in extra)})"
-                      + (f" with {settings_text(env)}" if env else "")))  # fmt: skip
-        status = _run_with_env(command, log, env, progress=ws.runs / name / "metrics.jsonl",
-                               stall_timeout=stall_timeout, echo=echo, total_steps=stop_at or receipt.global_step)  # fmt: skip
+        echo(
+            one_line(
+                f"  {name}: reprocube train ({config}{''.join(' ' + e for e in extra)})"
+                + (f" with {settings_text(env)}" if env else "")
+            )
+        )
+        status = _run_with_env(
+            command,
+            log,
+            env,
+            progress=ws.runs / name / "metrics.jsonl",
+            stall_timeout=stall_timeout,
+            echo=echo,
+            total_steps=stop_at or receipt.global_step,
+        )
         if status not in expect:
             raise CheckpointError(f"{name} exited {status}: {last_error_line(log)} (log: {log})")
         return ws.runs / name
@@ -294,8 +318,10 @@ def _announce(receipt: Receipt, stop_at, ws: _Workspace, signature, unsigned, ov
     trained = f"{counted(receipt.epoch, 'epoch')}, {counted(receipt.global_step, 'step')}"
     if stop_at is not None:
         trained = f"partial: A stopped at global step {stop_at} (epoch {receipt.epoch + 1}); B trains to there"
-    echo(f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {trained}; "
-         f"runs and logs in {ws.out}")  # fmt: skip
+    echo(
+        f"reproduce {one_line(str(receipt.path))}: {framework}, seed {receipt.config['seed']}, {trained}; "
+        f"runs and logs in {ws.out}"
+    )
     echo(f"  signature: {signature_line(signature)}")
     if oversubscribed:
         echo(f"  warning: {oversubscribed}")
@@ -419,9 +445,10 @@ def _boundaries_to_record(receipt: Receipt) -> list[int]:
     every = receipt.trace.every_steps
     spe = steps_per_epoch(receipt)
     steps = [
-        b.step for b in receipt.trace.boundaries
+        b.step
+        for b in receipt.trace.boundaries
         if b.step > 0 and not (every and b.step % every == 0) and not (spe and b.step % spe == 0)
-    ]  # fmt: skip
+    ]
     return steps[:MAX_TRACE_AT_STEPS]
 
 
@@ -466,8 +493,15 @@ def _read_spread_study(path: Path) -> dict:
 PROGRESS_EVERY_S = 30.0  # a line while a child trains: never more than this long without a word
 
 
-def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Path, stall_timeout: float | None,
-                  echo, total_steps: int | None = None) -> int:  # fmt: skip
+def _run_with_env(
+    command: list[str],
+    log: Path,
+    env: dict | None,
+    progress: Path,
+    stall_timeout: float | None,
+    echo,
+    total_steps: int | None = None,
+) -> int:
     """A training child, watched (a hang is reported, and ended after --stall-timeout), its progress said
     every PROGRESS_EVERY_S; with A's settings for an intervention: this environment with `env` applied
     (None unsets)."""
@@ -475,8 +509,10 @@ def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Pat
 
     def on_stall(seconds: float) -> None:
         hint = known_hang((child_env or os.environ).get("OMP_THREAD_LIMIT"))
-        echo(f"  {progress.parent.name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
-             f"still waiting{f' ({hint})' if hint else ''}; Ctrl-C or --stall-timeout ends it")  # fmt: skip
+        echo(
+            f"  {progress.parent.name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
+            f"still waiting{f' ({hint})' if hint else ''}; Ctrl-C or --stall-timeout ends it"
+        )
 
     seen: list[tuple[float, int]] = []  # (seconds, global step) when first logged: the rate from there
 
@@ -492,12 +528,23 @@ def _run_with_env(command: list[str], log: Path, env: dict | None, progress: Pat
         (t0, s0), total = seen[0], total_steps
         rate = (step - s0) / (seconds - t0) if seconds > t0 and step > s0 else None
         left = f", about {(total - step) / rate:.0f} s left" if rate and total and total > step else ""
-        echo(f"  {progress.parent.name}: {seconds:.0f} s, global step {step}" + (f" of {total}" if total else "")
-             + (f" ({rate:.1f} steps/s{left})" if rate else ""))  # fmt: skip
+        echo(
+            f"  {progress.parent.name}: {seconds:.0f} s, global step {step}"
+            + (f" of {total}" if total else "")
+            + (f" ({rate:.1f} steps/s{left})" if rate else "")
+        )
 
     watchdog = Watchdog(stop_after_s=stall_timeout, setting=f"--stall-timeout {stall_timeout or 0:g}")
-    return run_watched(command, log, [progress], on_stall, env=child_env, watchdog=watchdog,
-                       on_progress=on_progress, progress_every_s=PROGRESS_EVERY_S)  # fmt: skip
+    return run_watched(
+        command,
+        log,
+        [progress],
+        on_stall,
+        env=child_env,
+        watchdog=watchdog,
+        on_progress=on_progress,
+        progress_every_s=PROGRESS_EVERY_S,
+    )
 
 
 def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | None) -> dict:
@@ -508,8 +555,12 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | Non
     if plan["segments"]:  # A's sessions ran under different settings: B stops and resumes where A did
         for i, segment in enumerate(plan["segments"]):
             last = i == len(plan["segments"]) - 1
-            path = train("b-matched", *([] if i == 0 else ["resume=latest"]), env=segment["settings"],
-                         stop_at=stop_at if last else segment["to_step"])  # fmt: skip
+            path = train(
+                "b-matched",
+                *([] if i == 0 else ["resume=latest"]),
+                env=segment["settings"],
+                stop_at=stop_at if last else segment["to_step"],
+            )
         return match_outcome(plan, a, read_receipt(path))
     matched = read_receipt(train("b-matched", env=plan["settings"], stop_at=stop_at)) if plan["settings"] else None
     return match_outcome(plan, a, matched)
@@ -524,14 +575,22 @@ def match_recipe(match: dict, base: list[str], stop_at: int | None) -> list[dict
     for i, segment in enumerate(segments):
         last = i == len(segments) - 1
         stop = stop_at if last else segment["to_step"]
-        argv = ["reprocube", "train", *base, "output_dir=runs", "run_name=a-bits",
-                *(["resume=latest"] if i else []), *([f"preempt_at_step={stop}"] if stop is not None else [])]  # fmt: skip
+        argv = [
+            "reprocube",
+            "train",
+            *base,
+            "output_dir=runs",
+            "run_name=a-bits",
+            *(["resume=latest"] if i else []),
+            *([f"preempt_at_step={stop}"] if stop is not None else []),
+        ]
         commands.append({"env": dict(segment["settings"]), "argv": argv})
     return commands
 
 
-def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: _Workspace,
-                     stall_timeout: float | None, echo) -> dict | None:  # fmt: skip
+def _first_operation(
+    result: dict, b_path: Path, user_overrides: list[str], ws: _Workspace, stall_timeout: float | None, echo
+) -> dict | None:
     """The operation behind the first differing step: replayed as B ran it and under A's settings, where
     --match showed that B emulates A (bit-identical under A's settings); otherwise why not, plainly."""
     first, match = result["first_divergence"], result["match"]
@@ -563,9 +622,17 @@ def _first_operation(result: dict, b_path: Path, user_overrides: list[str], ws: 
         return _run_with_env(command, log, env, progress=log, stall_timeout=stall_timeout, echo=echo)
 
     return first_operation(
-        result["framework"], step, b_path, Path(match["run"]), settings, ws.out / "operations", ws.logs, places,
-        run_child, weights_identical=bool(first.get("weights_identical")),
-    )  # fmt: skip
+        result["framework"],
+        step,
+        b_path,
+        Path(match["run"]),
+        settings,
+        ws.out / "operations",
+        ws.logs,
+        places,
+        run_child,
+        weights_identical=bool(first.get("weights_identical")),
+    )
 
 
 def _seed_runs(a: Receipt, seeds: int, train) -> dict:

@@ -109,8 +109,9 @@ def _claim(study_dir: Path, request: dict) -> None:
 def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
     """Hydra multirun over the members, in a child process; its output goes to the terminal and to
     logs/launcher.log. Returns the launcher's error, if it failed (the runs' results are still read)."""
-    settings = hydra_settings(study_dir, "study.member", cfg.study.launcher, cfg.study.slurm,
-                              f"reprocube-study-{cfg.framework.name}")  # fmt: skip
+    settings = hydra_settings(
+        study_dir, "study.member", cfg.study.launcher, cfg.study.slurm, f"reprocube-study-{cfg.framework.name}"
+    )
     config = {
         **settings,
         "study": {
@@ -124,5 +125,13 @@ def _launch(study_dir: Path, cfg, request: dict, out) -> str | None:
         # each member's training child is watched (reprocube.orchestration.children.Watchdog)
         "watchdog": {"warn_minutes": cfg.watchdog.warn_minutes, "stop_minutes": cfg.watchdog.stop_minutes},
     }
-    return launch_multirun("reprocube.orchestration.study_job", "study", study_dir, config, "study.member", 2 * cfg.study.runs,
-                           study_dir / "logs" / "launcher.log", echo=lambda line: out(f"  {line}"))  # fmt: skip
+    return launch_multirun(
+        "reprocube.orchestration.study_job",
+        "study",
+        study_dir,
+        config,
+        "study.member",
+        2 * cfg.study.runs,
+        study_dir / "logs" / "launcher.log",
+        echo=lambda line: out(f"  {line}"),
+    )

@@ -195,9 +195,16 @@ class JaxBackend:
         self._group_losses, self._group_fingerprints = [], []
         for i, (lo, hi) in enumerate(bounds.tolist()):
             self.params, self.opt_state, self._totals, loss, fingerprint = self._train_step(
-                self.params, self.opt_state, self._totals, self.x_train, self.y_train, self._order, lo, hi - lo,
+                self.params,
+                self.opt_state,
+                self._totals,
+                self.x_train,
+                self.y_train,
+                self._order,
+                lo,
+                hi - lo,
                 first_global_step + i,
-            )  # fmt: skip
+            )
             self._group_losses.append(loss)
             self._group_fingerprints.append(fingerprint)
 
@@ -206,9 +213,13 @@ class JaxBackend:
         for i, (images, labels) in enumerate(batches):
             one_hot = jax.nn.one_hot(labels, self.y_train.shape[1], dtype=jnp.float32)
             self.params, self.opt_state, self._totals, loss, fingerprint = self._train_batch(
-                self.params, self.opt_state, self._totals, jnp.asarray(images.transpose(0, 2, 3, 1)), one_hot,
+                self.params,
+                self.opt_state,
+                self._totals,
+                jnp.asarray(images.transpose(0, 2, 3, 1)),
+                one_hot,
                 first_global_step + i,
-            )  # fmt: skip
+            )
             self._group_losses.append(loss)
             self._group_fingerprints.append(fingerprint)
 
@@ -358,8 +369,13 @@ def _evaluate(jaxpr, consts, args, stack: str, sites: list, values: list) -> lis
                 result = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
             outputs = list(result) if eqn.primitive.multiple_results else [result]
             if eqn.primitive.name in RECORDED_KERNELS:
-                sites.append((f"jax.{eqn.primitive.name}", _where(where),
-                              text_digest(_ADDRESS.sub("", repr(sorted(eqn.params.items()))))))  # fmt: skip
+                sites.append(
+                    (
+                        f"jax.{eqn.primitive.name}",
+                        _where(where),
+                        text_digest(_ADDRESS.sub("", repr(sorted(eqn.params.items())))),
+                    )
+                )
                 values.append((inputs, _evaluated_apart(eqn, inputs)))
         for var, value in zip(eqn.outvars, outputs, strict=True):
             if not isinstance(var, jax_core.DropVar):

@@ -300,9 +300,16 @@ class _GraphRecorder:
         return call
 
     def _append(self, op: str, where: str, inputs: list, outputs: list) -> None:
-        self.ops.append({"index": len(self.ops), "op": op, "where": where, "params": text_digest(""),
-                         "inputs": [tensor_digest(a) for a in inputs],
-                         "outputs": [tensor_digest(a) for a in outputs]})  # fmt: skip
+        self.ops.append(
+            {
+                "index": len(self.ops),
+                "op": op,
+                "where": where,
+                "params": text_digest(""),
+                "inputs": [tensor_digest(a) for a in inputs],
+                "outputs": [tensor_digest(a) for a in outputs],
+            }
+        )
 
 
 def _where(op_name: str, layers: set[str]) -> str:

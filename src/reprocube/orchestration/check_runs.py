@@ -71,8 +71,13 @@ class Attempt:
     stopped_early: bool = False  # it ended on its own before its stop came
 
     def as_dict(self) -> dict:
-        return {"started_s": round(self.started_s, 3), "seconds": round(self.seconds, 3), "exit": self.exit,
-                "stop": self.stop, "stopped_early": self.stopped_early}  # fmt: skip
+        return {
+            "started_s": round(self.started_s, 3),
+            "seconds": round(self.seconds, 3),
+            "exit": self.exit,
+            "stop": self.stop,
+            "stopped_early": self.stopped_early,
+        }
 
 
 @dataclass
@@ -99,8 +104,15 @@ class Run:
         return self.attempts[-1].exit if self.attempts else None
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "work": str(self.work), "log": str(self.log), "command": self.command,
-                "probe": str(self.probe), "attempts": [a.as_dict() for a in self.attempts], "stops_landed": self.stops_landed}  # fmt: skip
+        return {
+            "name": self.name,
+            "work": str(self.work),
+            "log": str(self.log),
+            "command": self.command,
+            "probe": str(self.probe),
+            "attempts": [a.as_dict() for a in self.attempts],
+            "stops_landed": self.stops_landed,
+        }
 
 
 def failure_line(run: Run) -> str:
@@ -135,9 +147,14 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         start = time.perf_counter()
         try:
             child = subprocess.Popen(
-                run.command, cwd=run.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                process_group=0, preexec_fn=_die_with_parent(),
-            )  # fmt: skip
+                run.command,
+                cwd=run.work,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=_die_with_parent(),
+            )
         except OSError as exc:  # not found, not executable: the command failed, as a shell's 127 says
             log.write(f"error: could not start {run.command[0]!r}: {exc.strerror or exc}\n")
             return Attempt(start - began, 0.0, 127, None)
@@ -183,8 +200,16 @@ def _signal_group(child: subprocess.Popen, signum: int) -> None:
         pass  # it ended meanwhile
 
 
-def _wait_for_trigger(child, stop: Stop | None, work: Path, seen: set[str], matched: threading.Event,
-                      start: float, timeout_s: float, on_progress=None) -> bool:  # fmt: skip
+def _wait_for_trigger(
+    child,
+    stop: Stop | None,
+    work: Path,
+    seen: set[str],
+    matched: threading.Event,
+    start: float,
+    timeout_s: float,
+    on_progress=None,
+) -> bool:
     """True when the stop's moment came while the command ran; False when it ended first (or there is no
     stop: it runs to its end, bounded by the watchdog)."""
     reported = start

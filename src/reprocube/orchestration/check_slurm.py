@@ -26,16 +26,44 @@ from reprocube.probe import ENV as PROBE_ENV
 POLL_S = 0.5  # how often the job's state is asked (each look runs scontrol)
 TRIGGER_POLL_S = 0.02  # how often a stop's moment is looked for (the log and the work directory: cheap)
 RUNNING = ("RUNNING", "COMPLETING")
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-         "PREEMPTED")  # fmt: skip
+ENDED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+)
 KILLED = 137  # no status written: SLURM killed the batch script itself (after KillWait)
 NO_WORK_DIRECTORY = 97  # the batch script could not enter the work directory (not on a shared filesystem)
 COMMAND_TIMEOUT_S = 60
 # sbatch options check sets itself, or that break one job per run with attempts as its starts. sbatch
 # takes any unambiguous prefix of a long option, so a prefix of one of these is refused too.
-REFUSED_OPTIONS = ("--output", "--error", "--input", "--open-mode", "--requeue", "--no-requeue", "--parsable",
-                   "--chdir", "--wrap", "--export", "--export-file", "--job-name", "--test-only", "--wait",
-                   "--array", "--hold", "--begin", "--dependency", "--signal", "--kill-on-invalid-dep")  # fmt: skip
+REFUSED_OPTIONS = (
+    "--output",
+    "--error",
+    "--input",
+    "--open-mode",
+    "--requeue",
+    "--no-requeue",
+    "--parsable",
+    "--chdir",
+    "--wrap",
+    "--export",
+    "--export-file",
+    "--job-name",
+    "--test-only",
+    "--wait",
+    "--array",
+    "--hold",
+    "--begin",
+    "--dependency",
+    "--signal",
+    "--kill-on-invalid-dep",
+)
 
 
 def check_slurm(options: list[str]) -> None:
@@ -81,24 +109,26 @@ def _interrupted(signum, _frame):
 
 def batch_script(run: Run) -> str:
     marks = shlex.quote(str(_marks(run).absolute()))
-    return "\n".join([
-        "#!/bin/bash",
-        "# reprocube check: one attempt of a run per start of this job (SLURM_RESTART_COUNT: its requeues).",
-        "attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
-        f"marks={marks}",
-        'date +%s.%N > "$marks/attempt-$attempt.began"',
-        f"export {PROBE_ENV}={shlex.quote(str(run.probe.absolute()))}/attempt-$attempt.jsonl",
-        f'cd {shlex.quote(str(run.work.absolute()))} || {{ echo {NO_WORK_DIRECTORY} > "$marks/attempt-$attempt.exit"; exit {NO_WORK_DIRECTORY}; }}',
-        # The command runs as a child so that its exit status is known; SLURM's SIGTERM reaches it too (it
-        # signals every process of the job), and the handler keeps this shell waiting for it.
-        "trap 'true' TERM",
-        f"{shlex.join(run.command)} </dev/null &",
-        "child=$!",
-        'while wait "$child"; status=$?; kill -0 "$child" 2>/dev/null; do :; done',
-        'echo "$status $(date +%s.%N)" > "$marks/attempt-$attempt.exit"',
-        'exit "$status"',
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# reprocube check: one attempt of a run per start of this job (SLURM_RESTART_COUNT: its requeues).",
+            "attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
+            f"marks={marks}",
+            'date +%s.%N > "$marks/attempt-$attempt.began"',
+            f"export {PROBE_ENV}={shlex.quote(str(run.probe.absolute()))}/attempt-$attempt.jsonl",
+            f'cd {shlex.quote(str(run.work.absolute()))} || {{ echo {NO_WORK_DIRECTORY} > "$marks/attempt-$attempt.exit"; exit {NO_WORK_DIRECTORY}; }}',
+            # The command runs as a child so that its exit status is known; SLURM's SIGTERM reaches it too (it
+            # signals every process of the job), and the handler keeps this shell waiting for it.
+            "trap 'true' TERM",
+            f"{shlex.join(run.command)} </dev/null &",
+            "child=$!",
+            'while wait "$child"; status=$?; kill -0 "$child" 2>/dev/null; do :; done',
+            'echo "$status $(date +%s.%N)" > "$marks/attempt-$attempt.exit"',
+            'exit "$status"',
+            "",
+        ]
+    )
 
 
 def _marks(run: Run) -> Path:
@@ -114,8 +144,17 @@ def _submit(run: Run, options: list[str]) -> str:
     with open(run.log, "a") as log:  # SLURM appends the command's output after it
         log.write(f"$ {shlex.join(run.command)}\n")
     # --export=ALL: the job gets this environment (the seed variable included) whatever SBATCH_EXPORT says.
-    argv = ["sbatch", "--parsable", "--requeue", "--export=ALL", "--open-mode=append", f"--output={run.log.absolute()}",
-            f"--job-name=reprocube-check-{run.name}", *options, str(script.absolute())]  # fmt: skip
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        "--export=ALL",
+        "--open-mode=append",
+        f"--output={run.log.absolute()}",
+        f"--job-name=reprocube-check-{run.name}",
+        *options,
+        str(script.absolute()),
+    ]
     env = {k: v for k, v in run.env.items() if k != PROBE_ENV}
     done = _run(argv, env)
     job = done.stdout.strip().split(";")[0] if done is not None and done.returncode == 0 else ""
@@ -145,8 +184,9 @@ def _state(job: str, last: tuple[str, int]) -> tuple[str, int]:
     return fields.get("JobState", last[0]), int(restarts) if restarts.isdigit() else last[1]
 
 
-def _attempt(run: Run, job: str, number: int, stop: Stop | None, timeout_s: float, seen: set[str],
-             began: float) -> Attempt:  # fmt: skip
+def _attempt(
+    run: Run, job: str, number: int, stop: Stop | None, timeout_s: float, seen: set[str], began: float
+) -> Attempt:
     queued = reported = time.perf_counter()
     state = ("PENDING", number - 1)
     while True:  # until SLURM runs this start of the job (or the job ended before it)

@@ -156,8 +156,9 @@ class ProgressWatch:
     line every log.every_steps). poll() reports a stall through on_stall(seconds) and, past the stop time,
     ends the child and raises StalledChild naming the last global step the child logged."""
 
-    def __init__(self, command: list[str], log: Path, progress: list[Path], watchdog: Watchdog,
-                 on_stall: Callable[[float], None]) -> None:  # fmt: skip
+    def __init__(
+        self, command: list[str], log: Path, progress: list[Path], watchdog: Watchdog, on_stall: Callable[[float], None]
+    ) -> None:
         self.command, self.log, self.progress, self.on_stall = command, log, progress, on_stall
         self.warn_after_s = watchdog.warn_after_s
         if watchdog.stop_after_s is not None:  # a stall is reported before it is ended

@@ -22,9 +22,12 @@ class ConfigOptions:
 def add_config_arguments(parser, all_frameworks_default: str | None = None, aliases: dict | None = None) -> None:
     """The options every config command takes; the CLI then hands the command args.invocation."""
     parser.add_argument(
-        "--config-file", metavar="PATH", action="append", default=[],
+        "--config-file",
+        metavar="PATH",
+        action="append",
+        default=[],
         help="user yaml merged under the command-line overrides (e.g. workspace/train.yaml); repeatable, later files win",
-    )  # fmt: skip
+    )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     parser.set_defaults(config_options=ConfigOptions(all_frameworks_default, aliases or {}))

@@ -67,8 +67,15 @@ def launch_multirun(
     config_dir = work_dir / "hydra" / "config"
     config_dir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(config_dir / f"{name}.yaml", OmegaConf.to_yaml(config).encode())
-    command = python_module_command(app_module, "--config-path", str(config_dir), "--config-name", name,
-                                    "--multirun", f"{member_key}=range(0,{count})")  # fmt: skip
+    command = python_module_command(
+        app_module,
+        "--config-path",
+        str(config_dir),
+        "--config-name",
+        name,
+        "--multirun",
+        f"{member_key}=range(0,{count})",
+    )
     status = run_child(command, log, echo=echo)
     return f"the Hydra launcher exited {status}; see {log}" if status != 0 else None
 

@@ -31,8 +31,16 @@ def unavailable(step: int | None, why: str) -> dict:
     return {"status": "unavailable", "step": step, "text": f"first differing operation: not found: {why}"}
 
 
-def _record(framework: str, step: int, replays, out: Path, logs: Path, place_overrides: list[str],
-            run_child: RunChild, label: str) -> dict:  # fmt: skip
+def _record(
+    framework: str,
+    step: int,
+    replays,
+    out: Path,
+    logs: Path,
+    place_overrides: list[str],
+    run_child: RunChild,
+    label: str,
+) -> dict:
     """Each (name, run, env) of `replays`: `step` of that run recorded in a fresh process under env, read
     back strictly. {name: recording}, or an entry of reproduce.json (status unavailable or failed) saying
     why not, in `label`'s words."""
@@ -46,13 +54,22 @@ def _record(framework: str, step: int, replays, out: Path, logs: Path, place_ove
         path = out / f"step-{step}-{name}.json"
         log = logs / f"replay-{name}.log"
         command = python_module_command(
-            "reprocube.orchestration.replay_step", "--run", str(run), "--step", str(step), "--out", str(path),
+            "reprocube.orchestration.replay_step",
+            "--run",
+            str(run),
+            "--step",
+            str(step),
+            "--out",
+            str(path),
             *place_overrides,
-        )  # fmt: skip
+        )
         status = run_child(command, log, env)
         if status != 0:
-            return {"status": "failed", "step": step,
-                    "text": f"{label}: the replay as {name} exited {status}: {last_error_line(log)}"}  # fmt: skip
+            return {
+                "status": "failed",
+                "step": step,
+                "text": f"{label}: the replay as {name} exited {status}: {last_error_line(log)}",
+            }
         try:
             recordings[name] = read_ops(path)
         except ReprocubeError as exc:
@@ -84,8 +101,11 @@ def first_operation(
     faithful = [
         n for n, ops in recordings.items() if ops["loss_matches_run"] is True and ops["recording_changed_nothing"]
     ]
-    entry = {"step": step, "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
-             "operations": len(a_ops["ops"])}  # fmt: skip
+    entry = {
+        "step": step,
+        "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
+        "operations": len(a_ops["ops"]),
+    }
     if len(faithful) != len(recordings):
         unfaithful = ", ".join(sorted(set(recordings) - set(faithful)))
         return entry | {
@@ -130,8 +150,11 @@ def nondeterministic_operation(
     if "status" in recordings:  # unavailable or failed
         return recordings
     first, again = recordings["b"], recordings["b-again"]
-    entry = {"step": step, "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
-             "operations": len(first["ops"])}  # fmt: skip
+    entry = {
+        "step": step,
+        "recordings": [str(out / f"step-{step}-{name}.json") for name in recordings],
+        "operations": len(first["ops"]),
+    }
     try:
         found = first_differing_operation(first, again)
     except ValueError as exc:

@@ -35,8 +35,9 @@ TIMEOUT_FACTOR = 10  # B's watchdog: this many times A's run, at least MIN_TIMEO
 MIN_TIMEOUT_S = 300.0
 
 
-def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Path], out: Path, match: bool,
-                     echo=print) -> dict:  # fmt: skip
+def reproduce_script(
+    receipt: ScriptReceipt, command: list[str], copies: list[Path], out: Path, match: bool, echo=print
+) -> dict:
     started = time.perf_counter()
     if not command:
         raise ConfigError("a script receipt is reproduced by running its command: reprocube reproduce RECEIPT -- CMD")
@@ -91,21 +92,35 @@ def reproduce_script(receipt: ScriptReceipt, command: list[str], copies: list[Pa
             matched, again = run_b("b-matched", plan["settings"])
             ok = matched.exit == 0 and not _differs({**result, **again})
             shown = settings_text(plan["settings"], result["environment"])
-            result["match"] = {"settings": plan["settings"], "cannot": plan["cannot"], "bit_identical": ok,
-                               "summary": f"with {shown}, B reproduces A bit for bit" if ok
-                               else f"with {shown}, B still differs"}  # fmt: skip
+            result["match"] = {
+                "settings": plan["settings"],
+                "cannot": plan["cannot"],
+                "bit_identical": ok,
+                "summary": f"with {shown}, B reproduces A bit for bit" if ok else f"with {shown}, B still differs",
+            }
         else:
-            result["match"] = {"settings": {}, "cannot": plan["cannot"], "bit_identical": None,
-                               "summary": "nothing this machine can emulate differs from A"
-                               + (f" ({'; '.join(plan['cannot'])})" if plan["cannot"] else "")}  # fmt: skip
+            result["match"] = {
+                "settings": {},
+                "cannot": plan["cannot"],
+                "bit_identical": None,
+                "summary": "nothing this machine can emulate differs from A"
+                + (f" ({'; '.join(plan['cannot'])})" if plan["cannot"] else ""),
+            }
     if differs:
         return _finish(result, out, "differs", differs, started, echo)
     compared_text = _compared_text(result)
     if result["not_checked"]:
-        return _finish(result, out, "partly-checked", f"nothing compared differs ({compared_text}); not checked: "
-                       + "; ".join(result["not_checked"]), started, echo)  # fmt: skip
-    return _finish(result, out, "bit-identical", f"everything A's receipt records reproduced ({compared_text})",
-                   started, echo)  # fmt: skip
+        return _finish(
+            result,
+            out,
+            "partly-checked",
+            f"nothing compared differs ({compared_text}); not checked: " + "; ".join(result["not_checked"]),
+            started,
+            echo,
+        )
+    return _finish(
+        result, out, "bit-identical", f"everything A's receipt records reproduced ({compared_text})", started, echo
+    )
 
 
 def _a_trace(receipt: ScriptReceipt):
@@ -138,17 +153,22 @@ def _inputs(receipt: ScriptReceipt, b: dict[str, str], b_files: dict[int, str]) 
 
 def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
     """B's probe trace and outputs against A's receipt."""
-    b_outputs = outputs_named(run.work, set(receipt.outputs) | set(receipt.unrecorded_outputs),
-                              receipt.declared_outputs)  # fmt: skip
+    b_outputs = outputs_named(
+        run.work, set(receipt.outputs) | set(receipt.unrecorded_outputs), receipt.declared_outputs
+    )
     a_names = set(receipt.outputs) | set(receipt.unrecorded_outputs)
     outputs = {
         "compared": sorted(n for n in receipt.outputs if b_outputs.get(n) is not None),
-        "differ": sorted(n for n in receipt.outputs if b_outputs.get(n) is not None and b_outputs[n] != receipt.outputs[n]),
+        "differ": sorted(
+            n for n in receipt.outputs if b_outputs.get(n) is not None and b_outputs[n] != receipt.outputs[n]
+        ),
         "missing": sorted(n for n in receipt.outputs if n not in b_outputs),
         "extra": sorted(n for n in b_outputs if n not in a_names),  # written by B only, under a declared output
         # not regular files (a link, a FIFO) in A or in B: their bytes were not compared
-        "not_compared": sorted({*receipt.unrecorded_outputs, *(n for n in receipt.outputs if n in b_outputs and b_outputs[n] is None)}),
-    }  # fmt: skip
+        "not_compared": sorted(
+            {*receipt.unrecorded_outputs, *(n for n in receipt.outputs if n in b_outputs and b_outputs[n] is None)}
+        ),
+    }
     compared = {"outputs": outputs, "trace": None}
     if a_trace is None:
         return compared
@@ -167,9 +187,14 @@ def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
     a_steps, b_steps = steps_of(a_trace, 0), steps_of(b_trace, 0)
     common = set(a_steps) & set(b_steps)
     difference = first_difference(a_steps, b_steps, a_trace.names)
-    compared["trace"] = {"a_steps": len(a_steps), "b_steps": len(b_steps), "compared_steps": len(common),
-                         "missing_steps": len(set(a_steps) - set(b_steps)),
-                         "extra_steps": len(set(b_steps) - set(a_steps)), "first_difference": difference}  # fmt: skip
+    compared["trace"] = {
+        "a_steps": len(a_steps),
+        "b_steps": len(b_steps),
+        "compared_steps": len(common),
+        "missing_steps": len(set(a_steps) - set(b_steps)),
+        "extra_steps": len(set(b_steps) - set(a_steps)),
+        "first_difference": difference,
+    }
     return compared
 
 
@@ -190,9 +215,14 @@ def _causes(result: dict, receipt: ScriptReceipt) -> list[dict]:
     seed = receipt.seed  # check set it for A's run; this process's environment is B's (never set from a file)
     if seed is not None and os.environ.get(seed["variable"]) != seed["value"]:
         given = os.environ.get(seed["variable"])
-        causes.append({"key": f"seed variable {seed['variable']}", "a": seed["value"],
-                       "b": "unset" if given is None else given[:40],
-                       "note": f"run as {seed['variable']}={seed['value']} reprocube reproduce ..."})  # fmt: skip
+        causes.append(
+            {
+                "key": f"seed variable {seed['variable']}",
+                "a": seed["value"],
+                "b": "unset" if given is None else given[:40],
+                "note": f"run as {seed['variable']}={seed['value']} reprocube reproduce ...",
+            }
+        )
     for row in env_differences(receipt.env, result["environment"]):
         if "not_a_cause" not in row and {} not in (row["a"], row["b"]):  # an empty mapping: its keys are rows
             causes.append({"key": f"env.{row['key']}", "a": row["a"], "b": row["b"]})
@@ -212,18 +242,24 @@ def _differs(result: dict) -> str | None:
     else:
         difference = trace["first_difference"]
         if difference is not None:
-            found.append(f"step {difference['step']} is the first update that differs: "
-                         f"{describe_difference(difference, 'A', 'B')}")  # fmt: skip
+            found.append(
+                f"step {difference['step']} is the first update that differs: "
+                f"{describe_difference(difference, 'A', 'B')}"
+            )
         if trace["missing_steps"] or trace["extra_steps"]:
             found.append(f"B made {counted(trace['b_steps'], 'update')}, A {trace['a_steps']}")
     if outputs.get("missing"):
         found.append(f"B did not write {outputs['missing'][0]}")
     if outputs.get("extra"):
-        found.append(f"B wrote {outputs['extra'][0]}, which A did not" + (f" (and {len(outputs['extra']) - 1} more)"
-                                                                           if len(outputs["extra"]) > 1 else ""))  # fmt: skip
+        found.append(
+            f"B wrote {outputs['extra'][0]}, which A did not"
+            + (f" (and {len(outputs['extra']) - 1} more)" if len(outputs["extra"]) > 1 else "")
+        )
     if outputs.get("differ"):
-        found.append(f"{outputs['differ'][0]} differs" + (f" (and {len(outputs['differ']) - 1} more)"
-                                                          if len(outputs["differ"]) > 1 else ""))  # fmt: skip
+        found.append(
+            f"{outputs['differ'][0]} differs"
+            + (f" (and {len(outputs['differ']) - 1} more)" if len(outputs["differ"]) > 1 else "")
+        )
     for name in outputs.get("not_compared", []):
         _note(not_checked, f"{name}: a link or a special file, not a regular file: its bytes were not compared")
     # A's receipt claims its inputs and command too: another source or command is a difference, whatever
@@ -255,8 +291,11 @@ def _finish(result: dict, out: Path, verdict: str, summary: str, started: float,
     notes = []
     if result["inputs"]["only_b"]:
         notes.append(f"inputs A did not have: {', '.join(result['inputs']['only_b'][:4])}")
-    result.update(verdict=verdict, summary=one_line(f"{verdict}: {summary}" + (f" ({'; '.join(notes)})" if notes else "")),
-                  wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
+    result.update(
+        verdict=verdict,
+        summary=one_line(f"{verdict}: {summary}" + (f" ({'; '.join(notes)})" if notes else "")),
+        wall_s=round(time.perf_counter() - started, 1),
+    )
     result.setdefault("causes", [])
     result.setdefault("outputs", None)
     result.setdefault("trace", None)

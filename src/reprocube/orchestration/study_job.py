@@ -19,9 +19,14 @@ def main(cfg) -> dict:
 
     study = cfg.study
     record = run_member(
-        Path(study.dir), study.runs, study.seed, study.member, list(OmegaConf.to_container(study.train_args)),
-        study.cwd, Watchdog.of_config(cfg),
-    )  # fmt: skip
+        Path(study.dir),
+        study.runs,
+        study.seed,
+        study.member,
+        list(OmegaConf.to_container(study.train_args)),
+        study.cwd,
+        Watchdog.of_config(cfg),
+    )
     print(
         f"study member {record['member']} ({record['group']}, seed {record['seed']}): {record['status']}"
         + (

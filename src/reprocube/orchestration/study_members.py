@@ -56,8 +56,14 @@ def collect(study_dir: Path, runs: int, seed: int, launcher: str = "local") -> d
             logs = [str(paths["logs"] / f"{member.run_name}.log")] + (
                 [_slurm_folder(paths["slurm"], member.index)] if launcher == "slurm" else []
             )
-            record = {"member": member.index, "group": member.group, "seed": member.seed, "status": "failed",
-                      "error": "no result recorded (the job did not finish)", "log": " and ".join(logs)}  # fmt: skip
+            record = {
+                "member": member.index,
+                "group": member.group,
+                "seed": member.seed,
+                "status": "failed",
+                "error": "no result recorded (the job did not finish)",
+                "log": " and ".join(logs),
+            }
         except (OSError, ReprocubeError) as exc:
             record = {
                 "member": member.index,
@@ -112,29 +118,53 @@ def _square(value):
     return None if value is None else value * value
 
 
-def run_member(study_dir: Path, runs: int, seed: int, index: int, train_args: list[str], cwd: str,
-               watchdog: Watchdog = DEFAULT_WATCHDOG) -> dict:  # fmt: skip
+def run_member(
+    study_dir: Path,
+    runs: int,
+    seed: int,
+    index: int,
+    train_args: list[str],
+    cwd: str,
+    watchdog: Watchdog = DEFAULT_WATCHDOG,
+) -> dict:
     """Train one member with `reprocube train` in a fresh process, watched, and record its result. Never
     raises for a failed or stalled run: the failure is recorded, so that the other runs go on and are
     reported."""
     member = members(runs, seed)[index]
     paths = study_paths(study_dir)
     log_path = paths["logs"] / f"{member.run_name}.log"
-    command = reprocube_command("train", *train_args, f"seed={member.seed}", override("output_dir", str(paths["runs"])),
-                                f"run_name={member.run_name}", "resume=auto", "log.progress=false")  # fmt: skip
+    command = reprocube_command(
+        "train",
+        *train_args,
+        f"seed={member.seed}",
+        override("output_dir", str(paths["runs"])),
+        f"run_name={member.run_name}",
+        "resume=auto",
+        "log.progress=false",
+    )
     run_dir = paths["runs"] / member.run_name
 
     def on_stall(seconds: float) -> None:
-        print(f"study: {member.run_name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
-              "still waiting", flush=True)  # fmt: skip
+        print(
+            f"study: {member.run_name}: no progress for {seconds:.0f} s (its log and metrics.jsonl unchanged); "
+            "still waiting",
+            flush=True,
+        )
 
     stalled = None
     try:
         status = run_watched(command, log_path, [run_dir / "metrics.jsonl"], on_stall, watchdog=watchdog, cwd=cwd)
     except StalledChild as exc:
         status, stalled = EXIT_TRAINING, str(exc)
-    record = {"member": member.index, "group": member.group, "seed": member.seed, "run": str(paths["runs"] / member.run_name),
-              "log": str(log_path), "exit_code": status, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}  # fmt: skip
+    record = {
+        "member": member.index,
+        "group": member.group,
+        "seed": member.seed,
+        "run": str(paths["runs"] / member.run_name),
+        "log": str(log_path),
+        "exit_code": status,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
     if status == 0:
         final = _final_epoch(paths["runs"] / member.run_name)
         if final is None:

@@ -84,8 +84,11 @@ def compare_link(ref: dict, run: dict, name: str, tolerance: float) -> dict:
     the trace's weight digests, the epoch records)."""
     if name not in run["checkpoints"]:
         return {"passed": False, "identical": False, "summary": f"wrote no {name}", "state_differences": []}
-    result = compare_runs({**ref, "checkpoints": {name: ref["checkpoints"][name]}, "unreadable": {}},
-                          {**run, "checkpoints": {name: run["checkpoints"][name]}}, tolerance)  # fmt: skip
+    result = compare_runs(
+        {**ref, "checkpoints": {name: ref["checkpoints"][name]}, "unreadable": {}},
+        {**run, "checkpoints": {name: run["checkpoints"][name]}},
+        tolerance,
+    )
     a, b = ref["checkpoints"][name], run["checkpoints"][name]
     state = [
         part

@@ -108,8 +108,9 @@ def plan_linear(cfg, steps: int, reference: Path, epochs: list[int]) -> list[Che
     # Another seed differs from the first step: one group of steps shows it (the trace has every loss).
     control_steps = min(STEPS_PER_CALL, cfg.epochs * steps)
     # Stopped at the run's last step, it simply ends (a stop at an epoch's last step finishes the epoch).
-    control = Stage((f"seed={(cfg.seed + 1) % 2**32}", f"preempt_at_step={control_steps}"),
-                    expect=(EXIT_PREEMPTED, EXIT_OK))  # fmt: skip
+    control = Stage(
+        (f"seed={(cfg.seed + 1) % 2**32}", f"preempt_at_step={control_steps}"), expect=(EXIT_PREEMPTED, EXIT_OK)
+    )
     checks.insert(
         2 if not cfg.run else 1,
         Check("control-other-seed", f"negative control: another seed, {control_steps} steps", [control], "control"),

@@ -63,7 +63,7 @@ def child_commands(check: Check, user: list[str], framework: str, base: Path) ->
             f"run_name={check.name}",
             "log.progress=false",
             *stage.args,
-        )  # fmt: skip
+        )
         for stage in check.stages
     ]
 
@@ -75,8 +75,16 @@ def _stage_failed(check: Check, stage: Stage, status: int, log: Path) -> str | N
     return f"exited {status}: {last_error_line(log)} (log: {log})"
 
 
-def run_local(checks: list[Check], commands: dict[str, list[list[str]]], jobs: int, reference: Path, logs: Path, out,
-              base: Path, watchdog: Watchdog = DEFAULT_WATCHDOG):  # fmt: skip
+def run_local(
+    checks: list[Check],
+    commands: dict[str, list[list[str]]],
+    jobs: int,
+    reference: Path,
+    logs: Path,
+    out,
+    base: Path,
+    watchdog: Watchdog = DEFAULT_WATCHDOG,
+):
     """Run the checks, at most `jobs` processes at once, in list order as far as their needs allow; each
     process watched (a check that makes no progress is reported, and ended and failed past the watchdog's
     stop time)."""
@@ -154,8 +162,16 @@ def run_slurm(checks: list[Check], commands: dict[str, list[list[str]]], cfg, ba
         settings = hydra_settings(work, "job.member", "slurm", cfg.verify.slurm, f"reprocube-verify-{phase}")
         config = {**settings, "job": {"plan": str(work / "plan.json"), "logs": str(base / "logs"), "member": None}}
         out(f"  submitting {len(group)} SLURM job(s): {', '.join(c.name for c in group)}")
-        error = launch_multirun("reprocube.orchestration.verify_job", "verify", work, config, "job.member", len(group),
-                                work / "launcher.log", echo=lambda line: out(f"    {line}"))  # fmt: skip
+        error = launch_multirun(
+            "reprocube.orchestration.verify_job",
+            "verify",
+            work,
+            config,
+            "job.member",
+            len(group),
+            work / "launcher.log",
+            echo=lambda line: out(f"    {line}"),
+        )
         if error:
             wait_for_slurm_jobs(work, cfg.verify.slurm.timeout_min * 60 + 120, out=lambda line: out(f"  {line}"))
         for check in group:

@@ -27,23 +27,23 @@ NEXT_STEP = {
         "Compare what the checkpoint holds with what the loop uses after a restart: the "
         "generators (torch.get_rng_state, a JAX key, NumPy's bit_generator.state), the position in "
         "the data, the scheduler's step and the optimizer's state.",
-    ),  # fmt: skip
+    ),
     "not-deterministic": (
         "bad",
         "Make two uninterrupted runs agree first (seeds, PYTHONHASHSEED, deterministic "
         "kernels, thread counts, loader workers); resume was not tested.",
-    ),  # fmt: skip
+    ),
     "control-void": (
         "warn",
         "The outputs do not depend on the seed: declare the outputs that the training "
         "writes (weights, metrics), or the variable the script really reads its seed from.",
-    ),  # fmt: skip
+    ),
     "no-stop-landed": ("warn", "Stop earlier: --at SECONDS, --at-file GLOB (a checkpoint) or --at-line REGEX."),
     "not-resumed": (
         "warn",
         "After a stop the script started again at step 1: make it load its latest "
         "checkpoint when one is there, then check again.",
-    ),  # fmt: skip
+    ),
     "command-failed": ("bad", "The script failed: its log (under logs/) has the error."),
 }
 
@@ -65,8 +65,9 @@ def read_check_dir(path: Path) -> dict:
                 if directory.is_symlink():  # the traces are read from inside the directory only
                     raise CheckpointError(f"{directory} is a symbolic link")
             traces["clean"] = read_trace(path / "probe" / "clean-1" / "attempt-1.jsonl")
-            traces["stopped"] = [read_trace(path / "probe" / "stopped" / f"attempt-{n}.jsonl")
-                                 for n in range(1, attempts + 1)]  # fmt: skip
+            traces["stopped"] = [
+                read_trace(path / "probe" / "stopped" / f"attempt-{n}.jsonl") for n in range(1, attempts + 1)
+            ]
         except CheckpointError as exc:
             check["not_checked"] = [*check["not_checked"], f"the probe's traces, unreadable: {exc}"]
             traces = {"clean": None, "stopped": []}
@@ -102,14 +103,18 @@ def write_check_page(out: Path, evidence: dict) -> Path:
         parts.append("</table>")
     else:
         parts.append("<p class='dim'>Not compared: the check ended before the stopped run.</p>")
-    parts.append("<h2>Runs and attempts</h2><table><tr><th>run</th><th>attempt</th><th>started (s)</th>"
-                 "<th>seconds</th><th>exit</th><th>stop</th></tr>")  # fmt: skip
+    parts.append(
+        "<h2>Runs and attempts</h2><table><tr><th>run</th><th>attempt</th><th>started (s)</th>"
+        "<th>seconds</th><th>exit</th><th>stop</th></tr>"
+    )
     for run in check["runs"]:
         for number, a in enumerate(run["attempts"], start=1):
             stop = (a["stop"] or "") + (" (ended before it)" if a["stopped_early"] else "")
-            parts.append(f"<tr><td>{esc(run['name'])}</td><td>{number}</td><td class='num'>{a['started_s']:.2f}</td>"
-                         f"<td class='num'>{a['seconds']:.2f}</td><td class='num'>{a['exit']}</td>"
-                         f"<td>{esc(stop)}</td></tr>")  # fmt: skip
+            parts.append(
+                f"<tr><td>{esc(run['name'])}</td><td>{number}</td><td class='num'>{a['started_s']:.2f}</td>"
+                f"<td class='num'>{a['seconds']:.2f}</td><td class='num'>{a['exit']}</td>"
+                f"<td>{esc(stop)}</td></tr>"
+            )
     parts += ["</table>", "</body></html>"]
     for name, figure in figures.items():
         write_file_atomic(out / name, figure)
@@ -142,8 +147,15 @@ def _losses_figure(traces: dict, probe: dict) -> bytes:
         resumed_at = by_attempt[number]["resumed_at"]
         updates = steps_of(trace, resumed_at)
         xs = sorted(updates)
-        ax.plot(xs, [float(loss_value(updates[s])) for s in xs], color=colours[number % 10], lw=1, alpha=0.85,
-                ls="--", label=f"stopped run, attempt {number}")  # fmt: skip
+        ax.plot(
+            xs,
+            [float(loss_value(updates[s])) for s in xs],
+            color=colours[number % 10],
+            lw=1,
+            alpha=0.85,
+            ls="--",
+            label=f"stopped run, attempt {number}",
+        )
         if number > 1:
             ax.axvline(resumed_at + 0.5, color="grey", lw=0.8)
     first = probe["first_difference"]

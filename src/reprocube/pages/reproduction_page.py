@@ -168,18 +168,39 @@ def _difference_plot(a: Receipt, b: Receipt, result: dict) -> bytes:
     for record in a.epochs:
         if steps.size and steps[0] <= record["global_step"] < steps[-1]:
             ax.axvline(record["global_step"], color="grey", linestyle=":", linewidth=0.8)
-            ax.annotate(f"end of epoch {record['epoch']}", (record["global_step"], 0.02), xycoords=("data", "axes fraction"),
-                        fontsize=7, color="grey", rotation=90, ha="right", va="bottom")  # fmt: skip
+            ax.annotate(
+                f"end of epoch {record['epoch']}",
+                (record["global_step"], 0.02),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                color="grey",
+                rotation=90,
+                ha="right",
+                va="bottom",
+            )
     first = result["first_divergence"]
     if first is not None and first["window"] is not None and first["window"][0] < first["window"][1]:
-        ax.axvspan(first["window"][0] - 0.5, first["window"][1] + 0.5, color="grey", alpha=0.15,
-                   label="the first differing update lies in here")  # fmt: skip
+        ax.axvspan(
+            first["window"][0] - 0.5,
+            first["window"][1] + 0.5,
+            color="grey",
+            alpha=0.15,
+            label="the first differing update lies in here",
+        )
         ax.legend(fontsize=8, loc="lower left")
     if first is not None:
         ax.axvline(first["step"], color="black", linestyle="--", linewidth=1.2)
-        ax.annotate(f"first divergence: global step {first['step']}", (first["step"], 0.5), xytext=(3, 0),
-                    textcoords="offset points", xycoords=("data", "axes fraction"), rotation=90, va="center",
-                    fontsize=9, fontweight="bold")  # fmt: skip
+        ax.annotate(
+            f"first divergence: global step {first['step']}",
+            (first["step"], 0.5),
+            xytext=(3, 0),
+            textcoords="offset points",
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="center",
+            fontsize=9,
+            fontweight="bold",
+        )
     same = steps.size and not nonzero.size and np.array_equal(la.view(np.uint32), lb.view(np.uint32))
     covered = f"global steps {steps[0]}..{steps[-1]}" if steps.size else "no step in common"
     ax.set_title(
@@ -238,8 +259,10 @@ def _trace_map(a: Receipt, b: Receipt, result: dict) -> bytes:
     top.set_yticks(np.arange(-0.5, grid.shape[0]), minor=True)
     top.grid(which="minor", color="white", linewidth=1)
     top.tick_params(which="minor", length=0)
-    handles = [matplotlib.patches.Patch(color="#cfe8cf", label="same digest"),
-               matplotlib.patches.Patch(color="#b00020", label="differs")]  # fmt: skip
+    handles = [
+        matplotlib.patches.Patch(color="#cfe8cf", label="same digest"),
+        matplotlib.patches.Patch(color="#b00020", label="differs"),
+    ]
     if np.isnan(grid).any() and columns:
         handles.append(matplotlib.patches.Patch(color="#dddddd", label="tensor in one run only"))
     top.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -312,8 +335,11 @@ def _spread_plot(spread: dict, values: dict | None) -> bytes:
         ax.margins(y=0.12)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")
-    fig.suptitle(f"does the difference matter? A and B against the seed-to-seed spread ({spread['source']}, "
-                 f"{spread['runs']} runs)", fontsize=11)  # fmt: skip
+    fig.suptitle(
+        f"does the difference matter? A and B against the seed-to-seed spread ({spread['source']}, "
+        f"{spread['runs']} runs)",
+        fontsize=11,
+    )
     return png(fig)
 
 
@@ -366,8 +392,10 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         parts.append("<table><tr><th>#</th><th>key</th><th>A</th><th>B</th><th>kind</th><th>note</th></tr>")
         for number, cause in enumerate(causes, start=1):
             dim = " class='dim'" if cause["kind"] == "not-numeric" else ""
-            parts.append(f"<tr{dim}><td>{number}</td><td class='key'><code>{esc(cause['key'])}</code></td>{cell(cause['a'])}"
-                         f"{cell(cause['b'])}<td>{esc(cause['kind'])}</td><td>{esc(cause['note'] or '')}</td></tr>")  # fmt: skip
+            parts.append(
+                f"<tr{dim}><td>{number}</td><td class='key'><code>{esc(cause['key'])}</code></td>{cell(cause['a'])}"
+                f"{cell(cause['b'])}<td>{esc(cause['kind'])}</td><td>{esc(cause['note'] or '')}</td></tr>"
+            )
         parts.append("</table><p class='caption'>Grey rows: differences known not to change these numbers.</p>")
     else:
         parts.append("<p>none: config, code and recorded environment are the same</p>")
@@ -382,13 +410,17 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             if result["self_consistent"]
             else "<span class='bad'>no: B is NON-DETERMINISTIC</span> (a second computation of the same steps differs)"
         )
-        parts.append(f"<p>{finding} (recomputed from {esc(check['from'])} to global step {check['to_step']} in a "
-                     f"fresh process; {check['compared_steps']} steps compared)</p>")  # fmt: skip
+        parts.append(
+            f"<p>{finding} (recomputed from {esc(check['from'])} to global step {check['to_step']} in a "
+            f"fresh process; {check['compared_steps']} steps compared)</p>"
+        )
     parts.append(f"<{h2}>Intervention (--match)</{h2}>")
     match = result["match"]
     if match is None:
-        parts.append("<p class='dim'>not run (reproduce --match re-runs B with A's settings where this machine can "
-                     "emulate them)</p>")  # fmt: skip
+        parts.append(
+            "<p class='dim'>not run (reproduce --match re-runs B with A's settings where this machine can "
+            "emulate them)</p>"
+        )
     else:
         cls = "ok" if match["bit_identical"] else ("bad" if match["ran"] else "dim")
         parts.append(f"<p class='{cls}'>{esc(match['summary'])}</p>")
@@ -398,8 +430,10 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
     parts.append("<table><tr><th>claims of A</th><th>reproduced</th><th>differ</th><th>not checked</th></tr>")
     for kind, counts in [*claims["kinds"].items(), ("all", claims["totals"])]:
         why = "; ".join(counts.get("why_not_checked", []))
-        parts.append(f"<tr><td>{esc(kind)}</td><td>{counts['reproduced']}</td><td>{counts['differs']}</td>"
-                     f"<td>{counts['not_checked']}{f' ({esc(why)})' if why else ''}</td></tr>")  # fmt: skip
+        parts.append(
+            f"<tr><td>{esc(kind)}</td><td>{counts['reproduced']}</td><td>{counts['differs']}</td>"
+            f"<td>{counts['not_checked']}{f' ({esc(why)})' if why else ''}</td></tr>"
+        )
     parts.append("</table>")
     operation = result.get("first_operation")
     if operation:
@@ -424,15 +458,24 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             + f"; {esc(first_update_text(first))}</p>"
         )
     sections = (
-        (DIFFERENCE_FIGURE, None,
-         "Each panel has its own scale around a zero line, so a difference of one float32 ULP is visible. The "
-         "dashed line marks the first diverging global step (the first loss, or weight digest, that differs)."),
-        (DIVERGENCE_FIGURE, "Divergence map (global step × tensor)",
-         "Top: green where a tensor's weights are bit-identical at that global step, red where they differ. Bottom: "
-         "how far apart the losses are per epoch, in float32 units in the last place (sign flips counted apart)."),
-        (SPREAD_FIGURE, "Does it matter? The seed-to-seed spread",
-         reproduction["spread_note"] or "A's and B's final test metrics among runs of A's config with other seeds."),
-    )  # fmt: skip
+        (
+            DIFFERENCE_FIGURE,
+            None,
+            "Each panel has its own scale around a zero line, so a difference of one float32 ULP is visible. The "
+            "dashed line marks the first diverging global step (the first loss, or weight digest, that differs).",
+        ),
+        (
+            DIVERGENCE_FIGURE,
+            "Divergence map (global step × tensor)",
+            "Top: green where a tensor's weights are bit-identical at that global step, red where they differ. Bottom: "
+            "how far apart the losses are per epoch, in float32 units in the last place (sign flips counted apart).",
+        ),
+        (
+            SPREAD_FIGURE,
+            "Does it matter? The seed-to-seed spread",
+            reproduction["spread_note"] or "A's and B's final test metrics among runs of A's config with other seeds.",
+        ),
+    )
     for name, heading, caption in sections:
         if name in figures:
             parts += [f"<{h2}>{heading}</{h2}>" if heading else "", img(prefix + name, figures[name])]
@@ -463,8 +506,10 @@ def _first_update(result: dict, a: Receipt, b: Receipt) -> list[str]:
     elif at.size:
         losses = " (the loss bits agree there; the weights differ)"
     if first.get("initial_tensors"):
-        items = ["The initial weights already differ, before any update: tensors "
-                 + ", ".join(f"<code>{html.escape(t)}</code>" for t in first["initial_tensors"])]  # fmt: skip
+        items = [
+            "The initial weights already differ, before any update: tensors "
+            + ", ".join(f"<code>{html.escape(t)}</code>" for t in first["initial_tensors"])
+        ]
     else:
         items = [f"First differing update: <b>step {first['step']}</b>{losses}"]
     if not first.get("initial_tensors") and (first.get("weight_tensors") or first.get("tensors")):
@@ -477,8 +522,10 @@ def _first_update(result: dict, a: Receipt, b: Receipt) -> list[str]:
     if match and match["bit_identical"]:
         items.append(f"the cause, proven: {html.escape(match['summary'])}")
     elif cause:
-        items.append(f"most likely cause <code>{html.escape(cause['key'])}</code> ({html.escape(str(cause['a']))} "
-                     f"&rarr; {html.escape(str(cause['b']))})")  # fmt: skip
+        items.append(
+            f"most likely cause <code>{html.escape(cause['key'])}</code> ({html.escape(str(cause['a']))} "
+            f"&rarr; {html.escape(str(cause['b']))})"
+        )
     operation = result.get("first_operation")
     if operation and operation["status"] == "found":
         items.append(f"first differing operation: {html.escape(operation['text'])}")
@@ -531,9 +578,11 @@ def _epoch_table(a: Receipt, b: Receipt, h2: str) -> list[str]:
             else:
                 delta = "0" if va == vb else f"{vb - va:+.3g}"
             cls = "num" if delta in ("0", "same") else "num bad"
-            parts.append(f"<tr><td>{record['epoch']}</td><td>{record['global_step']}</td><td>{esc(metric)}</td>"
-                         f"<td class='num'>{esc(number(va))}</td><td class='num'>{esc(number(vb))}</td>"
-                         f"<td class='{cls}'>{esc(delta)}</td></tr>")  # fmt: skip
+            parts.append(
+                f"<tr><td>{record['epoch']}</td><td>{record['global_step']}</td><td>{esc(metric)}</td>"
+                f"<td class='num'>{esc(number(va))}</td><td class='num'>{esc(number(vb))}</td>"
+                f"<td class='{cls}'>{esc(delta)}</td></tr>"
+            )
     parts.append("</table>")
     return parts
 

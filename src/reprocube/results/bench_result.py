@@ -84,8 +84,13 @@ def reference_ratios(path: Path, reference: dict, results: dict) -> dict:
         reference_s = theirs.get("median_train_s_after_first_epoch") or (statistics.median(epochs) if epochs else None)
         ours = entry["summary"].get("on", {}).get("epoch_s", {}).get("median")
         if reference_s and ours:
-            ratios[framework] = {"reference_epoch_s": reference_s, "reprocube_epoch_s": ours, "speedup": reference_s / ours,
-                                 "reference_threads": theirs.get("threads"), "reference_epochs": epochs}  # fmt: skip
+            ratios[framework] = {
+                "reference_epoch_s": reference_s,
+                "reprocube_epoch_s": ours,
+                "speedup": reference_s / ours,
+                "reference_threads": theirs.get("threads"),
+                "reference_epochs": epochs,
+            }
     return {
         "source": portable_path(path),
         "date": reference.get("date"),
@@ -140,15 +145,25 @@ def markdown(results: dict) -> str:
     loaders = {f: e["loader"] for f, e in results["frameworks"].items() if e.get("loader")}
     if loaders:
         names = list(next(iter(loaders.values())))
-        lines += ["", "data.pipeline=loader with data.augment=true against the resident dataset, epoch s (median):", "",
-                  "| framework | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]  # fmt: skip
+        lines += [
+            "",
+            "data.pipeline=loader with data.augment=true against the resident dataset, epoch s (median):",
+            "",
+            "| framework | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+        ]
         for framework, cost in loaders.items():
             lines.append(f"| {framework} | " + " | ".join(f"{cost[n]:.2f}" for n in names) + " |")
     reference = results.get("reference")
     if reference:
-        lines += ["", f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, batch {reference.get('batch_size')}), "
-                  "determinism on in both; the reference's own per-epoch training time:", "",
-                  "| framework | reference epoch s | reference threads | reprocube epoch s | speed-up |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, batch {reference.get('batch_size')}), "
+            "determinism on in both; the reference's own per-epoch training time:",
+            "",
+            "| framework | reference epoch s | reference threads | reprocube epoch s | speed-up |",
+            "|---|---|---|---|---|",
+        ]
         for framework, r in reference["frameworks"].items():
             lines.append(
                 f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | {r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |"

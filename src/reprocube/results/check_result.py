@@ -63,8 +63,20 @@ def read_check(path: Path) -> dict:
     }
 
 
-RUN_NAMES = ("clean-1", "clean-2", "clean-3", "clean-4", "clean-5", "clean-6", "clean-7", "clean-8", "clean-9",
-             "clean-10", "control", "stopped")  # fmt: skip
+RUN_NAMES = (
+    "clean-1",
+    "clean-2",
+    "clean-3",
+    "clean-4",
+    "clean-5",
+    "clean-6",
+    "clean-7",
+    "clean-8",
+    "clean-9",
+    "clean-10",
+    "control",
+    "stopped",
+)
 HOW_RESUMED = ("first", "given", "matched", "assumed")
 
 
@@ -82,7 +94,7 @@ def read_check_page(path: Path) -> dict:
                 "exit": a.nullable("exit", lambda k, a=a: a.integer(k, -255, 255)),
                 "stop": a.nullable("stop", a.text),
                 "stopped_early": a.boolean("stopped_early"),
-            }  # fmt: skip
+            }
             for a in run.records("attempts")
         ]
         page["runs"].append({"name": run.one_of("name", RUN_NAMES), "attempts": attempts})
@@ -110,10 +122,19 @@ def _read_probe(probe) -> dict | None:
         attempts.append(attempt)
     first = resume.nullable("first_difference", resume.mapping)
     if first is not None:
-        first = {"step": first.integer("step", 1), "after_stop": first.integer("after_stop"),
-                 "loss_a": first.text("loss_a"), "loss_b": first.text("loss_b"), "tensors": first.texts("tensors")}  # fmt: skip
-    return {"attempts": attempts, "first_difference": first, "compared_steps": resume.integer("compared_steps"),
-            "reference_steps": resume.integer("reference_steps")}  # fmt: skip
+        first = {
+            "step": first.integer("step", 1),
+            "after_stop": first.integer("after_stop"),
+            "loss_a": first.text("loss_a"),
+            "loss_b": first.text("loss_b"),
+            "tensors": first.texts("tensors"),
+        }
+    return {
+        "attempts": attempts,
+        "first_difference": first,
+        "compared_steps": resume.integer("compared_steps"),
+        "reference_steps": resume.integer("reference_steps"),
+    }
 
 
 def markdown(result: dict) -> str:
@@ -142,8 +163,10 @@ def markdown(result: dict) -> str:
         for number, attempt in enumerate(run["attempts"], start=1):
             stop = attempt["stop"] or ""
             stop += " (ended before it)" if attempt["stopped_early"] else ""
-            lines.append(f"| {run['name']} | {number} | {attempt['started_s']} | {attempt['seconds']} | "
-                         f"{attempt['exit']} | {stop} |")  # fmt: skip
+            lines.append(
+                f"| {run['name']} | {number} | {attempt['started_s']} | {attempt['seconds']} | "
+                f"{attempt['exit']} | {stop} |"
+            )
     for name, comparison in _comparisons(result["comparisons"]):
         lines += ["", f"## {name}", ""]
         changed = [f for f in comparison["files"] if not f["same"]]
@@ -170,17 +193,24 @@ def _probe_lines(probe: dict | None) -> list[str]:
     if not resume or "error" in resume:
         return []
     first = resume["first_difference"]
-    lines = [f"- probe: {resume['compared_steps']} of the uninterrupted run's {resume['reference_steps']} updates "
-             "compared (loss bits and per-tensor weight fingerprints)"]  # fmt: skip
+    lines = [
+        f"- probe: {resume['compared_steps']} of the uninterrupted run's {resume['reference_steps']} updates "
+        "compared (loss bits and per-tensor weight fingerprints)"
+    ]
     for attempt in resume["attempts"][1:]:
         if attempt["steps"]:
-            how = {"matched": "its first update is that step's", "given": "the step the script gave",
-                   "assumed": "assumed: the last checkpoint announced"}[attempt["how"]]  # fmt: skip
+            how = {
+                "matched": "its first update is that step's",
+                "given": "the step the script gave",
+                "assumed": "assumed: the last checkpoint announced",
+            }[attempt["how"]]
             lines.append(f"  - attempt {attempt['attempt']} resumed at step {attempt['resumed_at']} ({how})")
     if first is not None:
         tensors = ", ".join(first["tensors"]) or "none"
-        lines.append(f"  - first differing update: step {first['step']}, after stop {first['after_stop']}; loss "
-                     f"{first['loss_b']} (stopped run) vs {first['loss_a']}; tensors differing: {tensors}")  # fmt: skip
+        lines.append(
+            f"  - first differing update: step {first['step']}, after stop {first['after_stop']}; loss "
+            f"{first['loss_b']} (stopped run) vs {first['loss_a']}; tensors differing: {tensors}"
+        )
     if resume["unrecorded_steps"]:
         lines.append(f"  - steps no attempt of the stopped run recorded (not compared): {resume['unrecorded_steps']}")
     return lines

@@ -68,13 +68,18 @@ def receipts_line(receipts: dict) -> str:
     if receipts["verdict"] != "bit-identical":
         return f"from their receipts' traces: {receipts['summary']}"
     coverage = receipts["coverage"]
-    return (f"their receipts' traces claim the same {counted(coverage['compared_steps'], 'step')} and "
-            f"{counted(coverage['a_epochs'], 'epoch record')} (what the receipts claim; the checkpoints are compared above)")  # fmt: skip
+    return (
+        f"their receipts' traces claim the same {counted(coverage['compared_steps'], 'step')} and "
+        f"{counted(coverage['a_epochs'], 'epoch record')} (what the receipts claim; the checkpoints are compared above)"
+    )
 
 
 def _read_receipts(receipts) -> dict:
-    return {"verdict": receipts.one_of("verdict", ("bit-identical", "losses-only", "differs")),
-            "summary": receipts.text("summary"), "tier": receipts.text("tier")}  # fmt: skip
+    return {
+        "verdict": receipts.one_of("verdict", ("bit-identical", "losses-only", "differs")),
+        "summary": receipts.text("summary"),
+        "tier": receipts.text("tier"),
+    }
 
 
 def _read_run_inputs(inputs) -> dict:

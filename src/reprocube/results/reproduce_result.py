@@ -172,8 +172,10 @@ def what_to_do(result: dict) -> list[str]:
             "Ask for A's run directory or a fresh receipt: its recorded metrics are not what its training computes."
         ]
     if match is None:
-        return [f"Find out whether this machine can give A's bits (and the exact commands if it can): "
-                f"reprocube reproduce {shlex.quote(result['source'])} --match"]  # fmt: skip
+        return [
+            f"Find out whether this machine can give A's bits (and the exact commands if it can): "
+            f"reprocube reproduce {shlex.quote(result['source'])} --match"
+        ]
     if match["bit_identical"] and match.get("recipe"):
         return [
             "To get A's bits on this machine (proven by --match), run"
@@ -463,10 +465,13 @@ def markdown(result: dict) -> str:
             "",
             "## Does B agree with itself?",
             "",
-            ("yes: B is deterministic but computes differently from A" if result["self_consistent"]
-             else "**no: B is non-deterministic** (a second computation of the same steps differs)")
+            (
+                "yes: B is deterministic but computes differently from A"
+                if result["self_consistent"]
+                else "**no: B is non-deterministic** (a second computation of the same steps differs)"
+            )
             + f" (recomputed from {check.get('from')} to step {check.get('to_step')} in a fresh process)",
-        ]  # fmt: skip
+        ]
     identical = result["verdict"] == "bit-identical"
     heading = "Differences between A and B (none changed a bit)" if identical else "Likely causes (most likely first)"
     lines += ["", f"## {heading}", ""]

@@ -61,25 +61,39 @@ def _md(value) -> str:
 
 def markdown(result: dict) -> str:
     command = result["command"]
-    lines = ["# reprocube reproduce (a script's receipt)", "", f"**{_md(result['summary'])}**", "",
-             f"- receipt: `{_md(result['receipt'])}` (sha256 `{result['receipt_sha256'][:16]}`)",
-             f"- A's command: `{_md(' '.join(command['a']))}`",
-             f"- B's command: `{_md(' '.join(command['b']))}`" + ("" if command["same"] else " (another)")]  # fmt: skip
+    lines = [
+        "# reprocube reproduce (a script's receipt)",
+        "",
+        f"**{_md(result['summary'])}**",
+        "",
+        f"- receipt: `{_md(result['receipt'])}` (sha256 `{result['receipt_sha256'][:16]}`)",
+        f"- A's command: `{_md(' '.join(command['a']))}`",
+        f"- B's command: `{_md(' '.join(command['b']))}`" + ("" if command["same"] else " (another)"),
+    ]
     inputs = result["inputs"]
-    lines.append(f"- inputs compared by sha256: {inputs['compared']}; differ: {_md(', '.join(inputs['differ']) or 'none')}"
-                 + (f"; only A's: {_md(', '.join(inputs['only_a']))}" if inputs["only_a"] else "")
-                 + (f"; only B's: {_md(', '.join(inputs['only_b']))}" if inputs["only_b"] else ""))  # fmt: skip
+    lines.append(
+        f"- inputs compared by sha256: {inputs['compared']}; differ: {_md(', '.join(inputs['differ']) or 'none')}"
+        + (f"; only A's: {_md(', '.join(inputs['only_a']))}" if inputs["only_a"] else "")
+        + (f"; only B's: {_md(', '.join(inputs['only_b']))}" if inputs["only_b"] else "")
+    )
     trace = result.get("trace")
     if trace and "first_difference" in trace:
         first = trace["first_difference"]
-        lines.append(f"- updates (the probe): {trace['compared_steps']} of A's {trace['a_steps']} compared (B made "
-                     f"{trace['b_steps']}); first differing: {first['step'] if first else 'none'}")  # fmt: skip
+        lines.append(
+            f"- updates (the probe): {trace['compared_steps']} of A's {trace['a_steps']} compared (B made "
+            f"{trace['b_steps']}); first differing: {first['step'] if first else 'none'}"
+        )
     elif trace:
         lines.append(f"- updates (the probe): {_md(trace.get('error') or trace.get('unreadable'))}")
     outputs = result.get("outputs")
     if outputs:
-        for key, label in (("compared", "outputs compared"), ("differ", "differ"), ("missing", "missing in B"),
-                           ("extra", "written by B only"), ("not_compared", "not compared (not regular files)")):  # fmt: skip
+        for key, label in (
+            ("compared", "outputs compared"),
+            ("differ", "differ"),
+            ("missing", "missing in B"),
+            ("extra", "written by B only"),
+            ("not_compared", "not compared (not regular files)"),
+        ):
             if outputs[key] or key in ("compared", "differ"):
                 lines.append(f"- {label}: {_md(', '.join(outputs[key]) or 'none')}")
     if result.get("causes"):

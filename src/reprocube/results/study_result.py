@@ -100,10 +100,14 @@ def summary_lines(result: dict) -> list[str]:
     lines = []
     for group, summary in result["groups"].items():
         acc, loss = summary["test_accuracy"], summary["test_loss"]
-        lines.append(f"{group}: {summary['runs']} runs, test accuracy mean {_fmt(acc['mean'])} std {_fmt(acc['std'])}, "
-                     f"test loss mean {_fmt(loss['mean'])} std {_fmt(loss['std'])}, {summary['distinct_weights_digests']} distinct weights_digest")  # fmt: skip
-    lines.append(f"non-determinism: same-seed std / different-seed std = {_fmt(result['nondeterminism_std_ratio'])} "
-                 f"(variance ratio {_fmt(result['nondeterminism_variance_ratio'])}; Morin & Willetts: 0.020 / 0.027 = 0.74)")  # fmt: skip
+        lines.append(
+            f"{group}: {summary['runs']} runs, test accuracy mean {_fmt(acc['mean'])} std {_fmt(acc['std'])}, "
+            f"test loss mean {_fmt(loss['mean'])} std {_fmt(loss['std'])}, {summary['distinct_weights_digests']} distinct weights_digest"
+        )
+    lines.append(
+        f"non-determinism: same-seed std / different-seed std = {_fmt(result['nondeterminism_std_ratio'])} "
+        f"(variance ratio {_fmt(result['nondeterminism_variance_ratio'])}; Morin & Willetts: 0.020 / 0.027 = 0.74)"
+    )
     for failure in result["failures"]:
         lines.append(
             f"FAILED run {failure['member']} ({failure['group']}, seed {failure['seed']}): {failure['error']}; log: {failure.get('log')}"
@@ -123,10 +127,21 @@ def study_markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for group, s in result["groups"].items():
-        rows.append(f"| {group} | {s['runs']} | {_fmt(s['test_accuracy']['mean'])} | {_fmt(s['test_accuracy']['std'])} | "
-                    f"{_fmt(s['test_loss']['mean'])} | {_fmt(s['test_loss']['std'])} | {s['distinct_weights_digests']} |")  # fmt: skip
-    text = ["# Variance study", "", f"Study directory: `{result['study_dir']}`; {result['runs_per_group']} runs per group, seed {result['seed']}.", "",
-            *rows, "", *[f"- {line}" for line in summary_lines(result)[2:]],
-            f"- Same-seed std / different-seed std: {_fmt(result['nondeterminism_std_ratio'])} (Morin & Willetts: 0.74).", "",
-            "![box plot](study.png)", ""]  # fmt: skip
+        rows.append(
+            f"| {group} | {s['runs']} | {_fmt(s['test_accuracy']['mean'])} | {_fmt(s['test_accuracy']['std'])} | "
+            f"{_fmt(s['test_loss']['mean'])} | {_fmt(s['test_loss']['std'])} | {s['distinct_weights_digests']} |"
+        )
+    text = [
+        "# Variance study",
+        "",
+        f"Study directory: `{result['study_dir']}`; {result['runs_per_group']} runs per group, seed {result['seed']}.",
+        "",
+        *rows,
+        "",
+        *[f"- {line}" for line in summary_lines(result)[2:]],
+        f"- Same-seed std / different-seed std: {_fmt(result['nondeterminism_std_ratio'])} (Morin & Willetts: 0.74).",
+        "",
+        "![box plot](study.png)",
+        "",
+    ]
     return "\n".join(text)
