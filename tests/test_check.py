@@ -353,8 +353,8 @@ def test_keras_backup_and_restore_resumes_at_the_epoch_but_not_the_same_training
 def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
     """Issue 39: a progress line while a run goes on (every 30 s; a fraction of a second here), whatever
     the output is: the run, its seconds, the command's newest line."""
-    from reprocube.commands.check import check as check_command
     from reprocube.orchestration import check_runs
+    from reprocube.orchestration.check_session import check as check_command
 
     monkeypatch.setattr(check_runs, "PROGRESS_EVERY_S", 0.3)
     lines = []

@@ -61,8 +61,16 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
         reasons.append(
             f"B covers steps {b.trace.first_step + 1}..{b.global_step}, A {a.trace.first_step + 1}..{a.global_step}"
         )
+    epoch_differences = _epoch_differences(a, b, reasons)
+    reasons += _claims_lacking(a, b)
+    first = _first_divergence(a, b, divergence)
+    return _verdict(a, b, divergence, first, epoch_differences, reasons)
+
+
+def _epoch_differences(a: Receipt, b: Receipt, reasons: list[str]) -> list[dict]:
+    """Each value of A's epoch records that B's differs in; an epoch B lacks goes to `reasons`."""
     epochs_b = {r["epoch"]: r for r in b.epochs}
-    epoch_differences = []
+    differences = []
     for record in a.epochs:
         other = epochs_b.get(record["epoch"])
         if other is None:
@@ -70,7 +78,14 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             continue
         for key in (*DETERMINISTIC_EPOCH_FIELDS[1:], "weights_digest"):
             if record[key] != other[key]:
-                epoch_differences.append({"epoch": record["epoch"], "key": key, "a": record[key], "b": other[key]})
+                differences.append({"epoch": record["epoch"], "key": key, "a": record[key], "b": other[key]})
+    return differences
+
+
+def _claims_lacking(a: Receipt, b: Receipt) -> list[str]:
+    """What keeps A and B from being compared in full: the digests and fingerprints A lacks where B, trained
+    from its config, records them, and a config of B's that differs (a device apart)."""
+    reasons = []
     # B, trained from A's config, digests its weights at these steps of A's range: a receipt without them
     # claims less than its config's run records (claims removed, or a receipt of an older reprocube).
     a_steps = {boundary.step for boundary in a.trace.boundaries}
@@ -94,6 +109,12 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
     config_changes = [line for line in config_differences(a.config, b.config) if not line.startswith("device:")]
     if config_changes:
         reasons.append(f"B's config differs ({'; '.join(config_changes)})")
+    return reasons
+
+
+def _first_divergence(a: Receipt, b: Receipt, divergence) -> dict | None:
+    """Where B first departs from A: the step, its epoch, whether a loss or the weights show it, the first
+    update that changed the weights (or the window it lies in), the initial weights and the tensors."""
     step = divergence.step
     spe = steps_per_epoch(a) or steps_per_epoch(b)
     first = None
@@ -127,10 +148,14 @@ def compare_receipts(a: Receipt, b: Receipt) -> dict:
             "first_differing_boundary": divergence.first_boundary.step if divergence.first_boundary else None,
             "tensor": divergence.tensors[0] if divergence.tensors else None,
             "tensors": divergence.tensors,
-            "weights_identical": False,  # losses-only below: every weight digest agrees
+            "weights_identical": False,  # losses-only (_verdict): every weight digest agrees
         }
-    elif epoch_differences:
-        first = None  # the training steps agree; an evaluation differs (see epoch_differences)
+    return first
+
+
+def _verdict(a: Receipt, b: Receipt, divergence, first: dict | None, epoch_differences: list, reasons: list) -> dict:
+    """The verdict, as A's ledger of claims allows it, and the keys of reproduce.json it decides."""
+    step = divergence.step
     # The ledger of A's claims decides what may be said: bit-identical only when every claim was compared
     # and reproduced; losses-only only when every weight claim was compared and reproduced, one of them
     # at or after A's last step, and only loss claims differ.

@@ -387,6 +387,20 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         f"after the initial weights, {counted(coverage['a_epochs'], 'epoch')} of A ({coverage['b_epochs']} of B) &middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
         f"<{h2}>{'Differences between A and B (none changed a bit)' if identical else 'Likely causes, most likely first'}</{h2}>",
     ]
+    parts += _causes(result)
+    parts += _self_check(result, h2)
+    parts += _intervention(result, h2)
+    parts += _claims(result, h2)
+    parts += _divergence(result, h2)
+    parts += _figures(reproduction, figures, h2, prefix)
+    parts += _epoch_table(a, b, h2)
+    parts += _environment_tables(a, b, result, h2)
+    return parts
+
+
+def _causes(result: dict) -> list[str]:
+    esc = html.escape
+    parts = []
     causes = sorted(result["causes"], key=lambda c: c["kind"] == "not-numeric")  # stable: reproduce's rank kept
     if causes:
         parts.append("<table><tr><th>#</th><th>key</th><th>A</th><th>B</th><th>kind</th><th>note</th></tr>")
@@ -399,10 +413,15 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         parts.append("</table><p class='caption'>Grey rows: differences known not to change these numbers.</p>")
     else:
         parts.append("<p>none: config, code and recorded environment are the same</p>")
-    parts.append(f"<{h2}>Does B agree with itself?</{h2}>")
+    return parts
+
+
+def _self_check(result: dict, h2: str) -> list[str]:
+    esc = html.escape
+    parts = [f"<{h2}>Does B agree with itself?</{h2}>"]
     check = result["self_check"]
     if result["self_consistent"] is None:
-        why = "B reproduced A" if identical else "no diverging step to recompute"
+        why = "B reproduced A" if result["verdict"] == "bit-identical" else "no diverging step to recompute"
         parts.append(f"<p class='dim'>not checked ({why})</p>")
     else:
         finding = (
@@ -414,7 +433,12 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             f"<p>{finding} (recomputed from {esc(check['from'])} to global step {check['to_step']} in a "
             f"fresh process; {check['compared_steps']} steps compared)</p>"
         )
-    parts.append(f"<{h2}>Intervention (--match)</{h2}>")
+    return parts
+
+
+def _intervention(result: dict, h2: str) -> list[str]:
+    esc = html.escape
+    parts = [f"<{h2}>Intervention (--match)</{h2}>"]
     match = result["match"]
     if match is None:
         parts.append(
@@ -425,8 +449,14 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         cls = "ok" if match["bit_identical"] else ("bad" if match["ran"] else "dim")
         parts.append(f"<p class='{cls}'>{esc(match['summary'])}</p>")
         parts += [f"<p class='caption'>cannot emulate: {esc(c)}</p>" for c in match["cannot"]]
+    return parts
+
+
+def _claims(result: dict, h2: str) -> list[str]:
+    """Every claim of A's receipt counted: reproduced, differs, not checked (and why); the first operation."""
+    esc = html.escape
     claims = result["claims"]
-    parts.append(f"<{h2}>What was compared: every claim of A's receipt</{h2}>")
+    parts = [f"<{h2}>What was compared: every claim of A's receipt</{h2}>"]
     parts.append("<table><tr><th>claims of A</th><th>reproduced</th><th>differ</th><th>not checked</th></tr>")
     for kind, counts in [*claims["kinds"].items(), ("all", claims["totals"])]:
         why = "; ".join(counts.get("why_not_checked", []))
@@ -439,9 +469,13 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
     if operation:
         cls = "finding" if operation["status"] == "found" else "dim"  # a finding, not an error: not red
         parts.append(f"<p class='{cls}'>{esc(operation['text'])}</p>")
+    return parts
 
+
+def _divergence(result: dict, h2: str) -> list[str]:
+    esc = html.escape
     first = result["first_divergence"]
-    parts.append(f"<{h2}>B − A: per epoch and per step</{h2}>")
+    parts = [f"<{h2}>B − A: per epoch and per step</{h2}>"]
     if first is not None and first.get("weights_identical"):
         parts.append(
             f"<p>The loss bits first differ at global step <b>{first['step']}</b> (epoch {first['epoch']}); the weights "
@@ -457,6 +491,12 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
             + (f", first differ at step {differ}: {tensors}" if differ is not None else "")
             + f"; {esc(first_update_text(first))}</p>"
         )
+    return parts
+
+
+def _figures(reproduction: dict, figures: dict[str, bytes], h2: str, prefix: str) -> list[str]:
+    """The figures drawn (each with its caption), in the page's order."""
+    parts = []
     sections = (
         (
             DIFFERENCE_FIGURE,
@@ -479,9 +519,7 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
     for name, heading, caption in sections:
         if name in figures:
             parts += [f"<{h2}>{heading}</{h2}>" if heading else "", img(prefix + name, figures[name])]
-            parts.append(f"<p class='caption'>{esc(caption)}</p>")
-    parts += _epoch_table(a, b, h2)
-    parts += _environment_tables(a, b, result, h2)
+            parts.append(f"<p class='caption'>{html.escape(caption)}</p>")
     return parts
 
 

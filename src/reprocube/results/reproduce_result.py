@@ -186,6 +186,32 @@ def what_to_do(result: dict) -> list[str]:
     return lines
 
 
+def _read_first_divergence(fields: Fields) -> dict | None:
+    """first_divergence, each key typed (version 3: every key there; older versions were upgraded)."""
+    first = fields.nullable("first_divergence", fields.mapping)
+    if first is None:
+        return None
+    integer = lambda key: first.integer(key)  # noqa: E731 (nullable steps)
+    return {
+        "step": first.integer("step", 1),
+        "epoch": first.nullable("epoch", integer),
+        "by": first.text("by"),
+        "last_matching_boundary": first.nullable("last_matching_boundary", integer),
+        "first_differing_boundary": first.nullable("first_differing_boundary", integer),
+        "tensors": first.texts("tensors"),
+        # the per-step weight fingerprints
+        "first_weight_step": first.nullable("first_weight_step", integer),
+        "weight_tensors": first.nullable("weight_tensors", first.texts),
+        "fingerprinted": first.boolean("fingerprinted"),
+        # the initial weights' digests (None: A's receipt has none)
+        "initial_tensors": first.nullable("initial_tensors", first.texts),
+        # where the first differing update lies
+        "window": first.nullable("window", first.step_range),
+        # losses-only: every weight digest agrees
+        "weights_identical": first.boolean("weights_identical"),
+    }
+
+
 def _recipe_command(command) -> dict:
     env = command.mapping("env")
     return {
@@ -243,28 +269,7 @@ def check_reproduce(value, where: str) -> dict:
             raise CheckpointError(f"{where}: inputs.{name}.path must be {path!r}")
         result["inputs"][name] = {"path": path, "sha256": entry.sha256("sha256")}
     result["verdict"] = fields.one_of("verdict", VERDICTS)
-    first = fields.nullable("first_divergence", fields.mapping)
-    if first is not None:
-        integer = lambda key: first.integer(key)  # noqa: E731 (nullable steps)
-        first = {
-            "step": first.integer("step", 1),
-            "epoch": first.nullable("epoch", integer),
-            "by": first.text("by"),
-            "last_matching_boundary": first.nullable("last_matching_boundary", integer),
-            "first_differing_boundary": first.nullable("first_differing_boundary", integer),
-            "tensors": first.texts("tensors"),
-            # the per-step weight fingerprints
-            "first_weight_step": first.nullable("first_weight_step", integer),
-            "weight_tensors": first.nullable("weight_tensors", first.texts),
-            "fingerprinted": first.boolean("fingerprinted"),
-            # the initial weights' digests (None: A's receipt has none)
-            "initial_tensors": first.nullable("initial_tensors", first.texts),
-            # where the first differing update lies
-            "window": first.nullable("window", first.step_range),
-            # losses-only: every weight digest agrees
-            "weights_identical": first.boolean("weights_identical"),
-        }
-    result["first_divergence"] = first
+    result["first_divergence"] = _read_first_divergence(fields)
     result["causes"] = [
         {
             "key": cause.text("key"),
