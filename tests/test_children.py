@@ -31,7 +31,8 @@ def test_a_child_runs_into_its_log_after_a_command_line(tmp_path):
 def test_the_error_line_is_the_last_attempts_own_line_else_its_traceback(tmp_path):
     log = tmp_path / "child.log"
     log.write_text(
-        "$ try 1\nreprocube: error: an old failure\n$ try 2\nI0000 tf start-up\nTraceback (most recent call last):\nValueError: the new one\n"
+        "$ try 1\nreprocube: error: an old failure\n$ try 2\nI0000 tf start-up\n"
+        "Traceback (most recent call last):\nValueError: the new one\n"
     )
     assert last_error_line(log) == "ValueError: the new one"
     log.write_text("$ try 1\nI0000 start-up line\nreprocube: error: bad config\nI0000 a later line\n")
@@ -183,12 +184,16 @@ def test_a_silent_child_is_reported_then_ended(tmp_path):
     started = time.monotonic()
     command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"]
     watchdog = Watchdog(warn_after_s=60, stop_after_s=2.0, setting="watchdog.stop_minutes=...")
-    with pytest.raises(StalledChild, match="made no progress for [23] s, stuck before logging any step, and was ended"):
+    with pytest.raises(
+        StalledChild, match=r"made no progress for \d+ s, stuck before logging any step, and was ended"
+    ) as ended:
         run_watched(
             command, tmp_path / "child.log", [tmp_path / "metrics.jsonl"], stalls.append, watchdog=watchdog, poll_s=0.1
         )
-    assert stalls and 1.0 <= stalls[0] < 2.0, "reported (at half the stop time) before it was ended"
-    assert time.monotonic() - started < 30, "ended, not waited for"
+    # In order, whatever the machine's load: reported (from half the stop time), then ended (from the stop time).
+    ended_after = int(re.search(r"for (\d+) s", str(ended.value)).group(1))
+    assert stalls and 1.0 <= stalls[0] <= ended_after and ended_after >= 2, (stalls, ended_after)
+    assert time.monotonic() - started < 100, "ended by the watchdog, not waited for (the child sleeps 120 s)"
 
 
 def test_a_stalled_child_is_ended_naming_the_last_step_it_logged(tmp_path):
@@ -257,7 +262,7 @@ def test_verify_ends_a_stalled_check_naming_its_step_and_fails(generated, tmp_pa
         timeout=300,
     )
     assert proc.returncode == 6, proc.stdout + proc.stderr
-    assert time.monotonic() - started < 120, "ended by the watchdog, not waited for"
+    assert time.monotonic() - started < 120, "ended by the watchdog, not waited for (the reference hangs 120 s)"
     [failed] = [line for line in proc.stdout.splitlines() if "FAILED reference" in line]
     # The seconds it measured: at least the stop time, more where the parent's poll was late (CI once: 16 s).
     assert re.search(r"made no progress for (1[5-9]|[2-9]\d) s, stuck after global step \d+ ", failed), failed
