@@ -102,7 +102,10 @@ def test_bench_runs_for_the_other_frameworks(generated, tmp_path, framework):
         ("bench.repeats=0", "reprocube: error: bench.repeats must be an integer >= 1, got 0"),
         (
             "bench.deterministic=[true,true]",
-            "reprocube: error: bench.deterministic must be a list of distinct true/false values, e.g. [true,false], got [True, True]",
+            (
+                "reprocube: error: bench.deterministic must be a list of distinct true/false values, "
+                "e.g. [true,false], got [True, True]"
+            ),
         ),
         ("framework=caffe", "reprocube: error: framework must be all or one of pytorch, tensorflow, jax, got 'caffe'"),
     ],

@@ -197,7 +197,10 @@ def test_a_failing_command_and_bad_options_are_one_line(tmp_path):
 def test_an_output_that_cannot_be_read_is_not_checked_never_a_difference(tmp_path):
     """A FIFO among a directory's outputs (the same in every run): named as not compared; the verdict
     rests on the files compared."""
-    script = "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); os.path.exists('out/pipe') or os.mkfifo('out/pipe'); time.sleep(1)"
+    script = (
+        "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); "
+        "os.path.exists('out/pipe') or os.mkfifo('out/pipe'); time.sleep(1)"
+    )
     proc, result = check(
         tmp_path, "--output", "out", "--at", "0.6", "--stops", "1", command=[sys.executable, "-c", script]
     )

@@ -41,7 +41,10 @@ def test_print_config_shows_the_resolved_config(tmp_path):
         (
             ["train", "data_dir=nowhere"],
             3,
-            "reprocube: error: dataset fashion_mnist not found in nowhere/fashion_mnist; fetch it first with `reprocube download dataset=fashion_mnist data_dir=nowhere`",
+            (
+                "reprocube: error: dataset fashion_mnist not found in nowhere/fashion_mnist; "
+                "fetch it first with `reprocube download dataset=fashion_mnist data_dir=nowhere`"
+            ),
         ),
         (
             ["train", "resume=latest"],
@@ -51,7 +54,10 @@ def test_print_config_shows_the_resolved_config(tmp_path):
         (
             ["train", "resume=/no/such/checkpoint"],
             4,
-            "reprocube: error: resume=/no/such/checkpoint: not a checkpoint directory (no manifest.json) nor a run directory",
+            (
+                "reprocube: error: resume=/no/such/checkpoint: "
+                "not a checkpoint directory (no manifest.json) nor a run directory"
+            ),
         ),
         (
             ["download", "data.source_dir=/no/such/dir"],
@@ -73,5 +79,8 @@ def test_a_config_file_with_a_typo_is_refused(tmp_path):
     proc = reprocube("train", "--config-file", str(user), cwd=tmp_path, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "reprocube: error: invalid configuration: Could not override 'optimizer.momentun'. There is no such key (see --print-config for every key)."
+        (
+            "reprocube: error: invalid configuration: Could not override 'optimizer.momentun'. "
+            "There is no such key (see --print-config for every key)."
+        )
     ]

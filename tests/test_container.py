@@ -152,7 +152,8 @@ class Cube:
         process = self.popen(task, *params)
         output, _ = process.communicate(timeout=timeout)
         print(
-            f"mlcube --task={task} {' '.join(params)}: exit {process.returncode} in {time.perf_counter() - started:.1f} s"
+            f"mlcube --task={task} {' '.join(params)}: "
+            f"exit {process.returncode} in {time.perf_counter() - started:.1f} s"
         )
         result = subprocess.CompletedProcess(process.args, process.returncode, output, "")
         self.results[" ".join((task, *params))] = result

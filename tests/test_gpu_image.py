@@ -121,7 +121,9 @@ print(json.dumps({
     "jax_platforms": sorted({d.platform for d in devices}),
     "jax_sum": float(jax.numpy.arange(4.0).sum()),
     "torch_cuda": torch.version.cuda,
-    "torchvision_requires": [re.sub(r"[ ()]", "", r) for r in metadata.requires("torchvision") if r.startswith("torch")],
+    "torchvision_requires": [
+        re.sub(r"[ ()]", "", r) for r in metadata.requires("torchvision") if r.startswith("torch")
+    ],
     "torch": metadata.version("torch"),
     "nms": torchvision.ops.nms(boxes, torch.tensor([1.0, 0.9, 0.8]), 0.5).tolist(),
     "jax_cuda_plugins": sorted(n for n in installed if n.startswith("jax-cuda")),

@@ -38,11 +38,17 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     [
         (
             (),
-            "run.sh: error: no task given; expected one of: download pytorch tensorflow jax verify compare reproduce report bench study check",
+            (
+                "run.sh: error: no task given; expected one of: "
+                "download pytorch tensorflow jax verify compare reproduce report bench study check"
+            ),
         ),
         (
             ("train",),
-            "run.sh: error: unknown task 'train'; expected one of: download pytorch tensorflow jax verify compare reproduce report bench study check",
+            (
+                "run.sh: error: unknown task 'train'; expected one of: "
+                "download pytorch tensorflow jax verify compare reproduce report bench study check"
+            ),
         ),
         (
             ("pytorch", "--parameters_file=p.yaml", "--data_dir=d"),
@@ -50,13 +56,19 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ),
         (
             ("pytorch", "--parameters_file=p.yaml", "--data_dir=d", "--runs_dir=r", "--seed=3"),
-            "run.sh: error: task pytorch: unknown parameter --seed (this task takes: parameters_file data_dir runs_dir)",
+            (
+                "run.sh: error: task pytorch: unknown parameter --seed "
+                "(this task takes: parameters_file data_dir runs_dir)"
+            ),
         ),
         (("jax", "seed=3"), "run.sh: error: task jax: unexpected argument 'seed=3' (expected --name=path)"),
         (("report", "--runs_dir=a", "--runs_dir=b"), "run.sh: error: task report: parameter --runs_dir given twice"),
         (
             ("tensorflow", "--parameters_file=absent.yaml", "--data_dir=d", "--runs_dir=r"),
-            "run.sh: error: task tensorflow: parameters file absent.yaml not found (check the parameters_file/verify_file/study_file parameter)",
+            (
+                "run.sh: error: task tensorflow: parameters file absent.yaml not found "
+                "(check the parameters_file/verify_file/study_file parameter)"
+            ),
         ),
         (
             ("report", "--runs_dir=empty", "--report_dir=out"),
@@ -280,7 +292,11 @@ def test_singularity_recipe_parses_and_runs_the_entrypoint():
         import json, sys
         from spython.main.parse.parsers import SingularityParser
         (recipe,) = SingularityParser(sys.argv[1]).recipe.values()  # one stage
-        print(json.dumps({"from": recipe.fromHeader, "environ": recipe.environ, "runscript": recipe.cmd, "labels": recipe.labels}))
+        print(
+            json.dumps(
+                {"from": recipe.fromHeader, "environ": recipe.environ, "runscript": recipe.cmd, "labels": recipe.labels}
+            )
+        )
         """
     )
     result = subprocess.run(

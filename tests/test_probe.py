@@ -76,7 +76,10 @@ def test_a_torch_module_is_recorded_by_its_state_dict_names(tmp_path):
 
 
 def test_outside_check_nothing_is_recorded(tmp_path):
-    code = "from reprocube import probe; import numpy as np; probe.step(np.float32(1), {'w': np.ones(3, np.float32)}); probe.checkpoint(1)"
+    code = (
+        "from reprocube import probe; import numpy as np; "
+        "probe.step(np.float32(1), {'w': np.ones(3, np.float32)}); probe.checkpoint(1)"
+    )
     env = {k: v for k, v in os.environ.items() if k != probe.ENV}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "" and list(tmp_path.iterdir()) == []

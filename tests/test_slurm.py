@@ -31,7 +31,10 @@ def _slurm_missing() -> str | None:
     except subprocess.TimeoutExpired:
         return "sinfo did not answer in 30 s"
     if done.returncode != 0 or not re.search(r"^(idle|mixed|allocated)", done.stdout, re.M):
-        return f"no SLURM node is up (SLURM_CONF={os.environ.get('SLURM_CONF')}): {done.stderr.strip() or done.stdout.strip()}"
+        return (
+            f"no SLURM node is up (SLURM_CONF={os.environ.get('SLURM_CONF')}): "
+            f"{done.stderr.strip() or done.stdout.strip()}"
+        )
     return None
 
 

@@ -111,7 +111,8 @@ def test_study_refuses_a_directory_holding_another_study(generated, tmp_path):
     done = reprocube("study", "framework=pytorch", "runs=2", f"study.dir={study}", cwd=tmp_path, check=False)
     assert done.returncode == 2
     assert error_lines(done) == [
-        f"reprocube: error: study.dir={study} holds another study (its framework, train_args differ); choose another study.dir"
+        f"reprocube: error: study.dir={study} holds another study (its framework, train_args differ); "
+        "choose another study.dir"
     ]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine\n")
@@ -146,7 +147,8 @@ def test_slurm_launcher_without_a_reachable_slurm_fails_in_one_line(tmp_path):
     )
     assert done.returncode == 1
     assert error_lines(done) == [
-        "reprocube: error: study.launcher=slurm: SLURM is not reachable: sinfo: error: Unable to contact slurm controller (connect failure)"
+        "reprocube: error: study.launcher=slurm: SLURM is not reachable: "
+        "sinfo: error: Unable to contact slurm controller (connect failure)"
     ]
     assert not (tmp_path / "s").exists()
 

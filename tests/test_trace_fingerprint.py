@@ -124,7 +124,9 @@ DEVICE_PROBE = textwrap.dedent(
     for first, end in ((0, 1), (1, 4)):  # a group of one step, then one of three
         backend.train_steps(sampler.steps_bounds(first, end), first)
         groups.append(backend.group_fingerprints().tolist())
-    after = {name: array.reshape(-1).view(np.uint32)[:3].tolist() for name, array in backend.export_state().weights.items()}
+    after = {
+        name: array.reshape(-1).view(np.uint32)[:3].tolist() for name, array in backend.export_state().weights.items()
+    }
     print(json.dumps({"groups": groups, "after": after}))
     """
 )

@@ -287,7 +287,8 @@ def test_a_checkpoint_with_a_changed_byte_is_refused(copy_of_reference, train, t
     proc = train(f"resume={weights.parent}", "run_name=tampered", f"output_dir={tmp_path / 'runs'}", check=False)
     assert proc.returncode == 4
     assert error_lines(proc) == [
-        f"reprocube: error: checkpoint {weights.parent}: weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"
+        f"reprocube: error: checkpoint {weights.parent}: "
+        "weights.safetensors does not match its sha256 in the manifest (corrupted or modified)"
     ]
     assert not (tmp_path / "runs" / "tampered").exists()
 
@@ -507,3 +508,19 @@ def test_resuming_in_another_environment_is_reported(copy_of_reference, train, t
         "note: resuming in a different environment" in proc.stdout
         and f"{VERSION_KEY[framework]}: 2.99.0 -> " in proc.stdout
     )
+
+
+def test_pytorch_sets_deterministic_kernels_without_loading_torch_compile():
+    """The eager flag that deterministic=true sets (env.json's deterministic_algorithms) is set and cleared,
+    and torch._inductor is never imported: torch.use_deterministic_algorithms imports it for torch.compile's
+    own flag, 1.5-6 s of every PyTorch process here (frameworks/pytorch._use_deterministic_algorithms)."""
+    script = (
+        "import sys, torch\n"
+        "from reprocube.frameworks.pytorch import _use_deterministic_algorithms as use\n"
+        "use(True)\n"
+        "on = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())\n"
+        "use(False); off = torch.are_deterministic_algorithms_enabled()\n"
+        "print(on, off, 'torch._inductor' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split("\n")[0] == "(True, False) False False", done.stdout + done.stderr

@@ -56,7 +56,11 @@ def test_verify_all_frameworks_passes(generated, tmp_path):
 
 SITECUSTOMIZE = """
 import os, sys
-if os.environ.get("REPROCUBE_TEST_PERTURB_RESUME") and "resume=" in " ".join(sys.argv) and "resume=latest" not in sys.argv:
+if (
+    os.environ.get("REPROCUBE_TEST_PERTURB_RESUME")
+    and "resume=" in " ".join(sys.argv)
+    and "resume=latest" not in sys.argv
+):
     import torch
     torch.set_rng_state = lambda state: None  # a resumed run keeps its freshly seeded dropout generator
 """

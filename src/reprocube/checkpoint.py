@@ -229,7 +229,8 @@ def read_manifest(path: Path) -> Manifest:
     fields = Fields(manifest, str(manifest_path), CheckpointError)
     if manifest.get("format_version") != FORMAT_VERSION or isinstance(manifest.get("format_version"), bool):
         newer = CheckpointError(
-            f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} (this reprocube reads {FORMAT_VERSION})"
+            f"{manifest_path}: unsupported format_version {manifest.get('format_version')!r} "
+            f"(this reprocube reads {FORMAT_VERSION})"
         )
         newer.damaged = False
         raise newer

@@ -155,7 +155,8 @@ class TrainingLoop:
         )
         if not math.isfinite(state.epoch_totals.loss_sum):
             raise TrainingError(
-                f"training diverged at global step {self.position.global_step} (loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
+                f"training diverged at global step {self.position.global_step} "
+                f"(loss is {state.epoch_totals.loss_sum}); earlier checkpoints are kept; try a smaller optimizer.lr"
             )
         identity = run_fields(self.cfg.framework.name, self.framework_info, self.cfg.seed, self.config_hash, reason)
         content, manifest_fields = state.to_checkpoint(self.config, self.sampler.steps_per_epoch, identity)
@@ -197,7 +198,8 @@ class TrainingLoop:
                 shown = "; ".join(f"{r['key']}: {shown_value(r['a'])} -> {shown_value(r['b'])}" for r in changed[:6])
                 self.out(
                     f"note: this session's numeric settings differ from the previous session's ({shown}); the run's "
-                    "steps before and after this resume are computed under different settings (the receipt records both)"
+                    "steps before and after this resume are computed under different settings "
+                    "(the receipt records both)"
                 )
         self.sessions.append({SESSION_FROM_STEP: self.position.global_step, SESSION_ENV: env})
 
@@ -283,7 +285,8 @@ class TrainingLoop:
                 )
                 return EXIT_PREEMPTED
         self.out(
-            f"done: {self.run_dir.path} ({counted(self.position.epoch, 'epoch')}, weights_digest {self.history.epochs[-1]['weights_digest']})"
+            f"done: {self.run_dir.path} ({counted(self.position.epoch, 'epoch')}, "
+            f"weights_digest {self.history.epochs[-1]['weights_digest']})"
         )
         return EXIT_OK
 
@@ -318,7 +321,8 @@ class TrainingLoop:
         }
         if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
             raise TrainingError(
-                f"training diverged in epoch {self.position.epoch} (train_loss {record['train_loss']}, test_loss {record['test_loss']}); "
+                f"training diverged in epoch {self.position.epoch} "
+                f"(train_loss {record['train_loss']}, test_loss {record['test_loss']}); "
                 f"earlier checkpoints are kept; try a smaller optimizer.lr"
             )
         framework_state = self.backend.export_state()

@@ -100,7 +100,8 @@ def run_overrides(config: dict, where: Path) -> list[str]:
 
 
 def replay(plan: ReplayPlan) -> dict:
-    """Replay step plan.step and return the content of OPS.json (reprocube.analysis.first_differing_operation reads it)."""
+    """Replay step plan.step and return the content of OPS.json (reprocube.analysis.first_differing_operation
+    reads it)."""
     cfg = plan.cfg
     dataset = load_dataset(cfg)
     try:

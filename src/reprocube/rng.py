@@ -60,7 +60,8 @@ class HostRng:
         for name, shape in shapes.items():
             if self.arrays[name].dtype != np.uint32 or self.arrays[name].shape != shape:
                 raise CheckpointError(
-                    f"{where}: {name} is {self.arrays[name].dtype}{list(self.arrays[name].shape)}, expected uint32{list(shape)}"
+                    f"{where}: {name} is {self.arrays[name].dtype}{list(self.arrays[name].shape)}, "
+                    f"expected uint32{list(shape)}"
                 )
         python, numpy_meta = self.meta.get("python"), self.meta.get("numpy")
         python_ok = (

@@ -45,8 +45,9 @@ TOP_KEYS = (
     "ops",
 )
 OP_KEYS = ("index", "op", "where", "params", "inputs", "outputs")
-# JAX's and TensorFlow's recordings hold the step's inputs (one STEP_INPUT entry each) and its kernels only (convolutions,
-# matrix products): recording every intermediate changes how the step is fused (XLA, oneDNN's graph rewrites).
+# JAX's and TensorFlow's recordings hold the step's inputs (one STEP_INPUT entry each) and its kernels only
+# (convolutions, matrix products): recording every intermediate changes how the step is fused (XLA, oneDNN's graph
+# rewrites).
 KERNELS_ONLY = ("jax", "tensorflow")
 STEP_INPUT = "reprocube.step_input"
 RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "exponential", "multinomial", "dropout", "random")
@@ -178,7 +179,8 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
         elif inputs and a_ops["framework"] in KERNELS_ONLY:
             kind = "inputs"
             text = (
-                f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} differ{'s' if len(inputs) == 1 else ''}, "
+                f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} "
+                f"differ{'s' if len(inputs) == 1 else ''}, "
                 f"{output_text} (the step's inputs and every earlier kernel agree: an operation between them that "
                 "is not recorded (elementwise or a reduction, fused with others in the compiled step) computes "
                 "differently)"
@@ -186,10 +188,10 @@ def first_differing_operation(a_ops: dict, b_ops: dict) -> dict | None:
         elif inputs:
             kind = "inputs"
             text = (
-                f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} differ{'s' if len(inputs) == 1 else ''}, "
-                f"{output_text} (every earlier operation agrees: the state or data entering step {a_ops['step']} differs"
-                + _earlier_steps(a_ops, b_ops)
-                + ")"
+                f"{_describe(x)}: {_listed(inputs, len(x['inputs']), 'input')} "
+                f"differ{'s' if len(inputs) == 1 else ''}, "
+                f"{output_text} (every earlier operation agrees: "
+                f"the state or data entering step {a_ops['step']} differs" + _earlier_steps(a_ops, b_ops) + ")"
             )
         elif not params_equal:
             kind = "params"

@@ -64,8 +64,10 @@ def run_study(cfg, overrides: list[str], config_files: list[str], out=print) -> 
     _claim(study_dir, request)
     plan = members(cfg.study.runs, cfg.seed)
     out(
-        f"study: {len(plan)} runs of {cfg.framework.name} ({cfg.study.runs} with seed {cfg.seed}, {cfg.study.runs} with seeds "
-        f"{plan[cfg.study.runs].seed}..{plan[-1].seed}) through Hydra multirun, launcher {cfg.study.launcher}, in {study_dir}"
+        f"study: {len(plan)} runs of {cfg.framework.name} "
+        f"({cfg.study.runs} with seed {cfg.seed}, {cfg.study.runs} with seeds "
+        f"{plan[cfg.study.runs].seed}..{plan[-1].seed}) through Hydra multirun, "
+        f"launcher {cfg.study.launcher}, in {study_dir}"
     )
     launcher_error = _launch(study_dir, cfg, request, out)
     if launcher_error and cfg.study.launcher == "slurm":
@@ -97,7 +99,8 @@ def _claim(study_dir: Path, request: dict) -> None:
         differing = sorted(k for k in request if k != "cwd" and earlier.get(k) != request[k])
         if differing:
             raise ConfigError(
-                f"study.dir={study_dir} holds another study (its {', '.join(differing)} differ); choose another study.dir"
+                f"study.dir={study_dir} holds another study (its {', '.join(differing)} differ); "
+                "choose another study.dir"
             )
     elif study_dir.exists() and any(study_dir.iterdir()):
         raise ConfigError(f"study.dir={study_dir} exists and is not a study; choose another study.dir")

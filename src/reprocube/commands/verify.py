@@ -145,7 +145,8 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
     report_dir = reference if trained_here else base
     write_verify(result, report_dir)
     out(
-        f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: {report_dir / VERIFY_RESULT.markdown_name}"
+        f"[{framework}] {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']} s: "
+        f"{report_dir / VERIFY_RESULT.markdown_name}"
     )
     return result
 

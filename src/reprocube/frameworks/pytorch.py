@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 
 # cuBLAS reads this when CUDA initialises: it must be set before torch touches the GPU.
@@ -58,11 +59,23 @@ def _select_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
+def _use_deterministic_algorithms(mode: bool) -> None:
+    """torch.use_deterministic_algorithms(mode) without its import of torch._inductor, which it makes only to
+    set torch.compile's own flag (reprocube compiles nothing): 1.5-6 s of every PyTorch process here, more
+    than a whole epoch of the tests' runs. The eager flag is set where torch keeps it; where torch has no
+    such function, or inductor is loaded anyway, the public call does it all."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode)
+    else:
+        setter(mode, warn_only=False)
+
+
 class PytorchBackend:
     def __init__(self, cfg, dataset):
         self.cfg = cfg
         self.device = _select_device(cfg.device)
-        torch.use_deterministic_algorithms(cfg.deterministic)  # no warn_only: a nondeterministic op is an error
+        _use_deterministic_algorithms(cfg.deterministic)  # no warn_only: a nondeterministic op is an error
         # Deterministic mode also fills every new tensor's memory with NaN, a guard against kernels that
         # read memory they did not write. None of ours does (the tests compare the bits), and the fill
         # cost ~15% of a CPU epoch here.

@@ -1,6 +1,7 @@
 """One `reprocube bench` measurement, in a fresh process: `python -m reprocube.orchestration.bench_measure
 --result FILE [--config-file F] KEY=VALUE ...` times one framework with one determinism setting and writes
-its figures to FILE as JSON. The suite around it is reprocube.commands.bench (repeats) and reprocube.results.bench_result (statistics, Markdown)."""
+its figures to FILE as JSON. The suite around it is reprocube.commands.bench (repeats) and
+reprocube.results.bench_result (statistics, Markdown)."""
 
 from __future__ import annotations
 
@@ -193,7 +194,8 @@ def main(argv: list[str]) -> int:
             overrides.append(arg)
     if result is None:
         sys.exit(
-            "usage: python -m reprocube.orchestration.bench_measure --result FILE [--config-file F] KEY=VALUE ... (use `reprocube bench`)"
+            "usage: python -m reprocube.orchestration.bench_measure --result FILE [--config-file F] KEY=VALUE ... "
+            "(use `reprocube bench`)"
         )
 
     def run() -> int:

@@ -117,7 +117,10 @@ def batch_script(run: Run) -> str:
             f"marks={marks}",
             'date +%s.%N > "$marks/attempt-$attempt.began"',
             f"export {PROBE_ENV}={shlex.quote(str(run.probe.absolute()))}/attempt-$attempt.jsonl",
-            f'cd {shlex.quote(str(run.work.absolute()))} || {{ echo {NO_WORK_DIRECTORY} > "$marks/attempt-$attempt.exit"; exit {NO_WORK_DIRECTORY}; }}',
+            (
+                f"cd {shlex.quote(str(run.work.absolute()))} || "
+                f'{{ echo {NO_WORK_DIRECTORY} > "$marks/attempt-$attempt.exit"; exit {NO_WORK_DIRECTORY}; }}'
+            ),
             # The command runs as a child so that its exit status is known; SLURM's SIGTERM reaches it too (it
             # signals every process of the job), and the handler keeps this shell waiting for it.
             "trap 'true' TERM",

@@ -26,7 +26,9 @@ def add_config_arguments(parser, all_frameworks_default: str | None = None, alia
         metavar="PATH",
         action="append",
         default=[],
-        help="user yaml merged under the command-line overrides (e.g. workspace/train.yaml); repeatable, later files win",
+        help=(
+            "user yaml merged under the command-line overrides (e.g. workspace/train.yaml); repeatable, later files win"
+        ),
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")

@@ -68,7 +68,8 @@ def _sigterm_step(cfg, steps: int) -> int:
     stop_at = cfg.verify.mid_epoch_step or (steps + steps // 2 if cfg.epochs > 1 else max(steps // 2, 1))
     if stop_at >= cfg.epochs * steps:
         raise ConfigError(
-            f"verify.mid_epoch_step={stop_at} is not before the run's last step ({cfg.epochs * steps}); choose an earlier step"
+            f"verify.mid_epoch_step={stop_at} is not before the run's last step ({cfg.epochs * steps}); "
+            "choose an earlier step"
         )
     return stop_at
 
@@ -88,7 +89,8 @@ def plan_linear(cfg, steps: int, reference: Path, epochs: list[int]) -> list[Che
     real SIGTERM mid-epoch and resumed; the other-seed control runs one group of steps and must differ."""
     if not epochs or epochs[-1] != cfg.epochs:
         raise ConfigError(
-            f"run={cfg.run} is not a completed {cfg.epochs}-epoch run (its last epoch checkpoint is {epochs[-1:] or 'none'})"
+            f"run={cfg.run} is not a completed {cfg.epochs}-epoch run "
+            f"(its last epoch checkpoint is {epochs[-1:] or 'none'})"
         )
     checks = _reference_check(cfg)
     stop_at = _sigterm_step(cfg, steps) if cfg.verify.mid_epoch else None

@@ -194,7 +194,10 @@ def _figure_title(name: str) -> str:
 def _study_html(study: dict) -> str:
     esc = html.escape
     rows = [
-        "<table><tr><th>group</th><th>runs</th><th>test accuracy mean</th><th>std</th><th>test loss mean</th><th>std</th><th>distinct weights_digest</th></tr>"
+        (
+            "<table><tr><th>group</th><th>runs</th><th>test accuracy mean</th><th>std</th>"
+            "<th>test loss mean</th><th>std</th><th>distinct weights_digest</th></tr>"
+        )
     ]
     for group, s in study["groups"].items():
         cells = [
@@ -236,7 +239,8 @@ def _html(runs, labels, comparisons, figures, studies=(), reproductions=()) -> s
     for comparison, label in zip(comparisons, labels[1:], strict=True):
         cls = "ok" if comparison["identical"] else "bad"
         parts.append(
-            f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td><td class='{cls}'>{esc(summary_line(comparison))}</td></tr>"
+            f"<tr><td>compare {esc(label)} vs {esc(labels[0])}</td>"
+            f"<td class='{cls}'>{esc(summary_line(comparison))}</td></tr>"
         )
     for run, label in zip(runs, labels, strict=True):
         verify = run.get("verify")
@@ -267,7 +271,8 @@ def _html(runs, labels, comparisons, figures, studies=(), reproductions=()) -> s
     for comparison, label in zip(comparisons, labels[1:], strict=True):
         if comparison["env_differences"]:
             parts.append(
-                f"</table><h3>{esc(label)} vs {esc(labels[0])}: environment differences, likeliest causes first</h3><table><tr><th>key</th><th>A</th><th>B</th></tr>"
+                f"</table><h3>{esc(label)} vs {esc(labels[0])}: environment differences, likeliest causes first</h3>"
+                "<table><tr><th>key</th><th>A</th><th>B</th></tr>"
             )
             parts += [
                 f"<tr><td>{esc(d['key'])}</td><td>{esc(str(d['a']))}</td><td>{esc(str(d['b']))}</td></tr>"

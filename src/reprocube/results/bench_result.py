@@ -109,32 +109,42 @@ def markdown(results: dict) -> str:
     lines = [
         f"# reprocube bench, {results['date']}",
         "",
-        f"Machine: {cpu.get('model')}, {cpu.get('count')} CPUs ({cpu.get('affinity')} usable), {machine['platform']}, Python {machine['python']}.",
+        f"Machine: {cpu.get('model')}, {cpu.get('count')} CPUs ({cpu.get('affinity')} usable), "
+        f"{machine['platform']}, Python {machine['python']}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()) + ".",
-        f"Config: {results['config']['dataset']}, batch {results['config']['batch_size']}, {results['config']['threads']} threads, "
-        f"device {results['config']['device']}; {results['config']['bench']['repeats']} fresh processes per figure (min / median / max).",
+        f"Config: {results['config']['dataset']}, batch {results['config']['batch_size']}, "
+        f"{results['config']['threads']} threads, device {results['config']['device']}; "
+        f"{results['config']['bench']['repeats']} fresh processes per figure (min / median / max).",
         "",
-        "| framework | determinism | epoch s | samples/s | first step s | eval s | checkpoint write ms | restore ms | peak RSS MB | peak GPU MB |",
+        "| framework | determinism | epoch s | samples/s | first step s | eval s | "
+        "checkpoint write ms | restore ms | peak RSS MB | peak GPU MB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for framework, entry in results["frameworks"].items():
         for mode, summary in entry["summary"].items():
             lines.append(
-                f"| {framework} | {mode} | {_mmm(summary, 'epoch_s', '.2f')} | {_mmm(summary, 'samples_per_s', '.0f', median_only=True)} | "
-                f"{_mmm(summary, 'first_step_s', '.2f', median_only=True)} | {_mmm(summary, 'eval_s', '.2f', median_only=True)} | "
-                f"{_mmm(summary, 'checkpoint_write_s', '.1f', scale=1000)} | {_mmm(summary, 'checkpoint_restore_s', '.1f', scale=1000, median_only=True)} | "
-                f"{_mmm(summary, 'peak_rss_mb', '.0f', median_only=True)} | {_mmm(summary, 'peak_gpu_mb', '.0f', median_only=True)} |"
+                f"| {framework} | {mode} | {_mmm(summary, 'epoch_s', '.2f')} | "
+                f"{_mmm(summary, 'samples_per_s', '.0f', median_only=True)} | "
+                f"{_mmm(summary, 'first_step_s', '.2f', median_only=True)} | "
+                f"{_mmm(summary, 'eval_s', '.2f', median_only=True)} | "
+                f"{_mmm(summary, 'checkpoint_write_s', '.1f', scale=1000)} | "
+                f"{_mmm(summary, 'checkpoint_restore_s', '.1f', scale=1000, median_only=True)} | "
+                f"{_mmm(summary, 'peak_rss_mb', '.0f', median_only=True)} | "
+                f"{_mmm(summary, 'peak_gpu_mb', '.0f', median_only=True)} |"
             )
     lines += [
         "",
-        "| framework | determinism cost | checkpoint / epoch | restore / epoch | receipt trace / epoch | traced epoch vs plain | trace KB / epoch | verify / one run |",
+        "| framework | determinism cost | checkpoint / epoch | restore / epoch | receipt trace / epoch | "
+        "traced epoch vs plain | trace KB / epoch | verify / one run |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for framework, entry in results["frameworks"].items():
         d, verify = entry["derived"], entry.get("verify")
         lines.append(
-            f"| {framework} | {_pct(d.get('determinism_cost'))} | {_pct(d.get('checkpoint_share_of_epoch'))} | {_pct(d.get('restore_share_of_epoch'))} | "
-            f"{_pct(d.get('trace_share_of_epoch'))} | {_pct(d.get('traced_epoch_vs_plain'))} | {_kb(d.get('trace_bytes_per_epoch'))} | "
+            f"| {framework} | {_pct(d.get('determinism_cost'))} | "
+            f"{_pct(d.get('checkpoint_share_of_epoch'))} | {_pct(d.get('restore_share_of_epoch'))} | "
+            f"{_pct(d.get('trace_share_of_epoch'))} | {_pct(d.get('traced_epoch_vs_plain'))} | "
+            f"{_kb(d.get('trace_bytes_per_epoch'))} | "
             + (
                 "; ".join(f"{v['epochs']} epochs {v['ratio']:.2f}x (run=PATH {v['reused_ratio']:.2f}x)" for v in verify)
                 + " |"
@@ -158,7 +168,8 @@ def markdown(results: dict) -> str:
     if reference:
         lines += [
             "",
-            f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, batch {reference.get('batch_size')}), "
+            f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, "
+            f"batch {reference.get('batch_size')}), "
             "determinism on in both; the reference's own per-epoch training time:",
             "",
             "| framework | reference epoch s | reference threads | reprocube epoch s | speed-up |",
@@ -166,7 +177,8 @@ def markdown(results: dict) -> str:
         ]
         for framework, r in reference["frameworks"].items():
             lines.append(
-                f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | {r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |"
+                f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | "
+                f"{r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |"
             )
     return "\n".join(lines) + "\n"
 

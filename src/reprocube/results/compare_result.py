@@ -112,7 +112,10 @@ def markdown(result: dict) -> str:
     for c in result["checkpoints"]:
         worst = worst_tensor(c["tensors"])
         lines.append(
-            f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | {worst['tensor'] if worst else ''} | {worst.get('max_abs', '') if worst else ''} | {worst.get('max_ulp', '') if worst else ''} |"
+            f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | "
+            f"{worst['tensor'] if worst else ''} | "
+            f"{worst.get('max_abs', '') if worst else ''} | "
+            f"{worst.get('max_ulp', '') if worst else ''} |"
         )
     if result["metric_differences"]:
         lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [

@@ -102,7 +102,8 @@ def summary_lines(result: dict) -> list[str]:
         acc, loss = summary["test_accuracy"], summary["test_loss"]
         lines.append(
             f"{group}: {summary['runs']} runs, test accuracy mean {_fmt(acc['mean'])} std {_fmt(acc['std'])}, "
-            f"test loss mean {_fmt(loss['mean'])} std {_fmt(loss['std'])}, {summary['distinct_weights_digests']} distinct weights_digest"
+            f"test loss mean {_fmt(loss['mean'])} std {_fmt(loss['std'])}, "
+            f"{summary['distinct_weights_digests']} distinct weights_digest"
         )
     lines.append(
         f"non-determinism: same-seed std / different-seed std = {_fmt(result['nondeterminism_std_ratio'])} "
@@ -110,7 +111,8 @@ def summary_lines(result: dict) -> list[str]:
     )
     for failure in result["failures"]:
         lines.append(
-            f"FAILED run {failure['member']} ({failure['group']}, seed {failure['seed']}): {failure['error']}; log: {failure.get('log')}"
+            f"FAILED run {failure['member']} ({failure['group']}, seed {failure['seed']}): "
+            f"{failure['error']}; log: {failure.get('log')}"
         )
     if result.get("launcher_error"):
         lines.append(f"launcher: {result['launcher_error']}")
