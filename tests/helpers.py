@@ -63,8 +63,8 @@ def wait_until(
 ) -> T:
     """The one polling loop of the tests: call `condition` until it returns something true, and return
     that. An AssertionError naming `what` (and `detail()`, e.g. a job's log) when `timeout` seconds pass
-    first; ProcessEnded when `process` is given and has ended (checked before each call of `condition`). Tests wait for progress (a file, a logged
-    step, a process gone), never for a wall-clock moment."""
+    first; ProcessEnded when `process` is given and has ended (checked before each call of `condition`).
+    Tests wait for progress (a file, a logged step, a process gone), never for a wall-clock moment."""
     deadline = time.monotonic() + timeout
     while True:
         # The process first: a caller waits for a moment to act on a process still running.

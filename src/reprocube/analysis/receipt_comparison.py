@@ -382,14 +382,16 @@ def _tier(result: dict, max_ulp: int) -> tuple[str, str]:
     if result["verdict"] == "bit-identical":
         compared = (
             f"{counted(coverage['compared_steps'], 'step')} (every loss bit), "
-            f"{counted(coverage['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} after the initial weights, "
+            f"{counted(coverage['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
+            "after the initial weights, "
             f"{counted(coverage['a_epochs'], 'epoch record')}; {claims_text(result['claims'])}"
         )
         return "bit-identical", f"bit-identical: everything A's receipt records reproduced ({compared})"
     if result["verdict"] == "losses-only":
         return "losses-only", (
             f"the trained model is bit-identical (every weight digest at "
-            f"{counted(coverage['compared_boundaries'], 'boundary', 'boundaries')} and {counted(coverage['a_epochs'], 'epoch')}); "
+            f"{counted(coverage['compared_boundaries'], 'boundary', 'boundaries')} and "
+            f"{counted(coverage['a_epochs'], 'epoch')}); "
             "only the reported training losses differ"
             + (f" (max {result['ulp']['max_ulp']} ULP)" if result.get("ulp") else "")
             + ": the loss is computed in another order here, the updates are not"

@@ -60,7 +60,9 @@ def add_arguments(parser) -> None:
         "--launcher",
         choices=LAUNCHERS,
         default="local",
-        help="local: child processes here | slurm: each run a SLURM job, each stop a real preemption (scontrol requeue)",
+        help=(
+            "local: child processes here | slurm: each run a SLURM job, each stop a real preemption (scontrol requeue)"
+        ),
     )
     add(
         "--slurm-option",

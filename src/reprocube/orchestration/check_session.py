@@ -385,7 +385,10 @@ def _repeat_trace(first: Run, again: Run, result: dict) -> str | None:
         return f"the first run made {counted(len(a_steps), 'update')}, the second {len(b_steps)}"
     if difference is None:
         return None
-    return f"step {difference['step']} is the first update that differs: {describe_difference(difference, 'first run', 'second run')}"
+    return (
+        f"step {difference['step']} is the first update that differs: "
+        f"{describe_difference(difference, 'first run', 'second run')}"
+    )
 
 
 def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
@@ -420,7 +423,10 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
                 f"script announced at step {attempt['resumed_at']} ({details})"
             )
         else:
-            differs = f"after stop {stop} (resumed at step {attempt['resumed_at']}), step {step} is the first update that differs ({details})"
+            differs = (
+                f"after stop {stop} (resumed at step {attempt['resumed_at']}), "
+                f"step {step} is the first update that differs ({details})"
+            )
     if traced["unrecorded_steps"]:
         spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in traced["unrecorded_steps"][:5])
         result["not_checked"].append(

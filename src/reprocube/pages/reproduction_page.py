@@ -362,7 +362,8 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         + (f" <span class='dim'>({esc(result['tier'])})</span>" if result["tier"] != result["verdict"] else "")
         + "</p>",  # "losses-only (losses-only)" said nothing twice
         (
-            f"<p class='warn'>Unverifiable: this {REPRODUCE_RESULT.name} names no subject (written by a reprocube before "
+            f"<p class='warn'>Unverifiable: this {REPRODUCE_RESULT.name} names no subject "
+            "(written by a reprocube before "
             "results recorded the receipt file they are about): nothing shows that A's receipt here is the one "
             "reproduced.</p>"
             if unverifiable
@@ -372,20 +373,27 @@ def reproduction_html(reproduction: dict, figures: dict[str, bytes], depth: int 
         *_first_update(result, a, b),
         f"<p>{esc(result['summary'])}</p>",
         # The tier's words, unless the summary already ends with them (it does where B differs).
-        f"<p class='caption'>{esc(result['tier_text'])}</p>" if result["tier_text"] not in result["summary"] else "",
+        (f"<p class='caption'>{esc(result['tier_text'])}</p>" if result["tier_text"] not in result["summary"] else ""),
         *_what_to_do(result, h2),
         *_sessions(result, h2),
         f"<p class='caption'>A (published): <code>{esc(result['source'])}</code>"
         + (
-            f" (file sha256 <code>{result['subject']['receipt_sha256'][:16]}…</code>, as sha256sum and a signature see it)"
+            f" (file sha256 <code>{result['subject']['receipt_sha256'][:16]}…</code>, "
+            "as sha256sum and a signature see it)"
             if result.get("subject")
             else ""
         )
         + " &middot; B (retrained here): "
-        f"<code>{esc(str(b.path.parent))}</code> &middot; compared {counted(coverage['compared_steps'], 'step')} (every "
-        f"loss bit), {counted(coverage['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
-        f"after the initial weights, {counted(coverage['a_epochs'], 'epoch')} of A ({coverage['b_epochs']} of B) &middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
-        f"<{h2}>{'Differences between A and B (none changed a bit)' if identical else 'Likely causes, most likely first'}</{h2}>",
+        f"<code>{esc(str(b.path.parent))}</code> &middot; compared {counted(coverage['compared_steps'], 'step')} "
+        "(every loss bit), "
+        f"{counted(coverage['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
+        f"after the initial weights, {counted(coverage['a_epochs'], 'epoch')} of A ({coverage['b_epochs']} of B) "
+        f"&middot; {result['wall_s']['total']} s in all, B's run {result['wall_s']['run_b']} s</p>",
+        (
+            f"<{h2}>"
+            f"{'Differences between A and B (none changed a bit)' if identical else 'Likely causes, most likely first'}"
+            f"</{h2}>"
+        ),
     ]
     parts += _causes(result)
     parts += _self_check(result, h2)
@@ -478,7 +486,8 @@ def _divergence(result: dict, h2: str) -> list[str]:
     parts = [f"<{h2}>B − A: per epoch and per step</{h2}>"]
     if first is not None and first.get("weights_identical"):
         parts.append(
-            f"<p>The loss bits first differ at global step <b>{first['step']}</b> (epoch {first['epoch']}); the weights "
+            f"<p>The loss bits first differ at global step <b>{first['step']}</b> (epoch {first['epoch']}); "
+            "the weights "
             "agree at every trace boundary and epoch both runs hold: <b>the trained model is bit-identical</b>.</p>"
         )
     elif first is not None:

@@ -149,7 +149,10 @@ def verdict_line(result: dict) -> str:
     first, ulp = result["first_divergence"], result.get("ulp")
     size = f", by at most {ulp['max_ulp']} ULP ({ulp['basis']})" if ulp else ""
     if result["verdict"] == "bit-identical":
-        return f"Reproduced: B has A's bits at every one of the {counted(result['coverage']['compared_steps'], 'step')} compared."
+        return (
+            "Reproduced: B has A's bits at every one of the "
+            f"{counted(result['coverage']['compared_steps'], 'step')} compared."
+        )
     if result["verdict"] == "losses-only":
         return f"The trained model is bit-identical; only the reported training losses differ{size}."
     if first and first.get("initial_tensors"):
@@ -483,7 +486,10 @@ def markdown(result: dict) -> str:
     if result["causes"]:
         lines += ["| # | key | A | B | kind | note |", "|---|---|---|---|---|---|"]
         lines += [
-            f"| {i} | `{shown_value(c['key'])}` | {shown_value(c['a'])} | {shown_value(c['b'])} | {c['kind']} | {c['note'] or ''} |"
+            (
+                f"| {i} | `{shown_value(c['key'])}` | {shown_value(c['a'])} | {shown_value(c['b'])} | "
+                f"{c['kind']} | {c['note'] or ''} |"
+            )
             for i, c in enumerate(result["causes"], 1)
         ]
     else:
