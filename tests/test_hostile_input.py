@@ -263,6 +263,10 @@ def test_a_version_2_state_without_its_later_keys_is_read_as_what_their_absence_
     edit_state(checkpoint, lambda s: s.update(version=3))
     with pytest.raises(CheckpointError, match="state.json version 3 lacks trace"):
         TrainState.from_checkpoint(read_checkpoint(checkpoint), steps_per_epoch)
+    # A version-2 file never held null there: refused, as version 2's reader refused it.
+    edit_state(checkpoint, lambda s: s.update(version=2, loader=None))
+    with pytest.raises(CheckpointError, match="state.json loader is null, which version 2 never writes"):
+        TrainState.from_checkpoint(read_checkpoint(checkpoint), steps_per_epoch)
 
 
 # ---- resume=auto past a damaged newest checkpoint -------------------------------------------------------------

@@ -64,6 +64,7 @@ NON_RESULT_KEYS = frozenset(
 # Keys that were result keys when earlier checkpoints and receipts were written: their recorded
 # config_hash includes them, which config_hash_matches accepts.
 FORMER_RESULT_KEYS = ("framework.inter_op_threads",)
+GROUPS = ("framework", "dataset")  # the config groups: conf/GROUP/NAME.yaml, chosen by GROUP=NAME
 
 
 def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfig:
@@ -75,8 +76,11 @@ def load_config(overrides: list[str], config_files: list[str] = ()) -> DictConfi
             raise ConfigError(
                 f"{override}: adding or deleting keys is not supported (the config schema is fixed); see --print-config"
             )
-        if not override.partition("=")[0].strip():
+        key, _, value = (part.strip() for part in override.partition("="))
+        if not key:
             raise ConfigError(f"{override!r}: an override is KEY=VALUE (see --print-config for every key)")
+        if key in GROUPS and not PLAIN_WORD.fullmatch(value):  # Hydra fails on a list or number here
+            raise ConfigError(f"{override!r}: {key} takes the name of one of its configs (conf/{key}/NAME.yaml)")
     try:
         with initialize_config_module(config_module="reprocube.conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=all_overrides)
@@ -201,6 +205,7 @@ SECTIONS = (
     "verify.slurm",
     "watchdog",
     "dataset",
+    "dataset.files",
     "framework",
 )
 

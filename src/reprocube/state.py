@@ -189,7 +189,7 @@ class TrainState:
             raise CheckpointError(
                 f"{where}: state.json version {version!r} is not one this reprocube reads ({READABLE_STATE_VERSIONS})"
             )
-        state = _upgraded(state, version)
+        state = _upgraded(state, version, where)
         missing = [key for key in (TRACE, LOADER, SESSIONS) if key not in state]
         if missing:
             raise CheckpointError(f"{where}: state.json version {STATE_VERSION} lacks {missing[0]}")
@@ -242,12 +242,16 @@ class TrainState:
         )
 
 
-def _upgraded(state: dict, version: int) -> dict:
+def _upgraded(state: dict, version: int, where: str) -> dict:
     """An older state.json as version 3: the keys versions 1 and 2 may lack, as what their absence meant
     (no trace, no loader state, no sessions recorded). Version 3 is as it is: there a missing key is an
-    error the reader names."""
+    error the reader names. Versions 1 and 2 never wrote null for these keys: a null is refused, as their
+    reader refused it."""
     if version == STATE_VERSION:
         return state
+    for key in (TRACE, LOADER, SESSIONS):
+        if key in state and state[key] is None:
+            raise CheckpointError(f"{where}: state.json {key} is null, which version {version} never writes")
     return {TRACE: None, LOADER: None, SESSIONS: None, **state, VERSION: STATE_VERSION}
 
 

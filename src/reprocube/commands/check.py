@@ -20,12 +20,6 @@ from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 
 LAUNCHERS = ("local", "slurm")
 HELP = "prove that any training command resumes bit-exactly from its own checkpoints: reprocube check -- CMD"
-SUSPECTS = (
-    "unseeded generators (Python's random, NumPy, the framework's: torch.manual_seed, tf.random.set_seed, a JAX "
-    "key), PYTHONHASHSEED (set and dict order), non-deterministic kernels and thread counts "
-    "(torch.use_deterministic_algorithms, TF_DETERMINISTIC_OPS, XLA flags, cuDNN/oneDNN autotuning), data-loader "
-    "workers, and timestamps or absolute paths written into the outputs (--ignore them)"
-)
 
 
 def add_arguments(parser) -> None:
