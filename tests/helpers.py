@@ -48,6 +48,11 @@ def reprocube(
     return proc
 
 
+def reproduce_receipt(receipt: Path, out: Path, data_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """`reprocube reproduce RECEIPT --out OUT data_dir=DATA`, as a user runs it; its exit status unchecked."""
+    return reprocube("reproduce", str(receipt), "--out", str(out), f"data_dir={data_dir}", cwd=cwd, check=False)
+
+
 class ProcessEnded(AssertionError):
     """wait_until's process ended before the condition held."""
 

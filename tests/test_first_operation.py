@@ -290,13 +290,11 @@ def replay_step(run: Path, step: int, out: Path, cwd: Path, env_extra: dict | No
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
-@pytest.fixture(scope="module")
-def pytorch_run(generated, tmp_path_factory) -> Path:
+def train_run(framework: str, generated, where: Path) -> Path:
     """One epoch (21 steps) with a step checkpoint every 5 steps and weight digests every 3."""
-    where = tmp_path_factory.mktemp("runs")
     reprocube(
         "train",
-        "framework=pytorch",
+        f"framework={framework}",
         *generated.overrides(),
         "epochs=1",
         "checkpoint.every_steps=5",
@@ -306,6 +304,11 @@ def pytorch_run(generated, tmp_path_factory) -> Path:
         cwd=where,
     )
     return where / "a"
+
+
+@pytest.fixture(scope="module")
+def pytorch_run(generated, tmp_path_factory) -> Path:
+    return train_run("pytorch", generated, tmp_path_factory.mktemp("runs"))
 
 
 def tree(directory: Path) -> dict[str, str]:
@@ -384,19 +387,7 @@ KERNEL_CASES = {
 @pytest.fixture(scope="module", params=sorted(KERNEL_CASES))
 def kernels_run(request, generated, tmp_path_factory) -> tuple[str, Path]:
     framework = request.param
-    where = tmp_path_factory.mktemp(f"{framework}-runs")
-    reprocube(
-        "train",
-        f"framework={framework}",
-        *generated.overrides(),
-        "epochs=1",
-        "checkpoint.every_steps=5",
-        "trace.every_steps=3",
-        f"output_dir={where}",
-        "run_name=a",
-        cwd=where,
-    )
-    return framework, where / "a"
+    return framework, train_run(framework, generated, tmp_path_factory.mktemp(f"{framework}-runs"))
 
 
 def test_kernel_replays_record_the_steps_inputs_and_kernels_faithfully(kernels_run, tmp_path):

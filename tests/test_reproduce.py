@@ -23,7 +23,7 @@ from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.receipt import read_receipt
 
-from helpers import error_lines, manifest, read_metrics, reprocube
+from helpers import error_lines, manifest, read_metrics, reprocube, reproduce_receipt
 
 SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
@@ -408,15 +408,7 @@ def test_a_stopped_run_reproduces_to_where_a_stopped_and_says_so(generated, tmp_
         check=False,
     )
     published = publish_receipt_only(a, tmp_path)
-    proc = reprocube(
-        "reproduce",
-        str(published),
-        "--out",
-        str(tmp_path / "r"),
-        f"data_dir={generated.data_dir}",
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = reproduce_receipt(published, tmp_path / "r", generated.data_dir, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["verdict"] == "bit-identical" and result["coverage"]["compared_steps"] == 8

@@ -24,7 +24,7 @@ from reprocube.terminal import printable
 from reprocube.trace import LOSS_KEYS, TRACE_VERSION, decode_losses, encode_losses
 from reprocube.untrusted import iter_json_lines, read_json
 
-from helpers import error_lines, reprocube
+from helpers import error_lines, reprocube, reproduce_receipt
 
 SECRET = "s3cr3t-value-of-the-reproducer"
 SMALL = ["epochs=2", "log.every_steps=5", "trace.every_steps=5"]
@@ -457,15 +457,7 @@ def test_edited_epoch_metrics_are_flagged_never_rated_within_ulp(receipt_a, gene
         receipt["epochs"][-1]["test_accuracy"] = 0.9
 
     published = write(forge(receipt_a, edit), tmp_path / "pub" / "receipt.json")
-    proc = reprocube(
-        "reproduce",
-        str(published),
-        "--out",
-        str(tmp_path / "r"),
-        f"data_dir={generated.data_dir}",
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = reproduce_receipt(published, tmp_path / "r", generated.data_dir, cwd=tmp_path)
     assert proc.returncode == 6, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["first_divergence"] is None and result["tier"] == "metrics-disagree", result["tier_text"]
@@ -512,15 +504,7 @@ def test_initial_weights_that_differ_are_named_as_such_not_as_the_first_update(r
         trace["boundaries"][0][1][index] = "0123456789abcdef"
 
     published = write(forge(receipt_a, other_initial_conv1_bias), tmp_path / "pub" / "receipt.json")
-    proc = reprocube(
-        "reproduce",
-        str(published),
-        "--out",
-        str(tmp_path / "r"),
-        f"data_dir={generated.data_dir}",
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = reproduce_receipt(published, tmp_path / "r", generated.data_dir, cwd=tmp_path)
     assert proc.returncode == 6, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     first = result["first_divergence"]
@@ -544,15 +528,7 @@ def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, ge
         trace[key] = encode_losses(bits.view(np.float32))
 
     published = write(forge(receipt_a, one_loss_bit), tmp_path / "pub" / "receipt.json")
-    proc = reprocube(
-        "reproduce",
-        str(published),
-        "--out",
-        str(tmp_path / "r"),
-        f"data_dir={generated.data_dir}",
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = reproduce_receipt(published, tmp_path / "r", generated.data_dir, cwd=tmp_path)
     assert proc.returncode == 7, proc.stderr
     result = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     assert result["verdict"] == "losses-only" and result["tier"] == "losses-only"
