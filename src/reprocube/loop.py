@@ -171,10 +171,9 @@ class TrainingLoop:
         return path
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
+        state = self.walk.resume(checkpoint)
         self.position, self.history = state.position, state.history
         self.sessions = list(state.sessions or [])  # the earlier processes'; begin_session adds this one
-        self.walk.restore_loader(state.loader, self.position, f"checkpoint {checkpoint.path}")
         if state.trace is not None:
             self.trace = state.trace
             self.trace.every_steps = self.cfg.trace.every_steps  # a cadence, like log.every_steps

@@ -184,14 +184,11 @@ class _Steps:
     each epoch's end moving on to the next (the replay keeps no records)."""
 
     def __init__(self, backend, sampler: EpochSampler, pipeline):
-        self.walk = StepWalk(backend, sampler, pipeline)
-        self.backend, self.sampler = backend, sampler
+        self.walk, self.sampler = StepWalk(backend, sampler, pipeline), sampler
         self.position = Position()
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
-        self.position = state.position
-        self.walk.restore_loader(state.loader, self.position, f"checkpoint {checkpoint.path}")
+        self.position = self.walk.resume(checkpoint).position
 
     def advance_to(self, global_step: int) -> None:
         p, per_epoch = self.position, self.sampler.steps_per_epoch

@@ -17,9 +17,10 @@ from typing import Protocol
 
 import numpy as np
 
+from reprocube.checkpoint import Checkpoint
 from reprocube.data.pipeline import BatchPipeline, check_position
 from reprocube.data.sampler import EpochSampler
-from reprocube.state import EpochTotals, Position
+from reprocube.state import EpochTotals, Position, TrainState
 
 
 class Feed(Protocol):
@@ -84,11 +85,15 @@ class StepWalk:
         self.saved_loader: dict | None = None  # to restore when the resumed epoch begins
         self.saved_origin = "the checkpoint"  # where it was read (named by the pipeline's checks)
 
-    def restore_loader(self, state: dict | None, position: Position, where: str) -> None:
-        """A checkpoint's loader state, checked against its position, kept for the epoch's beginning."""
+    def resume(self, checkpoint: Checkpoint) -> TrainState:
+        """The checkpoint's state put into the trainer, and its loader state (checked against its
+        position) kept for the resumed epoch's beginning; the state, for the caller's records."""
+        state = TrainState.resume_from(checkpoint, self.sampler.steps_per_epoch, self.backend)
         if self.has_loader:
-            check_position(state, position.epoch, position.step_in_epoch, where)
-            self.saved_loader, self.saved_origin = state, where
+            where = f"checkpoint {checkpoint.path}"
+            check_position(state.loader, state.position.epoch, state.position.step_in_epoch, where)
+            self.saved_loader, self.saved_origin = state.loader, where
+        return state
 
     def begin_epoch(self, position: Position) -> None:
         """The epoch of `position` handed to the feed, once per epoch however often it is called."""
