@@ -27,9 +27,12 @@ def pytest_configure(config):
     run bit-identical to an uncached one; verify's fresh checks compile anew (test_verify_compare_report)."""
     # Hypothesis keeps what it finds in the source under .hypothesis/: outside the work tree.
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "reprocube-hypothesis")
-    cache = tempfile.mkdtemp(prefix="reprocube-tests-jax-cache-")
-    config.jax_cache = cache
-    os.environ[compilation_cache.VARIABLE] = cache
+    # make test runs test files two at a time (pytest-xdist): the workers inherit the controller's
+    # environment, so they share its cache, and only the controller removes it.
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        cache = tempfile.mkdtemp(prefix="reprocube-tests-jax-cache-")
+        config.jax_cache = cache
+        os.environ[compilation_cache.VARIABLE] = cache
     if os.environ.get("REPROCUBE_TEST_QUICK") == "1":  # make test-quick
         subprocess.Popen.__init__ = _no_processes
 
