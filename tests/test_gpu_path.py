@@ -80,6 +80,7 @@ print(os.environ["XLA_FLAGS"])
 def test_every_cuda_generator_is_saved_and_restored(monkeypatch):
     torch = pytest.importorskip("torch")
     from reprocube.frameworks.pytorch import CUDA_GENERATOR_PREFIX, Net, PytorchBackend
+    from reprocube.frameworks.torch_sgd import MomentumSGD
 
     states = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
     restored = {}
@@ -90,7 +91,7 @@ def test_every_cuda_generator_is_saved_and_restored(monkeypatch):
     backend = object.__new__(PytorchBackend)  # the trainer's state code, without a device to train on
     backend.device = torch.device("cpu")
     backend.model = Net()
-    backend.optimizer = torch.optim.SGD(backend.model.parameters(), lr=0.01, momentum=0.5)
+    backend.optimizer = MomentumSGD(backend.model.parameters(), lr=0.01, momentum=0.5)
     exported = backend.export_state()
     assert sorted(k for k in exported.rng if k.startswith(CUDA_GENERATOR_PREFIX)) == ["torch.cuda.0", "torch.cuda.1"]
     assert np.array_equal(exported.rng["torch.cuda.1"], states[1].numpy())

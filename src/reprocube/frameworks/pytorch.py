@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
+from reprocube.frameworks.torch_sgd import MomentumSGD  # noqa: E402
 from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
 from reprocube.trace import tensor_digest, text_digest  # noqa: E402
 
@@ -86,7 +87,7 @@ class PytorchBackend:
         torch.manual_seed(cfg.seed)  # seeds the CPU generator (init) and every CUDA generator (dropout on GPU)
 
         self.model = Net(dataset.num_classes).to(self.device)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+        self.optimizer = MomentumSGD(self.model.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
         self.x_train = torch.from_numpy(dataset.train.images).to(self.device)
         self.y_train = torch.from_numpy(dataset.train.labels).to(self.device)
         self.x_test = torch.from_numpy(dataset.test.images).to(self.device)
@@ -162,7 +163,7 @@ class PytorchBackend:
 
     def _batch_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         batch = len(labels)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         log_probs = self.model(images)
         loss = self._nll_sum(log_probs, labels) / batch
         loss.backward()
@@ -321,7 +322,7 @@ class _OpRecorder(TorchDispatchMode):
     the forward and backward (a backward node is named after the module whose forward created it, which a
     torch-function mode notes during the forward), the parameter for the optimizer."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    def __init__(self, model: nn.Module, optimizer: MomentumSGD):
         super().__init__()
         self.model, self.optimizer, self.ops = model, optimizer, []
         self.phase = "batch"  # before the model's forward: choosing the batch, zeroing the gradients
@@ -390,7 +391,7 @@ class _OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace == "profiler":  # the optimizer's record_function markers: no computation
+        if func.namespace == "profiler":  # record_function markers (torch.optim has them): no computation
             return func(*args, **kwargs)
         leaves = tree_leaves((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
