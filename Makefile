@@ -5,6 +5,7 @@
 #   make test-quick  the tests that start no process (the inner loop, about a minute)
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
+#   make test TEST_WORKERS=0 the test files one after another (default: two at a time)
 PYTHON ?= python3
 VENV := .venv
 # The MLCube launcher lives in its own venv (mlcube 0.0.9 pins omegaconf 2.1.0; hydra needs 2.3).
@@ -82,8 +83,12 @@ ifeq ($(SLURM),1)
 TEST_DEPS += slurm-setup
 TEST_ENV += REPROCUBE_SLURM_TESTS=1 SLURM_CONF=$(SLURM_DIR)/slurm.conf
 endif
+# Two test files at a time (pytest-xdist): the suite mostly waits (SLURM, Docker, watchdog stalls), and
+# tests/conftest.py hands out the longest files first. TEST_WORKERS=0 runs the files one after another.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: $(TEST_DEPS)
-	$(TEST_ENV) $(VENV)/bin/python -m pytest --durations=10 $(PYTEST_ARGS)
+	$(TEST_ENV) $(VENV)/bin/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The inner loop: every test that starts no process (none trains), in a minute or two; no set-up beyond the venv.
 test-quick: $(VENV)/.installed

@@ -37,6 +37,30 @@ def pytest_configure(config):
         subprocess.Popen.__init__ = _no_processes
 
 
+# make test runs test files two at a time (pytest-xdist, `--dist loadfile --no-loadscope-reorder`), each
+# file on one worker, handed out in collection order as workers free up. The longest files go first so
+# that none of them starts last and runs alone (seconds: the files' slowest tests in the suite of
+# 2026-11-26 run two files at a time); the rest keep their order. test_repository.py checks the names.
+LONGEST_FILES_FIRST = (
+    "test_slurm.py",  # ~250 s, most of it waiting on SLURM
+    "test_reproduce.py",  # ~300
+    "test_loader_pipeline.py",  # ~270
+    "test_container.py",  # ~230
+    "test_training.py",  # ~230
+    "test_gpu_check.py",  # ~220
+    "test_verify_compare_report.py",  # ~210
+    "test_real_data.py",  # ~130
+    "test_check.py",  # ~110
+    "test_children.py",  # ~110
+    "test_trust.py",  # ~100
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 def _no_processes(*args, **kwargs):
     """make test-quick: a test, or the fixture it needs, that starts a process is skipped at that moment,
     so the inner loop holds exactly the tests that start no child (nothing trains); `make test` runs all."""

@@ -36,3 +36,12 @@ def test_committed_results_name_no_path_of_the_machine_they_ran_on():
     for path in sorted((ROOT / "benchmarks").rglob("*.json")):
         found += [f"{path.relative_to(ROOT)}: {m.group(1).decode()}" for m in machine_path.finditer(path.read_bytes())]
     assert not found, found[:5]
+
+
+def test_the_files_make_test_hands_out_first_exist():
+    """conftest.LONGEST_FILES_FIRST orders the suite for pytest-xdist: a renamed file would silently fall
+    back to its alphabetical place."""
+    from conftest import LONGEST_FILES_FIRST
+
+    tests = Path(__file__).parent
+    assert [name for name in LONGEST_FILES_FIRST if not (tests / name).is_file()] == []
