@@ -16,33 +16,42 @@ from reprocube.frameworks.torch_sgd import MomentumSGD  # noqa: E402
 
 
 def _bits(tensors) -> list[bytes]:
-    return [t.detach().contiguous().view(torch.int32).numpy().tobytes() for t in tensors]
+    return [t.detach().cpu().contiguous().view(torch.int32).numpy().tobytes() for t in tensors]
 
 
-def _train(make_optimizer, steps: int, foreach: bool | None = None):
+def _train(make_optimizer, steps: int, device: str = "cpu"):
     torch.manual_seed(3)
-    model = Net()
+    model = Net().to(device)
     optimizer = make_optimizer(model.parameters())
-    if foreach is not None:  # ours decides by device; the CPU's foreach kernels stand in for CUDA's here
-        optimizer._single_tensor_step = optimizer._foreach_step if foreach else optimizer._single_tensor_step
     generator = torch.Generator().manual_seed(5)
-    images = torch.randn(steps, 16, 1, 28, 28, generator=generator)
-    labels = torch.randint(0, 10, (steps, 16), generator=generator)
+    images = torch.randn(steps, 16, 1, 28, 28, generator=generator).to(device)
+    labels = torch.randint(0, 10, (steps, 16), generator=generator).to(device)
     history = []
     for step in range(steps):
         optimizer.zero_grad()
-        F = torch.nn.functional
-        F.nll_loss(model(images[step]), labels[step]).backward()
+        torch.nn.functional.nll_loss(model(images[step]), labels[step]).backward()
         optimizer.step()
         momentum = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
         history.append(_bits(model.parameters()) + _bits(momentum))
     return history
 
 
-@pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "foreach"])
-def test_every_step_is_bit_identical_to_torch_sgd(foreach):
-    ours = _train(lambda params: MomentumSGD(params, lr=0.05, momentum=0.9), 6, foreach=foreach)
-    theirs = _train(lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, foreach=foreach), 6)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (a lent GPU runs it)")
+
+
+@pytest.mark.parametrize(
+    "device, torch_foreach",
+    [("cpu", None), ("cpu-foreach", True), pytest.param("cuda", None, marks=CUDA)],
+    ids=["cpu-single-tensor", "cpu-foreach", "cuda-foreach"],
+)
+def test_every_step_is_bit_identical_to_torch_sgd(device, torch_foreach, monkeypatch):
+    """Each against torch's SGD with its defaults on the device (one tensor at a time on the CPU, foreach
+    on CUDA), and the foreach path through the CPU's foreach kernels as well."""
+    if device == "cpu-foreach":
+        monkeypatch.setattr("reprocube.frameworks.torch_sgd.FOREACH_DEVICES", ("cpu",))
+        device = "cpu"
+    ours = _train(lambda params: MomentumSGD(params, lr=0.05, momentum=0.9), 6, device)
+    theirs = _train(lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, foreach=torch_foreach), 6, device)
     assert len(ours) == 6 and all(a == b for a, b in zip(ours, theirs, strict=True))
     assert ours[0] != ours[1]  # the steps changed something
 
