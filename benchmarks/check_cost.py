@@ -48,17 +48,42 @@ def main() -> int:
             for i in range(args.rounds):
                 out = Path(scratch) / f"{number}-{i}"
                 started = time.perf_counter()
-                subprocess.run([PYTHON, "-m", "reprocube", "check", "--out", str(out), *options, "--", PYTHON,
-                                str(REPO / "examples" / script), *flags], capture_output=True, check=False)  # fmt: skip
+                subprocess.run(
+                    [
+                        PYTHON,
+                        "-m",
+                        "reprocube",
+                        "check",
+                        "--out",
+                        str(out),
+                        *options,
+                        "--",
+                        PYTHON,
+                        str(REPO / "examples" / script),
+                        *flags,
+                    ],
+                    capture_output=True,
+                    check=False,
+                )
                 walls.append(time.perf_counter() - started)
                 result = json.loads((out / "check.json").read_text())
                 scripts.append(sum(a["seconds"] for run in result["runs"] for a in run["attempts"]))
                 verdict = result["verdict"]
             wall, script_s = statistics.median(walls), statistics.median(scripts)
-            rows.append({"example": example, "verdict": verdict, "check_s": walls, "script_s": scripts,
-                         "overhead": (wall - script_s) / script_s})  # fmt: skip
-            print(f"{example}: {verdict}, check {wall:.2f} s, the script's attempts {script_s:.2f} s: overhead "
-                  f"{100 * rows[-1]['overhead']:.1f}%", flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "example": example,
+                    "verdict": verdict,
+                    "check_s": walls,
+                    "script_s": scripts,
+                    "overhead": (wall - script_s) / script_s,
+                }
+            )
+            print(
+                f"{example}: {verdict}, check {wall:.2f} s, the script's attempts {script_s:.2f} s: overhead "
+                f"{100 * rows[-1]['overhead']:.1f}%",
+                flush=True,
+            )
         probe_rows = [probe_cost(example, args.rounds, Path(scratch)) for example in PROBED]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +103,9 @@ def probe_cost(example: str, rounds: int, scratch: Path) -> dict:
             if kind == "probe":
                 env["REPROCUBE_PROBE"] = str(work / "trace.jsonl")
             started = time.perf_counter()
-            subprocess.run([PYTHON, str(REPO / "examples" / script), *flags], cwd=work, env=env,
-                           capture_output=True, check=True)  # fmt: skip
+            subprocess.run(
+                [PYTHON, str(REPO / "examples" / script), *flags], cwd=work, env=env, capture_output=True, check=True
+            )
             times[kind].append(time.perf_counter() - started)
     none, probe = statistics.median(times["none"]), statistics.median(times["probe"])
     print(

@@ -68,26 +68,55 @@ def main() -> int:
         for receipt in sorted(RECEIPTS.glob("*/*/receipt.json")):
             isa, framework = receipt.parent.parent.name, receipt.parent.name
             config = json.loads(receipt.read_text())["config"]
-            train = [*reprocube, "train", f"framework={framework}", "dataset=fashion_mnist", f"data_dir={args.data_dir}",
-                     f"data.train_limit={config['data']['train_limit']}", f"data.test_limit={config['data']['test_limit']}",
-                     f"epochs={config['epochs']}", f"seed={config['seed']}", "log.progress=false"]  # fmt: skip
+            train = [
+                *reprocube,
+                "train",
+                f"framework={framework}",
+                "dataset=fashion_mnist",
+                f"data_dir={args.data_dir}",
+                f"data.train_limit={config['data']['train_limit']}",
+                f"data.test_limit={config['data']['test_limit']}",
+                f"epochs={config['epochs']}",
+                f"seed={config['seed']}",
+                "log.progress=false",
+            ]
             run_s, reproduce_s, result = [], [], None
             for i in range(args.rounds):  # alternating: one run, then reproduce
                 seconds, _ = timed([*train, f"output_dir={scratch / f'run-{isa}-{framework}-{i}'}"])
                 run_s.append(seconds)
                 out = scratch / f"reproduce-{isa}-{framework}-{i}"
-                seconds, status = timed([*reprocube, "reproduce", str(receipt), "--match", "--public-key",
-                                         str(receipt.parent.parent / "signing-key.pub"), "--out", str(out),
-                                         f"data_dir={args.data_dir}"])  # fmt: skip
+                seconds, status = timed(
+                    [
+                        *reprocube,
+                        "reproduce",
+                        str(receipt),
+                        "--match",
+                        "--public-key",
+                        str(receipt.parent.parent / "signing-key.pub"),
+                        "--out",
+                        str(out),
+                        f"data_dir={args.data_dir}",
+                    ]
+                )
                 reproduce_s.append(seconds)
                 result = json.loads((out / "reproduce.json").read_text())
-            row = {"receipt": str(receipt.relative_to(REPO)), "direction": f"{isa} -> {here}", "framework": framework,
-                   "exit": status, **answer(result), "run_s": run_s, "reproduce_s": reproduce_s,
-                   "ratio": statistics.median(reproduce_s) / statistics.median(run_s)}  # fmt: skip
+            row = {
+                "receipt": str(receipt.relative_to(REPO)),
+                "direction": f"{isa} -> {here}",
+                "framework": framework,
+                "exit": status,
+                **answer(result),
+                "run_s": run_s,
+                "reproduce_s": reproduce_s,
+                "ratio": statistics.median(reproduce_s) / statistics.median(run_s),
+            }
             rows.append(row)
-            print(f"{row['direction']} {framework}: {row['verdict']}, first step {row['first_step']}, "
-                  f"top cause {row['top_cause']}, reproduce {statistics.median(reproduce_s):.1f} s = "
-                  f"{row['ratio']:.2f}x one run ({statistics.median(run_s):.1f} s)", flush=True)  # fmt: skip
+            print(
+                f"{row['direction']} {framework}: {row['verdict']}, first step {row['first_step']}, "
+                f"top cause {row['top_cause']}, reproduce {statistics.median(reproduce_s):.1f} s = "
+                f"{row['ratio']:.2f}x one run ({statistics.median(run_s):.1f} s)",
+                flush=True,
+            )
     report = {
         "machine": {"isa": here, "cpu": _cpu_model(), "python": platform.python_version()},
         "rounds": args.rounds,

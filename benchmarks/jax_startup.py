@@ -45,21 +45,47 @@ def main() -> int:
                     run = f"{len(rows)}-{round_number}-{setting}"
                     env = {**os.environ, compilation_cache.VARIABLE: "off" if setting == "off" else str(cache)}
                     started = time.perf_counter()
-                    subprocess.run([sys.executable, "-m", "reprocube", "train", "framework=jax", *overrides,
-                                    f"data_dir={args.data_dir.resolve()}", f"output_dir={scratch}/runs", f"run_name={run}",
-                                    "log.progress=false"], cwd=scratch, env=env, check=True, capture_output=True)  # fmt: skip
+                    subprocess.run(
+                        [
+                            sys.executable,
+                            "-m",
+                            "reprocube",
+                            "train",
+                            "framework=jax",
+                            *overrides,
+                            f"data_dir={args.data_dir.resolve()}",
+                            f"output_dir={scratch}/runs",
+                            f"run_name={run}",
+                            "log.progress=false",
+                        ],
+                        cwd=scratch,
+                        env=env,
+                        check=True,
+                        capture_output=True,
+                    )
                     walls[setting].append(round(time.perf_counter() - started, 2))
                     last = sorted((Path(scratch) / "runs" / run / "checkpoints").glob("epoch-*"))[-1]
                     digests.add((workload, json.loads((last / "manifest.json").read_text())["weights_digest"]))
             medians = {setting: statistics.median(values) for setting, values in walls.items()}
-            rows.append({"workload": workload, "wall_s": walls, "median_s": medians,
-                         "warm_vs_off": round(medians["off"] / medians["warm"], 2)})  # fmt: skip
+            rows.append(
+                {
+                    "workload": workload,
+                    "wall_s": walls,
+                    "median_s": medians,
+                    "warm_vs_off": round(medians["off"] / medians["warm"], 2),
+                }
+            )
             print(f"{workload}: " + ", ".join(f"{s} {medians[s]:.2f} s {walls[s]}" for s in SETTINGS), flush=True)
     if len(digests) != len(WORKLOADS):
         print(f"FAILED: the settings gave different weights: {sorted(digests)}", file=sys.stderr)
         return 1
-    result = {"machine": {"cpu": _cpu_info(), "python": platform.python_version()}, "rounds": args.rounds,
-              "load_1min": os.getloadavg()[0], "rows": rows, "bit_identical": True}  # fmt: skip
+    result = {
+        "machine": {"cpu": _cpu_info(), "python": platform.python_version()},
+        "rounds": args.rounds,
+        "load_1min": os.getloadavg()[0],
+        "rows": rows,
+        "bit_identical": True,
+    }
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

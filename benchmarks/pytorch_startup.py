@@ -4,7 +4,8 @@ tiny slice of the data (almost all of it start-up) and on one whole epoch. torch
 torch._dynamo; the trainer's SGD does not. The weights of every run must be bit-identical (the script
 fails otherwise), and each process reports whether torch._dynamo was loaded.
 
-    .venv/bin/python benchmarks/pytorch_startup.py --data-dir data [--rounds 5] [--out benchmarks/cpu/pytorch-startup.json]
+    .venv/bin/python benchmarks/pytorch_startup.py --data-dir data [--rounds 5] \
+        [--out benchmarks/cpu/pytorch-startup.json]
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ SOURCE_EDITS = [
         "source",
         "mnist_tensorflow.py",
         "mnist.load_data(path=.../mnist.npz) replaced by the np.load of that npz that load_data does",
-        "load_data checks MNIST's sha256 and re-downloads on a mismatch; offline, with Fashion-MNIST in the npz, that fails",
+        "load_data checks MNIST's sha256 and re-downloads on a mismatch; "
+        "offline, with Fashion-MNIST in the npz, that fails",
         old="""    (x_train, y_train), (x_test, y_test) = mnist.load_data(
         path=os.path.join(cfg.output.data_path, "mnist.npz")
     )
@@ -134,8 +135,10 @@ def fixed_changes(epochs: int, data_dir: Path) -> list[Change]:
             ["pytorch", "jax"],
             "shim",
             "torchvision/ (next to the scripts)",
-            "stand-in torchvision package from benchmarks/reference/standin: datasets.MNIST, transforms.Compose/ToTensor/Normalize",
-            "torchvision cannot import against CPU torch here; the stand-in keeps the per-sample PIL image -> ToTensor -> Normalize path",
+            "stand-in torchvision package from benchmarks/reference/standin: "
+            "datasets.MNIST, transforms.Compose/ToTensor/Normalize",
+            "torchvision cannot import against CPU torch here; "
+            "the stand-in keeps the per-sample PIL image -> ToTensor -> Normalize path",
         ),
         Change(
             ["tensorflow"],
@@ -470,7 +473,8 @@ def fmt(values: list[float]) -> str:
 
 def print_table(results: dict, epochs: int, batch: str | None) -> None:
     print(
-        "\n| framework | epochs | train s per epoch | test s per epoch | median train s (epochs >= 2) | batch | threads | exit |"
+        "\n| framework | epochs | train s per epoch | test s per epoch "
+        "| median train s (epochs >= 2) | batch | threads | exit |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for framework, r in results.items():

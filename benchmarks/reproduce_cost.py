@@ -50,15 +50,30 @@ def main() -> int:
             common = [f"framework={framework}", f"data_dir={args.data_dir}", f"epochs={args.epochs}"]
             train_s = timed([*reprocube, "train", *common, f"output_dir={scratch / 'a'}", "log.progress=false"])
             run = scratch / "a" / f"{framework}-seed0"
-            same_s = timed([*reprocube, "reproduce", str(run), "--out", str(scratch / f"same-{framework}"),
-                            f"data_dir={args.data_dir}"])  # fmt: skip
+            same_s = timed(
+                [
+                    *reprocube,
+                    "reproduce",
+                    str(run),
+                    "--out",
+                    str(scratch / f"same-{framework}"),
+                    f"data_dir={args.data_dir}",
+                ]
+            )
             variable, value = PERTURBATIONS[framework]
             other_s = timed(
-                [*reprocube, "reproduce", str(run), "--match", "--out", str(scratch / f"other-{framework}"),
-                 f"data_dir={args.data_dir}"],
+                [
+                    *reprocube,
+                    "reproduce",
+                    str(run),
+                    "--match",
+                    "--out",
+                    str(scratch / f"other-{framework}"),
+                    f"data_dir={args.data_dir}",
+                ],
                 env={variable: value},
                 expect=(6,),
-            )  # fmt: skip
+            )
             other = json.loads((scratch / f"other-{framework}" / "reproduce.json").read_text())
             row = {
                 "framework": framework,
@@ -83,9 +98,13 @@ def main() -> int:
     )
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['framework']} | {r['receipt_bytes'] / 1000:.1f} | {r['train_s']} | {r['reproduce_same_machine_s']} s "
-              f"({r['reproduce_same_ratio']}x) | {r['reproduce_other_machine_match_s']} s ({r['reproduce_other_ratio']}x; "
-              f"{r['simulated_by']}: step {r['first_divergence_step']}, {r['top_cause']}, match {r['match_restores_bit_identity']}) |")  # fmt: skip
+        print(
+            f"| {r['framework']} | {r['receipt_bytes'] / 1000:.1f} | {r['train_s']} "
+            f"| {r['reproduce_same_machine_s']} s ({r['reproduce_same_ratio']}x) "
+            f"| {r['reproduce_other_machine_match_s']} s ({r['reproduce_other_ratio']}x; "
+            f"{r['simulated_by']}: step {r['first_divergence_step']}, {r['top_cause']}, "
+            f"match {r['match_restores_bit_identity']}) |"
+        )
     if args.out:
         args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "rows": rows}, indent=1))
     return 0

@@ -28,9 +28,22 @@ EPOCHS = 2
 
 def reference(framework: str, tutorial_git: Path, scratch: Path) -> dict:
     out = scratch / f"reference-{framework}.json"
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "reference_tutorial.py"), "--tutorial-git", str(tutorial_git),
-                    "--frameworks", framework, "--epochs", str(EPOCHS), "--out", str(out)],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "reference_tutorial.py"),
+            "--tutorial-git",
+            str(tutorial_git),
+            "--frameworks",
+            framework,
+            "--epochs",
+            str(EPOCHS),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     result = json.loads(out.read_text())["results"][framework]
     if not result["ok"]:
         raise SystemExit(f"the reference's {framework} trainer failed: {result['failure']}")
@@ -39,9 +52,23 @@ def reference(framework: str, tutorial_git: Path, scratch: Path) -> dict:
 
 def reprocube(framework: str, data_dir: Path, scratch: Path, run: str) -> dict:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "reprocube", "train", f"framework={framework}", f"epochs={EPOCHS}",
-                    f"data_dir={data_dir.resolve()}", f"output_dir={scratch / 'runs'}", f"run_name={run}",
-                    "log.progress=false"], cwd=scratch, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "train",
+            f"framework={framework}",
+            f"epochs={EPOCHS}",
+            f"data_dir={data_dir.resolve()}",
+            f"output_dir={scratch / 'runs'}",
+            f"run_name={run}",
+            "log.progress=false",
+        ],
+        cwd=scratch,
+        check=True,
+        capture_output=True,
+    )
     whole = time.perf_counter() - started
     records = [json.loads(line) for line in (scratch / "runs" / run / "metrics.jsonl").read_text().splitlines()]
     epoch = next(r for r in records if r.get("kind") == "epoch" and r["epoch"] == EPOCHS)
@@ -64,28 +91,38 @@ def main() -> int:
                 load = os.getloadavg()[0]
                 ref = reference(framework, args.tutorial_git, Path(scratch))
                 ours = reprocube(framework, args.data_dir, Path(scratch), f"{framework}-{number}")
-                row = {"round": number, "load_1min": round(load, 2), "reference": ref, "reprocube": ours,
-                       "epoch_ratio": round(ref["epoch_s"] / ours["epoch_s"], 2),
-                       "whole_ratio": round(ref["whole_s"] / ours["whole_s"], 2)}  # fmt: skip
+                row = {
+                    "round": number,
+                    "load_1min": round(load, 2),
+                    "reference": ref,
+                    "reprocube": ours,
+                    "epoch_ratio": round(ref["epoch_s"] / ours["epoch_s"], 2),
+                    "whole_ratio": round(ref["whole_s"] / ours["whole_s"], 2),
+                }
                 rows[framework].append(row)
-                print(f"round {number} {framework}: reference {ref['epoch_s']:.2f} / {ref['whole_s']:.1f} s, reprocube "
-                      f"{ours['epoch_s']:.2f} / {ours['whole_s']:.1f} s: {row['epoch_ratio']}x / {row['whole_ratio']}x "
-                      f"(load {load:.2f})", flush=True)  # fmt: skip
+                print(
+                    f"round {number} {framework}: reference {ref['epoch_s']:.2f} / {ref['whole_s']:.1f} s, reprocube "
+                    f"{ours['epoch_s']:.2f} / {ours['whole_s']:.1f} s: {row['epoch_ratio']}x / {row['whole_ratio']}x "
+                    f"(load {load:.2f})",
+                    flush=True,
+                )
     summary = {
         framework: {
             kind: {
                 "median": statistics.median(r[kind] for r in framework_rows),
                 "min": min(r[kind] for r in framework_rows),
                 "max": max(r[kind] for r in framework_rows),
-            }  # fmt: skip
+            }
             for kind in ("epoch_ratio", "whole_ratio")
         }
         for framework, framework_rows in rows.items()
     }
     for framework, ratios in summary.items():
-        print(f"{framework}: epoch {ratios['epoch_ratio']['median']}x ({ratios['epoch_ratio']['min']}-"
-              f"{ratios['epoch_ratio']['max']}), whole {ratios['whole_ratio']['median']}x "
-              f"({ratios['whole_ratio']['min']}-{ratios['whole_ratio']['max']})")  # fmt: skip
+        print(
+            f"{framework}: epoch {ratios['epoch_ratio']['median']}x ({ratios['epoch_ratio']['min']}-"
+            f"{ratios['epoch_ratio']['max']}), whole {ratios['whole_ratio']['median']}x "
+            f"({ratios['whole_ratio']['min']}-{ratios['whole_ratio']['max']})"
+        )
     if args.out:
         machine = {"platform": platform.platform(), "cpus": os.cpu_count()}
         try:
@@ -94,8 +131,9 @@ def main() -> int:
             machine["cpu"] = _cpu_info()
         except ImportError:
             pass
-        args.out.write_text(json.dumps({"machine": machine, "epochs": EPOCHS, "rounds": rows, "summary": summary},
-                                       indent=1) + "\n")  # fmt: skip
+        args.out.write_text(
+            json.dumps({"machine": machine, "epochs": EPOCHS, "rounds": rows, "summary": summary}, indent=1) + "\n"
+        )
     return 0
 
 

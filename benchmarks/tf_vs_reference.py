@@ -44,8 +44,18 @@ def run(command: list[str], env: dict) -> None:
 
 def reference_epochs(args, scratch: Path, round_: int) -> dict:
     out = scratch / f"reference-{round_}.json"
-    command = [sys.executable, str(HERE / "reference_tutorial.py"), "--tutorial-git", str(args.tutorial_git),
-               "--frameworks", "tensorflow", "--epochs", str(args.epochs), "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(HERE / "reference_tutorial.py"),
+        "--tutorial-git",
+        str(args.tutorial_git),
+        "--frameworks",
+        "tensorflow",
+        "--epochs",
+        str(args.epochs),
+        "--out",
+        str(out),
+    ]
     run(command, {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"})  # as published: TF's default
     result = json.loads(out.read_text())["results"]["tensorflow"]
     return {"epochs_s": result["train_epoch_s"], "epoch_s": result["median_train_s_after_first_epoch"]}
@@ -55,9 +65,22 @@ def reprocube_epoch(args, scratch: Path, round_: int, name: str, setting: list[s
     out = scratch / f"{name}-{round_}"
     env = dict(token.split("=", 1) for token in setting if ENV_NAME.match(token))
     overrides = [token for token in setting if not ENV_NAME.match(token)]
-    run([sys.executable, "-m", "reprocube", "bench", "framework=tensorflow", "bench.repeats=1",
-         "bench.deterministic=[true]", "bench.verify_epochs=0", f"data_dir={args.data_dir}", f"bench.out={out}",
-         *overrides], {**os.environ, **env})  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "bench",
+            "framework=tensorflow",
+            "bench.repeats=1",
+            "bench.deterministic=[true]",
+            "bench.verify_epochs=0",
+            f"data_dir={args.data_dir}",
+            f"bench.out={out}",
+            *overrides,
+        ],
+        {**os.environ, **env},
+    )
     [record] = json.loads((out / "bench.json").read_text())["frameworks"]["tensorflow"]["runs"]
     return {k: record[k] for k in ("epoch_s", "traced_epoch_s", "first_step_s")}
 
@@ -130,8 +153,12 @@ def markdown(results: dict) -> str:
             f"| {r['round']} | {r['load_avg_before']:.2f} | {epochs} | {r['reference']['epoch_s']:.2f} | {ours} |"
         )
     summary = results["summary"]
-    lines += ["", f"Medians: reference {summary['reference_epoch_s']:.2f} s; "
-              + "; ".join(f"{n} {summary[n]['epoch_s']:.2f} s (**{summary[n]['speedup']:.2f}x**)" for n in names) + "."]  # fmt: skip
+    lines += [
+        "",
+        f"Medians: reference {summary['reference_epoch_s']:.2f} s; "
+        + "; ".join(f"{n} {summary[n]['epoch_s']:.2f} s (**{summary[n]['speedup']:.2f}x**)" for n in names)
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -44,7 +44,8 @@ CHILD = textwrap.dedent(
     from reprocube.loop import seed_host_rng
     from reprocube.trace import StepTrace
 
-    framework, data_dir, threads, epochs, tf_variant = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    framework, data_dir, threads, epochs, tf_variant = sys.argv[1:6]
+    epochs = int(epochs)
     cfg = load_config([f"framework={framework}", "dataset=fashion_mnist", f"data_dir={data_dir}",
                        f"threads={threads}", "device=cpu"])
     dataset = load_dataset(cfg)
@@ -193,8 +194,11 @@ def child(framework: str, data_dir: Path, threads: int, epochs: int, tf_variant:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONHASHSEED": "0"}
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, framework, str(data_dir), str(threads), str(epochs), tf_variant],
-        capture_output=True, text=True, env=env, timeout=3600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{framework} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -205,10 +209,26 @@ def receipt_bytes(framework: str, data_dir: Path, work: Path, threads: int) -> d
     written, and its parts: the trace's keys and the rest (config, environment, source digests, epochs)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONHASHSEED": "0"}
     subprocess.run(
-        [sys.executable, "-m", "reprocube", "train", f"framework={framework}", "epochs=1", f"threads={threads}",
-         f"data_dir={data_dir}", f"output_dir={work}", f"run_name={framework}", "log.progress=false", "device=cpu"],
-        check=True, capture_output=True, env=env, cwd=work, timeout=3600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "reprocube",
+            "train",
+            f"framework={framework}",
+            "epochs=1",
+            f"threads={threads}",
+            f"data_dir={data_dir}",
+            f"output_dir={work}",
+            f"run_name={framework}",
+            "log.progress=false",
+            "device=cpu",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=work,
+        timeout=3600,
+    )
     raw = (work / framework / "receipt.json").read_bytes()
     receipt = json.loads(raw)
     compact = lambda value: len(json.dumps(value, separators=(",", ":")))  # noqa: E731  (as written)

@@ -88,9 +88,14 @@ def main() -> None:
     }
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     keys = [k for k in rows[0] if k.endswith("_ratio")]
-    lines = [f"# verify / one plain run, {result['date']} ({machine})", "", f"overrides: {' '.join(args.overrides) or '(none)'}", "",
-             "| framework | N | plain run s | " + " | ".join(k.replace("_ratio", "") for k in keys) + " |",
-             "|---|---|---|" + "---|" * len(keys)]  # fmt: skip
+    lines = [
+        f"# verify / one plain run, {result['date']} ({machine})",
+        "",
+        f"overrides: {' '.join(args.overrides) or '(none)'}",
+        "",
+        "| framework | N | plain run s | " + " | ".join(k.replace("_ratio", "") for k in keys) + " |",
+        "|---|---|---|" + "---|" * len(keys),
+    ]
     for row in rows:
         cells = [f"{row[k]:.2f}x ({row[k.replace('_ratio', '_s')]:.0f} s)" if k in row else "n/a" for k in keys]
         lines.append(f"| {row['framework']} | {row['epochs']} | {row['train_s']:.1f} | " + " | ".join(cells) + " |")
