@@ -9,9 +9,7 @@ every run must be bit-identical (the script fails otherwise).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -19,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from startup_rounds import final_weights_digest, write_result
+
 from reprocube import compilation_cache
-from reprocube.env import _cpu_info
 
 SETTINGS = ("off", "cold", "warm")
 WORKLOADS = {
@@ -64,8 +63,7 @@ def main() -> int:
                         capture_output=True,
                     )
                     walls[setting].append(round(time.perf_counter() - started, 2))
-                    last = sorted((Path(scratch) / "runs" / run / "checkpoints").glob("epoch-*"))[-1]
-                    digests.add((workload, json.loads((last / "manifest.json").read_text())["weights_digest"]))
+                    digests.add((workload, final_weights_digest(Path(scratch) / "runs", run)))
             medians = {setting: statistics.median(values) for setting, values in walls.items()}
             rows.append(
                 {
@@ -79,15 +77,7 @@ def main() -> int:
     if len(digests) != len(WORKLOADS):
         print(f"FAILED: the settings gave different weights: {sorted(digests)}", file=sys.stderr)
         return 1
-    result = {
-        "machine": {"cpu": _cpu_info(), "python": platform.python_version()},
-        "rounds": args.rounds,
-        "load_1min": os.getloadavg()[0],
-        "rows": rows,
-        "bit_identical": True,
-    }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, args.rounds, rows)
     return 0
 
 

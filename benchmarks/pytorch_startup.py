@@ -11,9 +11,6 @@ fails otherwise), and each process reports whether torch._dynamo was loaded.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reprocube.env import _cpu_info
+from startup_rounds import final_weights_digest, write_result
 
 # The training command in a child: with `torch` as argv[1], torch.optim.SGD replaces the trainer's SGD
 # (a drop-in: the same constructor arguments, zero_grad, step, state and step hooks).
@@ -61,9 +58,7 @@ def _train(optimizer: str, overrides: list[str], data_dir: Path, scratch: str, r
     wall = round(time.perf_counter() - started, 2)
     if done.returncode != 0 or "DYNAMO" not in done.stderr:
         raise SystemExit(f"{optimizer} {run} failed: {done.stderr[-2000:]}")
-    last = sorted((Path(scratch) / "runs" / run / "checkpoints").glob("epoch-*"))[-1]
-    digest = json.loads((last / "manifest.json").read_text())["weights_digest"]
-    return wall, "DYNAMO True" in done.stderr, digest
+    return wall, "DYNAMO True" in done.stderr, final_weights_digest(Path(scratch) / "runs", run)
 
 
 def main() -> int:
@@ -102,15 +97,7 @@ def main() -> int:
     if len(digests) != len(WORKLOADS):
         print(f"FAILED: the two optimizers gave different weights: {sorted(digests)}", file=sys.stderr)
         return 1
-    result = {
-        "machine": {"cpu": _cpu_info(), "python": platform.python_version()},
-        "rounds": args.rounds,
-        "load_1min": os.getloadavg()[0],
-        "rows": rows,
-        "bit_identical": True,
-    }
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, args.rounds, rows)
     return 0
 
 
