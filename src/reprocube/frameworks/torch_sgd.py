@@ -62,15 +62,17 @@ class MomentumSGD:
 
     def _single_tensor_step(self, params: list[torch.Tensor]) -> None:
         for param in params:
-            update = param.grad
-            if self.momentum != 0:
-                buffer = self.state[param].get("momentum_buffer")
-                if buffer is None:
-                    buffer = self.state[param]["momentum_buffer"] = update.detach().clone()
-                else:
-                    buffer.mul_(self.momentum).add_(update, alpha=1)
-                update = buffer
+            update = self._momentum_step(param) if self.momentum != 0 else param.grad
             param.add_(update, alpha=-self.lr)
+
+    def _momentum_step(self, param: torch.Tensor) -> torch.Tensor:
+        """One parameter's momentum buffer updated with its gradient (the first step's is a copy of it)."""
+        buffer = self.state[param].get("momentum_buffer")
+        if buffer is None:
+            buffer = self.state[param]["momentum_buffer"] = param.grad.detach().clone()
+        else:
+            buffer.mul_(self.momentum).add_(param.grad, alpha=1)
+        return buffer
 
     def _foreach_step(self, params: list[torch.Tensor]) -> None:
         """One device and dtype (the trainer's model): torch groups by both and finds one group."""
@@ -80,11 +82,7 @@ class MomentumSGD:
             if all(b is not None for b in buffers):
                 torch._foreach_mul_(buffers, self.momentum)
                 torch._foreach_add_(buffers, updates, alpha=1)
-            else:
-                for i, (param, update) in enumerate(zip(params, updates, strict=True)):
-                    if buffers[i] is None:
-                        buffers[i] = self.state[param]["momentum_buffer"] = update.detach().clone()
-                    else:
-                        buffers[i].mul_(self.momentum).add_(update, alpha=1)
+            else:  # the first step, or a state where some parameters have no buffer: one at a time
+                buffers = [self._momentum_step(p) for p in params]
             updates = buffers
         torch._foreach_add_(params, updates, alpha=-self.lr)
