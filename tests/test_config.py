@@ -145,6 +145,24 @@ def test_tensorflow_inter_op_threads_are_not_a_result_key():
     assert not config_hash_matches(tensorflow("threads=1"), written_before)
 
 
+def test_pytorch_memory_format_is_a_result_key_read_as_contiguous_where_a_config_predates_it():
+    default = to_plain(load_config([]))
+    contiguous = to_plain(load_config(["framework.memory_format=contiguous"]))
+    assert default["framework"]["memory_format"] == "channels_last"
+    assert config_differences(contiguous, default) == ['framework.memory_format: "contiguous" -> "channels_last"']
+    written_before = to_plain(load_config(["framework.memory_format=contiguous"]))
+    del written_before["framework"]["memory_format"]  # a run or receipt made before the key existed
+    assert config_differences(written_before, contiguous) == []
+    assert config_differences(written_before, default) == config_differences(contiguous, default)
+    # its recorded hash is of the config as written (nothing filled in), and still matches it
+    assert config_hash(written_before) != config_hash(contiguous)
+    assert config_hash_matches(written_before, config_hash(written_before))
+    for other in ("tensorflow", "jax"):  # PyTorch's key only: the other trainers' configs are unchanged
+        assert "memory_format" not in to_plain(load_config([f"framework={other}"]))["framework"]
+    with pytest.raises(ConfigError, match="framework.memory_format must be channels_last or contiguous"):
+        load_config(["framework.memory_format=nhwc"])
+
+
 def test_config_differences_name_the_keys():
     a = to_plain(load_config([]))
     b = to_plain(load_config(["seed=2", "optimizer.momentum=0.9", "epochs=10"]))

@@ -64,6 +64,11 @@ NON_RESULT_KEYS = frozenset(
 # Keys that were result keys when earlier checkpoints and receipts were written: their recorded
 # config_hash includes them, which config_hash_matches accepts.
 FORMER_RESULT_KEYS = ("framework.inter_op_threads",)
+# Result keys added after runs were made: a config written before holds none of them, and computed what
+# the value here gives (framework name -> key -> value). A saved config is read with it filled in, so that
+# an old run resumes, and an old receipt is reproduced, as it was computed; its config_hash stays the
+# hash of the config as written.
+ADDED_RESULT_KEYS = {"pytorch": {"framework.memory_format": "contiguous"}}
 GROUPS = ("framework", "dataset")  # the config groups: conf/GROUP/NAME.yaml, chosen by GROUP=NAME
 
 
@@ -341,6 +346,8 @@ def _validate_training(check: _Checks) -> None:
     check.one_of("optimizer.name", ("sgd",), "sgd (the only optimizer so far)")
     check.number("optimizer.lr")
     check.number("optimizer.momentum")
+    if cfg.framework.name == "pytorch":
+        check.one_of("framework.memory_format", ("channels_last", "contiguous"), "channels_last or contiguous")
     for key in ("output_dir", "data_dir"):
         check.text(key)
     check.text("data.source_dir", allow_none=True)
@@ -397,7 +404,17 @@ def to_plain(cfg: DictConfig) -> dict:
 
 
 def result_config(config: dict, keep: tuple[str, ...] = ()) -> dict:
-    """The part of a plain config that determines the computation (all but NON_RESULT_KEYS, save `keep`)."""
+    """The part of a plain config that determines the computation (all but NON_RESULT_KEYS, save `keep`),
+    with the ADDED_RESULT_KEYS a config written before them lacks filled in as they computed."""
+    keys = _result_keys_as_written(config, keep)
+    framework = config.get("framework")
+    name = framework.get("name") if isinstance(framework, dict) else None
+    for key, value in ADDED_RESULT_KEYS.get(name, {}).items() if isinstance(name, str) else ():
+        keys.setdefault(key, value)
+    return keys
+
+
+def _result_keys_as_written(config: dict, keep: tuple[str, ...] = ()) -> dict:
     return {
         k: v
         for k, v in flatten_keys(config).items()
@@ -406,7 +423,9 @@ def result_config(config: dict, keep: tuple[str, ...] = ()) -> dict:
 
 
 def config_hash(config: dict, keep: tuple[str, ...] = ()) -> str:
-    canonical = json.dumps(result_config(config, keep), sort_keys=True, separators=(",", ":"))
+    """The sha256 of the result keys as the config holds them (nothing filled in: a hash recorded before a
+    key was added still matches its config)."""
+    canonical = json.dumps(_result_keys_as_written(config, keep), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -29,6 +29,7 @@ from reprocube.trace import tensor_digest, text_digest  # noqa: E402
 
 MOMENTUM_PREFIX = "momentum_buffer."
 CPU_GENERATOR = "torch.cpu"
+MEMORY_FORMATS = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}
 CUDA_GENERATOR_PREFIX = "torch.cuda."
 
 
@@ -86,7 +87,10 @@ class PytorchBackend:
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)  # seeds the CPU generator (init) and every CUDA generator (dropout on GPU)
 
-        self.model = Net(dataset.num_classes).to(self.device)
+        # channels_last: oneDNN's NHWC convolutions and ATen's vectorised channels-last max pooling, ~20% of
+        # a CPU step faster than the contiguous layout's blocked-format reorders (other bits: a result key).
+        memory_format = MEMORY_FORMATS[cfg.framework.memory_format]
+        self.model = Net(dataset.num_classes).to(self.device, memory_format=memory_format)
         self.optimizer = MomentumSGD(self.model.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
         self.x_train = torch.from_numpy(dataset.train.images).to(self.device)
         self.y_train = torch.from_numpy(dataset.train.labels).to(self.device)
@@ -107,7 +111,7 @@ class PytorchBackend:
         GPU), which is the fingerprint: tests/test_trace_fingerprint.py checks it against the NumPy
         reference on sums that overflow many times."""
         named = sorted(self.model.state_dict().items())
-        self._fingerprint_views = [t.view(-1) for _, t in named]  # state_dict's tensors share the parameters' storage
+        self._fingerprint_views = [_memory_order_view(t) for _, t in named]  # they share the parameters' storage
         sizes = [t.numel() for t in self._fingerprint_views]
         self._fingerprint_offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         self._fingerprint_rows = torch.empty((STEPS_PER_CALL, sum(sizes)), dtype=torch.float32, device=self.device)
@@ -239,9 +243,9 @@ class PytorchBackend:
         self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.weights.items()})
         self.optimizer.state.clear()
         for key, array in state.optimizer.items():
-            self.optimizer.state[params[key.removeprefix(MOMENTUM_PREFIX)]]["momentum_buffer"] = torch.from_numpy(
-                array.copy()
-            ).to(self.device)
+            # The buffer in its parameter's layout, as a step makes it.
+            param = params[key.removeprefix(MOMENTUM_PREFIX)]
+            self.optimizer.state[param]["momentum_buffer"] = torch.empty_like(param).copy_(torch.from_numpy(array))
         cpu_state = state.rng.get(CPU_GENERATOR)
         if cpu_state is None:
             raise CheckpointError("checkpoint lacks the torch CPU generator state")
@@ -265,6 +269,14 @@ class PytorchBackend:
         with recorder.installed():
             run_step()
         return recorder.ops
+
+
+def _memory_order_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat view of a dense tensor's elements in memory order: a fingerprint is a sum over a tensor's
+    elements, so their order does not change it (a channels-last weight has no flat view in logical order)."""
+    if tensor.dim() == 4 and not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last):
+        return tensor.permute(0, 2, 3, 1).view(-1)
+    return tensor.view(-1)
 
 
 def _mix(bits: torch.Tensor) -> torch.Tensor:
