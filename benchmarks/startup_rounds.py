@@ -17,9 +17,9 @@ def final_weights_digest(runs: Path, run: str) -> str:
     return json.loads((last / "manifest.json").read_text())["weights_digest"]
 
 
-def write_result(out: Path | None, rounds: int, rows: list[dict]) -> None:
-    """The machine, the rounds and each workload's row, with the weights found bit-identical (a benchmark
-    whose settings gave different weights fails before it writes anything)."""
+def write_result(out: Path | None, rounds: int, rows: list[dict], bit_identical: bool = True) -> None:
+    """The machine, the rounds and each row; `bit_identical`: whether every row's weights are the same (the
+    start-up benchmarks fail before they write anything where they are not)."""
     if out is None:
         return
     result = {
@@ -27,6 +27,6 @@ def write_result(out: Path | None, rounds: int, rows: list[dict]) -> None:
         "rounds": rounds,
         "load_1min": os.getloadavg()[0],
         "rows": rows,
-        "bit_identical": True,
+        "bit_identical": bit_identical,
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
