@@ -9,8 +9,10 @@ them), and every one is reproduced here, from the receipt alone, as a user would
   it differs the answer names the ISA among the causes and says this CPU lacks A's instructions; on an
   AVX-512 machine, an AVX2 receipt is reproduced with --match (ISA caps): either bit for bit, which shows
   the caps emulate the AVX2 machine, or the answer names the first differing update and its tensors.
-  Neither direction has been run yet (benchmarks/cross-machine.md says which rows wait for which machine);
-  these assertions are the answer's form, to be replaced by the established answer when it is.
+  Neither direction has been run with receipts yet (benchmarks/cross-machine.md says which rows wait for
+  which machine); these assertions are the answer's form, to be replaced by the established answer when it
+  is. The AVX2 machine's golden digests already show that the caps give its bits for TensorFlow and
+  PyTorch (contiguous), not for JAX (tests/test_golden_digests.py).
 - A kind with no receipt committed is skipped, naming what is missing and how to make it.
 
 The committed receipts are also fixtures every later reprocube must still read and reproduce."""

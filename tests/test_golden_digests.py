@@ -15,9 +15,9 @@ recorded. The variants pin the former numerics too (pytorch-contiguous: PyTorch 
 became its default), which every run and receipt made before the change still reproduces with.
 
 On an AVX-512 machine the AVX2 caps of `reproduce --match` are tried against the AVX2 machine's records:
-TensorFlow's digest under the caps is the AVX2 machine's, bit for bit; PyTorch's and JAX's are not
-(established 2026-11-26, benchmarks/cross-machine.md). CAPS_EMULATE_AVX2 holds that finding, and the
-test fails if either side of it changes.
+TensorFlow's and PyTorch's digests under the caps are the AVX2 machine's, bit for bit (PyTorch's only
+since MKL_CBWR=AVX2 left the caps); JAX's are not (established 2026-11-26, benchmarks/cross-machine.md).
+CAPS_EMULATE_AVX2 holds that finding, and the test fails if either side of it changes.
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ VARIANTS = {
 # Records not yet made on one machine kind, and why: these skip there, in CI too, naming the command.
 AWAITING_RECORD = {
     ("pytorch", "avx2"): "framework.memory_format=channels_last became PyTorch's default on an AVX-512 machine "
-    "(2026-11-26); no AVX2 machine has recorded its digest yet (issue 37)",
+    "(2026-11-26); no AVX2 machine has recorded its digest yet (issue 37). The AVX2 caps there predict ab7186ef"
+    "523e728fee06df536d8799f22f05f08ef8b98fcc49fd29a77feb6e9b (they gave the AVX2 machine's contiguous digest)",
 }
 # Whether the AVX2 caps, on an AVX-512 machine, give the AVX2 machine's recorded digest (established).
-CAPS_EMULATE_AVX2 = {"tensorflow": True, "pytorch-contiguous": False, "jax": False}
+CAPS_EMULATE_AVX2 = {"tensorflow": True, "pytorch-contiguous": True, "jax": False}
 VERSIONED = {
     "pytorch": ("torch",),
     "tensorflow": ("tensorflow", "tensorflow-cpu", "keras"),

@@ -12,11 +12,13 @@ from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.env import refused_match_setting
 from reprocube.receipt import Receipt
 
-# CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine.
+# CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine. Not
+# MKL_CBWR=AVX2: checked against the AVX2 machine's own digests (tests/test_golden_digests.py), it forces
+# a code path the AVX2 machine does not take by default, and PyTorch's bits then match neither machine;
+# without it they are the AVX2 machine's, bit for bit (benchmarks/cross-machine.md).
 AVX2_CAPS = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
 }
