@@ -18,6 +18,7 @@ from reprocube.receipt import find_receipt, read_receipt
 from reprocube.results.compare_result import COMPARE_RESULT, receipts_line, summary_line, write_compare
 from reprocube.results.wording import difference_size, worst_tensor
 from reprocube.script_receipt import is_script_receipt
+from reprocube.terminal import one_line, shown_value
 
 HELP = "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B"
 
@@ -61,19 +62,20 @@ def run(args) -> int:
             result["inputs"][run]["receipt.json"] = hashlib.sha256(receipt.raw).hexdigest()
     out.mkdir(parents=True, exist_ok=True)
     write_compare(result, out)
-    print(f"{args.run_a} vs {args.run_b}: {summary_line(result)}")
+    # Tensor names, keys and values come from the runs' files: each is kept on its line (one_line).
+    print(f"{one_line(str(args.run_a))} vs {one_line(str(args.run_b))}: {one_line(summary_line(result))}")
     if result["receipts"]:
-        print(f"  {receipts_line(result['receipts'])}")
+        print(f"  {one_line(receipts_line(result['receipts']))}")
     for row in result["checkpoints"]:
         worst = worst_tensor(row["tensors"])
-        detail = "" if row["identical"] else f"  {worst['tensor']}: {difference_size(worst)}"
+        detail = "" if row["identical"] else f"  {one_line(worst['tensor'])}: {one_line(difference_size(worst))}"
         print(f"  {row['checkpoint']}: {'identical' if row['identical'] else 'DIFFERENT'}{detail}")
     if result["max_abs"]:
         print(f"  largest difference over all weights: {result['max_abs']:.3g}")
     for diff in result["config_differences"]:
-        print(f"  config {diff['key']}: {diff['a']} -> {diff['b']}")
+        print(f"  config {one_line(diff['key'])}: {one_line(str(diff['a']))} -> {one_line(str(diff['b']))}")
     for diff in result["env_differences"][:8]:
-        print(f"  env {diff['key']}: {diff['a']} -> {diff['b']}")
+        print(f"  env {one_line(diff['key'])}: {one_line(str(diff['a']))} -> {one_line(str(diff['b']))}")
     print(f"written: {out / COMPARE_RESULT.name}, {out / COMPARE_RESULT.markdown_name}")
     return EXIT_OK if result["passed"] else EXIT_DIFFERENT
 
@@ -123,9 +125,10 @@ def _compare_receipts(args, out: Path) -> int:
     }
     out.mkdir(parents=True, exist_ok=True)
     write_compare(result, out)
-    print(f"{args.run_a} vs {args.run_b} (their receipts' traces, no checkpoints): {published['summary']}")
+    pair = f"{one_line(str(args.run_a))} vs {one_line(str(args.run_b))}"
+    print(f"{pair} (their receipts' traces, no checkpoints): {one_line(published['summary'])}")
     for cause in [c for c in published["causes"] if c["kind"] != "not-numeric"][:6]:
-        print(f"  likely cause: {cause['key']}: {cause['a']} -> {cause['b']}")
+        print(f"  likely cause: {one_line(cause['key'])}: {shown_value(cause['a'])} -> {shown_value(cause['b'])}")
     print(f"written: {out / COMPARE_RESULT.name}, {out / COMPARE_RESULT.markdown_name}")
     return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(published["verdict"], EXIT_DIFFERENT)
 

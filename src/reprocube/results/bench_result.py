@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from reprocube.files import portable_path
+from reprocube.results.markdown_text import md_text
 from reprocube.results.schema import ResultFile
 
 BENCH_RESULT = ResultFile(
@@ -168,8 +169,8 @@ def markdown(results: dict) -> str:
     if reference:
         lines += [
             "",
-            f"Reference tutorial ({reference['source']}, measured {reference.get('date')}, "
-            f"batch {reference.get('batch_size')}), "
+            f"Reference tutorial ({md_text(reference['source'])}, measured {md_text(reference.get('date'))}, "
+            f"batch {md_text(reference.get('batch_size'))}), "
             "determinism on in both; the reference's own per-epoch training time:",
             "",
             "| framework | reference epoch s | reference threads | reprocube epoch s | speed-up |",
@@ -177,7 +178,7 @@ def markdown(results: dict) -> str:
         ]
         for framework, r in reference["frameworks"].items():
             lines.append(
-                f"| {framework} | {r['reference_epoch_s']:.2f} | {r['reference_threads']} | "
+                f"| {framework} | {r['reference_epoch_s']:.2f} | {md_text(r['reference_threads'])} | "
                 f"{r['reprocube_epoch_s']:.2f} | {r['speedup']:.2f}x |"
             )
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from reprocube.errors import (
     EXIT_NOT_DETERMINISTIC,
     EXIT_OK,
 )
+from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 
 CHECK_RESULT = ResultFile(
@@ -143,11 +144,11 @@ def markdown(result: dict) -> str:
         "",
         f"**Verdict: {result['verdict']}** (exit {VERDICTS[result['verdict']]})",
         "",
-        result["summary"],
+        md_text(result["summary"]),
         "",
-        f"- command: `{' '.join(result['command'])}`",
-        f"- outputs compared: {', '.join(f'`{o}`' for o in result['outputs']['paths'])}"
-        + (f" (ignoring {', '.join(result['outputs']['ignore'])})" if result["outputs"]["ignore"] else ""),
+        f"- command: {md_code(' '.join(result['command']))}",
+        f"- outputs compared: {', '.join(map(md_code, result['outputs']['paths']))}"
+        + (f" (ignoring {md_text(', '.join(result['outputs']['ignore']))})" if result["outputs"]["ignore"] else ""),
         f"- stops: {result['stops'] or 'none'} by "
         + ("SLURM requeue (scontrol requeue)" if result.get("launcher") else f"SIG{result['signal']}")
         + (
@@ -156,7 +157,7 @@ def markdown(result: dict) -> str:
             else ""
         ),
     ]
-    lines += [f"- not checked: {item}" for item in result["not_checked"]]
+    lines += [f"- not checked: {md_text(item)}" for item in result["not_checked"]]
     lines += _probe_lines(result["probe"])
     lines += ["", "| run | attempt | started (s) | seconds | exit | stop |", "|---|---|---|---|---|---|"]
     for run in result["runs"]:
@@ -172,8 +173,8 @@ def markdown(result: dict) -> str:
         changed = [f for f in comparison["files"] if not f["same"]]
         same = len(comparison["files"]) - len(changed)
         lines.append(f"{same} of {len(comparison['files'])} files bit-identical")
-        lines += [f"- `{f['path']}`: {f['detail']}" for f in changed[:20]]
-        lines += [f"- `{m}`: written by neither run" for m in comparison["missing"]]
+        lines += [f"- {md_code(f['path'])}: {md_text(f['detail'])}" for f in changed[:20]]
+        lines += [f"- {md_code(m)}: written by neither run" for m in comparison["missing"]]
     return "\n".join(lines) + "\n"
 
 
@@ -206,7 +207,7 @@ def _probe_lines(probe: dict | None) -> list[str]:
             }[attempt["how"]]
             lines.append(f"  - attempt {attempt['attempt']} resumed at step {attempt['resumed_at']} ({how})")
     if first is not None:
-        tensors = ", ".join(first["tensors"]) or "none"
+        tensors = ", ".join(map(md_code, first["tensors"])) or "none"
         lines.append(
             f"  - first differing update: step {first['step']}, after stop {first['after_stop']}; loss "
             f"{first['loss_b']} (stopped run) vs {first['loss_a']}; tensors differing: {tensors}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 from reprocube.results.subject import read_run_subject
 from reprocube.results.wording import difference_size, worst_tensor
@@ -94,16 +95,16 @@ def markdown(result: dict) -> str:
     lines = [
         "# reprocube compare",
         "",
-        f"- A: `{result['run_a']}`",
-        f"- B: `{result['run_b']}`",
-        f"- verdict: **{summary_line(result)}**",
+        f"- A: {md_code(result['run_a'])}",
+        f"- B: {md_code(result['run_b'])}",
+        f"- verdict: **{md_text(summary_line(result))}**",
         "",
     ]
     if result.get("receipts"):
-        lines += [f"- {receipts_line(result['receipts'])}", ""]
+        lines += [f"- {md_text(receipts_line(result['receipts']))}", ""]
     for run in ("a", "b"):
         inputs = result["inputs"][run]
-        bound = ", ".join(f"{name} `{digest[:12]}`" for name, digest in inputs["checkpoints"].items())
+        bound = ", ".join(f"{md_text(name)} `{digest[:12]}`" for name, digest in inputs["checkpoints"].items())
         names = ("env.json", "metrics.jsonl", "receipt.json")
         records = ", ".join(f"{name} `{inputs[name][:12]}`" for name in names if inputs[name])
         lines.append(f"- read of {run.upper()} (sha256): {bound}" + (f"; {records}" if records else ""))
@@ -113,13 +114,14 @@ def markdown(result: dict) -> str:
         worst = worst_tensor(c["tensors"])
         lines.append(
             f"| {c['checkpoint']} | {'yes' if c['identical'] else 'no'} | "
-            f"{worst['tensor'] if worst else ''} | "
+            f"{md_code(worst['tensor']) if worst else ''} | "
             f"{worst.get('max_abs', '') if worst else ''} | "
             f"{worst.get('max_ulp', '') if worst else ''} |"
         )
     if result["metric_differences"]:
         lines += ["", "| epoch | metric | A | B |", "|---|---|---|---|"] + [
-            f"| {d['epoch']} | {d['metric']} | {d['a']} | {d['b']} |" for d in result["metric_differences"]
+            f"| {d['epoch']} | {md_text(d['metric'])} | {md_text(d['a'])} | {md_text(d['b'])} |"
+            for d in result["metric_differences"]
         ]
     lines += _key_table("Config differences (result-affecting keys)", result["config_differences"])
     lines += _key_table("Environment differences (most likely causes first)", result["env_differences"])
@@ -128,7 +130,9 @@ def markdown(result: dict) -> str:
 
 def _key_table(title: str, rows: list[dict]) -> list[str]:
     """A section of {key, a, b} rows (or "none")."""
-    table = ["| key | A | B |", "|---|---|---|"] + [f"| {d['key']} | {d['a']} | {d['b']} |" for d in rows]
+    table = ["| key | A | B |", "|---|---|---|"] + [
+        f"| {md_code(d['key'])} | {md_text(d['a'])} | {md_text(d['b'])} |" for d in rows
+    ]
     return ["", f"## {title}", "", *(table if rows else ["none"])]
 
 

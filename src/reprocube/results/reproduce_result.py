@@ -11,6 +11,7 @@ from pathlib import Path
 
 from reprocube.errors import CheckpointError
 from reprocube.receipt import RECEIPT, Receipt
+from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 from reprocube.results.wording import first_update_text
 from reprocube.terminal import counted, shown_value
@@ -358,7 +359,7 @@ def claims_table(claims: dict) -> list[str]:
     """A Markdown table: each kind of claim and how many were reproduced, differ or were not checked."""
     rows = ["| claims of A | reproduced | differ | not checked |", "|---|---|---|---|"]
     for kind, counts in claims["kinds"].items():
-        why = f" ({'; '.join(counts['why_not_checked'])})" if counts["why_not_checked"] else ""
+        why = f" ({md_text('; '.join(counts['why_not_checked']))})" if counts["why_not_checked"] else ""
         rows.append(f"| {kind} | {counts['reproduced']} | {counts['differs']} | {counts['not_checked']}{why} |")
     totals = claims["totals"]
     rows.append(f"| **all** | **{totals['reproduced']}** | **{totals['differs']}** | **{totals['not_checked']}** |")
@@ -405,7 +406,8 @@ def _sessions_lines(result: dict) -> list[str]:
     return lines + [
         f"- steps {f['steps'][0]}..{f['steps'][1]}: "
         + "; ".join(
-            f"`{shown_value(c['key'])}` {shown_value(c['a'])} -> {shown_value(c['b'])}" for c in f["changes"][:6]
+            f"{md_code(shown_value(c['key']))} {md_text(shown_value(c['a']))} -> {md_text(shown_value(c['b']))}"
+            for c in f["changes"][:6]
         )
         for f in result["a_sessions"]
     ]
@@ -414,25 +416,25 @@ def _sessions_lines(result: dict) -> list[str]:
 def markdown(result: dict) -> str:
     first = result["first_divergence"]
     lines = [
-        f"# reprocube reproduce: {result['run_a']}",
+        f"# reprocube reproduce: {md_text(result['run_a'])}",
         "",
         f"**Verdict: {result['verdict']}**" + ("" if result["tier"] == result["verdict"] else f" ({result['tier']})"),
         "",
-        f"**{verdict_line(result)}**",
+        f"**{md_text(verdict_line(result))}**",
         "",
-        result["summary"],
+        md_text(result["summary"]),
         "",
-        f"- receipt: `{result['source']}` (file sha256 {result['subject']['receipt_sha256'][:16]}...)",
-        f"- signature: {signature_line(result['signature'])}",
-        *(f"- unsigned: {line}" for line in result["unsigned"]),
-        f"- B: `{result['run_b']}`",
+        f"- receipt: {md_code(result['source'])} (file sha256 {result['subject']['receipt_sha256'][:16]}...)",
+        f"- signature: {md_text(signature_line(result['signature']))}",
+        *(f"- unsigned: {md_text(line)}" for line in result["unsigned"]),
+        f"- B: {md_code(result['run_b'])}",
         f"- compared: {counted(result['coverage']['compared_steps'], 'step')} (every loss bit), "
         f"{counted(result['coverage']['compared_boundaries'], 'weight-digest boundary', 'weight-digest boundaries')} "
         f"after the initial weights, {counted(result['coverage']['a_epochs'], 'epoch')}",
         "",
         "## What to do",
         "",
-        *what_to_do(result),
+        *map(md_text, what_to_do(result)),
         *(
             ["", "```sh", *recipe_lines(result["match"]["recipe"]), "```"]
             if (result["match"] or {}).get("recipe")
@@ -454,19 +456,19 @@ def markdown(result: dict) -> str:
             "## First divergence",
             "",
             f"- global step **{first['step']}** (epoch {first['epoch']}), found by its {first['by']}",
-            f"- {first_update_text(first)}",
+            f"- {md_text(first_update_text(first))}",
             "- last boundary where the weights still agree: "
             + ("none before it" if first["last_matching_boundary"] is None else str(first["last_matching_boundary"])),
             f"- first boundary where they differ: {first['first_differing_boundary']}; tensors: "
-            + (", ".join(f"`{t}`" for t in first["tensors"]) or "n/a"),
+            + (", ".join(map(md_code, first["tensors"])) or "n/a"),
         ]
     if result.get("claims"):
         lines += ["", "## What was compared", "", *claims_table(result["claims"])]
     operation = result.get("first_operation")
     if operation:
-        lines += ["", "## First differing operation", "", operation["text"]]
+        lines += ["", "## First differing operation", "", md_text(operation["text"])]
         if operation.get("recordings"):
-            lines += ["", "recordings: " + ", ".join(f"`{path}`" for path in operation["recordings"])]
+            lines += ["", "recordings: " + ", ".join(map(md_code, operation["recordings"]))]
     if result["self_consistent"] is not None:
         check = result.get("self_check", {})
         lines += [
@@ -487,20 +489,20 @@ def markdown(result: dict) -> str:
         lines += ["| # | key | A | B | kind | note |", "|---|---|---|---|---|---|"]
         lines += [
             (
-                f"| {i} | `{shown_value(c['key'])}` | {shown_value(c['a'])} | {shown_value(c['b'])} | "
-                f"{c['kind']} | {c['note'] or ''} |"
+                f"| {i} | {md_code(shown_value(c['key']))} | {md_text(shown_value(c['a']))} | "
+                f"{md_text(shown_value(c['b']))} | {md_text(c['kind'])} | {md_text(c['note'] or '')} |"
             )
             for i, c in enumerate(result["causes"], 1)
         ]
     else:
         lines.append("none: config, code and recorded environment are the same")
     if result["match"]:
-        lines += ["", "## Intervention (--match)", "", result["match"]["summary"]]
-        lines += [f"- cannot emulate: {c}" for c in result["match"]["cannot"]]
-    lines += ["", "## Does it matter?", "", result["tier_text"]]
+        lines += ["", "## Intervention (--match)", "", md_text(result["match"]["summary"])]
+        lines += [f"- cannot emulate: {md_text(c)}" for c in result["match"]["cannot"]]
+    lines += ["", "## Does it matter?", "", md_text(result["tier_text"])]
     spread = result.get("seed_spread")
     if spread:
-        lines.append(f"(seed spread from {spread['source']}, {spread.get('runs')} runs)")
+        lines.append(f"(seed spread from {md_text(spread['source'])}, {spread.get('runs')} runs)")
     if result.get("ulp"):
         u = result["ulp"]
         lines.append(

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from reprocube.errors import EXIT_CHECK_VOID, EXIT_COMMAND_FAILED, EXIT_DIFFERENT, EXIT_OK
+from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
-from reprocube.terminal import one_line
 
 SCRIPT_REPRODUCE_RESULT = ResultFile(
     "script-reproduce.json",
@@ -53,28 +53,23 @@ def read_script_reproduce(path: Path) -> dict:
     }
 
 
-def _md(value) -> str:
-    """A value shown in the Markdown: from a receipt someone else wrote, so one line, every control
-    character escaped (reprocube.terminal), and no `|` to break a table."""
-    return one_line(str(value)).replace("|", "\\|").replace("`", "'")
-
-
 def markdown(result: dict) -> str:
     command = result["command"]
     lines = [
         "# reprocube reproduce (a script's receipt)",
         "",
-        f"**{_md(result['summary'])}**",
+        f"**{md_text(result['summary'])}**",
         "",
-        f"- receipt: `{_md(result['receipt'])}` (sha256 `{result['receipt_sha256'][:16]}`)",
-        f"- A's command: `{_md(' '.join(command['a']))}`",
-        f"- B's command: `{_md(' '.join(command['b']))}`" + ("" if command["same"] else " (another)"),
+        f"- receipt: {md_code(result['receipt'])} (sha256 `{result['receipt_sha256'][:16]}`)",
+        f"- A's command: {md_code(' '.join(command['a']))}",
+        f"- B's command: {md_code(' '.join(command['b']))}" + ("" if command["same"] else " (another)"),
     ]
     inputs = result["inputs"]
+    differ = md_text(", ".join(inputs["differ"]) or "none")
     lines.append(
-        f"- inputs compared by sha256: {inputs['compared']}; differ: {_md(', '.join(inputs['differ']) or 'none')}"
-        + (f"; only A's: {_md(', '.join(inputs['only_a']))}" if inputs["only_a"] else "")
-        + (f"; only B's: {_md(', '.join(inputs['only_b']))}" if inputs["only_b"] else "")
+        f"- inputs compared by sha256: {inputs['compared']}; differ: {differ}"
+        + (f"; only A's: {md_text(', '.join(inputs['only_a']))}" if inputs["only_a"] else "")
+        + (f"; only B's: {md_text(', '.join(inputs['only_b']))}" if inputs["only_b"] else "")
     )
     trace = result.get("trace")
     if trace and "first_difference" in trace:
@@ -84,7 +79,7 @@ def markdown(result: dict) -> str:
             f"{trace['b_steps']}); first differing: {first['step'] if first else 'none'}"
         )
     elif trace:
-        lines.append(f"- updates (the probe): {_md(trace.get('error') or trace.get('unreadable'))}")
+        lines.append(f"- updates (the probe): {md_text(trace.get('error') or trace.get('unreadable'))}")
     outputs = result.get("outputs")
     if outputs:
         for key, label in (
@@ -95,12 +90,12 @@ def markdown(result: dict) -> str:
             ("not_compared", "not compared (not regular files)"),
         ):
             if outputs[key] or key in ("compared", "differ"):
-                lines.append(f"- {label}: {_md(', '.join(outputs[key]) or 'none')}")
+                lines.append(f"- {label}: {md_text(', '.join(outputs[key]) or 'none')}")
     if result.get("causes"):
         lines += ["", "| likely cause | A | B |", "|---|---|---|"]
-        lines += [f"| {_md(c['key'])} | {_md(c['a'])} | {_md(c['b'])} |" for c in result["causes"]]
+        lines += [f"| {md_code(c['key'])} | {md_text(c['a'])} | {md_text(c['b'])} |" for c in result["causes"]]
     if result.get("match"):
-        lines += ["", f"--match: {_md(result['match']['summary'])}"]
+        lines += ["", f"--match: {md_text(result['match']['summary'])}"]
     if result["not_checked"]:
-        lines += ["", "## Not checked", ""] + [f"- {_md(line)}" for line in result["not_checked"]]
+        lines += ["", "## Not checked", ""] + [f"- {md_text(line)}" for line in result["not_checked"]]
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reprocube.errors import CheckpointError, ReprocubeError
+from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 from reprocube.untrusted import Fields, read_json
 
@@ -136,11 +137,12 @@ def study_markdown(result: dict) -> str:
     text = [
         "# Variance study",
         "",
-        f"Study directory: `{result['study_dir']}`; {result['runs_per_group']} runs per group, seed {result['seed']}.",
+        f"Study directory: {md_code(result['study_dir'])}; {result['runs_per_group']} runs per group, "
+        f"seed {result['seed']}.",
         "",
         *rows,
         "",
-        *[f"- {line}" for line in summary_lines(result)[2:]],
+        *[f"- {md_text(line)}" for line in summary_lines(result)[2:]],
         f"- Same-seed std / different-seed std: {_fmt(result['nondeterminism_std_ratio'])} (Morin & Willetts: 0.74).",
         "",
         "![box plot](study.png)",
