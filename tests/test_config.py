@@ -163,6 +163,18 @@ def test_pytorch_memory_format_is_a_result_key_read_as_contiguous_where_a_config
         load_config(["framework.memory_format=nhwc"])
 
 
+def test_jax_conv2_is_a_result_key_read_as_convolution_where_a_config_predates_it():
+    default = to_plain(load_config(["framework=jax"]))
+    former = to_plain(load_config(["framework=jax", "framework.conv2=convolution"]))
+    assert default["framework"]["conv2"] == "matmul"
+    assert config_differences(former, default) == ['framework.conv2: "convolution" -> "matmul"']
+    del former["framework"]["conv2"]  # a run or receipt made before the key existed
+    assert config_differences(former, default) == ['framework.conv2: "convolution" -> "matmul"']
+    assert config_hash_matches(former, config_hash(former))
+    with pytest.raises(ConfigError, match="framework.conv2 must be matmul or convolution"):
+        load_config(["framework=jax", "framework.conv2=fft"])
+
+
 def test_config_differences_name_the_keys():
     a = to_plain(load_config([]))
     b = to_plain(load_config(["seed=2", "optimizer.momentum=0.9", "epochs=10"]))

@@ -379,7 +379,7 @@ def test_other_frameworks_are_refused_in_one_line(pytorch_run, tmp_path, framewo
 # --- end to end: JAX and TensorFlow, each step's inputs and kernels recorded ---------------------------
 KERNEL_CASES = {
     # framework: (a setting that changes its CPU results, a kernel it must record, the op prefix)
-    "jax": ({"XLA_FLAGS": "--xla_cpu_max_isa=AVX"}, ("jax.conv_general_dilated", "backward, conv2"), "jax."),
+    "jax": ({"XLA_FLAGS": "--xla_cpu_max_isa=AVX"}, ("jax.conv_general_dilated", "backward, conv1"), "jax."),
     "tensorflow": ({"ONEDNN_MAX_CPU_ISA": "SSE41"}, ("tf.Conv2DBackpropFilter", "backward, conv2"), "tf."),
 }
 

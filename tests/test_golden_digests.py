@@ -12,7 +12,8 @@ lands. To record on this machine:
 A deliberate numeric change re-records its variant; where it was made on one machine kind only, the other
 kind's record is listed in AWAITING_RECORD and skips there (even in CI) with what to run, until it is
 recorded. The variants pin the former numerics too (pytorch-contiguous: PyTorch before channels_last
-became its default), which every run and receipt made before the change still reproduces with.
+became its default; jax-convolution: JAX before conv2 became a matrix product), which every run and
+receipt made before the change still reproduces with.
 
 On an AVX-512 machine the AVX2 caps of `reproduce --match` are tried against the AVX2 machine's records:
 TensorFlow's and PyTorch's digests under the caps are the AVX2 machine's, bit for bit (PyTorch's only
@@ -49,15 +50,18 @@ VARIANTS = {
     "pytorch-contiguous": ("pytorch", ("framework.memory_format=contiguous",)),
     "tensorflow": ("tensorflow", ()),
     "jax": ("jax", ()),
+    "jax-convolution": ("jax", ("framework.conv2=convolution",)),
 }
 # Records not yet made on one machine kind, and why: these skip there, in CI too, naming the command.
 AWAITING_RECORD = {
     ("pytorch", "avx2"): "framework.memory_format=channels_last became PyTorch's default on an AVX-512 machine "
     "(2026-11-26); no AVX2 machine has recorded its digest yet (issue 37). The AVX2 caps there predict ab7186ef"
     "523e728fee06df536d8799f22f05f08ef8b98fcc49fd29a77feb6e9b (they gave the AVX2 machine's contiguous digest)",
+    ("jax", "avx2"): "framework.conv2=matmul became JAX's default on an AVX-512 machine (2026-11-26); no AVX2 "
+    "machine has recorded its digest yet (issue 37)",
 }
 # Whether the AVX2 caps, on an AVX-512 machine, give the AVX2 machine's recorded digest (established).
-CAPS_EMULATE_AVX2 = {"tensorflow": True, "pytorch-contiguous": True, "jax": False}
+CAPS_EMULATE_AVX2 = {"tensorflow": True, "pytorch-contiguous": True, "jax-convolution": False}
 VERSIONED = {
     "pytorch": ("torch",),
     "tensorflow": ("tensorflow", "tensorflow-cpu", "keras"),

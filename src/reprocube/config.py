@@ -68,7 +68,10 @@ FORMER_RESULT_KEYS = ("framework.inter_op_threads",)
 # the value here gives (framework name -> key -> value). A saved config is read with it filled in, so that
 # an old run resumes, and an old receipt is reproduced, as it was computed; its config_hash stays the
 # hash of the config as written.
-ADDED_RESULT_KEYS = {"pytorch": {"framework.memory_format": "contiguous"}}
+ADDED_RESULT_KEYS = {
+    "pytorch": {"framework.memory_format": "contiguous"},
+    "jax": {"framework.conv2": "convolution"},
+}
 GROUPS = ("framework", "dataset")  # the config groups: conf/GROUP/NAME.yaml, chosen by GROUP=NAME
 
 
@@ -348,6 +351,8 @@ def _validate_training(check: _Checks) -> None:
     check.number("optimizer.momentum")
     if cfg.framework.name == "pytorch":
         check.one_of("framework.memory_format", ("channels_last", "contiguous"), "channels_last or contiguous")
+    if cfg.framework.name == "jax":
+        check.one_of("framework.conv2", ("matmul", "convolution"), "matmul or convolution")
     for key in ("output_dir", "data_dir"):
         check.text(key)
     check.text("data.source_dir", allow_none=True)
