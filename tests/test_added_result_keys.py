@@ -37,10 +37,8 @@ def train(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("added-keys")
 
     def run(framework, run_name, *overrides, check=True):
-        proc = reprocube(
-            "train", f"framework={framework}", *data.overrides(), "epochs=2", f"run_name={run_name}", *overrides,
-            cwd=workdir, check=check,
-        )  # fmt: skip
+        args = ("train", f"framework={framework}", *data.overrides(), "epochs=2", f"run_name={run_name}", *overrides)
+        proc = reprocube(*args, cwd=workdir, check=check)
         return proc if not check else workdir / "runs" / run_name
 
     return run

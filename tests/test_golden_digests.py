@@ -87,10 +87,8 @@ def machine_kind() -> str:
 def train_digest(cwd: Path, variant: str, env_extra: dict | None = None) -> str:
     framework, overrides = VARIANTS[variant]
     run_name = f"golden-{variant}" + ("-caps" if env_extra else "")
-    reprocube(
-        "train", f"framework={framework}", *CONFIG, *overrides, "data_dir=data", f"run_name={run_name}",
-        cwd=cwd, env_extra=env_extra,
-    )  # fmt: skip
+    args = ("train", f"framework={framework}", *CONFIG, *overrides, "data_dir=data", f"run_name={run_name}")
+    reprocube(*args, cwd=cwd, env_extra=env_extra)
     manifest = json.loads((cwd / "runs" / run_name / "checkpoints" / "epoch-0002" / "manifest.json").read_text())
     return manifest["weights_digest"]
 
