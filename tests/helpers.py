@@ -145,6 +145,19 @@ def manifest(checkpoint_dir: Path) -> dict:
     return json.loads((checkpoint_dir / "manifest.json").read_text())
 
 
+def rewrite_checkpoint_file(checkpoint_dir: Path, name: str, blob: bytes, **manifest_changes) -> None:
+    """Replace one file of a checkpoint with `blob` and reseal its manifest (the file's sha256 and size,
+    `manifest_changes`, the manifest's own digest): the checkpoint then reads as whole and consistent."""
+    from reprocube.checkpoint import manifest_self_digest
+
+    (checkpoint_dir / name).write_bytes(blob)
+    edited = {**manifest(checkpoint_dir), **manifest_changes}
+    edited["files"][name] = hashlib.sha256(blob).hexdigest()
+    edited["file_bytes"][name] = len(blob)
+    edited["manifest_sha256"] = manifest_self_digest(edited)
+    (checkpoint_dir / "manifest.json").write_text(json.dumps(edited, sort_keys=True, indent=1))
+
+
 def epoch_digests(run_dir: Path) -> dict[str, str]:
     """weights_digest of every epoch checkpoint of a run, by checkpoint name."""
     return {p.name: manifest(p)["weights_digest"] for p in sorted((run_dir / "checkpoints").glob("epoch-*"))}

@@ -7,16 +7,14 @@ here, in fresh processes (never recorded ones)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 
 import pytest
 
-from reprocube.checkpoint import manifest_self_digest
 from reprocube.config import ADDED_RESULT_KEYS, config_hash
 
-from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
+from helpers import GeneratedDataset, epoch_digests, make_payloads, reprocube, rewrite_checkpoint_file
 
 # framework -> (the key, its default now, the value configs written before it computed)
 ADDED = {
@@ -67,13 +65,7 @@ def as_written_before_the_key(checkpoint, key: str, old: str):
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["framework"].pop(key) == old
     blob = json.dumps(config, indent=1, sort_keys=True).encode()
-    (checkpoint / "config.json").write_bytes(blob)
-    edited = manifest(checkpoint)
-    edited["config_hash"] = config_hash(config)
-    edited["files"]["config.json"] = hashlib.sha256(blob).hexdigest()
-    edited["file_bytes"]["config.json"] = len(blob)
-    edited["manifest_sha256"] = manifest_self_digest(edited)
-    (checkpoint / "manifest.json").write_text(json.dumps(edited))
+    rewrite_checkpoint_file(checkpoint, "config.json", blob, config_hash=config_hash(config))
 
 
 @pytest.mark.parametrize("framework", ADDED)

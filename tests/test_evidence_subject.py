@@ -21,10 +21,10 @@ import pytest
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from reprocube.checkpoint import manifest_self_digest, weights_digest
+from reprocube.checkpoint import weights_digest
 from reprocube.receipt import self_digest
 
-from helpers import error_lines, reprocube
+from helpers import error_lines, reprocube, rewrite_checkpoint_file
 
 SMALL = ["framework=pytorch", "epochs=2", "log.every_steps=5", "log.progress=false"]
 
@@ -61,14 +61,9 @@ def resign_weights(checkpoint: Path, change) -> None:
     sha256 and size, the manifest's own digest): the checkpoint reads as whole and consistent."""
     weights = dict(load_safetensors((checkpoint / "weights.safetensors").read_bytes()))
     weights = change(weights)
-    blob = save_safetensors(weights)
-    (checkpoint / "weights.safetensors").write_bytes(blob)
-    manifest = manifest_of(checkpoint)
-    manifest["weights_digest"] = weights_digest(weights)
-    manifest["files"]["weights.safetensors"] = hashlib.sha256(blob).hexdigest()
-    manifest["file_bytes"]["weights.safetensors"] = len(blob)
-    manifest["manifest_sha256"] = manifest_self_digest(manifest)
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=1))
+    rewrite_checkpoint_file(
+        checkpoint, "weights.safetensors", save_safetensors(weights), weights_digest=weights_digest(weights)
+    )
 
 
 def verify_rows(page: str, label: str) -> list[str]:
