@@ -68,8 +68,10 @@ class Net(nn.Module):
     def __call__(self, x, train: bool):
         x = nn.Conv(10, (5, 5), padding="VALID", name="conv1")(x)
         x = nn.relu(_max_pool_2x2(x))
-        conv2 = PatchConv if self.conv2_as_matmul else nn.Conv
-        x = conv2(20, (5, 5), padding="VALID", name="conv2")(x)
+        if self.conv2_as_matmul:
+            x = PatchConv(20, (5, 5), name="conv2")(x)
+        else:
+            x = nn.Conv(20, (5, 5), padding="VALID", name="conv2")(x)
         x = nn.Dropout(0.5, broadcast_dims=(1, 2), deterministic=not train, name="conv2_drop")(x)  # whole channels
         x = nn.relu(_max_pool_2x2(x))
         x = x.reshape((x.shape[0], -1))
@@ -86,7 +88,6 @@ class PatchConv(nn.Module):
 
     features: int
     kernel_size: tuple[int, int]
-    padding: str = "VALID"
 
     @nn.compact
     def __call__(self, x):

@@ -8,8 +8,9 @@ the characters it holds, never as Markdown or HTML (GitHub's flavour: tables, au
 md_text escapes only what can start Markdown, so that the reports' own prose reads the same in the raw
 file: a backslash before `\\ ` * [ ] < | ! & ~`, before `_` that is not inside a word, before the `:`
 of `://` and the `.` of `www.` (GitHub's bare links), and before a character that would start a heading,
-list (`1. `, not `0.1.0`), quote or rule at the start of the line. An e-mail address still renders as a mailto link (GitHub
-finds it through any escape); its text is the address itself, so it forges nothing."""
+a list (`1. `, not `0.1.0`), a quote or a rule at the start of the line. An e-mail address still renders
+as a mailto link (GitHub finds it through any escape); its text is the address itself, so it forges
+nothing."""
 
 from __future__ import annotations
 
