@@ -35,8 +35,9 @@ $(MLCUBE_VENV)/.installed: requirements-mlcube.txt scripts/reprocube_mlcube_nosh
 	$(MLCUBE_VENV)/bin/python scripts/reprocube_mlcube_noshell.py --install
 	touch $@
 
-# Fashion-MNIST from Debian (offline): all `make train` installs from apt. Chromium (test-packages) only
-# for `make test` (tests/test_report_browser.py renders report.html). Both without apt's recommends (a
+# Fashion-MNIST from Debian (offline): all `make train` installs from apt. Chromium and QEMU (test-packages)
+# only for `make test` (tests/test_report_browser.py renders report.html; the golden and cross-machine tests
+# train on QEMU's model of the AVX2 machine's CPU, reprocube.cpu_emulation). Both without apt's recommends (a
 # browser's recommends are a desktop); need root or sudo; each is skipped where it is already there.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
@@ -48,6 +49,9 @@ system-packages:
 test-packages:
 	@if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then \
 	  $(APT_INSTALL) chromium || { $(SUDO) apt-get update -q && $(APT_INSTALL) chromium; }; \
+	fi
+	@if ! command -v qemu-x86_64 >/dev/null && command -v apt-get >/dev/null; then \
+	  $(APT_INSTALL) qemu-user || { $(SUDO) apt-get update -q && $(APT_INSTALL) qemu-user; }; \
 	fi
 
 train: setup system-packages

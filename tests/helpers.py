@@ -32,15 +32,24 @@ FILE_KEYS = {
 
 
 def reprocube(
-    *args: str, cwd: Path, check: bool = True, timeout: float = 300, env_extra: dict | None = None
+    *args: str,
+    cwd: Path,
+    check: bool = True,
+    timeout: float = 300,
+    env_extra: dict | None = None,
+    cpu: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh Python process (what bit-exact resume must survive); `env_extra` is added to
-    its environment (a None value removes the variable)."""
+    its environment (a None value removes the variable); `cpu`: on that emulated CPU model
+    (reprocube.cpu_emulation)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", **(env_extra or {})}
     env = {name: value for name, value in env.items() if value is not None}
-    proc = subprocess.run(
-        [sys.executable, "-m", "reprocube", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
-    )
+    command = [sys.executable, "-m", "reprocube", *args]
+    if cpu is not None:
+        from reprocube.cpu_emulation import emulated_command
+
+        command = emulated_command(command, cpu)
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"reprocube {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

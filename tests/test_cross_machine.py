@@ -7,12 +7,12 @@ them), and every one is reproduced here, from the receipt alone, as a user would
   AVX-512 machine: all three frameworks, benchmarks/cross-machine.md);
 - a receipt of the other kind: on an AVX2 machine, an AVX-512 receipt cannot be emulated, and wherever
   it differs the answer names the ISA among the causes and says this CPU lacks A's instructions; on an
-  AVX-512 machine, an AVX2 receipt is reproduced with --match (ISA caps): either bit for bit, which shows
-  the caps emulate the AVX2 machine, or the answer names the first differing update and its tensors.
-  Neither direction has been run with receipts yet (benchmarks/cross-machine.md says which rows wait for
-  which machine); these assertions are the answer's form, to be replaced by the established answer when it
-  is. The AVX2 machine's golden digests already show that the caps give its bits for TensorFlow and
-  PyTorch (contiguous), not for JAX (tests/test_golden_digests.py).
+  AVX-512 machine, an AVX2 receipt is reproduced with --match, which retrains it on QEMU's model of the
+  AVX2 machine's CPU (reprocube.cpu_emulation) and must give A's bits: that model gives the AVX2 machine's
+  recorded digests for all three frameworks (tests/test_cpu_emulation.py). Without QEMU, --match sets
+  the ISA caps, which give them for TensorFlow and PyTorch (contiguous), not for JAX
+  (tests/test_golden_digests.py): then the answer is bit for bit or names the first differing update.
+  No AVX2 receipt is committed yet (benchmarks/cross-machine.md says which rows wait for which machine).
 - A kind with no receipt committed is skipped, naming what is missing and how to make it.
 
 The committed receipts are also fixtures every later reprocube must still read and reproduce."""
@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from reprocube.backend import FRAMEWORKS
+from reprocube.cpu_emulation import emulator_path
 from reprocube.env import collect_env
 
 from helpers import reprocube
@@ -74,6 +75,8 @@ def test_a_reference_receipt_reproduces_here_as_established(isa, framework, fash
     assert any(key.startswith("env.cpu.isa") for key in keys), keys
     if here == "avx2":  # A's AVX-512 kernels cannot run here
         assert any("which this CPU lacks" in line and "avx512f" in line for line in result["match"]["cannot"])
+    elif emulator_path() is not None:  # A's CPU emulated: A's bits, as the golden digests established
+        assert result["match"]["bit_identical"] is True and result["match"]["cpu"], result["match"]["summary"]
     else:  # the caps: bit for bit, or the first differing update named
         assert result["match"]["ran"] is True, result["match"]
         if not result["match"]["bit_identical"]:

@@ -53,12 +53,15 @@ VARIANTS = {
     "jax-convolution": ("jax", ("framework.conv2=convolution",)),
 }
 # Records not yet made on one machine kind, and why: these skip there, in CI too, naming the command.
+# The predictions come from QEMU's model of the AVX2 machine's CPU (tests/test_cpu_emulation.py), which
+# gives that machine's recorded digests for every other variant; once recorded, that test compares them.
 AWAITING_RECORD = {
     ("pytorch", "avx2"): "framework.memory_format=channels_last became PyTorch's default on an AVX-512 machine "
-    "(2026-11-26); no AVX2 machine has recorded its digest yet (issue 37). The AVX2 caps there predict ab7186ef"
-    "523e728fee06df536d8799f22f05f08ef8b98fcc49fd29a77feb6e9b (they gave the AVX2 machine's contiguous digest)",
+    "(2026-11-26); no AVX2 machine has recorded its digest yet (issue 37). QEMU's EPYC-Milan-v1 and the AVX2 "
+    "caps both predict ab7186ef523e728fee06df536d8799f22f05f08ef8b98fcc49fd29a77feb6e9b",
     ("jax", "avx2"): "framework.conv2=matmul became JAX's default on an AVX-512 machine (2026-11-26); no AVX2 "
-    "machine has recorded its digest yet (issue 37)",
+    "machine has recorded its digest yet (issue 37). QEMU's EPYC-Milan-v1 predicts 9d82cf380c1381e05ec317329410"
+    "fc739362028a058675cb835d3c7f97cb52a2",
 }
 # Whether the AVX2 caps, on an AVX-512 machine, give the AVX2 machine's recorded digest (established).
 CAPS_EMULATE_AVX2 = {"tensorflow": True, "pytorch-contiguous": True, "jax-convolution": False}
@@ -84,11 +87,12 @@ def machine_kind() -> str:
     return "avx512" if "avx512f" in collect_env({})["cpu"]["isa"] else "avx2"
 
 
-def train_digest(cwd: Path, variant: str, env_extra: dict | None = None) -> str:
+def train_digest(cwd: Path, variant: str, env_extra: dict | None = None, cpu: str | None = None) -> str:
+    """The variant's final weights_digest, trained here (under `env_extra`, on the emulated CPU `cpu`)."""
     framework, overrides = VARIANTS[variant]
-    run_name = f"golden-{variant}" + ("-caps" if env_extra else "")
+    run_name = f"golden-{variant}" + ("-caps" if env_extra else "") + (f"-{cpu}" if cpu else "")
     args = ("train", f"framework={framework}", *CONFIG, *overrides, "data_dir=data", f"run_name={run_name}")
-    reprocube(*args, cwd=cwd, env_extra=env_extra)
+    reprocube(*args, cwd=cwd, env_extra=env_extra, cpu=cpu, timeout=900)
     manifest = json.loads((cwd / "runs" / run_name / "checkpoints" / "epoch-0002" / "manifest.json").read_text())
     return manifest["weights_digest"]
 

@@ -165,14 +165,47 @@ def _cpu_info() -> dict:
     }
     model, flags = _first_cpu()
     info["model"] = info["model"] or model or None
-    info["isa"] = [f for f in ISA_FLAGS if f in flags]
+    offered = cpuid_features()
+    info["isa"] = [f for f in ISA_FLAGS if f in flags and (offered is None or _offered(f, offered))]
     return info
 
 
 def cpu_signature() -> str:
-    """What compiled code depends on: the architecture, the CPU model and its full flag list."""
+    """What compiled code depends on: the architecture, the CPU model, its full flag list and what its
+    CPUID offers this process (an emulated CPU's code is never another's)."""
     model, flags = _first_cpu()
-    return f"{platform.machine()}\n{model or platform.processor()}\n{' '.join(sorted(flags))}"
+    offered = " ".join(sorted(cpuid_features() or ()))
+    return f"{platform.machine()}\n{model or platform.processor()}\n{' '.join(sorted(flags))}\n{offered}"
+
+
+# ISA_FLAGS as numpy names the CPUID features it detects.
+_CPUID_NAMES = {
+    "sse4_2": "SSE42",
+    "avx": "AVX",
+    "avx2": "AVX2",
+    "fma": "FMA3",
+    "avx512f": "AVX512F",
+    "avx512bw": "AVX512BW",
+    "avx512vl": "AVX512VL",
+    "avx512_bf16": "AVX512BF16",
+    "avx512_vnni": "AVX512VNNI",
+}
+
+
+def cpuid_features() -> frozenset[str] | None:
+    """The features the CPUID instruction offers this process, as numpy detected them (None: unknown).
+    Every kernel library dispatches on CPUID, not on /proc/cpuinfo, and under a CPU emulator
+    (reprocube.cpu_emulation) the two differ: /proc/cpuinfo still describes the real CPU."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:
+        return None
+    return frozenset(name for name, present in __cpu_features__.items() if present)
+
+
+def _offered(flag: str, offered: frozenset[str]) -> bool:
+    name = _CPUID_NAMES.get(flag)
+    return name is None or name in offered  # a flag numpy does not detect (AMX) is kept as /proc/cpuinfo says
 
 
 def _first_cpu() -> tuple[str, set[str]]:

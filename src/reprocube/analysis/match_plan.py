@@ -9,6 +9,7 @@ import json
 
 from reprocube.analysis.environment import NOT_NUMERIC
 from reprocube.analysis.receipt_comparison import compare_receipts
+from reprocube.cpu_emulation import EMULATOR, INSTALL_HINT, model_for
 from reprocube.env import refused_match_setting
 from reprocube.receipt import Receipt
 
@@ -26,23 +27,31 @@ AVX2_CAPS = {
 FLAG_LISTS = ("XLA_FLAGS",)
 
 
-def match_plan(a: Receipt, b: Receipt, causes: list[dict]) -> dict:
+def match_plan(a: Receipt, b: Receipt, causes: list[dict], emulator: bool = False) -> dict:
     """What --match would set to emulate A here, session by session: A's documented numeric variables
-    where B's differ (None: unset it), AVX2 caps on an AVX-512 B for an AVX2 A; what cannot be emulated and
-    why; the variables refused (only documented ones with checked values are ever set: reprocube.env).
-    Where A's sessions ran under different settings, `segments` says which settings train which steps."""
+    where B's differ (None: unset it); for an AVX2 A on an AVX-512 B, A's CPU emulated where `emulator`
+    (qemu-x86_64) is installed and a checked model presents it (`cpu`: reprocube.cpu_emulation), the AVX2
+    caps otherwise; what cannot be emulated and why; the variables refused (only documented ones with
+    checked values are ever set: reprocube.env). Where A's sessions ran under different settings,
+    `segments` says which settings train which steps."""
     segments, cannot, not_applied = [], [], []
     for session in a.sessions:
-        plan = _session_plan(session["env"], b.env, causes)
+        plan = _session_plan(session["env"], b.env, causes, emulator)
         segments.append(
-            {"from_step": session["from_step"], "to_step": session["to_step"], "settings": plan["settings"]}
+            {
+                "from_step": session["from_step"],
+                "to_step": session["to_step"],
+                "settings": plan["settings"],
+                "cpu": plan["cpu"],
+            }
         )
         cannot += [c for c in plan["cannot"] if c not in cannot]
         not_applied += [r for r in plan["not_applied"] if r not in not_applied]
     segments = _merge_equal(segments)
-    followed = len({json.dumps(s["settings"], sort_keys=True) for s in segments}) > 1
+    followed = len({json.dumps([s["settings"], s["cpu"]], sort_keys=True) for s in segments}) > 1
     return {
         "settings": segments[0]["settings"],
+        "cpu": segments[0]["cpu"],  # the emulated CPU model (None: this machine's own CPU)
         "b_env": b.env,  # what the settings replace (settings_text says which flags are dropped)
         "segments": segments if followed else None,  # None: one set of settings for every step
         "cannot": cannot,
@@ -63,15 +72,15 @@ def _merge_equal(segments: list[dict]) -> list[dict]:
     for segment in segments:
         if segment["to_step"] <= segment["from_step"]:
             continue
-        if merged and merged[-1]["settings"] == segment["settings"]:
+        if merged and (merged[-1]["settings"], merged[-1]["cpu"]) == (segment["settings"], segment["cpu"]):
             merged[-1] = {**merged[-1], "to_step": segment["to_step"]}
         else:
             merged.append(dict(segment))
     return merged or segments[:1]
 
 
-def _session_plan(a_env: dict, b_env: dict, causes: list[dict]) -> dict:
-    env, cannot, not_applied = {}, [], []
+def _session_plan(a_env: dict, b_env: dict, causes: list[dict], emulator: bool = False) -> dict:
+    env, cannot, not_applied, cpu = {}, [], [], None
     a_vars = a_env.get("env_vars") if isinstance(a_env.get("env_vars"), dict) else {}
     b_vars = b_env.get("env_vars") if isinstance(b_env.get("env_vars"), dict) else {}
     for key in sorted(set(a_vars) | set(b_vars)):
@@ -85,9 +94,15 @@ def _session_plan(a_env: dict, b_env: dict, causes: list[dict]) -> dict:
     isa_a = set(_isa(a_env))
     isa_b = set(_isa(b_env))
     if "avx512f" in isa_b and "avx512f" not in isa_a and isa_a:
-        for key, value in AVX2_CAPS.items():
+        cpu = model_for(a_env.get("cpu"), sorted(isa_b)) if emulator else None
+        for key, value in AVX2_CAPS.items() if cpu is None else ():  # an emulated CPU needs no caps
             if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
                 env[key] = value
+        if cpu is None and not emulator and model_for(a_env.get("cpu"), sorted(isa_b)):
+            cannot.append(
+                f"A's CPU exactly without {EMULATOR} ({INSTALL_HINT}); the ISA caps set instead gave the AVX2 "
+                "machine's bits for TensorFlow and PyTorch, not for JAX (benchmarks/cross-machine.md)"
+            )
     missing = sorted(isa_a - isa_b)
     if missing:
         cannot.append(f"A's CPU had {', '.join(missing)}, which this CPU lacks: its kernels cannot run here")
@@ -101,7 +116,7 @@ def _session_plan(a_env: dict, b_env: dict, causes: list[dict]) -> dict:
             f"not applied (reported only; --match sets only documented ISA and thread variables): "
             f"{', '.join(row['key'] for row in not_applied)}"
         )
-    return {"settings": env, "cannot": cannot, "not_applied": not_applied}
+    return {"settings": env, "cpu": cpu, "cannot": cannot, "not_applied": not_applied}
 
 
 def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
@@ -110,6 +125,7 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     if matched is None and not plan["segments"]:
         return {
             "settings": {},
+            "cpu": None,
             "segments": None,
             "ran": False,
             "bit_identical": None,
@@ -120,12 +136,13 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
             + (f" ({'; '.join(cannot)})" if cannot else ""),
         }
     outcome = compare_receipts(a, matched)
-    shown = settings_text(plan["settings"], plan.get("b_env"))
+    shown = settings_text(plan["settings"], plan.get("b_env"), plan.get("cpu"))
     if plan["segments"]:
         shown = (
             "A's sessions followed ("
             + "; ".join(
-                f"steps {s['from_step'] + 1}..{s['to_step']}: {settings_text(s['settings']) or 'this environment'}"
+                f"steps {s['from_step'] + 1}..{s['to_step']}: "
+                f"{settings_text(s['settings'], cpu=s['cpu']) or 'this environment'}"
                 for s in plan["segments"]
             )
             + ")"
@@ -140,6 +157,7 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
         summary = f"with {shown}, every training step of B agrees with A's, but B is not bit-identical: {elsewhere}"
     return {
         "settings": plan["settings"],
+        "cpu": plan["cpu"],  # the emulated CPU model B ran on (None: its own)
         "segments": plan["segments"],
         "ran": True,
         "run": str(matched.path.parent),
@@ -151,11 +169,12 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     }
 
 
-def settings_text(env: dict, b_env: dict | None = None) -> str:
-    """The settings as KEY=VALUE (or KEY unset); with B's environment, a flag list (XLA_FLAGS) also says
-    which of B's flags it drops and which it adds: the value alone names the flags the trainer adds."""
+def settings_text(env: dict, b_env: dict | None = None, cpu: str | None = None) -> str:
+    """The settings as KEY=VALUE (or KEY unset), after the emulated CPU where there is one; with B's
+    environment, a flag list (XLA_FLAGS) also says which of B's flags it drops and which it adds: the
+    value alone names the flags the trainer adds."""
     b_vars = (b_env or {}).get("env_vars") if isinstance((b_env or {}).get("env_vars"), dict) else {}
-    shown = []
+    shown = [f"A's CPU emulated ({EMULATOR} -cpu {cpu})"] if cpu else []
     for key, value in env.items():
         text = f"{key}={value}" if value is not None else f"{key} unset"
         if key in FLAG_LISTS and b_env is not None:

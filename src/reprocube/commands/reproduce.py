@@ -32,6 +32,7 @@ from reprocube.analysis.receipt_comparison import (
     tier,
 )
 from reprocube.config import MAX_TRACE_AT_STEPS, flatten_keys, load_config, override, result_config
+from reprocube.cpu_emulation import EMULATOR, emulated_command, emulator_path
 from reprocube.env import known_hang, threads_warning, usable_cpus
 from reprocube.errors import (
     EXIT_DIFFERENT,
@@ -220,19 +221,29 @@ def reproduce(
 
     a_changed = [o for o in user_overrides if o.partition("=")[0].strip() in user_config_changes]
 
-    def train(name: str, *extra: str, env: dict | None = None, expect=(EXIT_OK,), stop_at: int | None = None) -> Path:
-        """One training child under A's config (`extra` added); `stop_at`: stopped there by the drill."""
+    def train(
+        name: str,
+        *extra: str,
+        env: dict | None = None,
+        cpu: str | None = None,
+        expect=(EXIT_OK,),
+        stop_at: int | None = None,
+    ) -> Path:
+        """One training child under A's config (`extra` added), on the emulated CPU model `cpu` if given;
+        `stop_at`: stopped there by the drill."""
         if stop_at is not None:
             extra, expect = (*extra, f"preempt_at_step={stop_at}"), (EXIT_PREEMPTED,)
         command = reprocube_command(
             "train", *base, override("output_dir", str(ws.runs)), f"run_name={name}", "log.progress=false", *extra
         )
+        if cpu is not None:
+            command = emulated_command(command, cpu)
         log = ws.logs / f"{name}.log"
         config = "A's config" + (f" changed by {', '.join(a_changed)}" if a_changed else "")
         echo(
             one_line(
                 f"  {name}: reprocube train ({config}{''.join(' ' + e for e in extra)})"
-                + (f" with {settings_text(env)}" if env else "")
+                + (f" with {settings_text(env or {}, cpu=cpu)}" if env or cpu else "")
             )
         )
         status = _run_with_env(
@@ -551,7 +562,7 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | Non
     """An intervention: re-run B with A's settings where this machine can emulate them, and see whether
     that restores bit-identity (a proof of the cause, and the recipe to reproduce exactly). One process per
     change of settings: A's consecutive sessions under equal settings are one segment (match_plan)."""
-    plan = match_plan(a, b, causes)
+    plan = match_plan(a, b, causes, emulator=emulator_path() is not None)
     if plan["segments"]:  # A's sessions ran under different settings: B stops and resumes where A did
         for i, segment in enumerate(plan["segments"]):
             last = i == len(plan["segments"]) - 1
@@ -559,10 +570,13 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | Non
                 "b-matched",
                 *([] if i == 0 else ["resume=latest"]),
                 env=segment["settings"],
+                cpu=segment["cpu"],
                 stop_at=stop_at if last else segment["to_step"],
             )
         return match_outcome(plan, a, read_receipt(path))
-    matched = read_receipt(train("b-matched", env=plan["settings"], stop_at=stop_at)) if plan["settings"] else None
+    matched = None
+    if plan["settings"] or plan["cpu"]:
+        matched = read_receipt(train("b-matched", env=plan["settings"], cpu=plan["cpu"], stop_at=stop_at))
     return match_outcome(plan, a, matched)
 
 
@@ -570,13 +584,17 @@ def match_recipe(match: dict, base: list[str], stop_at: int | None) -> list[dict
     """The commands --match ran that gave A's bits, for a person to run: each {env, argv} (env: a value, or
     None to unset), A's config as the overrides reproduce built (every value quoted as data), one command
     per change of settings, stopped and resumed where A was."""
-    segments = match["segments"] or [{"settings": match["settings"], "to_step": None}]
+    segments = match["segments"] or [{"settings": match["settings"], "cpu": match["cpu"], "to_step": None}]
     commands = []
     for i, segment in enumerate(segments):
         last = i == len(segments) - 1
         stop = stop_at if last else segment["to_step"]
+        # On an emulated CPU the emulator runs the interpreter itself (it does not search PATH)
+        program = (
+            [EMULATOR, "-cpu", segment["cpu"], sys.executable, "-m", "reprocube"] if segment["cpu"] else ["reprocube"]
+        )
         argv = [
-            "reprocube",
+            *program,
             "train",
             *base,
             "output_dir=runs",
@@ -612,13 +630,15 @@ def _first_operation(
         return unavailable(step, "B must emulate A first: pass --match")
     if not match["bit_identical"]:
         return unavailable(step, "--match did not make B reproduce A bit for bit, so A's step cannot be replayed here")
-    settings = match["settings"]
+    settings, cpu = match["settings"], match["cpu"]
     for segment in match["segments"] or []:  # A's settings for the session that computed the step
         if segment["from_step"] < step <= segment["to_step"]:
-            settings = segment["settings"]
+            settings, cpu = segment["settings"], segment["cpu"]
     echo(f"  first differing operation: replaying step {step} as B ran it and under A's settings")
 
     def run_child(command: list[str], log: Path, env: dict | None) -> int:
+        if env is not None and cpu is not None:  # the replay under A's settings (B's own has env None)
+            command = emulated_command(command, cpu)
         return _run_with_env(command, log, env, progress=log, stall_timeout=stall_timeout, echo=echo)
 
     return first_operation(
