@@ -6,6 +6,10 @@ differing operation, and reproduce's wall time against one run.
 
     .venv/bin/python benchmarks/cross_machine.py --data-dir DATA [--rounds 3] [--out benchmarks/cpu/cross-machine.json]
 
+With --a-on-emulated-cpu EPYC-Milan-v1, A is not a committed receipt but a run of the reference config
+trained here on QEMU's model of the AVX2 machine's CPU (reprocube.cpu_emulation): the AVX2 -> AVX-512 row
+as emulated, until an AVX2 machine commits its receipts.
+
 DATA holds fashion_mnist (`reprocube download dataset=fashion_mnist data_dir=DATA ...`)."""
 
 from __future__ import annotations
@@ -20,8 +24,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from reprocube.cpu_emulation import EMULATOR, emulated_command
+
 REPO = Path(__file__).resolve().parents[1]
 RECEIPTS = REPO / "tests" / "receipts"
+REPROCUBE = [sys.executable, "-m", "reprocube"]
+# scripts/make-reference-receipts.sh's config (A's run where A is trained here on an emulated CPU)
+REFERENCE_CONFIG = (
+    "dataset=fashion_mnist",
+    "data.train_limit=2048",
+    "data.test_limit=512",
+    "epochs=2",
+    "seed=3",
+    "log.progress=false",
+)
 
 
 def this_isa() -> str:
@@ -59,62 +75,33 @@ def main() -> int:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--a-on-emulated-cpu",
+        metavar="MODEL",
+        help="instead of the committed receipts: A trained here on QEMU's CPU model (unsigned, not committed)",
+    )
     args = parser.parse_args()
-    reprocube = [sys.executable, "-m", "reprocube"]
     here = this_isa()
     rows = []
     with tempfile.TemporaryDirectory(prefix="reprocube-cross-machine-") as scratch:
         scratch = Path(scratch)
-        for receipt in sorted(RECEIPTS.glob("*/*/receipt.json")):
-            isa, framework = receipt.parent.parent.name, receipt.parent.name
-            config = json.loads(receipt.read_text())["config"]
-            train = [
-                *reprocube,
-                "train",
-                f"framework={framework}",
-                "dataset=fashion_mnist",
-                f"data_dir={args.data_dir}",
-                f"data.train_limit={config['data']['train_limit']}",
-                f"data.test_limit={config['data']['test_limit']}",
-                f"epochs={config['epochs']}",
-                f"seed={config['seed']}",
-                "log.progress=false",
+        if args.a_on_emulated_cpu:
+            receipts = [
+                (emulated_receipt(framework, args.a_on_emulated_cpu, args.data_dir, scratch), None)
+                for framework in ("pytorch", "tensorflow", "jax")
             ]
-            run_s, reproduce_s, result = [], [], None
-            for i in range(args.rounds):  # alternating: one run, then reproduce
-                seconds, _ = timed([*train, f"output_dir={scratch / f'run-{isa}-{framework}-{i}'}"])
-                run_s.append(seconds)
-                out = scratch / f"reproduce-{isa}-{framework}-{i}"
-                seconds, status = timed(
-                    [
-                        *reprocube,
-                        "reproduce",
-                        str(receipt),
-                        "--match",
-                        "--public-key",
-                        str(receipt.parent.parent / "signing-key.pub"),
-                        "--out",
-                        str(out),
-                        f"data_dir={args.data_dir}",
-                    ]
-                )
-                reproduce_s.append(seconds)
-                result = json.loads((out / "reproduce.json").read_text())
-            row = {
-                "receipt": str(receipt.relative_to(REPO)),
-                "direction": f"{isa} -> {here}",
-                "framework": framework,
-                "exit": status,
-                **answer(result),
-                "run_s": run_s,
-                "reproduce_s": reproduce_s,
-                "ratio": statistics.median(reproduce_s) / statistics.median(run_s),
-            }
+            kind = f"avx2 emulated by {EMULATOR} -cpu {args.a_on_emulated_cpu}"
+        else:
+            receipts = [(r, r.parent.parent / "signing-key.pub") for r in sorted(RECEIPTS.glob("*/*/receipt.json"))]
+            kind = None
+        for receipt, public_key in receipts:
+            row = measure(receipt, public_key, kind or receipt.parent.parent.name, here, args, scratch)
             rows.append(row)
             print(
-                f"{row['direction']} {framework}: {row['verdict']}, first step {row['first_step']}, "
-                f"top cause {row['top_cause']}, reproduce {statistics.median(reproduce_s):.1f} s = "
-                f"{row['ratio']:.2f}x one run ({statistics.median(run_s):.1f} s)",
+                f"{row['direction']} {row['framework']}: {row['verdict']}, first step {row['first_step']}, "
+                f"top cause {row['top_cause']}, --match bit-identical {row['match_bit_identical']}, reproduce "
+                f"{statistics.median(row['reproduce_s']):.1f} s = {row['ratio']:.2f}x one run "
+                f"({statistics.median(row['run_s']):.1f} s)",
                 flush=True,
             )
     report = {
@@ -126,6 +113,65 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def emulated_receipt(framework: str, model: str, data_dir: str, scratch: Path) -> Path:
+    """A's run, trained here on QEMU's CPU model with the reference receipts' config
+    (scripts/make-reference-receipts.sh); its receipt.json."""
+    command = emulated_command([*REPROCUBE, "train", f"framework={framework}", *REFERENCE_CONFIG], model)
+    runs = scratch / "emulated-a"
+    seconds, _ = timed([*command, f"data_dir={data_dir}", f"output_dir={runs}", f"run_name={framework}"], expect=(0,))
+    print(f"A ({framework}) trained on {model} in {seconds:.0f} s", flush=True)
+    return runs / framework / "receipt.json"
+
+
+def measure(receipt: Path, public_key: Path | None, a_kind: str, here: str, args, scratch: Path) -> dict:
+    """`rounds` alternating rounds of one plain run of A's config and `reproduce --match` of A's receipt."""
+    config = json.loads(receipt.read_text())["config"]
+    framework = config["framework"]["name"]
+    train = [
+        *REPROCUBE,
+        "train",
+        f"framework={framework}",
+        "dataset=fashion_mnist",
+        f"data_dir={args.data_dir}",
+        f"data.train_limit={config['data']['train_limit']}",
+        f"data.test_limit={config['data']['test_limit']}",
+        f"epochs={config['epochs']}",
+        f"seed={config['seed']}",
+        "log.progress=false",
+    ]
+    label = a_kind.split()[0]
+    run_s, reproduce_s, result = [], [], None
+    for i in range(args.rounds):  # alternating: one run, then reproduce
+        seconds, _ = timed([*train, f"output_dir={scratch / f'run-{label}-{framework}-{i}'}"])
+        run_s.append(seconds)
+        out = scratch / f"reproduce-{label}-{framework}-{i}"
+        key = ["--public-key", str(public_key)] if public_key else []
+        command = [
+            *REPROCUBE,
+            "reproduce",
+            str(receipt),
+            "--match",
+            *key,
+            "--out",
+            str(out),
+            f"data_dir={args.data_dir}",
+        ]
+        seconds, status = timed(command)
+        reproduce_s.append(seconds)
+        result = json.loads((out / "reproduce.json").read_text())
+    shown = receipt.relative_to(REPO) if receipt.is_relative_to(REPO) else f"{receipt.parent.name} (A trained here)"
+    return {
+        "receipt": str(shown),
+        "direction": f"{a_kind} -> {here}",
+        "framework": framework,
+        "exit": status,
+        **answer(result),
+        "run_s": run_s,
+        "reproduce_s": reproduce_s,
+        "ratio": statistics.median(reproduce_s) / statistics.median(run_s),
+    }
 
 
 def _cpu_model() -> str | None:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reprocube.analysis.match_plan import AVX2_CAPS, match_plan
+from reprocube.analysis.match_plan import AVX2_CAPS, match_plan, session_settings
 from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, emulator_path, model_for
 from reprocube.env import collect_env
 from test_golden_digests import AWAITING_RECORD, GOLDEN, VARIANTS, machine_key, train_digest
@@ -63,6 +63,10 @@ def test_match_emulates_an_avx2_cpu_where_qemu_is_installed_and_caps_it_otherwis
     assert plan["cpu"] is None and plan["settings"] == AVX2_CAPS and plan["cannot"] == []
     plan = _plan(AVX2_AMD, list(AVX2_ISA), emulator=True)  # the same ISA: nothing to emulate
     assert plan["cpu"] is None and plan["settings"] == {}
+    b_env = {"cpu": {**AVX2_AMD, "isa": AVX512_ISA}, "env_vars": {}}
+    plan = session_settings({"cpu": AVX2_AMD, "env_vars": {}}, b_env)  # a script's command: never emulated
+    assert plan["cpu"] is None and plan["settings"] == AVX2_CAPS
+    assert any("script" in line and "not for JAX" in line for line in plan["cannot"]), plan["cannot"]
 
 
 @pytest.mark.slow

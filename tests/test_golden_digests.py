@@ -18,7 +18,9 @@ receipt made before the change still reproduces with.
 On an AVX-512 machine the AVX2 caps of `reproduce --match` are tried against the AVX2 machine's records:
 TensorFlow's and PyTorch's digests under the caps are the AVX2 machine's, bit for bit (PyTorch's only
 since MKL_CBWR=AVX2 left the caps); JAX's are not (established 2026-11-26, benchmarks/cross-machine.md).
-CAPS_EMULATE_AVX2 holds that finding, and the test fails if either side of it changes.
+CAPS_EMULATE_AVX2 holds that finding, and the test fails if either side of it changes. QEMU's model of the
+AVX2 machine's CPU gives every one of its records, JAX's too (tests/test_cpu_emulation.py): JAX's dots run
+in YNNPACK, which picks its kernels from the CPU itself, and no variable caps it.
 """
 
 from __future__ import annotations

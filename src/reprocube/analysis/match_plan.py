@@ -61,8 +61,9 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict], emulator: bool = Fals
 
 def session_settings(a_env: dict, b_env: dict) -> dict:
     """What --match sets here (b_env) to emulate one environment of A (a_env), and what it cannot: a
-    script receipt's single session (no config to tell apart)."""
-    return _session_plan(a_env, b_env, [])
+    script receipt's single session (no config to tell apart). Never an emulated CPU: a script's command
+    may start processes, and those would run on this CPU (qemu-user does not follow exec)."""
+    return _session_plan(a_env, b_env, [], emulator=None)
 
 
 def _merge_equal(segments: list[dict]) -> list[dict]:
@@ -79,7 +80,8 @@ def _merge_equal(segments: list[dict]) -> list[dict]:
     return merged or segments[:1]
 
 
-def _session_plan(a_env: dict, b_env: dict, causes: list[dict], emulator: bool = False) -> dict:
+def _session_plan(a_env: dict, b_env: dict, causes: list[dict], emulator: bool | None) -> dict:
+    """`emulator`: whether qemu-x86_64 is installed (None: no CPU is emulated for this command)."""
     env, cannot, not_applied, cpu = {}, [], [], None
     a_vars = a_env.get("env_vars") if isinstance(a_env.get("env_vars"), dict) else {}
     b_vars = b_env.get("env_vars") if isinstance(b_env.get("env_vars"), dict) else {}
@@ -98,10 +100,14 @@ def _session_plan(a_env: dict, b_env: dict, causes: list[dict], emulator: bool =
         for key, value in AVX2_CAPS.items() if cpu is None else ():  # an emulated CPU needs no caps
             if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
                 env[key] = value
-        if cpu is None and not emulator and model_for(a_env.get("cpu"), sorted(isa_b)):
+        if cpu is None and model_for(a_env.get("cpu"), sorted(isa_b)):
             cannot.append(
-                f"A's CPU exactly without {EMULATOR} ({INSTALL_HINT}); the ISA caps set instead gave the AVX2 "
-                "machine's bits for TensorFlow and PyTorch, not for JAX (benchmarks/cross-machine.md)"
+                (
+                    f"A's CPU exactly without {EMULATOR} ({INSTALL_HINT})"
+                    if emulator is False
+                    else "A's CPU exactly for a script's command (reprocube emulates it for its own trainers only)"
+                )
+                + "; the ISA caps set instead gave the AVX2 machine's bits for TensorFlow and PyTorch, not for JAX"
             )
     missing = sorted(isa_a - isa_b)
     if missing:
