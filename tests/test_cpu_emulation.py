@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from reprocube.analysis.match_plan import AVX2_CAPS, match_plan, session_settings
-from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, emulator_path, model_for
-from reprocube.env import collect_env
+from reprocube.commands.reproduce import match_recipe
+from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, emulator_path, model_for
+from reprocube.env import MASKED_NOTE, collect_env
+from reprocube.results.reproduce_result import what_to_do
 from test_golden_digests import AWAITING_RECORD, GOLDEN, VARIANTS, machine_key, train_digest
 
 from helpers import reprocube
@@ -69,6 +72,36 @@ def test_match_emulates_an_avx2_cpu_where_qemu_is_installed_and_caps_it_otherwis
     assert any("script" in line and "not for JAX" in line for line in plan["cannot"]), plan["cannot"]
 
 
+def test_the_answer_without_qemu_says_how_this_machine_would_give_as_bits():
+    """Where the caps did not give A's bits but QEMU would emulate A's CPU, the next step is to install it
+    here, not "a machine with A's setting"."""
+    match = {
+        "bit_identical": False,
+        "recipe": None,
+        "summary": "with ONEDNN_MAX_CPU_ISA=AVX2, B still differs (first at step 1)",
+        "cannot": [f"{NOT_INSTALLED} ({INSTALL_HINT}); the ISA caps set instead ...", "config differences (seed)"],
+    }
+    result = {"verdict": "differs", "tier": "within-ulp", "source": "runs/a b", "match": match}
+    lines = what_to_do(result)
+    assert INSTALL_HINT in lines[0] and "reprocube reproduce 'runs/a b' --match" in lines[0], lines
+    assert not any(NOT_INSTALLED in line for line in lines) and "cannot give" not in lines[0]
+    assert lines[1] == "It cannot emulate config differences (seed): a machine with A's setting can."
+
+
+def test_a_recipe_that_emulates_any_step_names_one_interpreter_for_every_command():
+    segments = [
+        {"settings": {}, "cpu": MODEL, "from_step": 0, "to_step": 3},
+        {"settings": {"OMP_NUM_THREADS": "1"}, "cpu": None, "from_step": 3, "to_step": 6},
+    ]
+    match = {"settings": {}, "cpu": MODEL, "segments": segments}
+    first, second = match_recipe(match, ["framework=pytorch"], None)
+    python = [sys.executable, "-m", "reprocube", "train"]
+    assert first["argv"][:7] == [EMULATOR, "-cpu", MODEL, *python] and second["argv"][:4] == python
+    assert second["env"] == {"OMP_NUM_THREADS": "1"} and "resume=latest" in second["argv"]
+    plain = match_recipe({"settings": {"OMP_NUM_THREADS": "1"}, "cpu": None, "segments": None}, [], None)
+    assert plain[0]["argv"][:2] == ["reprocube", "train"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_emulated_cpu_gives_the_avx2_machines_recorded_digest(fashion_mnist, tmp_path, variant):
@@ -98,6 +131,8 @@ def test_reproduce_match_retrains_an_avx2_run_on_the_emulated_cpu(fashion_mnist,
     reprocube("train", *config, f"data_dir={fashion_mnist}", "run_name=a", cwd=tmp_path, cpu=MODEL, timeout=600)
     a = json.loads((tmp_path / "runs" / "a" / "receipt.json").read_text())
     assert a["env"]["cpu"]["isa"] == list(AVX2_ISA)  # what the process's CPUID offered, not /proc/cpuinfo
+    if _avx512_machine():  # /proc/cpuinfo names this machine's CPU: the record says it is not what ran
+        assert a["env"]["cpu"]["model"].endswith(f"({MASKED_NOTE})"), a["env"]["cpu"]
     out = tmp_path / "out"
     proc = reprocube(
         "reproduce", "runs/a", "--match", "--out", str(out), f"data_dir={fashion_mnist}", cwd=tmp_path, check=False,

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import shutil
 
+from reprocube.errors import ConfigError
+
 EMULATOR = "qemu-x86_64"
 INSTALL_HINT = "apt-get install qemu-user"
+# The start of --match's `cannot` line where QEMU would emulate A's CPU but is not installed: this machine
+# could give A's bits (reproduce_result.what_to_do says how), not "a machine with A's setting".
+NOT_INSTALLED = f"A's CPU exactly without {EMULATOR}"
 # QEMU's models checked to give a real machine's bits: the model, its vendor as /proc/cpuinfo names it, and
 # the ISA flags (env.ISA_FLAGS) that machine had. Only these are used: a model gives a machine's bits
 # only where its libraries choose as they do there, which a digest comparison has to show.
@@ -40,6 +45,6 @@ def model_for(a_cpu: object, b_isa: list[str]) -> str | None:
 def emulated_command(command: list[str], model: str) -> list[str]:
     """`command` (its first element the Python interpreter's absolute path) run on the emulated CPU."""
     path = emulator_path()
-    if path is None:
-        raise RuntimeError(f"{EMULATOR} is not installed ({INSTALL_HINT})")
+    if path is None:  # it was when --match planned: removed since
+        raise ConfigError(f"{EMULATOR} is no longer installed ({INSTALL_HINT}): cannot emulate A's CPU")
     return [path, "-cpu", model, *command]

@@ -166,8 +166,21 @@ def _cpu_info() -> dict:
     model, flags = _first_cpu()
     info["model"] = info["model"] or model or None
     offered = cpuid_features()
-    info["isa"] = [f for f in ISA_FLAGS if f in flags and (offered is None or _offered(f, offered))]
+    if offered is None:
+        info["isa"] = [f for f in ISA_FLAGS if f in flags]
+        return info
+    masked = any(_CPUID_NAMES[f] not in offered for f in _CPUID_NAMES if f in flags)
+    # A flag numpy cannot confirm (AMX) is kept only where CPUID offers everything /proc/cpuinfo lists
+    info["isa"] = [
+        f for f in ISA_FLAGS if f in flags and (_CPUID_NAMES[f] in offered if f in _CPUID_NAMES else not masked)
+    ]
+    if masked and info["model"]:  # an emulated or masked CPU: the name is the real one's, the ISA is not
+        info["model"] += f" ({MASKED_NOTE})"
     return info
+
+
+# Added to the CPU's name where its CPUID offers fewer features than /proc/cpuinfo lists.
+MASKED_NOTE = "CPUID offers fewer features than /proc/cpuinfo: an emulated or masked CPU"
 
 
 def cpu_signature() -> str:
@@ -201,11 +214,6 @@ def cpuid_features() -> frozenset[str] | None:
     except ImportError:
         return None
     return frozenset(name for name, present in __cpu_features__.items() if present)
-
-
-def _offered(flag: str, offered: frozenset[str]) -> bool:
-    name = _CPUID_NAMES.get(flag)
-    return name is None or name in offered  # a flag numpy does not detect (AMX) is kept as /proc/cpuinfo says
 
 
 def _first_cpu() -> tuple[str, set[str]]:

@@ -9,7 +9,7 @@ import json
 
 from reprocube.analysis.environment import NOT_NUMERIC
 from reprocube.analysis.receipt_comparison import compare_receipts
-from reprocube.cpu_emulation import EMULATOR, INSTALL_HINT, model_for
+from reprocube.cpu_emulation import EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.env import refused_match_setting
 from reprocube.receipt import Receipt
 
@@ -103,7 +103,7 @@ def _session_plan(a_env: dict, b_env: dict, causes: list[dict], emulator: bool |
         if cpu is None and model_for(a_env.get("cpu"), sorted(isa_b)):
             cannot.append(
                 (
-                    f"A's CPU exactly without {EMULATOR} ({INSTALL_HINT})"
+                    f"{NOT_INSTALLED} ({INSTALL_HINT})"
                     if emulator is False
                     else "A's CPU exactly for a script's command (reprocube emulates it for its own trainers only)"
                 )

@@ -244,6 +244,7 @@ def reproduce(
             one_line(
                 f"  {name}: reprocube train ({config}{''.join(' ' + e for e in extra)})"
                 + (f" with {settings_text(env or {}, cpu=cpu)}" if env or cpu else "")
+                + (": an emulated CPU runs 10-30x slower than this one" if cpu else "")
             )
         )
         status = _run_with_env(
@@ -585,14 +586,14 @@ def match_recipe(match: dict, base: list[str], stop_at: int | None) -> list[dict
     None to unset), A's config as the overrides reproduce built (every value quoted as data), one command
     per change of settings, stopped and resumed where A was."""
     segments = match["segments"] or [{"settings": match["settings"], "cpu": match["cpu"], "to_step": None}]
+    # The emulator runs an interpreter (it does not search PATH): where any step is emulated, every command
+    # names this interpreter, so that all of them run the one reprocube that --match ran
+    reprocube = [sys.executable, "-m", "reprocube"] if any(s["cpu"] for s in segments) else ["reprocube"]
     commands = []
     for i, segment in enumerate(segments):
         last = i == len(segments) - 1
         stop = stop_at if last else segment["to_step"]
-        # On an emulated CPU the emulator runs the interpreter itself (it does not search PATH)
-        program = (
-            [EMULATOR, "-cpu", segment["cpu"], sys.executable, "-m", "reprocube"] if segment["cpu"] else ["reprocube"]
-        )
+        program = [EMULATOR, "-cpu", segment["cpu"], *reprocube] if segment["cpu"] else reprocube
         argv = [
             *program,
             "train",
@@ -637,8 +638,6 @@ def _first_operation(
     echo(f"  first differing operation: replaying step {step} as B ran it and under A's settings")
 
     def run_child(command: list[str], log: Path, env: dict | None) -> int:
-        if env is not None and cpu is not None:  # the replay under A's settings (B's own has env None)
-            command = emulated_command(command, cpu)
         return _run_with_env(command, log, env, progress=log, stall_timeout=stall_timeout, echo=echo)
 
     return first_operation(
@@ -652,6 +651,7 @@ def _first_operation(
         places,
         run_child,
         weights_identical=bool(first.get("weights_identical")),
+        a_command=(lambda command: emulated_command(command, cpu)) if cpu else None,
     )
 
 

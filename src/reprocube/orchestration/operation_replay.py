@@ -50,7 +50,7 @@ def _record(
         )
     out.mkdir(parents=True, exist_ok=True)
     recordings = {}
-    for name, run, env in replays:
+    for name, run, env, wrap in replays:
         path = out / f"step-{step}-{name}.json"
         log = logs / f"replay-{name}.log"
         command = python_module_command(
@@ -63,7 +63,7 @@ def _record(
             str(path),
             *place_overrides,
         )
-        status = run_child(command, log, env)
+        status = run_child(wrap(command) if wrap else command, log, env)
         if status != 0:
             return {
                 "status": "failed",
@@ -88,12 +88,14 @@ def first_operation(
     place_overrides: list[str],
     run_child: RunChild,
     weights_identical: bool = False,
+    a_command: Callable[[list[str]], list[str]] | None = None,
 ) -> dict:
     """Replay `step` as B ran it and under A's settings, and name the first operation whose output
     differs (with its inputs' agreement). One entry of reproduce.json: status in STATUSES, step, text.
     `weights_identical`: the runs' weights are proven equal after every step (losses-only), so an
-    unrecorded operation that differs can only be the loss's reduction, never the update."""
-    replays = (("b", b_run, None), ("a-settings", matched_run, a_settings))
+    unrecorded operation that differs can only be the loss's reduction, never the update. `a_command`:
+    how the replay under A's settings is run (on A's emulated CPU: reprocube.cpu_emulation)."""
+    replays = (("b", b_run, None, None), ("a-settings", matched_run, a_settings, a_command))
     recordings = _record(framework, step, replays, out, logs, place_overrides, run_child, "first differing operation")
     if "status" in recordings:  # unavailable or failed
         return recordings
@@ -144,7 +146,7 @@ def nondeterministic_operation(
     first operation whose results differ. Neither replay need give B's loss bits: a non-deterministic
     step need not compute what B's run computed, only the same thing from the same inputs; where the two
     replays already enter the step with other state, that is said instead (an earlier step differed)."""
-    replays = (("b", b_run, None), ("b-again", b_run, None))
+    replays = (("b", b_run, None, None), ("b-again", b_run, None, None))
     label = "first non-deterministic operation"
     recordings = _record(framework, step, replays, out, logs, place_overrides, run_child, label)
     if "status" in recordings:  # unavailable or failed

@@ -9,6 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
+from reprocube.cpu_emulation import INSTALL_HINT, NOT_INSTALLED
 from reprocube.errors import CheckpointError
 from reprocube.receipt import RECEIPT, Receipt
 from reprocube.results.markdown_text import md_code, md_text
@@ -185,8 +186,16 @@ def what_to_do(result: dict) -> list[str]:
             "To get A's bits on this machine (proven by --match), run"
             + (" in turn:" if len(match["recipe"]) > 1 else ":")
         ]
-    lines = [f"This machine cannot give A's bits: {match['summary']}"]
-    lines += [f"It cannot emulate {c}: a machine with A's setting can." for c in match["cannot"]]
+    others = [c for c in match["cannot"] if not c.startswith(NOT_INSTALLED)]
+    if len(others) < len(match["cannot"]):  # QEMU would emulate A's CPU: this machine could give A's bits
+        lines = [
+            f"The ISA caps alone do not give A's bits here ({match['summary']}). Install QEMU ({INSTALL_HINT}) and "
+            f"run reprocube reproduce {shlex.quote(result['source'])} --match again: it then retrains B on "
+            "QEMU's model of A's CPU, which gave the AVX2 machine's bits for all three frameworks."
+        ]
+    else:
+        lines = [f"This machine cannot give A's bits: {match['summary']}"]
+    lines += [f"It cannot emulate {c}: a machine with A's setting can." for c in others]
     return lines
 
 
