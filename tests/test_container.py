@@ -25,7 +25,7 @@ import yaml
 from reprocube.backend import FRAMEWORKS
 from reprocube.checkpoint import list_checkpoints, read_checkpoint
 
-from helpers import wait_until
+from helpers import reprocube, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 MLCUBE = REPO / ".venv-mlcube" / "bin" / "mlcube"
@@ -273,6 +273,39 @@ def test_a_committed_reference_receipt_gets_the_same_answer_in_the_container_as_
     outside = json.loads((tmp_path / "native" / "reproduce.json").read_text())
     for key in ("verdict", "tier", "first_divergence", "claims", "epoch_differences"):
         assert inside[key] == outside[key], key
+
+
+def test_an_avx2_run_gets_the_same_answer_in_the_container_as_natively(cube, tmp_path):
+    """A run made on QEMU's model of the AVX2 machine's CPU (reprocube.cpu_emulation), reproduced by the
+    reproduce task in the CPU image (which has QEMU) and natively: the same verdict, first divergence,
+    claims and --match outcome (on an AVX-512 machine: B differs, and A's bits on the emulated CPU)."""
+    from reprocube.cpu_emulation import CHECKED_MODELS, emulator_path
+
+    if emulator_path() is None:
+        pytest.fail("qemu-x86_64 is not installed (make test installs it)")
+    model = CHECKED_MODELS[0][0]
+    config = ("framework=pytorch", "dataset=fashion_mnist", "data.train_limit=192", "data.test_limit=64", "epochs=1")
+    data = f"data_dir={cube.workspace / 'data'}"
+    reprocube("train", *config, data, "run_name=a", cwd=tmp_path, cpu=model, timeout=600)
+    published = cube.workspace / "published-avx2"
+    published.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "runs" / "a" / "receipt.json", published / "receipt.json")
+    if os.geteuid() == 0:
+        for path in (published, published / "receipt.json"):
+            os.chown(path, cube.uid, cube.gid)
+    proc = cube.run("reproduce", "receipt=published-avx2/receipt.json", "report_dir=reports/reproduce-avx2")
+    assert proc.returncode in (0, 6), proc.stdout
+    inside = json.loads((cube.workspace / "reports" / "reproduce-avx2" / "reproduce.json").read_text())
+    native = reprocube(
+        "reproduce", "runs/a", "--match", "--out", "native", data, cwd=tmp_path, check=False, timeout=900
+    )
+    assert native.returncode == proc.returncode, native.stderr
+    outside = json.loads((tmp_path / "native" / "reproduce.json").read_text())
+    for key in ("verdict", "tier", "first_divergence", "claims", "epoch_differences"):
+        assert inside[key] == outside[key], key
+    if outside["verdict"] != "bit-identical":  # an AVX-512 machine: both emulated A's CPU, and gave its bits
+        for match in (inside["match"], outside["match"]):
+            assert match["bit_identical"] is True and match["cpu"] == model, match["summary"]
 
 
 def test_check_task_checks_a_script_of_ones_own_in_the_image(cube):
