@@ -96,11 +96,12 @@ def _session_plan(a_env: dict, b_env: dict, causes: list[dict], emulator: bool |
     isa_a = set(_isa(a_env))
     isa_b = set(_isa(b_env))
     if "avx512f" in isa_b and "avx512f" not in isa_a and isa_a:
-        cpu = model_for(a_env.get("cpu"), sorted(isa_b)) if emulator else None
+        model = model_for(a_env.get("cpu"), sorted(isa_b))  # the checked model that presents A's CPU
+        cpu = model if emulator else None
         for key, value in AVX2_CAPS.items() if cpu is None else ():  # an emulated CPU needs no caps
             if key not in a_vars:  # A had none: the cap replaces B's value or B's lack of one
                 env[key] = value
-        if cpu is None and model_for(a_env.get("cpu"), sorted(isa_b)):
+        if model and cpu is None:
             cannot.append(
                 (
                     f"{NOT_INSTALLED} ({INSTALL_HINT})"

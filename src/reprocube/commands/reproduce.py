@@ -588,7 +588,7 @@ def match_recipe(match: dict, base: list[str], stop_at: int | None) -> list[dict
     segments = match["segments"] or [{"settings": match["settings"], "cpu": match["cpu"], "to_step": None}]
     # The emulator runs an interpreter (it does not search PATH): where any step is emulated, every command
     # names this interpreter, so that all of them run the one reprocube that --match ran
-    reprocube = [sys.executable, "-m", "reprocube"] if any(s["cpu"] for s in segments) else ["reprocube"]
+    reprocube = reprocube_command() if any(s["cpu"] for s in segments) else ["reprocube"]
     commands = []
     for i, segment in enumerate(segments):
         last = i == len(segments) - 1
