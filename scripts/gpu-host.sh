@@ -186,6 +186,45 @@ jax_cache() {
   pack "$j" "$out/gpu-jax-cache.tgz"
 }
 
+# What changed since the last lease (2026-11-26): PyTorch's channels_last and JAX's conv2-as-matmul
+# defaults (issue 40). Both frameworks' six checks with the new defaults on CUDA, beside them the CUDA
+# optimizer test and the added-key tests (device=auto: CUDA here), then on an idle host each default's
+# epoch time against the form it replaced (bench, determinism on, one process each).
+defaults() {
+  local dir frameworks=$2 budget=$3 out=${OUT:-/tmp/gpu-host-out} d=/tmp/defaults name pids=() status=0
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  rm -rf "$d"; mkdir -p "$d"
+  [ -n "${TRIAL:-}" ] || python3 -m pip install --quiet --no-index --no-deps --target /tmp/reprocube-site "$dir"/test-wheels/*.whl
+  for name in ${frameworks//,/ }; do
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" "$repo/scripts/gpu-check.sh" --device "${DEVICE:-cuda}" --no-bench \
+      --out "/tmp/gc-$name" --frameworks "$name" data_dir=/tmp/data ${EXTRA:-} >"$out/checks-$name.log" 2>&1 &
+    pids+=($!)
+  done
+  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" python3 -m pytest -q -p no:cacheprovider \
+    tests/test_torch_sgd.py tests/test_added_result_keys.py >"$d/pytest.log" 2>&1; echo "pytest exit $?" >>"$d/pytest.log") &
+  pids+=($!)
+  for name in "${pids[@]}"; do wait "$name" || status=1; done
+  tail -3 "$d/pytest.log"
+  local form setting
+  for form in pytorch:memory_format=channels_last pytorch:memory_format=contiguous jax:conv2=matmul jax:conv2=convolution; do
+    name=${form%%:*} setting=${form#*:}
+    [[ ",$frameworks," == *",$name,"* ]] || continue
+    local b="$d/bench-$name-${setting#*=}"
+    timeout "${BENCH_BUDGET:-50}" python3 -m reprocube bench framework="$name" device="${DEVICE:-cuda}" data_dir=/tmp/data ${EXTRA:-} \
+      "framework.$setting" bench.repeats=1 'bench.deterministic=[true]' 'bench.verify_epochs=[]' \
+      bench.out="$b" >"$b.log" 2>&1 || echo "bench exit $?" >>"$b.log"
+    echo "$setting"; grep -hE "epoch|exit" "$b.log" | tail -3 || true
+  done
+  for name in ${frameworks//,/ }; do
+    tail -12 "/tmp/gc-$name/gpu-check.md" 2>/dev/null || true
+    pack "/tmp/gc-$name" "$out/gpu-check-$name.tgz"
+  done
+  pack "$d" "$out/defaults.tgz"
+  echo "defaults exit $status"
+  return "$status"
+}
+
 run() {
   local dir frameworks=$2 budget=$3 extra=${4:-}
   dir=$(cd "$1" && pwd)
@@ -212,6 +251,7 @@ case ${1:-} in
   findings) shift; [ $# -ge 3 ] || { echo "usage: $0 findings DIR FRAMEWORKS BUDGET_S [--replay-only]" >&2; exit 2; }; findings "$@" ;;
   cpu-machine) shift; [ $# -eq 4 ] || { echo "usage: $0 cpu-machine DIR FRAMEWORK BUDGET_S RECEIPTS" >&2; exit 2; }; cpu_machine "$@" ;;
   jax-cache) shift; [ $# -eq 2 ] || { echo "usage: $0 jax-cache DIR BUDGET_S" >&2; exit 2; }; jax_cache "$@" ;;
+  defaults) shift; [ $# -eq 3 ] || { echo "usage: $0 defaults DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; defaults "$@" ;;
   timings) shift; [ $# -eq 3 ] || { echo "usage: $0 timings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; timings "$@" ;;
   *) echo "usage: $0 bundle [DIR] | run|checks|timings DIR FRAMEWORKS BUDGET_S ..." >&2; exit 2 ;;
 esac
