@@ -1,7 +1,7 @@
 """Result keys added to change what a trainer computes, each to a faster form with other bits: PyTorch's
-`framework.memory_format` (channels_last by default, contiguous before) and JAX's `framework.conv2`
-(matmul by default, convolution before). A config written before such a key existed holds none, and is
-read with the value it computed (config.ADDED_RESULT_KEYS): an old run resumes, and an old receipt is
+`framework.memory_format` (channels_last by default, contiguous before), JAX's `framework.conv2`
+(matmul by default, convolution before) and TensorFlow's `framework.towers` (2 by default, 1 before). A
+config written before such a key existed holds none, and is read with the value it computed (config.ADDED_RESULT_KEYS): an old run resumes, and an old receipt is
 reproduced (tests/test_cross_machine.py), as it was computed. Digests are compared between runs made
 here, in fresh processes (never recorded ones)."""
 
@@ -20,6 +20,7 @@ from helpers import GeneratedDataset, epoch_digests, make_payloads, reprocube, r
 ADDED = {
     "pytorch": ("memory_format", "channels_last", "contiguous"),
     "jax": ("conv2", "matmul", "convolution"),
+    "tensorflow": ("towers", 2, 1),
 }
 
 
@@ -77,7 +78,7 @@ def test_a_checkpoint_from_before_the_key_resumes_as_it_was_computed(train, form
     # The new default is not what it computed: resuming under it is refused, naming the key.
     refused = train(framework, f"{framework}-old-default", f"resume={checkpoint}", check=False)
     assert refused.returncode == 4, refused.stderr
-    assert f'framework.{key}: "{old}" -> "{default}"' in refused.stderr
+    assert f"framework.{key}: {json.dumps(old)} -> {json.dumps(default)}" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
     resumed = train(framework, f"{framework}-old-resumed", f"resume={checkpoint}", f"framework.{key}={old}")
     assert epoch_digests(resumed) == {"epoch-0002": epoch_digests(former)["epoch-0002"]}

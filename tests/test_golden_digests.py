@@ -12,8 +12,9 @@ lands. To record on this machine:
 A deliberate numeric change re-records its variant; where it was made on one machine kind only, the other
 kind's record is listed in AWAITING_RECORD and skips there (even in CI) with what to run, until it is
 recorded. The variants pin the former numerics too (pytorch-contiguous: PyTorch before channels_last
-became its default; jax-convolution: JAX before conv2 became a matrix product), which every run and
-receipt made before the change still reproduces with.
+became its default; jax-convolution: JAX before conv2 became a matrix product; tensorflow-one-tower:
+TensorFlow before its batch ran as two towers), which every run and receipt made before the change still
+reproduces with.
 
 On an AVX-512 machine the AVX2 caps of `reproduce --match` are tried against the AVX2 machine's records:
 TensorFlow's and PyTorch's digests under the caps are the AVX2 machine's, bit for bit (PyTorch's only
@@ -51,6 +52,7 @@ VARIANTS = {
     "pytorch": ("pytorch", ()),
     "pytorch-contiguous": ("pytorch", ("framework.memory_format=contiguous",)),
     "tensorflow": ("tensorflow", ()),
+    "tensorflow-one-tower": ("tensorflow", ("framework.towers=1",)),
     "jax": ("jax", ()),
     "jax-convolution": ("jax", ("framework.conv2=convolution",)),
 }
@@ -64,9 +66,12 @@ AWAITING_RECORD = {
     ("jax", "avx2"): "framework.conv2=matmul became JAX's default on an AVX-512 machine (2026-11-26); no AVX2 "
     "machine has recorded its digest yet (issue 37). QEMU's EPYC-Milan-v1 predicts 9d82cf380c1381e05ec317329410"
     "fc739362028a058675cb835d3c7f97cb52a2",
+    ("tensorflow", "avx2"): "framework.towers=2 became TensorFlow's default on an AVX-512 machine (2026-11-26); no "
+    "AVX2 machine has recorded its digest yet (issue 37). QEMU's EPYC-Milan-v1 and the AVX2 caps both predict "
+    "075812c74ab96305c5a5850210f5bc96f645e6ecef69233b65ac1b9962844535",
 }
 # Whether the AVX2 caps, on an AVX-512 machine, give the AVX2 machine's recorded digest (established).
-CAPS_EMULATE_AVX2 = {"tensorflow": True, "pytorch-contiguous": True, "jax-convolution": False}
+CAPS_EMULATE_AVX2 = {"tensorflow-one-tower": True, "pytorch-contiguous": True, "jax-convolution": False}
 VERSIONED = {
     "pytorch": ("torch",),
     "tensorflow": ("tensorflow", "tensorflow-cpu", "keras"),

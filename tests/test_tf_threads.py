@@ -1,6 +1,6 @@
-"""TensorFlow's inter-op thread pool runs independent kernels of a step side by side (the backward pass's
-convolution gradients, the dropout masks) but never splits a kernel, so the weights do not depend on its
-size: `framework.inter_op_threads` is not a result key, and a run may resume with another value.
+"""TensorFlow's inter-op thread pool runs independent kernels of a step side by side (the two towers of
+framework.towers, the backward pass's convolution gradients, the dropout masks) but never splits a kernel,
+so the weights do not depend on its size: `framework.inter_op_threads` is not a result key, and a run may resume with another value.
 Digests are compared between runs made here, in fresh processes (never recorded ones)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
 
-DEFAULT_INTER_OP = 1  # conf/framework/tensorflow.yaml
+DEFAULT_INTER_OP = 2  # conf/framework/tensorflow.yaml
+OTHER_INTER_OP = 1
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +44,25 @@ def default_run(train):
 
 
 @pytest.fixture(scope="module")
-def two_threads_run(train):
-    return train("inter-op-2", "framework.inter_op_threads=2", "checkpoint.every_steps=40")
+def other_pool_run(train):
+    return train("inter-op-other", f"framework.inter_op_threads={OTHER_INTER_OP}", "checkpoint.every_steps=40")
 
 
 def test_the_default_inter_op_pool_gives_the_same_weights_in_fresh_processes(default_run, train):
     env = json.loads((default_run / "env.json").read_text())["framework"]
-    expected = {"inter_op_threads": DEFAULT_INTER_OP, "intra_op_threads": 2, "op_determinism": True, "onednn": True}
+    # threads=2 over 2 towers: one intra-op thread for each tower's kernels
+    expected = {"inter_op_threads": DEFAULT_INTER_OP, "intra_op_threads": 1, "op_determinism": True, "onednn": True}
     assert {key: env[key] for key in expected} == expected
     assert epoch_digests(train("default-again")) == epoch_digests(default_run)
     assert len(set(epoch_digests(default_run).values())) == 2  # the weights did change each epoch
 
 
-def test_two_inter_op_threads_give_the_same_weights_as_the_default(default_run, two_threads_run):
-    assert epoch_digests(two_threads_run) == epoch_digests(default_run)
+def test_another_inter_op_pool_gives_the_same_weights_as_the_default(default_run, other_pool_run):
+    assert epoch_digests(other_pool_run) == epoch_digests(default_run)
 
 
-def test_a_run_resumes_mid_epoch_with_another_inter_op_pool_bit_exactly(default_run, two_threads_run, train):
-    resumed = train("switched", f"resume={two_threads_run}/checkpoints/step-000040")  # epoch 1, step 40 of 64
+def test_a_run_resumes_mid_epoch_with_another_inter_op_pool_bit_exactly(default_run, other_pool_run, train):
+    resumed = train("switched", f"resume={other_pool_run}/checkpoints/step-000040")  # epoch 1, step 40 of 64
     assert epoch_digests(resumed) == epoch_digests(default_run)
     sessions = [json.loads(line) for line in (resumed / "sessions.jsonl").read_text().splitlines()]
     assert [s["env"]["framework"]["inter_op_threads"] for s in sessions] == [DEFAULT_INTER_OP]

@@ -66,7 +66,9 @@ def test_every_step_is_bit_identical_to_torch_sgd(device, torch_foreach, monkeyp
     # control (torch's SGD twice) shows the kernels are deterministic, so a difference is the optimizer's.
     ours = _train(lambda params: MomentumSGD(params, lr=0.05, momentum=0.9), 6, device)
     theirs = _train(lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, foreach=torch_foreach), 6, device)
-    assert theirs == _train(lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, foreach=torch_foreach), 6, device)
+    assert theirs == _train(
+        lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, foreach=torch_foreach), 6, device
+    )
     assert len(ours) == 6 and all(a == b for a, b in zip(ours, theirs, strict=True))
     assert ours[0] != ours[1]  # the steps changed something
 

@@ -35,8 +35,8 @@ EXPECTED_INFO = {
     "pytorch": {"deterministic_algorithms": True, "num_threads": 2},
     "tensorflow": {
         "op_determinism": True,
-        "intra_op_threads": 2,
-        "inter_op_threads": 1,
+        "intra_op_threads": 1,  # threads=2 over framework.towers=2
+        "inter_op_threads": 2,
         "jit_compile": False,
         "onednn": True,
     },

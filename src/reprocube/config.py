@@ -71,6 +71,7 @@ FORMER_RESULT_KEYS = ("framework.inter_op_threads",)
 ADDED_RESULT_KEYS = {
     "pytorch": {"framework.memory_format": "contiguous"},
     "jax": {"framework.conv2": "convolution"},
+    "tensorflow": {"framework.towers": 1},
 }
 GROUPS = ("framework", "dataset")  # the config groups: conf/GROUP/NAME.yaml, chosen by GROUP=NAME
 
@@ -353,6 +354,9 @@ def _validate_training(check: _Checks) -> None:
         check.one_of("framework.memory_format", ("channels_last", "contiguous"), "channels_last or contiguous")
     if cfg.framework.name == "jax":
         check.one_of("framework.conv2", ("matmul", "convolution"), "matmul or convolution")
+    if cfg.framework.name == "tensorflow":
+        check.integer("framework.towers", 1, 65)
+        check.integer("framework.inter_op_threads", 1, 1025)
     for key in ("output_dir", "data_dir"):
         check.text(key)
     check.text("data.source_dir", allow_none=True)
