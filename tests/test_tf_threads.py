@@ -23,17 +23,10 @@ def train(tmp_path_factory):
     data.write_raw()
     workdir = tmp_path_factory.mktemp("tf-threads")
 
-    def run(run_name, *overrides):
-        reprocube(
-            "train",
-            "framework=tensorflow",
-            *data.overrides(),
-            "epochs=2",
-            f"run_name={run_name}",
-            *overrides,
-            cwd=workdir,
-        )
-        return workdir / "runs" / run_name
+    def run(run_name, *overrides, check=True):
+        args = ("train", "framework=tensorflow", *data.overrides(), "epochs=2", f"run_name={run_name}", *overrides)
+        proc = reprocube(*args, cwd=workdir, check=check)
+        return workdir / "runs" / run_name if check else proc
 
     return run
 
@@ -83,3 +76,15 @@ def test_a_checkpoint_hashed_with_the_inter_op_pool_as_a_result_key_still_resume
     (checkpoint / "manifest.json").write_text(json.dumps(edited))
     resumed = train("from-before", f"resume={checkpoint}")
     assert epoch_digests(resumed) == {"epoch-0002": epoch_digests(default_run)["epoch-0002"]}
+
+
+def test_a_batch_smaller_than_the_towers_is_refused_in_one_line(train):
+    """oneDNN's convolution refuses an empty batch: a last batch of 1 example with 2 towers (2047 = 63 x 32
+    + 31 fits; 7 examples at batch 3 leave 1) is refused before training, naming the key and the way out."""
+    refused = train("one-example-batch", "data.train_limit=7", "batch_size=3", check=False)
+    assert refused.returncode == 2
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("reprocube: error: framework.towers=2 needs at least 2 examples in every batch")
+    assert "holds 1" in line and "data.drop_last=true" in line and "Traceback" not in refused.stderr
+    kept = train("one-example-batch-dropped", "data.train_limit=7", "batch_size=3", "data.drop_last=true")
+    assert len(set(epoch_digests(kept).values())) == 2  # trained: 2 steps an epoch, the last example dropped

@@ -182,7 +182,7 @@ class TensorflowBackend:
     def _towers(self, size, images, one_hot) -> list[tuple]:
         """The batch in framework.towers consecutive parts (sizes differing by at most one), each run through
         the model on its own: at batch 32 oneDNN's kernels barely use a second thread, so two half-batch
-        towers, each a single-threaded kernel at a time, run side by side and a step takes ~0.65x as long
+        towers, each a single-threaded kernel at a time, run side by side and a step takes 0.65-0.85x as long
         (benchmarks/README.md). The loss is the same sum over the batch, in other rounding (a result key)."""
         count = self.cfg.framework.towers
         if count == 1:
