@@ -201,8 +201,9 @@ defaults() {
       --out "/tmp/gc-$name" --frameworks "$name" data_dir=/tmp/data ${EXTRA:-} >"$out/checks-$name.log" 2>&1 &
     pids+=($!)
   done
-  (cd "$repo" && XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" python3 -m pytest -q -p no:cacheprovider \
-    tests/test_torch_sgd.py tests/test_added_result_keys.py >"$d/pytest.log" 2>&1; echo "pytest exit $?" >>"$d/pytest.log") &
+  # Its exit status joins the checks' (a failed test fails the call); set -e must not skip the log's last line.
+  (cd "$repo" || exit; rc=0; XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" python3 -m pytest -q -p no:cacheprovider \
+    tests/test_torch_sgd.py tests/test_added_result_keys.py >"$d/pytest.log" 2>&1 || rc=$?; echo "pytest exit $rc" >>"$d/pytest.log"; exit "$rc") &
   pids+=($!)
   for name in "${pids[@]}"; do wait "$name" || status=1; done
   tail -3 "$d/pytest.log"
