@@ -172,6 +172,7 @@ class TensorflowBackend:
             for part_images, part_one_hot in parts:
                 logits.append(self.model(part_images, training=True))
                 sums.append(self._nll_sum(logits[-1], part_one_hot))
+            # One tower builds the graph it built before towers existed (no add_n, no concat): older runs' bits.
             loss = (sums[0] if len(sums) == 1 else tf.add_n(sums)) / batch
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
