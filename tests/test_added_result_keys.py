@@ -1,9 +1,10 @@
 """Result keys added to change what a trainer computes, each to a faster form with other bits: PyTorch's
 `framework.memory_format` (channels_last by default, contiguous before), JAX's `framework.conv2`
 (matmul by default, convolution before) and TensorFlow's `framework.towers` (2 by default, 1 before). A
-config written before such a key existed holds none, and is read with the value it computed (config.ADDED_RESULT_KEYS): an old run resumes, and an old receipt is
-reproduced (tests/test_cross_machine.py), as it was computed. Digests are compared between runs made
-here, in fresh processes (never recorded ones)."""
+config written before such a key existed holds none, and is read with the value it computed
+(config.ADDED_RESULT_KEYS): an old run resumes, and an old receipt is reproduced
+(tests/test_cross_machine.py), as it was computed. Digests are compared between runs made here, in fresh
+processes (never recorded ones)."""
 
 from __future__ import annotations
 

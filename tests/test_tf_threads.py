@@ -1,7 +1,8 @@
 """TensorFlow's inter-op thread pool runs independent kernels of a step side by side (the two towers of
 framework.towers, the backward pass's convolution gradients, the dropout masks) but never splits a kernel,
-so the weights do not depend on its size: `framework.inter_op_threads` is not a result key, and a run may resume with another value.
-Digests are compared between runs made here, in fresh processes (never recorded ones)."""
+so the weights do not depend on its size: `framework.inter_op_threads` is not a result key, and a run may
+resume with another value. Digests are compared between runs made here, in fresh processes (never
+recorded ones)."""
 
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def test_a_checkpoint_hashed_with_the_inter_op_pool_as_a_result_key_still_resume
 
 
 def test_a_batch_smaller_than_the_towers_is_refused_in_one_line(train):
-    """oneDNN's convolution refuses an empty batch: a last batch of 1 example with 2 towers (2047 = 63 x 32
-    + 31 fits; 7 examples at batch 3 leave 1) is refused before training, naming the key and the way out."""
+    """oneDNN's convolution refuses an empty batch: 7 examples at batch 3 leave a last batch of 1, which 2
+    towers cannot share; it is refused before training, naming the key and the ways out."""
     refused = train("one-example-batch", "data.train_limit=7", "batch_size=3", check=False)
     assert refused.returncode == 2
     line = refused.stderr.strip().splitlines()[-1]

@@ -52,7 +52,7 @@ def build_model(num_classes: int, dropout_seeds: tuple[int, int]) -> keras.Model
 def _check_towers(cfg, examples: int) -> None:
     """Every batch must give each tower an example: oneDNN's convolution refuses an empty batch."""
     towers, last = cfg.framework.towers, examples % cfg.batch_size
-    smallest = cfg.batch_size if cfg.data.drop_last or last == 0 else min(cfg.batch_size, last)
+    smallest = last if last and not cfg.data.drop_last else cfg.batch_size
     if smallest < towers:
         raise ConfigError(
             f"framework.towers={towers} needs at least {towers} examples in every batch, and a batch of this "
