@@ -15,21 +15,16 @@ import os
 import re
 from collections.abc import Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, not errors
-# TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX512_VNNI/BF16 or AMX; on an AVX2 CPU
-# its Eigen kernels made an epoch 2x as long (benchmarks/README.md). Read once, when TensorFlow is imported.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from keras import layers  # noqa: E402
+from reprocube.analysis.first_differing_operation import STEP_INPUT
+from reprocube.backend import STEPS_PER_CALL, check_arrays
+from reprocube.errors import ConfigError
+from reprocube.state import EpochTotals, FrameworkState
+from reprocube.tensorflow_import import keras, tf  # TensorFlow's environment set, its start-up quiet
+from reprocube.trace import tensor_digest, text_digest
 
-from reprocube.analysis.first_differing_operation import STEP_INPUT  # noqa: E402
-from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
-from reprocube.errors import ConfigError  # noqa: E402
-from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import tensor_digest, text_digest  # noqa: E402
+layers = keras.layers
 
 SEED_STATE_PREFIX = "keras.seed_generator."
 

@@ -7,10 +7,10 @@ state is that position, checked all the same (exactly these keys, this position)
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
 from reprocube.data.pipeline import EPOCH, STEP_IN_EPOCH, Batch, ExampleSource, StateSchema, run_context
 from reprocube.data.sampler import steps_per_epoch
+from reprocube.tensorflow_import import tf
 
 PREFETCH_BATCHES = 2
 

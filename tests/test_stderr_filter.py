@@ -1,0 +1,69 @@
+"""reprocube.stderr_filter drops exactly the lines it is given from what C code and Python write to fd 2,
+passes everything else on in order (a last line without its newline included), and leaves fd 2 as it was;
+TensorFlow's start-up chatter is exactly such lines (reprocube.tensorflow_import). Each case runs in a
+fresh process, its stderr captured by the test."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+from reprocube.tensorflow_import import START_UP_CHATTER
+
+
+def stderr_of(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_matching_lines_are_dropped_and_everything_else_passes_in_order():
+    stderr = stderr_of(
+        r"""
+        import os, sys
+        from reprocube.stderr_filter import lines_dropped
+        print("before", file=sys.stderr)
+        with lines_dropped((r"noise \d+\n", r"WARNING: chatter\n")):
+            os.write(2, b"noise 1\nkept from C\nnoise 22\n")
+            print("kept from Python", file=sys.stderr)
+            os.write(2, b"WARNING: chatter\nnoise 3 is not a whole match\nWARNING: chatter")
+        print("after", file=sys.stderr)
+        """
+    )
+    # the last line has no newline, so it is not the dropped line "WARNING: chatter\n": it passes
+    assert stderr == "before\nkept from C\nkept from Python\nnoise 3 is not a whole match\nWARNING: chatterafter\n"
+
+
+def test_fd_2_is_restored_and_the_filter_process_is_gone_after_the_block():
+    stderr = stderr_of(
+        r"""
+        import os
+        from reprocube.stderr_filter import lines_dropped
+        before = os.fstat(2)
+        with lines_dropped((r"x\n",)):
+            os.write(2, b"x\n")
+        after = os.fstat(2)
+        assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+        def parent_of(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    return stat.read().rsplit(") ", 1)[1].split()[1]
+            except FileNotFoundError:  # a process that ended meanwhile
+                return None
+        children = [pid for pid in os.listdir("/proc") if pid.isdigit() and parent_of(pid) == str(os.getpid())]
+        assert children == [], children
+        os.write(2, b"x\n")
+        """
+    )
+    assert stderr == "x\n"
+
+
+def test_tensorflow_prints_exactly_the_chatter_and_reprocube_imports_it_quietly():
+    """If a TensorFlow release changes its start-up lines, the first assertion names them."""
+    env = "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'; os.environ['TF_ENABLE_ONEDNN_OPTS'] = '1'\n"
+    plain = stderr_of(env + "import keras, tensorflow")
+    chatter = re.compile("|".join(START_UP_CHATTER))
+    assert plain and [line for line in plain.splitlines(keepends=True) if not chatter.fullmatch(line)] == []
+    assert stderr_of("import reprocube.tensorflow_import") == ""
