@@ -89,7 +89,12 @@ def _split(cfg: DictConfig, images: np.ndarray, labels: np.ndarray, limit: int |
         images, labels = images[:limit], labels[:limit]
     if labels.size and labels.max() >= cfg.dataset.num_classes:
         raise DataError(f"{split} split: label {int(labels.max())} outside [0, {cfg.dataset.num_classes})")
-    # Normalise once, in float32 on the host, so every framework sees the same input bits.
-    scaled = images.astype(np.float32) / np.float32(255.0)
-    normalised = (scaled - np.float32(cfg.dataset.mean)) / np.float32(cfg.dataset.std)
-    return Split(np.ascontiguousarray(normalised[:, None, :, :]), labels.astype(np.int64))
+    # Normalise once, in float32 on the host, so every framework sees the same input bits: (x / 255 - mean)
+    # / std, each operation rounded to float32, in place in one array (the whole training set's floats
+    # once, not three times: a third of the memory, and faster to start).
+    normalised = np.empty((len(images), 1, *IMAGE_SHAPE), np.float32)
+    flat = normalised.reshape(images.shape)
+    np.divide(images, np.float32(255.0), out=flat, dtype=np.float32)
+    np.subtract(flat, np.float32(cfg.dataset.mean), out=flat)
+    np.divide(flat, np.float32(cfg.dataset.std), out=flat)
+    return Split(normalised, labels.astype(np.int64))
