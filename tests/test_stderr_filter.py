@@ -67,3 +67,18 @@ def test_tensorflow_prints_exactly_the_chatter_and_reprocube_imports_it_quietly(
     chatter = re.compile("|".join(START_UP_CHATTER))
     assert plain and [line for line in plain.splitlines(keepends=True) if not chatter.fullmatch(line)] == []
     assert stderr_of("import reprocube.tensorflow_import") == ""
+
+
+def test_without_a_stderr_the_block_runs_unfiltered():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os\nos.close(2)\nfrom reprocube.stderr_filter import lines_dropped\n"
+            "with lines_dropped((r'x\\n',)):\n    print('ran')\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "ran\n")

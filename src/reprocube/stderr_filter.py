@@ -28,19 +28,11 @@ for line in sys.stdin.buffer:
 
 @contextlib.contextmanager
 def lines_dropped(patterns: tuple[str, ...]):
-    """Each pattern matches one whole line, its newline included."""
+    """Each pattern matches one whole line, its newline included. Without a stderr or a Python to filter
+    with, the block runs unfiltered."""
     sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no stderr to keep clean
-        yield
-        return
-    try:
-        filter_process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _FILTER, *patterns], stdin=subprocess.PIPE, stdout=saved
-        )
-    except OSError:
-        os.close(saved)
+    filter_process, saved = _start_filter(patterns)
+    if filter_process is None:
         yield
         return
     os.dup2(filter_process.stdin.fileno(), 2)
@@ -52,3 +44,19 @@ def lines_dropped(patterns: tuple[str, ...]):
         os.close(saved)
         filter_process.stdin.close()  # the filter's end of input: it writes what is left and exits
         filter_process.wait()
+
+
+def _start_filter(patterns: tuple[str, ...]) -> tuple[subprocess.Popen | None, int | None]:
+    """The filter, writing to a duplicate of fd 2 (returned: fd 2's way back)."""
+    if not sys.executable:
+        return None, None
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr
+        return None, None
+    try:
+        command = [sys.executable, "-I", "-S", "-c", _FILTER, *patterns]
+        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=saved), saved
+    except OSError:
+        os.close(saved)
+        return None, None
