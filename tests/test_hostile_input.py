@@ -382,9 +382,12 @@ def test_a_large_metrics_file_is_streamed(reference, run_copy, tmp_path):
     line = json.dumps({"kind": "step", "epoch": 1, "global_step": 1, "loss": 0.5}) + "\n"
     with open(run_copy / "metrics.jsonl", "a") as f:
         f.write(line * (100_000_000 // len(line)))
+    # VmHWM, not ru_maxrss: a child of fork or vfork and exec carries its parent's resident size into
+    # ru_maxrss, and this test's parent is a pytest worker that may hold a gigabyte (it failed so once).
     probe = (
-        "import resource, sys; from reprocube.cli import main; status = main(sys.argv[1:]); "
-        "print('peak_mb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024); sys.exit(status)"
+        "import sys; from reprocube.cli import main; status = main(sys.argv[1:]); "
+        "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:')); "
+        "print('peak_mb', int(hwm.split()[1]) // 1024); sys.exit(status)"
     )
     proc = subprocess.run(
         [sys.executable, "-c", probe, "compare", str(reference), str(run_copy), "--out", str(tmp_path / "o")],

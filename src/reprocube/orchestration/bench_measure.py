@@ -104,9 +104,19 @@ def measure(cfg) -> dict:
         "checkpoint_write_s": checkpoint_write_s,
         "checkpoint_restore_s": checkpoint_restore_s,
         "checkpoint_bytes": checkpoint_bytes,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": _peak_rss_mb(),
         "peak_gpu_mb": _peak_gpu_mb(cfg.framework.name),
     }
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory. Not ru_maxrss: a child started by fork or vfork and exec carries
+    its parent's resident size at the exec into ru_maxrss, so a large parent shows as the child's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):  # not Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _warm_up(backend, sampler, pipeline) -> float:
