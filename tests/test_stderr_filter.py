@@ -82,3 +82,35 @@ def test_without_a_stderr_the_block_runs_unfiltered():
         timeout=60,
     )
     assert (done.returncode, done.stdout) == (0, "ran\n")
+
+
+def test_a_process_started_without_stderr_runs_the_block_unfiltered():
+    """`2>&-`: no sys.stderr, and fd 2 is free for any file the process opens; nothing is redirected."""
+    code = "from reprocube.stderr_filter import lines_dropped\nwith lines_dropped((r'x\\n',)):\n    print('ran')\n"
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, code], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, "ran\n")
+
+
+def test_a_stop_signal_to_every_process_leaves_the_filter_running():
+    """SLURM's scancel or preemption signals every process of a step: the parent handles it (reprocube's
+    StopRequest); the filter must not die and leave the parent writing into a closed pipe."""
+    stderr = stderr_of(
+        r"""
+        import os, signal, time
+        from reprocube.stderr_filter import lines_dropped
+        os.setpgid(0, 0)  # a group of our own, the filter in it
+        got = []
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+            signal.signal(signum, lambda s, f: got.append(s))
+        with lines_dropped((r"x\n",)):
+            time.sleep(0.5)  # the filter is up and has set its signals
+            for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+                os.killpg(0, signum)
+            time.sleep(0.2)
+            os.write(2, b"x\nE0000 a real error after the signals\n")
+        assert len(got) == 3, got
+        """
+    )
+    assert stderr == "E0000 a real error after the signals\n"
