@@ -22,10 +22,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from startup_rounds import write_result
+from tf_step_profile import ms_per_step
 
 VARIANTS = ("as-is", "fused-sgd", "pregathered", "no-update")
 SAME_BITS = ("as-is", "fused-sgd", "pregathered")
@@ -89,7 +89,7 @@ def _install(variant: str, backend_class) -> None:
 
 
 def _child(variant: str, data_dir: str, windows: int) -> None:
-    from reprocube.backend import STEPS_PER_CALL, create_backend
+    from reprocube.backend import create_backend
     from reprocube.config import load_config
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
@@ -106,15 +106,8 @@ def _child(variant: str, data_dir: str, windows: int) -> None:
     backend.set_epoch_totals(EpochTotals())
     backend.begin_epoch(sampler.epoch_order(0))
 
-    def steps(first: int, count: int) -> float:
-        started = time.perf_counter()
-        for lo in range(first, first + count, STEPS_PER_CALL):
-            backend.train_steps(sampler.steps_bounds(lo, min(lo + STEPS_PER_CALL, first + count)), lo)
-            backend.group_losses()
-        return (time.perf_counter() - started) / count * 1000
-
-    steps(0, WARM_STEPS)
-    ms = [round(steps(WARM_STEPS + w * WINDOW_STEPS, WINDOW_STEPS), 4) for w in range(windows)]
+    ms_per_step(backend, sampler, 0, WARM_STEPS)
+    ms = [round(ms_per_step(backend, sampler, WARM_STEPS + w * WINDOW_STEPS, WINDOW_STEPS), 4) for w in range(windows)]
     weights = hashlib.sha256(b"".join(v.numpy().tobytes() for v in backend.model.weights)).hexdigest()
     print(json.dumps({"ms_per_step": ms, "weights_sha256": weights}))
 
