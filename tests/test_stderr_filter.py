@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from reprocube.tensorflow_import import START_UP_CHATTER
 
 
@@ -69,27 +71,17 @@ def test_tensorflow_prints_exactly_the_chatter_and_reprocube_imports_it_quietly(
     assert stderr_of("import reprocube.tensorflow_import") == ""
 
 
-def test_without_a_stderr_the_block_runs_unfiltered():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import os\nos.close(2)\nfrom reprocube.stderr_filter import lines_dropped\n"
-            "with lines_dropped((r'x\\n',)):\n    print('ran')\n",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert (done.returncode, done.stdout) == (0, "ran\n")
-
-
-def test_a_process_started_without_stderr_runs_the_block_unfiltered():
-    """`2>&-`: no sys.stderr, and fd 2 is free for any file the process opens; nothing is redirected."""
+@pytest.mark.parametrize(
+    "shell",
+    [
+        'exec "$0" -c "import os; os.close(2); $1"',  # fd 2 closed after start-up: nothing to duplicate
+        'exec "$0" -c "$1" 2>&-',  # started without it: no sys.stderr, and fd 2 may become any file opened
+    ],
+    ids=["closed-later", "started-without"],
+)
+def test_without_a_stderr_the_block_runs_unfiltered(shell):
     code = "from reprocube.stderr_filter import lines_dropped\nwith lines_dropped((r'x\\n',)):\n    print('ran')\n"
-    done = subprocess.run(
-        ["sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, code], capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run(["sh", "-c", shell, sys.executable, code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "ran\n")
 
 
