@@ -1,3 +1,3 @@
-from reprocube.cli import main
+from reprocube.cli import run
 
-raise SystemExit(main())
+run()

@@ -9,9 +9,11 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from reprocube.commands import COMMANDS
 from reprocube.errors import EXIT_CONFIG, EXIT_OK, ConfigError, exit_status_of
+from reprocube.process_exit import exit_process
 from reprocube.terminal import escaped_output
 
 
@@ -95,5 +97,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     return args.handler(args)
 
 
+def run() -> NoReturn:
+    """The program (`python -m reprocube`, the `reprocube` script): main, then the process ends without
+    Python's teardown of the modules it imported (reprocube.process_exit)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
