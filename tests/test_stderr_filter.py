@@ -1,6 +1,7 @@
 """reprocube.stderr_filter drops exactly the lines it is given from what C code and Python write to fd 2,
 passes everything else on in order (a last line without its newline included), and leaves fd 2 as it was;
-TensorFlow's start-up chatter is exactly such lines (reprocube.tensorflow_import). Each case runs in a
+TensorFlow's start-up chatter is exactly such lines (reprocube.tensorflow_import, which also keeps
+TensorFlow's import from importing JAX). Each case runs in a
 fresh process, its stderr captured by the test."""
 
 from __future__ import annotations
@@ -106,3 +107,17 @@ def test_a_stop_signal_to_every_process_leaves_the_filter_running():
         """
     )
     assert stderr == "E0000 a real error after the signals\n"
+
+
+def test_tensorflows_import_does_not_import_jax_and_jax_imports_after_it():
+    """TensorFlow's import would import JAX (tensorflow/lite/python/util.py): 0.4-0.5 s of every TensorFlow
+    process. reprocube.tensorflow_import hides it for that import only."""
+    stderr_of(
+        """
+        import sys
+        from reprocube.tensorflow_import import tf
+        assert "jax" not in sys.modules and "jaxlib" not in sys.modules, "TensorFlow's import imported JAX"
+        import jax.numpy as jnp
+        assert float(jnp.ones(2).sum()) == 2.0 and float(tf.constant(1.0) + 1) == 2.0
+        """
+    )
