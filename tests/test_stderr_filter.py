@@ -1,8 +1,8 @@
 """reprocube.stderr_filter drops exactly the lines it is given from what C code and Python write to fd 2,
 passes everything else on in order (a last line without its newline included), and leaves fd 2 as it was;
 TensorFlow's start-up chatter is exactly such lines (reprocube.tensorflow_import, which also keeps
-TensorFlow's import from importing JAX). Each case runs in a
-fresh process, its stderr captured by the test."""
+TensorFlow's import from importing JAX). Each case runs in a fresh process, its stderr captured by the
+test."""
 
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ START_UP_CHATTER = (
 )
 
 
-
 class _NoJax(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "jax" or name.startswith("jax."):
