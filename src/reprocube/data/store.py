@@ -15,6 +15,9 @@ from reprocube.errors import DataError
 from reprocube.untrusted import read_bytes
 
 IMAGE_SHAPE = (28, 28)  # what the CNN of all three trainers takes
+# The normalised images start on a 64-byte boundary, the largest any framework's CPU kernels require
+# (TensorFlow's Eigen with AVX-512): TensorFlow then takes them as they are instead of copying them.
+ALIGNMENT = 64
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,17 @@ def _split(cfg: DictConfig, images: np.ndarray, labels: np.ndarray, limit: int |
     # Normalise once, in float32 on the host, so every framework sees the same input bits: (x / 255 - mean)
     # / std, each operation rounded to float32, in place in one array (the whole training set's floats
     # once, not three times: a third of the memory, and faster to start).
-    normalised = np.empty((len(images), 1, *IMAGE_SHAPE), np.float32)
+    normalised = _aligned_empty((len(images), 1, *IMAGE_SHAPE), np.float32)
     flat = normalised.reshape(images.shape)
     np.divide(images, np.float32(255.0), out=flat, dtype=np.float32)
     np.subtract(flat, np.float32(cfg.dataset.mean), out=flat)
     np.divide(flat, np.float32(cfg.dataset.std), out=flat)
     return Split(normalised, labels.astype(np.int64))
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.empty whose data starts on an ALIGNMENT-byte boundary (numpy guarantees only 16)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buffer = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % ALIGNMENT
+    return buffer[start : start + nbytes].view(dtype).reshape(shape)
