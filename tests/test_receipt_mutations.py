@@ -80,3 +80,21 @@ def test_every_not_evidence_entry_names_its_reason():
     assert all(isinstance(reason, str) and len(reason) > 20 for reason in NOT_EVIDENCE.values())
     assert not_evidence(("env", "cpu", "isa", 3)) and not_evidence(("config", "data_dir"))
     assert not_evidence(("config", "seed")) is None and not_evidence(("trace", "boundaries", 1, 1, 0)) is None
+
+
+@pytest.mark.parametrize("run_name", [7, ["a"], {"a": 1}, True])
+def test_a_run_name_that_is_not_text_is_refused_by_name(run_name, tmp_path):
+    """config.run_name names the run in every result: a receipt's must be text (or null, or absent)."""
+    genuine = json.loads((reference_receipt("pytorch") / RECEIPT).read_bytes())
+    forged = copy.deepcopy(genuine)
+    forged["config"]["run_name"] = run_name
+    with pytest.raises(CheckpointError, match=r"config: run_name .*string"):
+        read_receipt(write_forged(forged, tmp_path / "a"))
+    for absent_or_null in ({}, {"run_name": None}, {"run_name": "mine"}):
+        forged = copy.deepcopy(genuine)
+        forged["config"].pop("run_name", None)
+        forged["config"].update(absent_or_null)
+        expected = (
+            absent_or_null.get("run_name") or f"{forged['config']['framework']['name']}-seed{forged['config']['seed']}"
+        )
+        assert read_receipt(write_forged(forged, tmp_path / "b")).run_name == expected

@@ -166,10 +166,7 @@ class Receipt:
 
     @property
     def run_name(self) -> str:
-        name = self.config.get("run_name")
-        return (
-            name if isinstance(name, str) and name else f"{self.config['framework']['name']}-seed{self.config['seed']}"
-        )
+        return self.config.get("run_name") or f"{self.config['framework']['name']}-seed{self.config['seed']}"
 
 
 def find_receipt(source: Path) -> Path:
@@ -412,3 +409,4 @@ def _check_config(config: dict, path: Path, error) -> None:
             raise error(f"{path}: config.dataset.files.{key}.sha256 is not a sha256")
     fields.integer("seed")
     fields.integer("epochs", 1)
+    fields.text("run_name", optional=True)  # absent or null: the default name (Receipt.run_name)
