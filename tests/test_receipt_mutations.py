@@ -90,11 +90,9 @@ def test_a_run_name_that_is_not_text_is_refused_by_name(run_name, tmp_path):
     forged["config"]["run_name"] = run_name
     with pytest.raises(CheckpointError, match=r"config: run_name .*string"):
         read_receipt(write_forged(forged, tmp_path / "a"))
-    for absent_or_null in ({}, {"run_name": None}, {"run_name": "mine"}):
+    for accepted in ({}, {"run_name": None}, {"run_name": "mine"}):
         forged = copy.deepcopy(genuine)
         forged["config"].pop("run_name", None)
-        forged["config"].update(absent_or_null)
-        expected = (
-            absent_or_null.get("run_name") or f"{forged['config']['framework']['name']}-seed{forged['config']['seed']}"
-        )
+        forged["config"].update(accepted)
+        expected = accepted.get("run_name") or f"{forged['config']['framework']['name']}-seed{forged['config']['seed']}"
         assert read_receipt(write_forged(forged, tmp_path / "b")).run_name == expected
