@@ -19,6 +19,16 @@ def test_the_stores_arrays_are_aligned_and_whole(shape):
     assert float(array.sum()) == 1.5 * array.size
 
 
+@pytest.mark.parametrize("limits", [[], ["data.train_limit=7", "data.test_limit=3"]])
+def test_load_dataset_gives_aligned_images(generated, limits):
+    from reprocube.config import load_config
+    from reprocube.data.store import load_dataset
+
+    dataset = load_dataset(load_config(["framework=tensorflow", *generated.overrides(), *limits]))
+    for split in (dataset.train, dataset.test):
+        assert split.images.ctypes.data % ALIGNMENT == 0 and split.images.flags["C_CONTIGUOUS"]
+
+
 def test_tensorflow_shares_aligned_images_and_copies_the_others():
     from reprocube.frameworks.tensorflow import _resident
 
