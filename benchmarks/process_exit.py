@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from reprocube.env import _cpu_info
+
 WORK = {
     "tensorflow": "import reprocube.tensorflow_import as t; t.tf.constant(1.0) + 1",
     "pytorch": "import torch; torch.ones(3) + 1",
@@ -59,13 +61,8 @@ def main() -> int:
             flush=True,
         )
     if args.out:
-        flags = Path("/proc/cpuinfo").read_text().split()
         report = {
-            "machine": {
-                "isa": "avx512" if "avx512f" in flags else "avx2",
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-            },
+            "machine": {"cpu": _cpu_info(), "python": platform.python_version()},
             "load_1min": os.getloadavg()[0],
             "rounds": args.rounds,
             "frameworks": rows,

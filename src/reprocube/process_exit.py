@@ -2,8 +2,8 @@
 
 When a command has returned, its work is done: its files are written and renamed, its children have
 ended. Python would still tear down every imported module before the process ends, object by object:
-about 1.4 s of CPU after `import tensorflow`, 0.5 s after torch, 0.3 s after jax on this project's CPU
-(`benchmarks/process_exit.py`). That changes nothing outside the process; the system frees the memory
+about 0.9 s after `import tensorflow` (1.0-1.3 s after a training run), 0.45 s after torch, 0.16 s after
+jax on this project's CPU (`benchmarks/process_exit.py`). That changes nothing outside the process; the system frees the memory
 at once. So the program runs everything of Python's own exit that can have an effect outside the process,
 in Python's order, and then ends with os._exit:
 
