@@ -13,18 +13,33 @@ code, and a file that cannot be parsed is a difference named as such, never a tr
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import hashlib
 import io
 import os
+import posixpath
+import stat
 from pathlib import Path
 
 import numpy as np
 
+from reprocube.analysis.readers import (
+    KERAS_VOLATILE,
+    Budget,
+    element_count,
+    read_hdf5,
+    read_keras,
+    read_npy,
+    read_npz,
+    read_safetensors,
+    read_torch,
+)
 from reprocube.analysis.tensors import tensor_differences
-from reprocube.errors import CheckpointError
+from reprocube.errors import CheckpointError, ConfigError
 from reprocube.results.wording import difference_size
-from reprocube.untrusted import parse_json, read_bytes
+from reprocube.terminal import one_line
+from reprocube.untrusted import parse_json, parse_yaml, read_bytes
 
 MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is far smaller
 MAX_FILES = 100_000
@@ -39,20 +54,36 @@ def is_orbax(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and (path / ORBAX_TREE).is_file()
 
 
-def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path]:
-    """The declared outputs under `root` (files, and every file under a directory), by path relative to
-    `root`, without those matching an --ignore glob; symbolic links are listed, never entered."""
+def parse_ignore(ignore: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """--ignore values as (file globs, [(file glob, field)]): `GLOB` leaves files out; `GLOB:KEY` (a
+    dotted key path of a JSON, JSON-lines or YAML file) or `GLOB:COLUMN` (a CSV or TSV header's column)
+    leaves one field out of the files it matches."""
+    globs, fields = [], []
+    for pattern in ignore:
+        if ":" not in pattern:
+            globs.append(pattern)
+            continue
+        glob, field = pattern.split(":", 1)
+        if not glob or not field:
+            raise ConfigError(f"--ignore {one_line(pattern)}: give GLOB or FILE:KEY (a field inside FILE)")
+        fields.append((glob, field))
+    return globs, fields
+
+
+def _walk(root: Path, outputs: list[str]) -> dict[str, Path]:
+    """Everything under the declared outputs that exists, by path relative to `root`: regular files,
+    links (never entered), FIFOs and other special files, Orbax checkpoint directories (one entry)."""
     found: dict[str, Path] = {}
     for output in outputs:
         start = root / output
-        if start.is_symlink() or start.is_file():
-            found[output] = start
-            continue
-        if not start.is_dir():
+        if not os.path.lexists(start):
             continue  # missing: compare_outputs names it
+        if start.is_symlink() or not start.is_dir():
+            found[_relative(start, root, output)] = start
+            continue
         for directory, dirs, files in os.walk(start, followlinks=False):
             if ORBAX_TREE in files:  # one output, compared by its tensors
-                found[Path(directory).relative_to(root).as_posix()] = Path(directory)
+                found[_relative(Path(directory), root, output)] = Path(directory)
                 dirs[:] = []
                 continue
             for name in sorted(files) + [d for d in dirs if (Path(directory) / d).is_symlink()]:
@@ -61,24 +92,60 @@ def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path
                     found[path.relative_to(root).as_posix()] = path
             if len(found) > MAX_FILES:
                 raise CheckpointError(f"{start}: more than {MAX_FILES} files: declare fewer outputs")
-    return {name: path for name, path in found.items() if not any(fnmatch.fnmatch(name, g) for g in ignore)}
+    return found
+
+
+def _relative(path: Path, root: Path, output: str) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return output
+
+
+def _ignored(name: str, globs: list[str]) -> bool:
+    return any(fnmatch.fnmatch(name, glob) for glob in globs)
+
+
+def _under(name: str, output: str) -> bool:
+    """Whether `name` (relative to the work directory) is the declared output or lies under it."""
+    declared = posixpath.normpath(output)
+    return declared == "." or name == declared or name.startswith(declared.rstrip("/") + "/")
+
+
+def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path]:
+    """The declared outputs under `root` (files, and every file under a directory), by path relative to
+    `root`, without those an --ignore GLOB matches (a FILE:KEY ignore leaves the file in); symbolic links
+    and special files are listed, never entered or read."""
+    globs, _ = parse_ignore(ignore)
+    return {name: path for name, path in _walk(root, outputs).items() if not _ignored(name, globs)}
 
 
 def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list[str], explain: bool = True) -> dict:
     """Every declared output of run B against run A's: {"identical", "files": [...], "first": the first
-    differing file's entry or None, "missing": declared outputs neither run wrote, "not_compared": files
-    that could not be read}. explain=False: bytes
-    only (where differing is all that is asked: no framework is imported to name a tensor)."""
-    a, b = collect(a_root, outputs, ignore), collect(b_root, outputs, ignore)
-    missing = [o for o in outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in {*a, *b})]
+    differing file's entry or None, "missing": declared outputs neither run wrote (whatever --ignore
+    says), "not_compared": files neither run's side of could be read (FIFOs on both sides, too large),
+    "ignored": files an --ignore GLOB left out, "all_ignored": True when --ignore left out everything the
+    runs wrote (nothing was compared: the caller must refuse it)}. A file's entry holds "ignored_fields"
+    where a FILE:KEY ignore (or a Keras archive's date_saved) was left out of its comparison.
+    explain=False: bytes only (where differing is all that is asked: no framework is imported to name a
+    tensor), except where fields are ignored."""
+    globs, fields = parse_ignore(ignore)
+    raw_a, raw_b = _walk(a_root, outputs), _walk(b_root, outputs)
+    written = {*raw_a, *raw_b}
+    missing = [o for o in outputs if not any(_under(n, o) for n in written)]
+    ignored = sorted(n for n in written if _ignored(n, globs))
+    a = {n: p for n, p in raw_a.items() if n not in ignored}
+    b = {n: p for n, p in raw_b.items() if n not in ignored}
     files = []
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
-            files.append({"path": name, "same": False, "detail": f"only in {'A' if name in a else 'B'}"})
+            side, path = ("A", a[name]) if name in a else ("B", b[name])
+            files.append({"path": name, "same": False, "detail": f"only in {side} ({_kind(path)})"})
             continue
-        files.append({"path": name, **compare_files(a[name], b[name], explain)})
-    # A file that could not be read (too large, not a regular file) is not compared: it is neither the
-    # same nor different, and the caller names it as not checked.
+        keys = [key for glob, key in fields if fnmatch.fnmatch(name, glob)]
+        files.append({"path": name, **compare_files(a[name], b[name], explain, keys)})
+    # Neither side readable (FIFOs in both runs, both too large): neither the same nor different, and the
+    # caller names it as not checked.
     compared = [f for f in files if f.get("compared", True)]
     first = next((f for f in compared if not f["same"]), None)
     return {
@@ -87,43 +154,83 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
         "first": first,
         "missing": missing,
         "not_compared": [f["path"] for f in files if not f.get("compared", True)],
+        "ignored": ignored,
+        "all_ignored": bool(ignored) and not files,
     }
 
 
-def compare_files(a: Path, b: Path, explain: bool = True) -> dict:
-    """{"same", "sha256_a", "sha256_b", "detail"}: bytes first, then the format's content."""
-    if a.is_symlink() or b.is_symlink():
+_SPECIAL = ("a FIFO", "a socket", "a device")
+
+
+def _kind(path: Path) -> str:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "nothing"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def compare_files(a: Path, b: Path, explain: bool = True, ignore_fields: list[str] = ()) -> dict:
+    """{"same", "sha256_a", "sha256_b", "detail"}: bytes first, then the format's content. A regular file
+    against anything else (a FIFO, a directory, a link, nothing) differs; only where neither side can be
+    read (special files on both sides, both too large) is it {"compared": False}. `ignore_fields`: keys
+    or columns left out of a JSON, YAML or CSV file's comparison (recorded as "ignored_fields")."""
+    kind_a, kind_b = _kind(a), _kind(b)
+    if kind_a != kind_b:
+        if kind_a in _SPECIAL and kind_b in _SPECIAL:
+            return {"same": False, "compared": False, "detail": f"not compared: {kind_a} in A, {kind_b} in B"}
+        return {"same": False, "detail": f"{kind_a} in A, {kind_b} in B"}
+    if kind_a == "a symbolic link":
         ta, tb = _link(a), _link(b)
         return {"same": ta == tb, "detail": None if ta == tb else f"links: {ta!r} vs {tb!r}"}
-    if a.is_dir() or b.is_dir():
-        if not (a.is_dir() and b.is_dir()):
-            return {"same": False, "detail": "an Orbax checkpoint in one run, a file in the other"}
+    if kind_a == "a directory":
         return _orbax_difference(a, b)
-    try:
-        data_a, data_b = (
-            read_bytes(a, MAX_OUTPUT_BYTES, CheckpointError),
-            read_bytes(b, MAX_OUTPUT_BYTES, CheckpointError),
-        )
-    except CheckpointError as exc:
-        return {"same": False, "compared": False, "detail": f"not compared: {exc}"}
+    if kind_a in _SPECIAL:
+        return {"same": False, "compared": False, "detail": f"not compared: {kind_a} in both runs"}
+    data, errors = [], []
+    for side, path in (("A", a), ("B", b)):
+        try:
+            data.append(read_bytes(path, MAX_OUTPUT_BYTES, CheckpointError))
+        except CheckpointError as exc:
+            data.append(None)
+            errors.append(f"{side}: {exc}")
+    data_a, data_b = data
+    if errors:
+        sizes = [os.lstat(path).st_size for path in (a, b)]
+        if len(errors) == 1 and sizes[0] != sizes[1]:  # one side read, the sizes differ: the bytes differ
+            return {"same": False, "detail": f"the bytes differ ({sizes[0]} vs {sizes[1]} bytes); {errors[0]}"}
+        return {"same": False, "compared": False, "detail": f"not compared: {'; '.join(errors)}"}
     digests = {"sha256_a": hashlib.sha256(data_a).hexdigest(), "sha256_b": hashlib.sha256(data_b).hexdigest()}
     if data_a == data_b:
         return {"same": True, **digests, "detail": None}
-    if not explain:
+    if not explain and not ignore_fields and not a.name.endswith(".keras"):
         return {"same": False, **digests, "detail": f"the bytes differ ({len(data_a)} vs {len(data_b)} bytes)"}
-    return {"same": False, **digests, **content_difference(a.name, data_a, data_b)}
+    return {"same": False, **digests, **content_difference(a.name, data_a, data_b, list(ignore_fields))}
 
 
 def _orbax_difference(a: Path, b: Path) -> dict:
-    """Two Orbax checkpoints, tensor by tensor (their bytes are never equal)."""
-    try:
-        ta, tb = load_orbax(a), load_orbax(b)
-    except (CheckpointError, ValueError, OSError, KeyError, TypeError, RuntimeError) as exc:
+    """Two Orbax checkpoints, tensor by tensor (their bytes are never equal). One that cannot be read
+    against one that can: a difference; neither readable: not compared."""
+    trees, errors = [], []
+    for side, path in (("A", a), ("B", b)):
+        try:
+            trees.append(load_orbax(path))
+        except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
+            errors.append(f"{side}: {one_line(str(exc))[:200]}")
+    if errors:
         return {
             "same": False,
-            "compared": False,
-            "detail": f"not compared: an Orbax checkpoint could not be read: {str(exc)[:200]}",
+            **({"compared": False} if len(errors) == 2 else {}),
+            "detail": f"{'not compared: ' if len(errors) == 2 else ''}"
+            f"could not be read as an Orbax checkpoint: {'; '.join(errors)}",
         }
+    ta, tb = trees
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
         return {"same": True, "detail": None, "tensors": len(ta)}
@@ -152,7 +259,17 @@ def load_orbax(path: Path) -> dict[str, np.ndarray]:
     import jax
     import orbax.checkpoint as ocp
 
-    tree = ocp.StandardCheckpointer().restore(path.absolute())
+    checkpointer = ocp.StandardCheckpointer()
+    # The shapes its array metadata declares, checked against the budget before Orbax allocates them.
+    metadata = checkpointer.metadata(path.absolute())
+    budget = Budget(str(path))
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(getattr(metadata, "item_metadata", metadata))[0]:
+        name = one_line(jax.tree_util.keystr(keys, simple=True, separator="."))
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            continue  # a scalar or a value without array metadata
+        budget.charge(element_count(tuple(shape), f"{path}: {name}") * np.dtype(dtype).itemsize, name)
+    tree = checkpointer.restore(path.absolute())
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(keys, simple=True, separator="."): np.asarray(leaf) for keys, leaf in flat}
 
@@ -161,78 +278,166 @@ def _link(path: Path) -> str | None:
     return os.readlink(path) if path.is_symlink() else None
 
 
-def content_difference(name: str, a: bytes, b: bytes) -> dict:
+def content_difference(name: str, a: bytes, b: bytes, ignore_fields: list[str] = ()) -> dict:
     """Where two different files of one name differ, by their format: the first tensor (with its ULP
-    statistics), JSON key or line; "detail" says it in words."""
+    statistics), JSON key or line; "detail" says it in words. "same": True where the only differences lie
+    in `ignore_fields` (or a Keras archive's date_saved), which "ignored_fields" lists. A file that cannot
+    be read as its format is a difference that says so, never an exception."""
     suffix = next((s for s in (*TENSOR_SUFFIXES, *TEXT_SUFFIXES) if name.endswith(s)), None)
     try:
+        if ignore_fields:
+            return _fields_difference(suffix, a, b, list(ignore_fields), one_line(name))
+        if suffix == ".keras" and a.startswith(b"PK") and b.startswith(b"PK"):
+            return _keras_difference(a, b, one_line(name))
         if suffix in TENSOR_SUFFIXES:
-            ta, tb = load_tensors(suffix, a), load_tensors(suffix, b)
-            rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
-            if not rows:
-                return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
-            first = rows[0]
-            return {
-                "tensor": first,
-                "detail": f"tensor {first['tensor']}: {difference_size(first)} "
-                f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)",
-            }
+            ta, tb = load_tensors(suffix, a, f"{name} (A)"), load_tensors(suffix, b, f"{name} (B)")
+            return _tensors_difference(ta, tb)
         if suffix == ".json":
             return _first_key(parse_json(a, "A", CheckpointError), parse_json(b, "B", CheckpointError))
         if suffix in TEXT_SUFFIXES:
             return _first_line(a, b)
-    except (CheckpointError, ValueError, OSError, KeyError, TypeError, RuntimeError) as exc:
-        return {"detail": f"the bytes differ; the file could not be read as {suffix}: {str(exc)[:200]}"}
+    except Exception as exc:  # noqa: BLE001  (a reader meeting someone else's file: a difference, named)
+        return {"detail": f"the bytes differ; the file could not be read as {suffix}: {one_line(str(exc))[:200]}"}
     return {"detail": f"the bytes differ ({len(a)} vs {len(b)} bytes; a format this comparison does not read)"}
 
 
-def load_tensors(suffix: str, data: bytes) -> dict[str, np.ndarray]:
-    """name -> array of a tensor file, through a loader that runs no code from the file."""
-    if suffix == ".safetensors":
-        from safetensors.numpy import load
-
-        return dict(load(data))
-    if suffix == ".npy":
-        return {"array": np.load(io.BytesIO(data), allow_pickle=False)}
-    if suffix == ".npz":
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
-    if suffix in (".pt", ".pth"):
-        import torch  # only for a PyTorch file
-
-        value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)  # never a pickle's code
-        return _flatten(value)
-    import h5py  # Keras .weights.h5 / .h5 / .keras (an HDF5 file)
-
-    arrays: dict[str, np.ndarray] = {}
-
-    def keep(key: str, item) -> None:  # visititems stops at the first visit that returns a value
-        if isinstance(item, h5py.Dataset):
-            arrays[key] = np.asarray(item[()])
-
-    with h5py.File(io.BytesIO(data), "r") as file:
-        file.visititems(keep)
-    return arrays
+def _tensors_difference(ta: dict, tb: dict) -> dict:
+    rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
+    if not rows:
+        return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
+    first = rows[0]
+    return {
+        "tensor": first,
+        "detail": f"tensor {first['tensor']}: {difference_size(first)} "
+        f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)",
+    }
 
 
-def _flatten(value, prefix: str = "") -> dict[str, np.ndarray]:
-    """A nested state dict (model, optimizer, RNG states) as dotted names -> numpy arrays; numbers too."""
-    import torch
+def _keras_difference(a: bytes, b: bytes, name: str) -> dict:
+    """Two Keras 3 archives by their weights, config.json and metadata.json (without date_saved, which
+    changes with every save), and any other member by its bytes."""
+    pa, pb = read_keras(a, f"{name} (A)"), read_keras(b, f"{name} (B)")
+    ignored = {"ignored_fields": [f"metadata.json:{key}" for key in KERAS_VOLATILE]}
+    weights = _tensors_difference(pa["weights"], pb["weights"])
+    if weights["tensor"] is not None:
+        return {"same": False, **weights, **ignored}
+    for part in ("config", "metadata"):
+        if repr(pa[part]) != repr(pb[part]):
+            key = _first_key(pa[part], pb[part])
+            return {
+                "same": False,
+                "detail": f"{part}.json: {key['detail']}",
+                "key": f"{part}.json:{key['key']}",
+                **ignored,
+            }
+    for member in sorted(set(pa["other"]) | set(pb["other"])):
+        if pa["other"].get(member) != pb["other"].get(member):
+            return {"same": False, "detail": f"the archive's {one_line(member)} differs", **ignored}
+    return {
+        "same": True,
+        "detail": f"identical weights and config; only {', '.join(ignored['ignored_fields'])} differs (ignored)",
+        "tensor": None,
+        **ignored,
+    }
 
-    if isinstance(value, torch.Tensor):
-        return {prefix or "tensor": value.detach().cpu().contiguous().numpy()}
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    elif isinstance(value, bool | int | float):
-        return {prefix or "value": np.asarray(value)}
+
+MAX_FIELD_FILE_BYTES = 256 << 20  # a JSON, YAML or CSV file read whole to leave a field out
+
+
+def _fields_difference(suffix: str | None, a: bytes, b: bytes, keys: list[str], name: str) -> dict:
+    """Two text files compared with `keys` left out: JSON, JSON lines and YAML by a dotted key path, CSV
+    and TSV by a header column. Every other value must be equal, exactly (repr: types, float bits and
+    key order); "ignored_fields" records the keys, and which of them neither file held."""
+    if suffix not in (".json", ".jsonl", ".yaml", ".yml", ".csv", ".tsv"):
+        raise CheckpointError(f"{name}: FILE:KEY ignores apply to JSON, YAML and CSV files only")
+    if max(len(a), len(b)) > MAX_FIELD_FILE_BYTES:
+        raise CheckpointError(f"{name}: larger than the {MAX_FIELD_FILE_BYTES} bytes read to leave a field out")
+    found: set[str] = set()
+    if suffix in (".csv", ".tsv"):
+        va, vb = (_rows_without(x, keys, found, suffix, f"{name} ({s})") for x, s in ((a, "A"), (b, "B")))
     else:
-        return {prefix or "value": np.frombuffer(repr(value).encode(), np.uint8)}
-    flat: dict[str, np.ndarray] = {}
-    for key, item in items:
-        flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
+        va, vb = (_values_without(x, keys, found, suffix, f"{name} ({s})") for x, s in ((a, "A"), (b, "B")))
+    absent = [k for k in keys if k not in found]
+    recorded = {"ignored_fields": keys, **({"ignored_absent": absent} if absent else {})}
+    if repr(va) == repr(vb):
+        return {"same": True, "detail": f"identical but for the ignored {', '.join(keys)}", **recorded}
+    if suffix in (".csv", ".tsv"):
+        for number, (x, y) in enumerate(zip(va, vb, strict=False), start=1):
+            if x != y:
+                return {
+                    "same": False,
+                    "detail": f"row {number}: {str(x)[:80]} vs {str(y)[:80]}",
+                    "line": number,
+                    **recorded,
+                }
+        return {"same": False, "detail": f"{len(va)} vs {len(vb)} rows", "line": min(len(va), len(vb)) + 1, **recorded}
+    return {"same": False, **_first_key(va, vb), **recorded}
+
+
+def _values_without(data: bytes, keys: list[str], found: set[str], suffix: str, where: str):
+    if suffix == ".json":
+        values = [parse_json(data, where, CheckpointError)]
+    elif suffix == ".jsonl":
+        lines = [line for line in data.split(b"\n") if line.strip()]
+        values = [parse_json(line, f"{where}:{i}", CheckpointError) for i, line in enumerate(lines, start=1)]
+    else:
+        values = [parse_yaml(data, where, CheckpointError)]
+    for value in values:
+        for key in keys:
+            if _drop(value, key.split(".")):
+                found.add(key)
+    return values if suffix == ".jsonl" else values[0]
+
+
+def _drop(value, parts: list[str]) -> bool:
+    """Remove the dotted key path from `value` (a list index by its digits: replaced, so that the items
+    after it keep their places); whether it was there."""
+    for part in parts[:-1]:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return False
+    last = parts[-1]
+    if isinstance(value, dict) and last in value:
+        del value[last]
+        return True
+    if isinstance(value, list) and last.isdigit() and int(last) < len(value):
+        value[int(last)] = "<ignored>"
+        return True
+    return False
+
+
+def _rows_without(data: bytes, columns: list[str], found: set[str], suffix: str, where: str) -> list[list[str]]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{where} is not UTF-8 text") from None
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ","))
+    except csv.Error as exc:
+        raise CheckpointError(f"{where}: not CSV ({exc})") from None
+    header = rows[0] if rows else []
+    dropped = {i for i, column in enumerate(header) if column in columns}
+    found.update(header[i] for i in dropped)
+    return [[cell for i, cell in enumerate(row) if i not in dropped] for row in rows]
+
+
+def load_tensors(suffix: str, data: bytes, where: str = "the file") -> dict[str, np.ndarray]:
+    """name -> array of a tensor file, through reprocube.analysis.readers: nothing in the file is run,
+    every size it declares checked before anything is allocated."""
+    if suffix == ".safetensors":
+        return read_safetensors(data, where)
+    if suffix == ".npy":
+        return {"array": read_npy(data, where)}
+    if suffix == ".npz":
+        return read_npz(data, where)
+    if suffix in (".pt", ".pth"):
+        return read_torch(data, where)
+    if suffix == ".keras" and data.startswith(b"PK"):
+        return {f"weights/{k}": v for k, v in read_keras(data, where)["weights"].items()}
+    return read_hdf5(data, where)  # Keras .weights.h5 / .h5
 
 
 def _first_key(a, b, path: str = "") -> dict:
