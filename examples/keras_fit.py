@@ -1,8 +1,9 @@
 """Keras 3 `model.fit` with the `BackupAndRestore` callback, the way Keras documents fault tolerance, for
 `reprocube check`: a small classifier with dropout on synthetic data, shuffled by fit, backed up at every
 epoch's end and resumed from the backup when the script starts again. Outputs: model.weights.h5,
-history.csv. The probe's callback lets check name the first update that departs. What check finds here is
-in docs/check.md (measured, not assumed)."""
+history.csv. The probe's callback (its place in the list does not matter) records each update at the
+optimizer's step and announces each backup, so check names the first update that departs. What check
+finds here is in docs/check.md (measured, not assumed)."""
 
 import os
 

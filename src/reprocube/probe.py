@@ -18,31 +18,87 @@ PyTorch (a Module, a state_dict or tensors), JAX (any pytree of arrays), TensorF
 variables) and NumPy (a dict or list of arrays) are understood; a float32 tensor's fingerprint equals
 reprocube.trace.fingerprint's, other dtypes are fingerprinted by their bits as well.
 
-The trace is JSON lines: one header (`{"probe": 1, "names": [...]}`), then `{"index": i, "step": s|null,
-"loss": hex, "loss_dtype": ..., "fingerprints": [...]}` per step (index counts this attempt's steps from 1;
-step is what the script passed, if anything) and `{"checkpoint": s, "after_index": i}` per checkpoint.
-reprocube.analysis.probe_trace reads it, strictly."""
+Several processes (torchrun, Accelerate, DeepSpeed): one trace per rank. The rank is read from RANK,
+else LOCAL_RANK (a single-node launcher's), else it is 0; it must be a decimal integer 0..65535 (ASCII
+digits, no sign or spaces; below WORLD_SIZE where that is set, itself 1..65536), or the probe's first call
+raises ValueError. Rank 0 writes the path REPROCUBE_PROBE names; rank r > 0 writes beside it, the suffix
+kept: `attempt-1.jsonl` -> `attempt-1.rank-3.jsonl` (rank_path). A process with no rank variable is rank 0,
+so a single-process script's trace is where it always was.
+
+A script that restores a checkpoint may say where it resumed, before its first step:
+`probe.resumed(step)` (the steps the checkpoint holds); check then places the attempt's updates from there
+instead of finding the place by the first update's bits.
+
+The trace is JSON lines: one header (`{"probe": 1}`, with `"rank": r, "world_size": w|null` where a rank
+variable is set), `{"names": [...]}`, an optional `{"resumed": s}` before the first step, then
+`{"index": i, "step": s|null, "loss": hex, "loss_dtype": ..., "fingerprints": [...]}` per step (index counts
+this attempt's steps from 1; step is what the script passed, if anything) and
+`{"checkpoint": s, "after_index": i}` per checkpoint. reprocube.analysis.probe_trace reads it, strictly."""
 
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import re
+import sys
 
 ENV = "REPROCUBE_PROBE"  # the attempt's trace file; set only by `reprocube check`
 VERSION = 1
 GROUP = 64  # steps whose fingerprints stay on the device before one fetch
+RANK_ENVS = ("RANK", "LOCAL_RANK")  # the global rank (torchrun, Accelerate, DeepSpeed), else the node-local one
+MAX_RANK = 65535
+_DECIMAL = re.compile(r"(0|[1-9][0-9]{0,5})\Z", re.ASCII)
+
+
+def _env_integer(name: str, low: int, high: int) -> int | None:
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    if not _DECIMAL.match(text) or not low <= int(text) <= high:
+        raise ValueError(f"reprocube probe: {name}={text[:40]!r} is not an integer from {low} to {high}")
+    return int(text)
+
+
+def rank() -> tuple[int, int | None, bool]:
+    """(rank, world size or None, whether a rank variable was set), from the launcher's variables only."""
+    world = _env_integer("WORLD_SIZE", 1, MAX_RANK + 1)
+    for name in RANK_ENVS:
+        value = _env_integer(name, 0, MAX_RANK)
+        if value is not None:
+            if world is not None and value >= world:
+                raise ValueError(f"reprocube probe: {name}={value} is not below WORLD_SIZE={world}")
+            return value, world, True
+    return 0, world, False
+
+
+def rank_path(path: str, rank: int) -> str:
+    """Rank 0's trace is `path`; rank r's is beside it: attempt-1.jsonl -> attempt-1.rank-r.jsonl."""
+    if rank == 0:
+        return path
+    head, tail = os.path.split(path)
+    stem, dot, suffix = tail.rpartition(".") if "." in tail.lstrip(".") else (tail, "", "")
+    return os.path.join(head, f"{stem}.rank-{rank}{dot}{suffix}")
 
 
 class _Recorder:
-    def __init__(self, path: str):
+    def __init__(self, path: str, rank: int = 0, world_size: int | None = None, ranked: bool = False):
         # A new file only, never through a link: check names a path in its own evidence directory.
+        path = rank_path(path, rank)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND, 0o644)
         self.file = os.fdopen(fd, "w")
-        self._write({"probe": VERSION})
+        self._write({"probe": VERSION, **({"rank": rank, "world_size": world_size} if ranked else {})})
         self.names: list[str] | None = None
         self.pending: list[tuple[int, int | None, object, object]] = []  # index, step, loss, fingerprints
-        self.index, self.last_step = 0, 0
+        self.index, self.last_step, self.resumed_at = 0, 0, None
+
+    def resumed(self, step: int) -> None:
+        if step < 0:
+            raise ValueError(f"reprocube probe: resumed({step}): give the steps the checkpoint holds (>= 0)")
+        if self.index or self.resumed_at is not None:
+            raise ValueError("reprocube probe: resumed() is said once, before the attempt's first step")
+        self.resumed_at = self.last_step = step  # a step= given later continues after it
+        self._write({"resumed": step})
 
     def step(self, loss, params, step: int | None) -> None:
         if step is not None:  # wrong here, not silently dropped by the reader later
@@ -98,7 +154,7 @@ def _active() -> _Recorder | None:
         _started = True
         path = os.environ.get(ENV)
         if path:
-            _recorder = _Recorder(path)
+            _recorder = _Recorder(path, *rank())
             atexit.register(_recorder.flush)
     return _recorder
 
@@ -118,21 +174,105 @@ def checkpoint(step: int) -> None:
         recorder.checkpoint(int(step))
 
 
+def resumed(step: int) -> None:
+    """This attempt restored a checkpoint holding `step` steps (0: it starts afresh): said once, before the
+    attempt's first `probe.step`. Optional: without it check finds where a restart resumed by its first
+    update's bits, or assumes the last checkpoint announced."""
+    recorder = _active()
+    if recorder is not None:
+        recorder.resumed(int(step))
+
+
 def keras_callback():
-    """For Keras `model.fit`, which owns the loop: a callback that calls `step` after every batch (with the
-    loss `fit` reports there, the epoch's running mean) and `checkpoint` at every epoch's end. List it
-    after `BackupAndRestore` (or whatever saves at the epoch's end), so that the announcement follows the
-    save."""
+    """For Keras `model.fit`, which owns the loop: a callback that records every batch and announces every
+    backup, wherever it stands in the callback list.
+
+    - Each batch's update is recorded in on_train_batch_end with the loss `fit` reports there (the epoch's
+      running mean) and, as its step, the optimizer's own counter (`model.optimizer.iterations`, which
+      `BackupAndRestore` and `load_weights` restore with the weights): an update is placed by the model's
+      state, not by counting batches or epochs, and not by when a checkpoint was announced. The record is
+      written at once (fit has already waited for the batch: callbacks get its logs as Python floats, so
+      the fetch waits only for the fingerprints): a stop that lands while other callbacks run (a line
+      printed at the epoch's end) loses nothing.
+    - `BackupAndRestore` callbacks in the same list are found when training begins, and each of their saves
+      is announced right after it is written, at the optimizer's step: at the epoch's end or every
+      `save_freq` batches (a mid-epoch backup is restored mid-epoch, and Keras then starts that epoch again
+      at its first batch). Without one, each epoch's end is announced (whatever saves there).
+    - At the first batch, an optimizer whose counter is above 0 was restored: `resumed` is said with it."""
     import keras
 
     class ProbeCallback(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.backups: list = []
+            self.began = False
+
+        def on_train_begin(self, logs=None):
+            self.began = False
+            self.backups = _keras_backups(self, keras)
+            for backup in self.backups:
+                _announce_saves(backup)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.began:
+                return
+            self.began = True  # after every callback's on_train_begin: BackupAndRestore has restored
+            recorder, done = _active(), _keras_iterations(self.model)
+            if recorder is not None and recorder.index == 0 and recorder.resumed_at is None and done:
+                recorder.resumed(done)
+
         def on_train_batch_end(self, batch, logs=None):
-            step(logs["loss"], self.model)
+            recorder = _active()
+            if recorder is None:
+                return
+            done = _keras_iterations(self.model)
+            recorder.step(logs["loss"], self.model, done if done and done > recorder.last_step else None)
+            recorder.flush()
 
         def on_epoch_end(self, epoch, logs=None):
-            checkpoint((epoch + 1) * self.params["steps"])
+            if not self.backups:
+                done = _keras_iterations(self.model)
+                checkpoint(done if done is not None else (epoch + 1) * (self.params.get("steps") or 0))
 
     return ProbeCallback()
+
+
+def _keras_iterations(model) -> int | None:
+    """The optimizer's count of updates applied (restored with the weights), or None without one."""
+    iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
+    return None if iterations is None else int(iterations.numpy() if hasattr(iterations, "numpy") else iterations)
+
+
+def _keras_backups(callback, keras) -> list:
+    """The BackupAndRestore callbacks listed beside `callback`: found through the CallbackList calling its
+    on_train_begin (Keras gives a callback no handle on the others)."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.callbacks.CallbackList) and any(c is callback for c in owner.callbacks):
+            return [c for c in owner.callbacks if isinstance(c, keras.callbacks.BackupAndRestore)]
+        frame = frame.f_back
+    return []
+
+
+def _announce_saves(backup) -> None:
+    """Wrap this BackupAndRestore's save (on the instance, once) so that each save, whenever it happens,
+    is announced right after it was written, at the optimizer's step."""
+    save = getattr(backup, "_save_model", None)
+    if save is None or getattr(save, "reprocube_probe", False):
+        return
+
+    def saved(*args, **kwargs):
+        result = save(*args, **kwargs)
+        done = _keras_iterations(backup.model)
+        if done is not None:
+            checkpoint(done)
+        return result
+
+    saved.reprocube_probe = True
+    backup._save_model = saved
 
 
 def _named_tensors(params) -> tuple[list[str], list]:

@@ -8,11 +8,20 @@ and line. Each attempt of a stopped run has its own file. An attempt's records c
 the script passed it; otherwise the first attempt counts from step 1 and a later one from where it
 resumed, found by its first update: the uninterrupted run's step whose loss bits and fingerprints it
 equals (an update at another step does not give the same bits), else the last checkpoint an earlier
-attempt announced (then the attempt departs at its first update, and the answer says it assumed)."""
+attempt announced (then the attempt departs at its first update, and the answer says it assumed). A
+`resumed` record (probe.resumed) places the attempt as a given step does.
+
+Several processes write one trace each (reprocube.probe: rank 0 at the attempt's path, rank r beside it
+as `attempt-N.rank-r.jsonl`): read_rank_traces reads them all, and compare_ranks / compare_stopped_ranks
+compare two runs rank by rank; a rank that wrote a trace in one run and not the other is a difference.
+
+Each first difference carries a `cause_hint`: the same loss but other weights points at the optimizer's
+state, another loss at what the forward pass saw (cause_hint)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +34,11 @@ MAX_TRACE_BYTES = 512 << 20  # about 5 million steps of an 8-tensor model
 MAX_TENSORS = 100_000
 LOSS_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 HEX = re.compile(r"^[0-9a-f]*\Z")
+MAX_RANK = 65535
+MAX_RANKS = 1024  # traces of one attempt read
+MAX_RANK_TRACES_BYTES = 4 << 30  # all ranks' traces of one attempt together
+MAX_DIRECTORY_ENTRIES = 100_000  # scanned for rank traces
+RANK_NUMBER = re.compile(r"[1-9][0-9]{0,4}\Z", re.ASCII)  # a rank file's number: 1..65535, as written
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,9 @@ class AttemptTrace:
     names: list[str] = field(default_factory=list)
     updates: list[tuple[int | None, Update]] = field(default_factory=list)  # (the step the script gave, update)
     checkpoints: list[int] = field(default_factory=list)  # global steps announced, in order
+    rank: int = 0  # the header's rank (0 where none is given: a single process)
+    world_size: int | None = None
+    resumed: int | None = None  # where the script said this attempt resumed (probe.resumed), if it did
 
 
 def read_trace(path: Path, expect_sha256: str | None = None) -> AttemptTrace | None:
@@ -53,8 +70,12 @@ def read_trace(path: Path, expect_sha256: str | None = None) -> AttemptTrace | N
     for number, value in iter_json_lines(path, CheckpointError, MAX_TRACE_BYTES, digest):
         fields = Fields(value, f"{where}:{number}", CheckpointError)
         if number == 1:
-            _keys(fields, ("probe",))
-            fields.integer("probe", PROBE_VERSION, PROBE_VERSION)
+            _header(fields, trace)
+        elif fields.has("resumed"):
+            _keys(fields, ("resumed",))
+            if trace.updates or trace.resumed is not None:
+                raise CheckpointError(f"{fields.where}: resumed is said once, before the first update")
+            trace.resumed = last_given = fields.integer("resumed", 0, 2**62)
         elif fields.has("names"):
             if trace.names:
                 raise CheckpointError(f"{fields.where}: a second names record")
@@ -74,6 +95,71 @@ def read_trace(path: Path, expect_sha256: str | None = None) -> AttemptTrace | N
     if digest is not None and digest.hexdigest() != expect_sha256:
         raise CheckpointError(f"{path}: its sha256 is not the one its receipt records (the trace was changed)")
     return trace
+
+
+def rank_trace_path(path: Path, rank: int) -> Path:
+    """Rank `rank`'s trace of the attempt whose trace is `path` (the probe's naming: rank 0 at `path`)."""
+    return path if rank == 0 else path.with_name(f"{path.stem}.rank-{rank}{path.suffix}")
+
+
+def read_rank_traces(path: Path) -> dict[int, AttemptTrace]:
+    """Every rank's trace of one attempt, by rank ({} where no process wrote one): rank 0's at `path`,
+    rank r's beside it (rank_trace_path). Only names of exactly that pattern are read (r written as
+    1..65535, no leading zero); at most MAX_RANKS of them and MAX_RANK_TRACES_BYTES together, each read
+    strictly, and the rank in each header must be the file's. A CheckpointError otherwise."""
+    path = Path(path)
+    traces: dict[int, AttemptTrace] = {}
+    found = read_trace(path)
+    if found is not None:
+        if found.rank != 0:
+            raise CheckpointError(f"{path}: rank 0's trace says rank {found.rank}")
+        traces[0] = found
+    directory = path.parent
+    if directory.is_symlink() or not directory.is_dir():
+        return traces
+    prefix, suffix = f"{path.stem}.rank-", path.suffix
+    ranks, total = [], 0
+    with os.scandir(directory) as entries:
+        for seen, entry in enumerate(entries, start=1):
+            if seen > MAX_DIRECTORY_ENTRIES:
+                raise CheckpointError(f"{directory}: more than {MAX_DIRECTORY_ENTRIES} entries (rank traces not read)")
+            name = entry.name
+            number = name[len(prefix) : len(name) - len(suffix)] if suffix else name[len(prefix) :]
+            if not (name.startswith(prefix) and name.endswith(suffix) and RANK_NUMBER.match(number)):
+                continue
+            if int(number) > MAX_RANK:
+                continue
+            ranks.append(int(number))
+            if len(ranks) > MAX_RANKS:
+                raise CheckpointError(f"{directory}: more than {MAX_RANKS} rank traces of {path.name}")
+            total += entry.stat(follow_symlinks=False).st_size
+            if total > MAX_RANK_TRACES_BYTES:
+                raise CheckpointError(
+                    f"{directory}: the rank traces of {path.name} exceed {MAX_RANK_TRACES_BYTES} bytes"
+                )
+    for rank in sorted(ranks):
+        trace = read_trace(rank_trace_path(path, rank))
+        if trace is None:
+            continue
+        if trace.rank != rank:
+            raise CheckpointError(f"{trace.path}: the trace of rank {rank} says rank {trace.rank}")
+        traces[rank] = trace
+    sizes = {t.world_size for t in traces.values() if t.world_size is not None}
+    if len(sizes) > 1:
+        raise CheckpointError(
+            f"{path}: its ranks' traces give {len(sizes)} world sizes ({', '.join(map(str, sorted(sizes)))})"
+        )
+    return traces
+
+
+def _header(fields: Fields, trace: AttemptTrace) -> None:
+    """{"probe": 1}, and from a process with a rank variable "rank" and "world_size" (or null) too."""
+    ranked = fields.has("rank") or fields.has("world_size")
+    _keys(fields, ("probe", "rank", "world_size") if ranked else ("probe",))
+    fields.integer("probe", PROBE_VERSION, PROBE_VERSION)
+    if ranked:
+        trace.world_size = fields.nullable("world_size", lambda key: fields.integer(key, 1, MAX_RANK + 1))
+        trace.rank = fields.integer("rank", 0, (trace.world_size or MAX_RANK + 1) - 1)
 
 
 def _names(fields: Fields, trace: AttemptTrace) -> None:
@@ -129,14 +215,16 @@ def first_difference(a: dict[int, Update], b: dict[int, Update], names: list[str
 
 def _described(step: int, a: Update, b: Update, names: list[str]) -> dict:
     tensors = [name for name, x, y in zip(names, a.fingerprints, b.fingerprints, strict=True) if x != y]
-    return {
+    difference = {
         "step": step,
         "loss_a": loss_value(a),
         "loss_b": loss_value(b),
-        "loss_same": a.loss == b.loss,
+        "loss_same": a.loss == b.loss and a.loss_dtype == b.loss_dtype,
         "tensors": tensors,
         "tensor_count": len(names),
     }
+    difference["cause_hint"] = cause_hint(difference)
+    return difference
 
 
 def loss_value(update: Update) -> str:
@@ -171,7 +259,9 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
                 "attempts": described,
             }
         given, update = trace.updates[0]
-        if number == 1 or given is not None:
+        if trace.resumed is not None and given is None:  # the script said where it resumed (probe.resumed)
+            start, how = trace.resumed, "given"
+        elif number == 1 or given is not None:
             start, how = (given - 1 if given is not None else 0), "given" if given is not None else "first"
         elif update in by_update:
             start, how = by_update[update] - 1, "matched"
@@ -216,11 +306,124 @@ def _ranges(steps: list[int]) -> list[list[int]]:
     return ranges
 
 
-def describe_difference(difference: dict, a: str = "A", b: str = "B") -> str:
-    """The losses (labelled a and b) and the tensors whose fingerprints differ, in a few words."""
+def describe_difference(difference: dict, a: str = "A", b: str = "B", hint: bool = False) -> str:
+    """The losses (labelled a and b) and the tensors whose fingerprints differ, in a few words; on which
+    rank where the run had several; with `hint`, cause_hint's words after them."""
     tensors = difference["tensors"]
-    named = ", ".join(tensors[:4]) + (f" and {len(tensors) - 4} more" if len(tensors) > 4 else "")
-    weights = f"weights differ in {named}" if tensors else "the weights after it are the same"
+    weights = f"weights differ in {_named(tensors)}" if tensors else "the weights after it are the same"
+    where = f"on rank {difference['rank']}, " if difference.get("world", 1) > 1 else ""
     if difference["loss_same"]:
-        return f"the same loss; {weights}"
-    return f"loss {difference['loss_b']} {b} vs {difference['loss_a']} {a}; {weights}"
+        text = f"{where}the same loss; {weights}"
+    else:
+        text = f"{where}loss {difference['loss_b']} {b} vs {difference['loss_a']} {a}; {weights}"
+    why = difference.get("cause_hint", cause_hint(difference)) if hint else None
+    return f"{text}; {why}" if why else text
+
+
+def _named(tensors: list[str]) -> str:
+    return ", ".join(tensors[:4]) + (f" and {len(tensors) - 4} more" if len(tensors) > 4 else "")
+
+
+# Names of the state a forward pass in training mode updates besides the weights (PyTorch, Flax, Keras).
+_STATISTICS = re.compile(r"running_mean|running_var|num_batches_tracked|moving_mean|moving_variance|batch_stats")
+
+
+def cause_hint(difference: dict) -> str | None:
+    """Where to look, from how update k differs. The update before it agreed in both runs, so the same
+    weights went into update k: the same loss bits but other weights after it means the forward pass
+    agreed and the step did not (the optimizer's state: momentum, Adam's moments, the learning-rate
+    schedule or its step counter); another loss means the forward pass saw something else (the data
+    order, a random generator such as dropout's, or the model's own state such as batch-norm
+    statistics). The tensors that differ are named. None where neither applies."""
+    step, tensors = difference["step"], difference["tensors"]
+    if difference["loss_same"]:
+        if not tensors:
+            return None
+        return (
+            f"the same loss but other weights at update {step} ({_named(tensors)}): the forward pass agreed and "
+            "the update did not, which points at the optimizer's state (momentum, Adam's moments, the "
+            "learning-rate schedule or its step counter): not saved, not restored, or restored from another step"
+        )
+    statistics = [name for name in tensors if _STATISTICS.search(name)]
+    after = f"; the weights after it differ in {_named(tensors)}" if tensors else "; the weights after it agree"
+    stats = f" ({', '.join(statistics[:4])} differ)" if statistics else ""
+    return (
+        f"another loss at update {step}: the forward pass saw other inputs or other randomness, which points at "
+        "the data order (shuffling, the loader's position after the restart), a random generator (dropout, "
+        f"augmentation) or the model's state (batch-norm statistics{stats}){after}"
+    )
+
+
+def compare_ranks(a: dict[int, AttemptTrace], b: dict[int, AttemptTrace]) -> dict:
+    """Two uninterrupted runs' traces (read_rank_traces of each), rank by rank: {"ranks": every rank
+    either wrote, "per_rank": [{"rank", "a_steps", "b_steps", "first_difference"}], "first_difference":
+    the earliest differing update of any rank (the lowest rank on a tie) with its "rank", or None,
+    "error": a rank that wrote a trace in one run only, or recorded other tensors, named; else absent}."""
+    ranks = sorted(set(a) | set(b))
+    result: dict = {"ranks": ranks, "per_rank": [], "first_difference": None}
+    errors = [
+        f"rank {r} wrote a probe trace in {'the first' if r in a else 'the second'} run only"
+        for r in ranks
+        if (r in a) != (r in b)
+    ]
+    for rank in (r for r in ranks if r in a and r in b):
+        if a[rank].names != b[rank].names:
+            errors.append(f"rank {rank}'s traces record other tensors ({len(a[rank].names)} vs {len(b[rank].names)})")
+            continue
+        a_steps, b_steps = steps_of(a[rank], 0), steps_of(b[rank], 0)
+        difference = first_difference(a_steps, b_steps, a[rank].names)
+        if difference is not None:
+            difference.update(rank=rank, world=len(ranks))
+        result["per_rank"].append(
+            {"rank": rank, "a_steps": len(a_steps), "b_steps": len(b_steps), "first_difference": difference}
+        )
+    differences = [r["first_difference"] for r in result["per_rank"] if r["first_difference"] is not None]
+    result["first_difference"] = min(differences, key=lambda d: (d["step"], d["rank"]), default=None)
+    if errors:
+        result["error"] = "; ".join(errors)
+    return result
+
+
+def compare_stopped_ranks(clean: dict[int, AttemptTrace], attempts: list[dict[int, AttemptTrace]]) -> dict | None:
+    """The stopped run's attempts (read_rank_traces of each) against the uninterrupted run's traces, rank
+    by rank with compare_stopped. None where the uninterrupted run wrote no trace. The answer has
+    compare_stopped's keys, from the rank whose first difference comes first (the earliest step, then the
+    lowest rank; the lowest rank where none differs), with "rank" and "world" in first_difference, plus
+    "rank", "ranks" and "per_rank" ([{"rank", "first_difference": its step or None, "compared_steps"}]).
+    A rank that wrote traces in one run only, or another rank's error, is its "error", naming the rank."""
+    if not clean:
+        return None
+    ranks = sorted(set(clean).union(*attempts))
+    one_sided = [r for r in ranks if r not in clean or not any(r in attempt for attempt in attempts)]
+    compared = {
+        rank: compare_stopped(clean[rank], [attempt.get(rank) for attempt in attempts])
+        for rank in ranks
+        if rank not in one_sided
+    }
+    errors = [
+        f"rank {r} wrote a probe trace in the {'uninterrupted' if r in clean else 'stopped'} run only"
+        for r in one_sided
+    ]
+    errors += [f"rank {r}: {c['error']}" for r, c in compared.items() if "error" in c]
+    differing = [r for r, c in compared.items() if c.get("first_difference")]
+    main = min(
+        differing, key=lambda r: (compared[r]["first_difference"]["step"], r), default=min(compared, default=None)
+    )
+    result = dict(compared[main]) if main is not None else {"attempts": [], "first_difference": None}
+    if result.get("first_difference"):
+        result["first_difference"] = {**result["first_difference"], "rank": main, "world": len(ranks)}
+    result.update(
+        rank=main,
+        ranks=ranks,
+        per_rank=[
+            {
+                "rank": r,
+                "first_difference": (c.get("first_difference") or {}).get("step"),
+                "compared_steps": c.get("compared_steps", 0),
+            }
+            for r, c in compared.items()
+        ],
+    )
+    if errors:
+        result["error"] = "; ".join(errors)
+    return result

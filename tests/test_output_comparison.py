@@ -1,0 +1,152 @@
+"""Issue 53 item 4: every declared output compared, or the comparison says what was not. A regular file
+against a FIFO, a directory, a link or nothing differs; --ignore removes what it matches and never makes
+an output "written by neither run"; FILE:KEY and FILE:COLUMN leave one field out of a file, recorded; a
+Keras 3 `.keras` archive is compared by its weights and config, its date_saved named as ignored. Mostly
+reprocube.analysis.outputs in-process (fast), and `reprocube diff` where its exit status is the point."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from reprocube.analysis.outputs import compare_outputs, parse_ignore
+from reprocube.errors import ConfigError
+
+from helpers import error_lines, reprocube
+
+
+def runs(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    return a, b
+
+
+def test_a_regular_file_against_a_fifo_differs_and_fifos_on_both_sides_are_not_compared(tmp_path):
+    """A resumed run that leaves a FIFO where the clean run wrote the model used to pass ("not compared")."""
+    a, b = runs(tmp_path)
+    for root in (a, b):
+        (root / "out").mkdir()
+        (root / "out" / "log.txt").write_text("same\n")
+        os.mkfifo(root / "out" / "both.pipe")
+    np.save(a / "out" / "model.npy", np.ones(3))
+    os.mkfifo(b / "out" / "model.npy")
+    comparison = compare_outputs(a, b, ["out"], [])
+    files = {f["path"]: f for f in comparison["files"]}
+    assert files["out/model.npy"]["same"] is False and files["out/model.npy"].get("compared", True)
+    assert files["out/model.npy"]["detail"] == "a regular file in A, a FIFO in B"
+    assert comparison["identical"] is False and comparison["first"]["path"] == "out/model.npy"
+    assert comparison["not_compared"] == ["out/both.pipe"]  # neither side readable: named, not a difference
+    # A declared file that is a FIFO in B, a directory, a link: each differs from A's regular file.
+    (a / "m.pt").write_bytes(b"x"), (b / "m.pt").mkdir()
+    (a / "l.txt").write_text("x"), (b / "l.txt").symlink_to("elsewhere")
+    (a / "f.bin").write_bytes(b"x"), os.mkfifo(b / "f.bin")
+    comparison = compare_outputs(a, b, ["m.pt", "l.txt", "f.bin"], [])
+    details = {f["path"]: f["detail"] for f in comparison["files"]}
+    assert details == {
+        "f.bin": "a regular file in A, a FIFO in B",
+        "l.txt": "a regular file in A, a symbolic link in B",
+        "m.pt": "only in A (a regular file)",  # B's directory holds no file: nothing under m.pt in B
+    }
+    assert comparison["not_compared"] == [] and comparison["identical"] is False
+
+
+def test_ignore_never_makes_an_output_missing_and_ignoring_everything_is_reported(tmp_path):
+    """`--output run.json --ignore run.json` and `--output . --ignore run.json` used to say "run.json was
+    written by neither run" (a deterministic script became not-deterministic)."""
+    a, b = runs(tmp_path)
+    for root, wall in ((a, 1.5), (b, 2.5)):
+        (root / "run.json").write_text(json.dumps({"loss": 0.25, "wall_s": wall}))
+        np.save(root / "model.npy", np.arange(4.0))
+    everything = compare_outputs(a, b, ["run.json"], ["run.json"])
+    assert everything["missing"] == [] and everything["ignored"] == ["run.json"] and everything["all_ignored"]
+    assert everything["identical"] is False and everything["files"] == []  # nothing compared: never identical
+    dot = compare_outputs(a, b, ["."], ["run.json"])
+    assert dot["missing"] == [] and dot["ignored"] == ["run.json"] and not dot["all_ignored"]
+    assert dot["identical"] is True and [f["path"] for f in dot["files"]] == ["model.npy"]
+    # An output that no run writes is still told apart from a difference, whatever --ignore says.
+    neither = compare_outputs(a, b, ["model.npy", "absent.pt"], ["absent.pt"])
+    assert neither["missing"] == ["absent.pt"] and neither["ignored"] == [] and not neither["all_ignored"]
+    with pytest.raises(ConfigError, match="FILE:KEY"):
+        parse_ignore(["run.json:"])
+
+
+def test_ignore_file_key_leaves_one_field_out_and_the_rest_must_be_equal(tmp_path):
+    a, b = runs(tmp_path)
+    rows = "epoch,loss,wall_s,host\n1,0.5,{},{}\n2,0.25,{},{}\n"
+    (a / "metrics.csv").write_text(rows.format(1.0, "gpu-1", 2.0, "gpu-1"))
+    (b / "metrics.csv").write_text(rows.format(1.5, "gpu-7", 2.5, "gpu-7"))
+    (a / "run.json").write_text(json.dumps({"loss": 0.25, "timing": {"wall_s": 1.0}, "steps": [1, 2]}))
+    (b / "run.json").write_text(json.dumps({"loss": 0.25, "timing": {"wall_s": 9.0}, "steps": [1, 2]}))
+    (a / "cfg.yaml").write_text("lr: 0.1\nstarted: 2024-01-01 10:00:00\n")
+    (b / "cfg.yaml").write_text("lr: 0.1\nstarted: 2024-01-02 11:00:00\n")
+    outputs = ["metrics.csv", "run.json", "cfg.yaml"]
+    ignore = ["metrics.csv:wall_s", "metrics.csv:host", "run.json:timing.wall_s", "*.yaml:started"]
+    assert compare_outputs(a, b, outputs, [])["identical"] is False  # without the ignores they differ
+    comparison = compare_outputs(a, b, outputs, ignore)
+    assert comparison["identical"] is True, comparison
+    files = {f["path"]: f for f in comparison["files"]}
+    assert files["run.json"]["ignored_fields"] == ["timing.wall_s"]
+    assert files["metrics.csv"]["ignored_fields"] == ["wall_s", "host"]
+    assert files["cfg.yaml"]["detail"] == "identical but for the ignored started"
+    # Anything else that differs still differs, and is named.
+    (b / "run.json").write_text(json.dumps({"loss": 0.5, "timing": {"wall_s": 9.0}, "steps": [1, 2]}))
+    (b / "metrics.csv").write_text(rows.format(1.5, "gpu-7", 2.5, "gpu-7").replace("0.25", "0.26"))
+    comparison = compare_outputs(a, b, outputs, ignore)
+    files = {f["path"]: f for f in comparison["files"]}
+    assert comparison["identical"] is False and files["run.json"]["key"] == "loss"
+    assert files["metrics.csv"]["detail"].startswith("row 3:") and files["metrics.csv"]["line"] == 3
+    # A number written otherwise (1 vs 1.0) is not the same bytes: not equal.
+    (a / "n.json").write_text('{"x": 1, "t": 1}'), (b / "n.json").write_text('{"x": 1.0, "t": 2}')
+    assert compare_outputs(a, b, ["n.json"], ["n.json:t"])["identical"] is False
+
+
+def test_diff_ignores_a_field_and_refuses_to_ignore_everything(tmp_path):
+    a, b = runs(tmp_path)
+    (a / "run.json").write_text('{"loss": 1, "host": "a"}'), (b / "run.json").write_text('{"loss": 1, "host": "b"}')
+    assert reprocube("diff", "a/run.json", "b/run.json", cwd=tmp_path, check=False).returncode == 6
+    proc = reprocube("diff", "a/run.json", "b/run.json", "--ignore", "run.json:host", cwd=tmp_path, check=False)
+    assert proc.returncode == 0 and "run.json: identical but for the ignored host" in proc.stdout, proc.stdout
+    proc = reprocube("diff", "a", "b", "--ignore", "run.json", cwd=tmp_path, check=False)
+    [line] = error_lines(proc)
+    assert proc.returncode == 2 and "--ignore leaves out every file" in line, proc.stderr
+
+
+def keras_archive(weights: dict[str, np.ndarray], date: str, config: dict | None = None) -> bytes:
+    """A Keras 3 `.keras` file as Keras writes it: a zip of model.weights.h5, config.json, metadata.json."""
+    h5 = io.BytesIO()
+    with h5py.File(h5, "w") as file:
+        for name, value in weights.items():
+            file[name] = value
+    blob = io.BytesIO()
+    with zipfile.ZipFile(blob, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.1", "date_saved": date}))
+        archive.writestr("config.json", json.dumps(config or {"class_name": "Sequential", "units": 4}))
+        archive.writestr("model.weights.h5", h5.getvalue())
+    return blob.getvalue()
+
+
+def test_a_keras_archive_is_compared_by_its_weights_and_config_without_date_saved(tmp_path):
+    """It used to be read as HDF5 and fail: every .keras output differed (a deterministic script became
+    not-deterministic)."""
+    a, b = runs(tmp_path)
+    weights = {"layers/dense/vars/0": np.ones((2, 3), np.float32), "layers/dense/vars/1": np.zeros(3, np.float32)}
+    (a / "model.keras").write_bytes(keras_archive(weights, "2024-01-01@10:00:00"))
+    (b / "model.keras").write_bytes(keras_archive(weights, "2024-01-01@10:00:07"))
+    comparison = compare_outputs(a, b, ["model.keras"], [])
+    [entry] = comparison["files"]
+    assert comparison["identical"] is True and entry["ignored_fields"] == ["metadata.json:date_saved"], entry
+    assert compare_outputs(a, b, ["model.keras"], [], explain=False)["identical"] is True  # the control's way too
+    changed = {**weights, "layers/dense/vars/0": np.nextafter(weights["layers/dense/vars/0"], np.float32(2))}
+    (b / "model.keras").write_bytes(keras_archive(changed, "2024-01-01@10:00:07"))
+    [entry] = compare_outputs(a, b, ["model.keras"], [])["files"]
+    assert entry["same"] is False and entry["tensor"]["tensor"] == "layers/dense/vars/0" and "1 ULP" in entry["detail"]
+    (b / "model.keras").write_bytes(keras_archive(weights, "x", {"class_name": "Sequential", "units": 5}))
+    [entry] = compare_outputs(a, b, ["model.keras"], [])["files"]
+    assert entry["same"] is False and entry["key"] == "config.json:units", entry
