@@ -242,3 +242,19 @@ def test_a_reader_error_is_a_difference_named_never_an_exception():
         entry = content_difference(f"x{suffix}", b"garbage \x1b[2J", b"other")
         assert entry["detail"].startswith(f"the bytes differ; the file could not be read as {suffix}")
         assert "\x1b" not in entry["detail"]
+
+
+def test_an_orbax_checkpoint_is_checked_against_the_budget_by_its_metadata_before_orbax_restores(tmp_path, monkeypatch):
+    """Orbax allocates what its array metadata declares (a shape edit cost 8 GiB): the shapes Orbax's
+    metadata reports are charged to the budget first; past it, restore is never called."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    from reprocube.analysis import outputs, readers
+
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((tmp_path / "ckpt").absolute(), {"w": np.ones((4, 3), np.float32), "b": np.zeros(5)})
+    checkpointer.wait_until_finished()
+    assert set(outputs.load_orbax(tmp_path / "ckpt")) == {"w", "b"}
+    monkeypatch.setattr(readers, "MAX_DECODED_BYTES", 60)  # b (40 bytes) fits, then w (48) does not
+    monkeypatch.setattr(ocp.StandardCheckpointer, "restore", lambda *a, **k: pytest.fail("restored"))
+    with pytest.raises(CheckpointError, match="w declares 48 bytes, past the 60 bytes"):
+        outputs.load_orbax(tmp_path / "ckpt")
