@@ -88,7 +88,9 @@ def test_a_difference_on_one_rank_only_is_found_and_names_its_rank(tmp_path):
     assert [r["first_difference"] is None for r in result["per_rank"]] == [True, False]
     assert "error" not in result and compare_ranks(a, read_rank_traces(tmp_path / "a" / "attempt-1.jsonl")) == {
         "ranks": [0, 1],
-        "per_rank": [{"rank": r, "a_steps": 4, "b_steps": 4, "first_difference": None} for r in (0, 1)],
+        "per_rank": [
+            {"rank": r, "a_steps": 4, "b_steps": 4, "same_steps": True, "first_difference": None} for r in (0, 1)
+        ],
         "first_difference": None,
     }
     assert describe_difference(first, "first run", "second run").startswith("on rank 1, loss 4.0 second run vs 3.0")

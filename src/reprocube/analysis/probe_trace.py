@@ -356,7 +356,7 @@ def cause_hint(difference: dict) -> str | None:
 
 def compare_ranks(a: dict[int, AttemptTrace], b: dict[int, AttemptTrace]) -> dict:
     """Two uninterrupted runs' traces (read_rank_traces of each), rank by rank: {"ranks": every rank
-    either wrote, "per_rank": [{"rank", "a_steps", "b_steps", "first_difference"}], "first_difference":
+    either wrote, "per_rank": [{"rank", "a_steps", "b_steps", "same_steps", "first_difference"}], "first_difference":
     the earliest differing update of any rank (the lowest rank on a tie) with its "rank", or None,
     "error": a rank that wrote a trace in one run only, or recorded other tensors, named; else absent}."""
     ranks = sorted(set(a) | set(b))
@@ -375,7 +375,13 @@ def compare_ranks(a: dict[int, AttemptTrace], b: dict[int, AttemptTrace]) -> dic
         if difference is not None:
             difference.update(rank=rank, world=len(ranks))
         result["per_rank"].append(
-            {"rank": rank, "a_steps": len(a_steps), "b_steps": len(b_steps), "first_difference": difference}
+            {
+                "rank": rank,
+                "a_steps": len(a_steps),
+                "b_steps": len(b_steps),
+                "same_steps": set(a_steps) == set(b_steps),  # False: one made updates the other never did
+                "first_difference": difference,
+            }
         )
     differences = [r["first_difference"] for r in result["per_rank"] if r["first_difference"] is not None]
     result["first_difference"] = min(differences, key=lambda d: (d["step"], d["rank"]), default=None)
