@@ -6,6 +6,7 @@ check stops for any reason), and is bounded by a watchdog."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import random
 import re
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprocube.orchestration.children import _die_with_parent, last_error_line
+from reprocube.orchestration.children import last_error_line
+from reprocube.orchestration.process_guard import GuardedCommand, start_guarded
 from reprocube.probe import ENV as PROBE_ENV
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
@@ -146,15 +148,7 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1).absolute())}  # it runs elsewhere
         start = time.perf_counter()
         try:
-            child = subprocess.Popen(
-                run.command,
-                cwd=run.work,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                process_group=0,
-                preexec_fn=_die_with_parent(),
-            )
+            child = start_guarded(run.command, run.work, env, log, stop.line if stop is not None else None)
         except OSError as exc:  # not found, not executable: the command failed, as a shell's 127 says
             log.write(f"error: could not start {run.command[0]!r}: {exc.strerror or exc}\n")
             return Attempt(start - began, 0.0, 127, None)
@@ -184,20 +178,17 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         return Attempt(start - began, seconds, status, note, stopped_early=stop is not None and not given)
 
 
-def _copy_output(child: subprocess.Popen, log, pattern: re.Pattern | None, on_line) -> None:
-    for raw in child.stdout:
-        line = raw.decode("utf-8", "replace")
-        log.write(line)
-        log.flush()
-        if pattern is not None and pattern.search(line):
-            on_line()
+def _copy_output(child: GuardedCommand, log, pattern: re.Pattern | None, on_line) -> None:
+    """The reader of an attempt: its guard copies the output into the log and matches the line stop's
+    pattern (check never runs a pattern, nor holds a line: reprocube.orchestration.process_guard);
+    on_line is called at a matching line. Returns once all the output is in the log."""
+    if pattern is not None:
+        child.on_matched(on_line)
+    child.finished()
 
 
-def _signal_group(child: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(child.pid, signum)
-    except ProcessLookupError:
-        pass  # it ended meanwhile
+def _signal_group(child: GuardedCommand, signum: int) -> None:
+    child.send_signal(signum)  # to the command's process group, while it runs
 
 
 def _wait_for_trigger(
@@ -234,30 +225,46 @@ def _wait_exit(child: subprocess.Popen, seconds: float) -> int | None:
         return None  # the watchdog: _end_group ends it
 
 
-def _end_group(child: subprocess.Popen) -> None:
-    """The command's whole process group ends with the attempt (a worker it left behind included)."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            break
-        try:
-            child.wait(5)
-        except subprocess.TimeoutExpired:
-            continue
-        if signum == signal.SIGTERM:
-            try:  # its own children may outlive it in the group
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        break
-    if child.poll() is None:
-        child.wait()
+def _end_group(child: GuardedCommand) -> None:
+    """Everything the command started ends with the attempt: its process group and any daemon it made
+    (the guard is their subreaper), SIGTERM then SIGKILL."""
+    child.end()
 
 
 def _files(work: Path) -> set[str]:
-    return {p.relative_to(work).as_posix() for p in work.rglob("*")} if work.is_dir() else set()
+    """Every entry below work by relative name, walked with a stack (a tree of any depth), links not followed."""
+    found: set[str] = set()
+    stack = [""] if work.is_dir() else []
+    while stack:
+        relative = stack.pop()
+        try:
+            with os.scandir(work / relative if relative else work) as entries:
+                listed = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        except OSError:
+            continue  # gone meanwhile, or unreadable
+        for name, is_dir in listed:
+            path = f"{relative}/{name}" if relative else name
+            found.add(path)
+            if is_dir:
+                stack.append(path)
+    return found
 
 
 def _matching(work: Path, pattern: str) -> list[str]:
-    return [p.relative_to(work).as_posix() for p in work.glob(pattern)]
+    """The entries below work that the glob names (Path.glob's syntax); a `**` pattern is matched against
+    _files' walk, never by Path.glob's recursion (a tree deeper than Python's recursion limit)."""
+    if "**" not in pattern:
+        return [p.relative_to(work).as_posix() for p in work.glob(pattern)]
+    parts = [part for part in pattern.split("/") if part not in ("", ".")]
+    return sorted(path for path in _files(work) if _glob_match(parts, path.split("/")))
+
+
+def _glob_match(parts: list[str], names: list[str]) -> bool:
+    """Whether a path's names match a glob's parts, `**` standing for any number of directories."""
+    reachable = {0}  # how many names the parts so far can have consumed
+    for part in parts:
+        if part == "**":
+            reachable = set(range(min(reachable), len(names) + 1)) if reachable else set()
+        else:
+            reachable = {i + 1 for i in reachable if i < len(names) and fnmatch.fnmatchcase(names[i], part)}
+    return len(names) in reachable

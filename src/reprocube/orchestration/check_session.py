@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
+from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.results.check_result import write_check
 from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.terminal import counted, one_line
@@ -55,7 +55,7 @@ def check(
     a SLURM job with them, each stop a requeue (reprocube.orchestration.check_slurm)."""
     started = time.perf_counter()
     _check_arguments(
-        command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed
+        command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed, out
     )
     if slurm is not None:
         if signal_name != "TERM":
@@ -129,8 +129,7 @@ class CheckSession:
     def new_run(self, name: str, seed: int = 0) -> Run:
         work = self.out / "work" / name
         work.mkdir(parents=True)
-        for path in self.copies:
-            (shutil.copytree if path.is_dir() else shutil.copy2)(path, work / path.name)
+        copy_inputs(self.copies, work)  # checked before any run (check_copies); links never followed
         env = {**os.environ, **({self.seed_env: str(seed)} if self.seed_env else {})}
         argv = [*self.command, *([self.seed_arg.replace("{seed}", str(seed))] if self.seed_arg else [])]
         run = Run(name, work, self.out / "logs" / f"{name}.log", env, argv, self.out / "probe" / name)
@@ -276,7 +275,7 @@ class CheckSession:
 
 
 def _check_arguments(
-    command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed
+    command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed, out=None
 ):
     if not command:
         raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
@@ -295,13 +294,13 @@ def _check_arguments(
     for output in outputs:
         if Path(output).is_absolute() or ".." in Path(output).parts or not output.strip():
             raise ConfigError(f"--output {output!r}: a path inside the work directory (relative, without ..)")
-    for path in copies:
-        if not path.exists():
-            raise ConfigError(f"--copy {path}: does not exist")
     if at is not None:
         _seconds(at)
-    if any("\0" in text for text in [*command, *outputs, seed_env or "", seed_arg or ""]):
-        raise ConfigError("a NUL character in the command, an --output or the seed option")
+    if any("\0" in text for text in [*command, *outputs, seed_env or "", seed_arg or "", at_line or ""]):
+        raise ConfigError("a NUL character in the command, an --output, the seed option or --at-line")
+    # Before anything runs: a link, a tree too deep, one holding --out (the default one too).
+    default = Path(f"check-{safe_name(Path(command[-1]).stem or 'command')}")  # as _workspace names it
+    check_copies(copies, out if out is not None else default)
     if seed_env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", seed_env):
         raise ConfigError(f"--seed-env {seed_env[:40]!r} is not a variable name (letters, digits, _)")
     if stop_seed is not None and not 0 <= stop_seed < 2**63:

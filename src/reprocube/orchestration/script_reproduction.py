@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty
 from reprocube.orchestration.check_runs import Run, execute, failure_line
 from reprocube.orchestration.children import environment_with
+from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.results.script_reproduce_result import write_script_reproduce
 from reprocube.script_receipt import ScriptReceipt, command_file_digests, input_digests, outputs_named
 from reprocube.terminal import counted, one_line
@@ -41,9 +41,7 @@ def reproduce_script(
     started = time.perf_counter()
     if not command:
         raise ConfigError("a script receipt is reproduced by running its command: reprocube reproduce RECEIPT -- CMD")
-    for path in copies:
-        if not path.exists():
-            raise ConfigError(f"--copy {path}: does not exist")
+    check_copies(copies, out)  # a link, a tree too deep, one holding --out: one line before anything runs
     b_inputs = input_digests(copies)  # a link or a special file is refused here, before anything is written
     a_trace = _a_trace(receipt)  # checked against the receipt's sha256 before anything runs
     claim_new_or_empty(out, "reproduce")
@@ -65,11 +63,7 @@ def reproduce_script(
         env = environment_with(settings or {})
         work = out / "work" / name
         work.mkdir(parents=True)
-        for path in copies:  # links copied as links, as input_digests names them
-            if path.is_dir() and not path.is_symlink():
-                shutil.copytree(path, work / path.name, symlinks=True)
-            else:
-                shutil.copy2(path, work / path.name, follow_symlinks=False)
+        copy_inputs(copies, work)  # checked (check_copies): links never followed
         run = Run(name, work, out / "logs" / f"{name}.log", env, command, out / "probe" / name)
         run.on_progress = lambda seconds: echo(
             f"  {name}: {seconds:.0f} s, running (A's run took {receipt.seconds:.0f} s)"
