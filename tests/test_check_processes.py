@@ -196,6 +196,8 @@ def test_200_mb_without_a_newline_is_read_in_bounded_memory(tmp_path, token):
     assert peak_mb < 200, peak_mb  # before: 834 MB (the whole line, as bytes and as text)
     assert children_mb < 200, children_mb
     assert (tmp_path / "out" / "logs" / "clean-1.log").stat().st_size > 200 << 20  # all of it logged
+    for log in (tmp_path / "out" / "logs").glob("*.log"):
+        log.unlink()  # 200 MB each: pytest keeps the last runs' temporary directories
 
 
 # ---- --copy, checked before any run -------------------------------------------------------------------
@@ -211,6 +213,26 @@ def receipt(tmp_path_factory):
     return where / "out" / "receipt", command
 
 
+@pytest.fixture
+def deep_cleanup(tmp_path):
+    """Whatever the test left under tmp_path removed with a stack: pytest's own cleanup of old temporary
+    directories (shutil.rmtree) recurses, and would print a RecursionError on a tree 1100 levels deep."""
+    yield
+    stack = [(str(tmp_path), False)]
+    while stack:
+        path, emptied = stack.pop()
+        if emptied:
+            os.rmdir(path)
+            continue
+        stack.append((path, True))
+        with os.scandir(path) as entries:
+            for entry in list(entries):
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    os.unlink(entry.path)
+
+
 def deep_tree(top: Path, levels: int) -> Path:
     here = top
     here.mkdir()
@@ -223,7 +245,7 @@ def deep_tree(top: Path, levels: int) -> Path:
 
 @pytest.mark.parametrize("case", ["link", "holds-out", "deep"])
 @pytest.mark.parametrize("command", ["check", "reproduce"])
-def test_a_copy_that_cannot_be_copied_is_refused_before_any_run(case, command, tmp_path, token, receipt):
+def test_a_copy_that_cannot_be_copied_is_refused_before_any_run(case, command, tmp_path, token, receipt, deep_cleanup):
     run = script_command(tmp_path, token, "plain")
     data = tmp_path / "data"
     out = "out"
@@ -257,7 +279,7 @@ def test_a_copy_of_a_tree_within_the_depth_bound_is_copied_whole(tmp_path, token
     assert copied.read_text() == "leaf\n"
 
 
-def test_a_script_that_makes_a_tree_1100_levels_deep_is_walked_without_recursion(tmp_path, token):
+def test_a_script_that_makes_a_tree_1100_levels_deep_is_walked_without_recursion(tmp_path, token, deep_cleanup):
     proc = check(tmp_path, script_command(tmp_path, token, "deep"), "--at-file", "**/leaf*", "--stops", "1")
     no_traceback(proc)  # before: a RecursionError from listing the work directory (Path.rglob)
     assert proc.returncode in (0, 9), proc.stdout + proc.stderr
