@@ -1,8 +1,9 @@
 """The runs of `reprocube check`: someone else's training command, started in a fresh work directory of its
 own, run to completion or stopped by a real signal at planned moments and started again, each attempt
 timed and its output logged. The command runs in its own process group (a signal reaches the script and
-its workers, as a scheduler's does), dies with reprocube (PR_SET_PDEATHSIG, and the group is ended when
-check stops for any reason), and is bounded by a watchdog."""
+its workers, as a scheduler's does), under a guard that is the subreaper of all it starts and ends them
+all with the attempt or when check dies, however (reprocube.orchestration.process_guard), and is bounded
+by a watchdog."""
 
 from __future__ import annotations
 
