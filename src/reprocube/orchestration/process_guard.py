@@ -169,7 +169,11 @@ class _Guard:
     def descendants(self) -> dict[int, bool]:
         """Every process below the guard: pid -> still running (False: a zombie)."""
         children: dict[int, list[tuple[int, bool]]] = {}
-        for name in os.listdir("/proc"):
+        try:
+            listed = os.listdir("/proc")
+        except OSError:
+            listed = []  # no /proc (not Linux): only the command's group is ended
+        for name in listed:
             if not name.isdigit():
                 continue
             try:
