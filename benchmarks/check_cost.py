@@ -4,7 +4,12 @@ script's attempts (each timed by check), and the verdict; and what the probe cos
 run alone with the probe recording (REPROCUBE_PROBE set, as check sets it) and without, in alternating
 rounds.
 
-    .venv/bin/python benchmarks/check_cost.py [--rounds 3] [--out benchmarks/cpu/check-cost.json]"""
+With --against-plain, what issue 53 sets as the goal instead: a check with its default stops and
+default --jobs against ONE plain run of the same single-threaded script, alternating in each round (the
+VM drifts): a passing check at most 2.5x, a non-deterministic one at most 1.5x.
+
+    .venv/bin/python benchmarks/check_cost.py [--rounds 3] [--out benchmarks/cpu/check-cost.json]
+    .venv/bin/python benchmarks/check_cost.py --against-plain [--rounds 3] [--out benchmarks/cpu/check-vs-run.json]"""
 
 from __future__ import annotations
 
@@ -33,13 +38,22 @@ EXAMPLES = {
     "flax_orbax.py --reseed": FLAX,
 }
 PROBED = ["pytorch_mlp.py --save-rng", "numpy_sgd.py --save-rng --sleep 0", "flax_orbax.py"]
+# --against-plain: (example, check options without a stop placement: the default stops), and the goal
+AGAINST_PLAIN = {
+    "numpy_sgd.py --save-rng": (NUMPY[:6], 2.5),
+    "pytorch_mlp.py --save-rng": (PYTORCH[:6], 2.5),
+    "numpy_sgd.py --random-seed": (NUMPY[:4], 1.5),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--against-plain", action="store_true", help="a check against one plain run (issue 53)")
     args = parser.parse_args()
+    if args.against_plain:
+        return against_plain(args.rounds, args.out)
     rows = []
     with tempfile.TemporaryDirectory(prefix="reprocube-check-cost-") as scratch:
         for number, (example, options) in enumerate(EXAMPLES.items()):
@@ -88,6 +102,49 @@ def main() -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"rounds": args.rounds, "rows": rows, "probe": probe_rows}, indent=1) + "\n")
+    return 0
+
+
+def against_plain(rounds: int, out: Path | None) -> int:
+    """Per example: one plain run's wall time and a whole check's (default stops, default --jobs),
+    alternating; the ratio of the medians against the goal."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="reprocube-check-vs-run-") as scratch:
+        for number, (example, (options, goal)) in enumerate(AGAINST_PLAIN.items()):
+            script, *flags = example.split()
+            command = [PYTHON, str(REPO / "examples" / script), *flags]
+            plain, check, verdicts = [], [], []
+            for i in range(rounds):
+                work = Path(scratch) / f"plain-{number}-{i}"
+                work.mkdir()
+                started = time.perf_counter()
+                subprocess.run(command, cwd=work, capture_output=True, check=True)
+                plain.append(time.perf_counter() - started)
+                checked = Path(scratch) / f"check-{number}-{i}"
+                started = time.perf_counter()
+                reprocube = [PYTHON, "-m", "reprocube", "check", "--out", str(checked), *options, "--", *command]
+                subprocess.run(reprocube, capture_output=True, check=False)
+                check.append(time.perf_counter() - started)
+                verdicts.append(json.loads((checked / "check.json").read_text())["verdict"])
+            ratio = statistics.median(check) / statistics.median(plain)
+            rows.append(
+                {
+                    "example": example,
+                    "verdicts": verdicts,
+                    "plain_s": plain,
+                    "check_s": check,
+                    "ratio": ratio,
+                    "goal": goal,
+                }
+            )
+            print(
+                f"{example}: {'/'.join(sorted(set(verdicts)))}; one run {statistics.median(plain):.2f} s, the check "
+                f"{statistics.median(check):.2f} s: {ratio:.2f}x (goal {goal}x: {'met' if ratio <= goal else 'NOT met'})",
+                flush=True,
+            )
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"rounds": rounds, "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")
     return 0
 
 

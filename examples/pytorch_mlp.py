@@ -58,7 +58,8 @@ for epoch in range(start, args.epochs):
         state["rng"] = torch.get_rng_state()
         if args.device == "cuda":  # dropout on the GPU draws from the CUDA generator
             state["cuda_rng"] = torch.cuda.get_rng_state()
-    torch.save(state, "ckpt.pt")
+    torch.save(state, "ckpt.pt.tmp")
+    os.replace("ckpt.pt.tmp", "ckpt.pt")  # whole or not at all: a stop during the save leaves the last one
     probe.checkpoint((epoch + 1) * (len(x) // 64))
     print(f"epoch {epoch + 1} saved: loss {losses[-1]:.6f}", flush=True)
 

@@ -24,6 +24,9 @@ from helpers import error_lines, reprocube, wait_until
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1"]
 OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
+# A one-line script's "checkpoint": read back when there (a restart resumes from it), then saved at once,
+# so that a stop after it is effective (check counts a stop only after a save that the restart read).
+RESUMES = "os.path.exists('state') and open('state').read(); open('state', 'w').write('1'); "
 
 
 def check(tmp_path: Path, *args: str, command=NUMPY, name: str = "out") -> tuple[subprocess.CompletedProcess, dict]:
@@ -108,13 +111,13 @@ def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):
     proc, result = check(tmp_path, *OUTPUTS, "--at-line", "saved", command=[*NUMPY, "--save-rng", "--from-scratch"])
     assert proc.returncode == 9 and result["verdict"] == "not-resumed", proc.stdout
     assert result["comparisons"]["resume"]["identical"] is True
-    assert "after stop 1 the script began again at step 1 instead of resuming" in result["summary"]
+    assert "stop 1: attempt 2 began again at step 1 (the probe)" in result["summary"]
 
 
 def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):
     script = (
         "import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "
-        "time.sleep(1.5); open('out.txt', 'w').write('1')"
+        f"{RESUMES}time.sleep(1.5); open('out.txt', 'w').write('1')"
     )
     proc, result = check(
         tmp_path, "--output", "out.txt", "--at", "0.8", "--stops", "1", command=[sys.executable, "-c", script]
@@ -151,9 +154,9 @@ def test_the_default_stops_are_replayed_by_their_seed(tmp_path):
     command = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--save-rng"]  # 8 epochs of 0.25 s
     proc, first = check(tmp_path, *args, command=command, name="a")
     assert proc.returncode == 0 and first["verdict"] == "resume-exact", proc.stdout
-    assert first["stop_seed"] == 7 and first["stops"].count("after the attempt started") == 2
+    assert first["stop_seed"] == 7 and first["stops"].count("after the attempt's first save") == 2
     _, again = check(tmp_path, *args, command=command, name="b")
-    fractions = [re.findall(r"\((0\.\d+) of a clean run\)", r["stops"]) for r in (first, again)]
+    fractions = [re.findall(r"\((0\.\d+) of the time between two saves", r["stops"]) for r in (first, again)]
     assert len(fractions[0]) == 2 and fractions[0] == fractions[1]
 
 
@@ -199,7 +202,7 @@ def test_an_output_that_cannot_be_read_is_not_checked_never_a_difference(tmp_pat
     rests on the files compared."""
     script = (
         "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); "
-        "os.path.exists('out/pipe') or os.mkfifo('out/pipe'); time.sleep(1)"
+        f"os.path.exists('out/pipe') or os.mkfifo('out/pipe'); {RESUMES}time.sleep(1)"
     )
     proc, result = check(
         tmp_path, "--output", "out", "--at", "0.6", "--stops", "1", command=[sys.executable, "-c", script]

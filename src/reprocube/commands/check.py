@@ -50,6 +50,7 @@ def add_arguments(parser) -> None:
     add("--seed-env", metavar="VAR", help="the variable the command reads its seed from (control: another seed)")
     add("--seed-arg", metavar="TEMPLATE", help="an argument giving the seed, {seed} replaced (e.g. --seed={seed})")
     add("--timeout", type=float, metavar="SECONDS", help="the watchdog of each attempt (default 5x a clean run)")
+    add("--jobs", type=int, metavar="N", help="runs at once (default: the cores, at most 2; 1 under SLURM)")
     add(
         "--launcher",
         choices=LAUNCHERS,
@@ -84,6 +85,7 @@ OPTION_TYPES = {
     "seed_env": str,
     "seed_arg": str,
     "timeout": float,
+    "jobs": int,
     "launcher": str,
     "slurm_option": list,
 }
@@ -125,6 +127,7 @@ def run(args) -> int:
         args.timeout,
         args.out,
         slurm=args.slurm_option if args.launcher == "slurm" else None,
+        jobs=args.jobs,
     )
     return VERDICTS[result["verdict"]]
 

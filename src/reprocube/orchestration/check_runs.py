@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.orchestration.children import last_error_line
+from reprocube.orchestration.file_activity import FileActivity
 from reprocube.orchestration.process_guard import GuardedCommand, start_guarded
 from reprocube.probe import ENV as PROBE_ENV
 
@@ -28,41 +29,51 @@ SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1,
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
 EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit
 PROGRESS_EVERY_S = 30.0
-JITTER = 0.4  # default stops: each at its share of the clean run's duration, +-20%
 
 
 @dataclass(frozen=True)
 class Stop:
     """When to signal an attempt: `seconds` after it started, when a file matching `file_glob` appears in
-    the work directory (one no earlier attempt saw), or when a line of its output matches `line`."""
+    the work directory (one no earlier attempt saw), when a line of its output matches `line`, or
+    `after_save` seconds after the attempt's first save (a file it wrote in its directories: the default
+    stops, placed from an uninterrupted run's saves so that each follows something the restart can read)."""
 
     seconds: float | None = None
     file_glob: str | None = None
     line: str | None = None
-    fraction: float | None = None  # a planned stop: its share of a clean run's duration (from the stop seed)
+    after_save: float | None = None
+    fraction: float | None = None  # a planned stop: its share of the uninterrupted run's time between saves
 
     def describe(self) -> str:
         if self.file_glob is not None:
             return f"when a new file matches {self.file_glob}"
         if self.line is not None:
             return f"at an output line matching {self.line}"
-        planned = f" ({self.fraction:.3f} of a clean run)" if self.fraction is not None else ""
-        return f"{self.seconds:.2f} s after the attempt started{planned}"
+        if self.after_save is not None:
+            return (
+                f"{self.after_save:.2f} s after the attempt's first save ({self.fraction:.3f} of the time "
+                "between two saves of a clean run)"
+            )
+        return f"{self.seconds:.2f} s after the attempt started"
 
-    def due(self, elapsed: float, work: Path, seen: set[str]) -> bool:
-        """Whether a time or file stop's moment came (a line stop is each launcher's: it reads the output)."""
+    def due(self, elapsed: float, run: Run, seen: set[str], attempt_start: float) -> bool:
+        """Whether a time, file or save stop's moment came (a line stop is each launcher's: it reads the
+        output)."""
         if self.seconds is not None:
             return elapsed >= self.seconds
-        return self.file_glob is not None and any(p not in seen for p in _matching(work, self.file_glob))
+        if self.after_save is not None:
+            saves = run.activity.writes(since=attempt_start, lasting=True) if run.activity is not None else []
+            return bool(saves) and time.perf_counter() >= saves[0].at + self.after_save
+        return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
 
 
-def planned_stops(count: int, clean_s: float, seed: int) -> list[Stop]:
-    """`count` stops spread over a clean run's duration, each attempt stopped after its share of it,
-    jittered by `seed` (recorded: --stop-seed gives the same fractions of a clean run; --at the same
-    seconds)."""
+def planned_stops(count: int, save_gap_s: float, seed: int) -> list[Stop]:
+    """`count` stops, each `fraction` of the uninterrupted run's time between two saves after its
+    attempt's first save (from right after it to just before the next), the fractions drawn from `seed`
+    (recorded: --stop-seed replays them)."""
     rng = random.Random(seed)
-    fractions = [(1 + JITTER * (rng.random() - 0.5)) / (count + 1) for _ in range(count)]
-    return [Stop(seconds=round(clean_s * f, 3), fraction=f) for f in fractions]
+    fractions = [0.05 + 0.9 * rng.random() for _ in range(count)]
+    return [Stop(after_save=round(save_gap_s * f, 3), fraction=f) for f in fractions]
 
 
 @dataclass
@@ -72,6 +83,7 @@ class Attempt:
     exit: int | None  # None: ended by the watchdog
     stop: str | None = None  # the stop it was given ("SIGTERM 1.20 s after ..."), None: it ran to its end
     stopped_early: bool = False  # it ended on its own before its stop came
+    signal_s: float | None = None  # when the stop's signal was sent, since the attempt started
 
     def as_dict(self) -> dict:
         return {
@@ -80,6 +92,7 @@ class Attempt:
             "exit": self.exit,
             "stop": self.stop,
             "stopped_early": self.stopped_early,
+            "signal_s": None if self.signal_s is None else round(self.signal_s, 3),
         }
 
 
@@ -94,6 +107,9 @@ class Run:
     attempts: list[Attempt] = field(default_factory=list)
     # called with the seconds an attempt has run, every PROGRESS_EVERY_S: never a long silence, on any output
     on_progress: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+    # what the command wrote and read in its directories (the work directory, HOME, TMPDIR), if watched
+    activity: FileActivity | None = field(default=None, repr=False, compare=False)
+    began: float = 0.0  # time.perf_counter() when its first attempt started: Attempt.started_s counts from it
 
     def probe_trace(self, attempt: int) -> Path:
         return self.probe / f"attempt-{attempt}.jsonl"
@@ -130,7 +146,8 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
     """Run the command in run.work; after each stop that lands, start it again, until an attempt ends on
     its own (exit status recorded) or ends by the watchdog. A stop whose attempt ends first is recorded as
     stopped_early and the run is over (nothing was interrupted)."""
-    began, seen = time.perf_counter(), _files(run.work)
+    run.began = began = time.perf_counter()
+    seen = _files(run.work)
     for stop in [*stops, None]:
         attempt = _attempt(run, stop, signum, timeout_s, seen, began)
         run.attempts.append(attempt)
@@ -153,19 +170,21 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         except OSError as exc:  # not found, not executable: the command failed, as a shell's 127 says
             log.write(f"error: could not start {run.command[0]!r}: {exc.strerror or exc}\n")
             return Attempt(start - began, 0.0, 127, None)
-        matched = threading.Event()
+        matched, signalled = threading.Event(), []  # signalled: when the stop's signal was sent
         pattern = re.compile(stop.line) if stop is not None and stop.line is not None else None
 
         def on_line() -> None:  # at once, from the reader: the script has gone no further than its next line
             if not matched.is_set():
                 matched.set()
+                signalled.append(time.perf_counter())
                 _signal_group(child, signum)
 
         reader = threading.Thread(target=_copy_output, args=(child, log, pattern, on_line), daemon=True)
         reader.start()
         try:
-            given = _wait_for_trigger(child, stop, run.work, seen, matched, start, timeout_s, run.on_progress)
+            given = _wait_for_trigger(child, stop, run, seen, matched, start, timeout_s, run.on_progress)
             if given and pattern is None:
+                signalled.append(time.perf_counter())
                 _signal_group(child, signum)
             given = given or matched.is_set()  # the reader's signal may have ended it before the loop looked
             status = _wait_exit(child, EXIT_WAIT_S if given else max(0.0, timeout_s - (time.perf_counter() - start)))
@@ -176,7 +195,8 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         note = f"{signal.Signals(signum).name} {stop.describe()}" if stop is not None else None
         if note and given:
             log.write(f"[reprocube check: {note}, after {seconds:.2f} s]\n")
-        return Attempt(start - began, seconds, status, note, stopped_early=stop is not None and not given)
+        signal_s = signalled[0] - start if given and signalled else None
+        return Attempt(start - began, seconds, status, note, stop is not None and not given, signal_s)
 
 
 def _copy_output(child: GuardedCommand, log, pattern: re.Pattern | None, on_line) -> None:
@@ -195,7 +215,7 @@ def _signal_group(child: GuardedCommand, signum: int) -> None:
 def _wait_for_trigger(
     child,
     stop: Stop | None,
-    work: Path,
+    run: Run,
     seen: set[str],
     matched: threading.Event,
     start: float,
@@ -211,7 +231,7 @@ def _wait_for_trigger(
             reported = time.perf_counter()
             on_progress(elapsed)
         if stop is not None:
-            if stop.due(elapsed, work, seen) or (stop.line is not None and matched.is_set()):
+            if stop.due(elapsed, run, seen, start) or (stop.line is not None and matched.is_set()):
                 return True
         if elapsed >= timeout_s:
             return False

@@ -6,27 +6,37 @@ every update. Each stage that ends the check writes check.json and check.md with
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
-import statistics
+import threading
 import time
 from pathlib import Path
 
-from reprocube.analysis.outputs import collect, compare_outputs
-from reprocube.analysis.probe_trace import compare_stopped, describe_difference, first_difference, read_trace, steps_of
+from reprocube.analysis.outputs import collect, compare_outputs, parse_ignore
+from reprocube.analysis.probe_trace import (
+    compare_ranks,
+    compare_stopped_ranks,
+    describe_difference,
+    read_rank_traces,
+    steps_of,
+)
 from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
+from reprocube.orchestration.file_activity import FileActivity
+from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import write_check
 from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.terminal import counted, one_line
 
 SUSPECTS = (
     "unseeded generators (Python's random, NumPy, the framework's: torch.manual_seed, tf.random.set_seed, a JAX "
-    "key), PYTHONHASHSEED (set and dict order), non-deterministic kernels and thread counts "
+    "key), seeds from the clock or os.urandom, PYTHONHASHSEED (the order of a set or of unordered iteration), "
+    "non-deterministic kernels and thread counts "
     "(torch.use_deterministic_algorithms, TF_DETERMINISTIC_OPS, XLA flags, cuDNN/oneDNN autotuning), data-loader "
     "workers, and timestamps or absolute paths written into the outputs (--ignore them)"
 )
@@ -50,9 +60,12 @@ def check(
     out: Path | None = None,
     echo=print,
     slurm: list[str] | None = None,
+    jobs: int | None = None,
 ) -> dict:
     """check.json's content, once written. slurm: None runs here; a list of sbatch options runs each run as
-    a SLURM job with them, each stop a requeue (reprocube.orchestration.check_slurm)."""
+    a SLURM job with them, each stop a requeue (reprocube.orchestration.check_slurm). jobs: how many runs
+    go at once (the clean runs together, then the control beside the stopped run); None: this machine's
+    cores, at most 2 (one job under SLURM)."""
     started = time.perf_counter()
     _check_arguments(
         command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed, out
@@ -64,18 +77,23 @@ def check(
                 "KillWait): --signal cannot be chosen"
             )
         check_slurm(slurm)
+    globs, _ = parse_ignore(ignore)  # a malformed FILE:KEY is refused here, before any run
+    if outputs and all(any(fnmatch.fnmatch(o, g) for g in globs) for o in outputs):
+        raise ConfigError("--ignore matches every --output: nothing would be compared")
+    if jobs is not None and not 1 <= jobs <= 16:
+        raise ConfigError(f"--jobs must be from 1 to 16, got {jobs}")
+    jobs = jobs or (1 if slurm is not None else max(1, min(2, len(os.sched_getaffinity(0)))))
     stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
     out = _workspace(out, command)
     session = CheckSession(command, outputs, ignore, copies, seed_env, seed_arg, out, echo, slurm, started)
+    session.jobs = jobs
     session.result |= {"stop_seed": stop_seed, "signal": signal_name}
     session.signum = SIGNALS[signal_name]
     session.how = "SLURM requeue" if slurm is not None else f"SIG{signal_name}"
     session.announce(repeat, stops)
     try:
-        return (
-            session.clean_runs(repeat, timeout)
-            or session.negative_control()
-            or session.stopped_run(stops, at, at_file, at_line, stop_seed)
+        return session.clean_runs(repeat, timeout) or session.control_and_stopped_run(
+            stops, at, at_file, at_line, stop_seed
         )
     except KeyboardInterrupt:
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
@@ -90,6 +108,7 @@ class CheckSession:
         self.command, self.outputs, self.ignore, self.copies = command, outputs, ignore, copies
         self.seed_env, self.seed_arg, self.out, self.echo, self.slurm = seed_env, seed_arg, out, echo, slurm
         self.started = started
+        self.jobs = 1
         self.signum, self.how = None, ""
         self.clean: list[Run] = []
         self.limit = 0.0  # the watchdog of each attempt after the first clean run
@@ -127,24 +146,44 @@ class CheckSession:
 
     # --- the runs ---------------------------------------------------------------------------------
     def new_run(self, name: str, seed: int = 0) -> Run:
-        work = self.out / "work" / name
+        """A run in fresh directories of its own: its work directory (the command's cwd), and a HOME and a
+        TMPDIR beside it, so that no run finds what another left there."""
+        work, home, tmp = self.out / "work" / name, self.out / "home" / name, self.out / "tmp" / name
         work.mkdir(parents=True)
+        home.mkdir(parents=True)
+        tmp.mkdir(parents=True)
         copy_inputs(self.copies, work)  # checked before any run (check_copies); links never followed
-        env = {**os.environ, **({self.seed_env: str(seed)} if self.seed_env else {})}
+        env = {**isolated_environment(home, tmp), **({self.seed_env: str(seed)} if self.seed_env else {})}
         argv = [*self.command, *([self.seed_arg.replace("{seed}", str(seed))] if self.seed_arg else [])]
         run = Run(name, work, self.out / "logs" / f"{name}.log", env, argv, self.out / "probe" / name)
+        run.activity = FileActivity({"work": work, "HOME": home, "TMPDIR": tmp})
         run.on_progress = lambda seconds: self.echo(one_line(f"  {name}: {seconds:.0f} s, running; {_last_line(run)}"))
         return run
 
     def ran(self, run: Run, stop_list: list[Stop], limit: float) -> Run:
-        stopping = f" ({counted(len(stop_list), 'stop')})" if stop_list else ""
-        self.echo(f"  {run.name}: {' '.join(run.command)}" + stopping)
-        if self.slurm is None:
-            execute(run, stop_list, self.signum, limit)
-        else:
-            self.result["launcher"]["jobs"][run.name] = execute_slurm(run, stop_list, limit, self.slurm)
-        self.result["runs"].append(run.as_dict())
-        return run
+        return self.ran_together([(run, stop_list, limit)])[0]
+
+    def ran_together(self, planned: list[tuple[Run, list[Stop], float]]) -> list[Run]:
+        """Each (run, its stops, its watchdog), up to self.jobs at once; recorded in the order given."""
+        for run, stop_list, _ in planned:
+            stopping = f" ({counted(len(stop_list), 'stop')})" if stop_list else ""
+            self.echo(f"  {run.name}: {' '.join(run.command)}" + stopping)
+        jobs: dict[str, str] = {}
+
+        def one(item: tuple[Run, list[Stop], float]) -> None:
+            run, stop_list, limit = item
+            with run.activity:
+                if self.slurm is None:
+                    execute(run, stop_list, self.signum, limit)
+                else:
+                    jobs[run.name] = execute_slurm(run, stop_list, limit, self.slurm)
+
+        in_parallel(one, planned, self.jobs)
+        for run, _, _ in planned:
+            self.result["runs"].append(run.as_dict())
+            if run.name in jobs:
+                self.result["launcher"]["jobs"][run.name] = jobs[run.name]
+        return [run for run, _, _ in planned]
 
     def compared(self, run: Run, against: Run, explain: bool = True) -> dict:
         comparison = compare_outputs(against.work, run.work, self.outputs, self.ignore, explain)
@@ -167,23 +206,33 @@ class CheckSession:
 
     # --- the stages -------------------------------------------------------------------------------
     def clean_runs(self, repeat: int, timeout: float | None) -> dict | None:
-        """`repeat` uninterrupted runs, which must write the same outputs (and updates, by the probe);
-        then the first one's receipt."""
+        """`repeat` uninterrupted runs, together where the cores allow, which must write the same outputs
+        (and updates, by the probe) and start from nothing another run left; then the first one's receipt."""
         clean = self.clean
-        clean.append(self.ran(self.new_run("clean-1"), [], timeout or 24 * 3600.0))
-        if clean[0].exit != 0:
-            return self.finish("command-failed", "clean-1", failure_line(clean[0]))
-        self.limit = timeout or max(120.0, 5 * clean[0].attempts[-1].seconds)
+        clean += self.ran_together(
+            [(self.new_run(f"clean-{i}"), [], timeout or 24 * 3600.0) for i in range(1, repeat + 1)]
+        )
+        failed = next((run for run in clean if run.exit != 0), None)
+        if failed is not None:
+            return self.finish("command-failed", failed.name, failure_line(failed))
+        self.limit = timeout or max(120.0, 5 * max(run.attempts[-1].seconds for run in clean))
+        written = collect(clean[0].work, self.outputs, [])
+        unwritten = [o for o in self.outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in written)]
+        if unwritten:
+            return self.finish(
+                "command-failed",
+                "clean-1",
+                f"it did not write the declared output {unwritten[0]}"
+                + (f" (nor {', '.join(unwritten[1:])})" if len(unwritten) > 1 else "")
+                + ": a typo in --output, or the script writes it elsewhere",
+            )
         if not collect(clean[0].work, self.outputs, self.ignore):
-            written = f"it wrote none of the declared outputs ({', '.join(self.outputs)})"
-            return self.finish("command-failed", "clean-1", written)
-        for i in range(2, repeat + 1):
-            clean.append(self.ran(self.new_run(f"clean-{i}"), [], self.limit))
-            if clean[-1].exit != 0:
-                return self.finish("command-failed", clean[-1].name, failure_line(clean[-1]))
-            comparison = self.compared(clean[-1], clean[0])
+            raise ConfigError(f"--ignore {' '.join(self.ignore)}: ignores every declared output; nothing is compared")
+        first_updates: dict[str, int | None] = {}
+        for run in clean[1:]:
+            comparison = self.compared(run, clean[0])
             self.result["comparisons"]["repeat"].append(comparison)
-            traced = _repeat_trace(clean[0], clean[-1], self.result)
+            traced = _repeat_trace(clean[0], run, self.result, first_updates)
             if not comparison["identical"] or traced:
                 where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
                 return self.finish(
@@ -191,48 +240,78 @@ class CheckSession:
                     "repeat",
                     f"two uninterrupted runs differ ({where}); resume was not tested. Usual suspects: {SUSPECTS}",
                 )
+        leaked = leaked_state(clean, first_updates)
+        if leaked:
+            return self.finish("state-leaked", "repeat", f"{leaked}; resume was not tested")
         receipt = _write_receipt(
             self.out, clean[0], self.copies, self.outputs, self.ignore, self.result["environment"], self.seed_env
         )
         self.echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         return None
 
-    def negative_control(self) -> dict | None:
-        """A run with another seed must write other outputs; without a seed option, said as not checked."""
-        if not (self.seed_env or self.seed_arg):
+    def control_and_stopped_run(self, stops: int, at, at_file, at_line, stop_seed: int) -> dict:
+        """The negative control (if the command takes a seed) beside the stopped run, then their verdicts:
+        the control's first (a void check says so whatever the stopped run did)."""
+        plan, why_not = self.plan_stops(stops, at, at_file, at_line, stop_seed)
+        if plan is None:
+            return self.finish("not-resumed", "stopped", why_not)
+        self.result["stops"] = "; ".join(stop.describe() for stop in plan)
+        planned = [(self.new_run("stopped"), plan, self.limit)]
+        if self.seed_env or self.seed_arg:
+            planned.insert(0, (self.new_run("control", seed=1), [], self.limit))
+        else:
             self.result["not_checked"].append(
                 "no negative control (--seed-env or --seed-arg): whether the outputs depend "
                 "on the training was not checked"
             )
-            return None
-        control = self.ran(self.new_run("control", seed=1), [], self.limit)
+        *control, stopped = self.ran_together(planned)
+        return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
+
+    def plan_stops(self, stops: int, at, at_file, at_line, stop_seed: int) -> tuple[list[Stop] | None, str]:
+        """The stops asked for, or the default ones: each a share of the time between two of an
+        uninterrupted run's saves after its attempt's first save. None (and why) where that run saved
+        once or never before its end: no stop could follow a save and still interrupt something."""
+        if at is not None or at_file is not None or at_line is not None:
+            return _stops(stops, at, at_file, at_line), ""
+        clean = self.clean[0]
+        activity, attempt = clean.activity, clean.attempts[-1]
+        saves = activity.save_moments(since=clean.began) if activity is not None else []
+        seen = "" if activity is None or activity.complete else f" ({activity.why_incomplete})"
+        if len(saves) < 2:
+            return None, (
+                f"the uninterrupted run wrote files {'once' if saves else 'never'} in {attempt.seconds:.1f} s"
+                f"{seen} (in its work directory, HOME or TMPDIR): no stop can come after a save and still "
+                "interrupt the run, so resume cannot be tested (a checkpoint only at the end?). Stop it "
+                "yourself with --at SECONDS, --at-file GLOB or --at-line REGEX to see what a restart does"
+            )
+        gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
+        return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
+
+    def control_verdict(self, control: Run) -> dict | None:
+        """A run with another seed must write other outputs."""
         if control.exit != 0:
             return self.finish("command-failed", "control", failure_line(control))
         self.result["comparisons"]["control"] = self.compared(
             control, self.clean[0], explain=False
         )  # differing is enough
+        leaked = leaked_state([*self.clean, control], {}) if control.attempts[-1].exit == 0 else None
         if self.result["comparisons"]["control"]["identical"]:
             return self.finish(
-                "control-void",
+                "state-leaked" if leaked else "control-void",
                 "control",
-                "a run with another seed wrote the same outputs: they do "
-                "not depend on the training, so their agreement proves nothing",
+                "a run with another seed wrote the same outputs: "
+                + (f"{leaked}" if leaked else "they do not depend on the training, so their agreement proves nothing"),
             )
         return None
 
-    def stopped_run(self, stops: int, at, at_file, at_line, stop_seed: int) -> dict:
-        """The run stopped `stops` times and restarted after each, against the first clean run: the verdict."""
-        clean_s = statistics.median(a.attempts[-1].seconds for a in self.clean)
-        plan = _stops(stops, at, at_file, at_line, clean_s, stop_seed)
-        self.result["stops"] = "; ".join(stop.describe() for stop in plan)
-        stopped = self.ran(self.new_run("stopped"), plan, self.limit)
+    def stopped_verdict(self, stopped: Run, plan: list[Stop]) -> dict:
+        """The run stopped and restarted after each stop, against the first clean run: the verdict."""
         landed = stopped.stops_landed
         if stopped.exit != 0:
             return self.finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {failure_line(stopped)}")
-        if landed < len(plan):
-            self.result["not_checked"].append(
-                f"{len(plan) - landed} of the {len(plan)} stops did not land: the command ended before them"
-            )
+        leaked = leaked_state([*self.clean, stopped], {}) if landed == 0 else None
+        if leaked:
+            return self.finish("state-leaked", "stopped", f"its first attempt ended before its stop: {leaked}")
         if landed == 0:
             return self.finish(
                 "no-stop-landed",
@@ -240,22 +319,39 @@ class CheckSession:
                 "the command finished before its first stop: resume was not "
                 "tested (stop earlier: --at SECONDS, --at-file GLOB or --at-line REGEX)",
             )
-        return self.resume_verdict(stopped, landed)
-
-    def resume_verdict(self, stopped: Run, landed: int) -> dict:
         comparison = self.compared(stopped, self.clean[0])
         self.result["comparisons"]["resume"] = comparison
         traced = _resume_trace(self.clean[0], stopped, self.result)
-        restarts = f"after {counted(landed, 'stop')} by {self.how} and as many restarts"
+        evidence = stop_evidence(stopped, self.result["probe"] and self.result["probe"].get("resume"))
+        self.result["stop_evidence"] = evidence
+        effective = [e for e in evidence if e["effective"]]
+        restarts = f"after {counted(landed, 'stop')} by {self.how} ({len(effective)} of {len(plan)} effective)"
+        if traced["before_stops"]:
+            return self.finish(
+                "not-deterministic",
+                "resume",
+                f"the stopped run departs from the uninterrupted one before its first stop ({traced['before_stops']}): "
+                f"not resume's doing; two agreeing uninterrupted runs do not exclude a rarer non-determinism "
+                f"(--repeat N). Usual suspects: {SUSPECTS}",
+            )
         if not comparison["identical"] or traced["differs"]:
             found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
-            return self.finish("resume-differs", "resume", f"{restarts}, {'; '.join(found)}")
-        if traced["not_resumed"]:
+            if not found:  # nothing differs that was compared: the outputs could not be read
+                found = ["no declared output could be compared (see not checked)"]
+            return self.finish(
+                "resume-differs",
+                "resume",
+                f"{restarts}, {'; '.join(found)}. Two agreeing uninterrupted runs do not exclude "
+                "a rarer non-determinism: --repeat N tells them apart",
+            )
+        void = [e for e in evidence if not e["effective"]]
+        if void:
+            named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in void)
             return self.finish(
                 "not-resumed",
                 "resume",
-                f"{restarts}: {traced['not_resumed']} instead of resuming, so "
-                "resume was not tested (the same outputs show only that the script is deterministic)",
+                f"{restarts}: {named}. The same outputs show only that the script is deterministic: "
+                "resume was not tested there",
             )
         caveat = "; no negative control" if not (self.seed_env or self.seed_arg) else ""
         updates = (
@@ -266,11 +362,14 @@ class CheckSession:
             updates += "; the probe's traces could not be read (not checked)"
         elif traced["compared"] and any(line.startswith("the updates at steps") for line in not_checked):
             updates += " it recorded (not all: see not checked)"
+        how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
+        more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
+        unchecked = f"; not checked: {not_checked[0]}{more} (check.md)" if not_checked else ""
         return self.finish(
             "resume-exact",
             "resume",
-            f"stopped {counted(landed, 'time')} by {self.how} and "
-            f"restarted, every declared output is bit-identical to an uninterrupted run's{updates}{caveat}",
+            f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
+            f"every declared output is bit-identical to an uninterrupted run's{updates}{caveat}{unchecked}",
         )
 
 
@@ -322,14 +421,57 @@ def _seconds(at: str) -> list[float]:
     return values
 
 
-def _stops(count: int, at, at_file, at_line, clean_s: float, seed: int) -> list[Stop]:
+def _stops(count: int, at, at_file, at_line) -> list[Stop]:
     if at is not None:
         return [Stop(seconds=s) for s in _seconds(at)]
     if at_file is not None:
         return [Stop(file_glob=at_file)] * count
-    if at_line is not None:
-        return [Stop(line=at_line)] * count
-    return planned_stops(count, clean_s, seed)
+    return [Stop(line=at_line)] * count
+
+
+def isolated_environment(home: Path, tmp: Path) -> dict[str, str]:
+    """This process's environment for a run, with a HOME and a TMPDIR of the run's own (state a script
+    keeps under ~ or in the temporary directory cannot pass from one run to another). The XDG base
+    directories follow HOME; Python's user site-packages stay where they are (PYTHONUSERBASE), so what
+    `pip install --user` put there still imports."""
+    import site
+
+    env = {k: v for k, v in os.environ.items() if not re.match(r"^XDG_(CACHE|CONFIG|DATA|STATE)_HOME\Z", k)}
+    env.setdefault("PYTHONUSERBASE", site.getuserbase())
+    absolute = {"HOME": home.absolute(), "TMPDIR": tmp.absolute(), "TMP": tmp.absolute(), "TEMP": tmp.absolute()}
+    return env | {name: str(path) for name, path in absolute.items()}
+
+
+def in_parallel(work, items: list, jobs: int) -> None:
+    """work(item) for each item, up to `jobs` at once (threads: each waits on its own processes); the
+    first exception raised is raised here once all have ended."""
+    if jobs <= 1 or len(items) <= 1:
+        for item in items:
+            work(item)
+        return
+    errors: list[BaseException] = []
+    pending = list(items)
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not pending or errors:
+                    return
+                item = pending.pop(0)
+            try:
+                work(item)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(jobs, len(items)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)  # a KeyboardInterrupt reaches this thread between the waits
+    if errors:
+        raise errors[0]
 
 
 def _workspace(out: Path | None, command: list[str]) -> Path:
@@ -356,34 +498,38 @@ def _write_receipt(
     )
 
 
-def _traces(run: Run) -> list:
-    return [read_trace(run.probe_trace(number)) for number in range(1, len(run.attempts) + 1)]
+def _traces(run: Run) -> list[dict]:
+    """Each attempt's traces, by rank ({} where no process of it wrote one)."""
+    return [read_rank_traces(run.probe_trace(number)) for number in range(1, len(run.attempts) + 1)]
 
 
-def _repeat_trace(first: Run, again: Run, result: dict) -> str | None:
-    """Where two uninterrupted runs' probe traces first differ (None: the same, or no probe)."""
+def _repeat_trace(first: Run, again: Run, result: dict, first_updates: dict[str, int | None]) -> str | None:
+    """Where two uninterrupted runs' probe traces first differ, rank by rank (None: the same, or no
+    probe); and in first_updates, the step of the first run that `again`'s first update is (past 1: it
+    began where another run had ended)."""
     try:
         (a,), (b,) = _traces(first), _traces(again)
     except CheckpointError as exc:
         result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
         return None
-    if a is None or b is None:
-        return (
-            None
-            if a is None and b is None
-            else f"only {'the second' if a is None else 'the first'} run wrote a probe trace"
-        )
+    if not a or not b:
+        return None if not a and not b else f"only {'the second' if not a else 'the first'} run wrote a probe trace"
     result["probe"] = result["probe"] or {"repeat": []}
-    if a.names != b.names:
+    compared = compare_ranks(a, b)
+    if "error" in compared:
         result["probe"]["repeat"].append(None)
-        return f"their probe traces record other tensors ({len(a.names)} vs {len(b.names)})"
-    a_steps, b_steps = steps_of(a, 0), steps_of(b, 0)
-    difference = first_difference(a_steps, b_steps, a.names)
+        return f"their probe traces differ: {compared['error']}"
+    if 0 in a and 0 in b and b[0].updates:
+        given, update = b[0].updates[0]
+        first_updates[again.name] = given or next((s for s, u in steps_of(a[0], 0).items() if u == update), None)
+    difference = compared["first_difference"]
     result["probe"]["repeat"].append(difference)
-    if difference is None and set(a_steps) != set(b_steps):  # one made updates the other never did
-        return f"the first run made {counted(len(a_steps), 'update')}, the second {len(b_steps)}"
     if difference is None:
-        return None
+        unequal = next((r for r in compared["per_rank"] if not r["same_steps"]), None)
+        if unequal is None:
+            return None
+        where = f" on rank {unequal['rank']}" if len(compared["ranks"]) > 1 else ""
+        return f"the first run made {counted(unequal['a_steps'], 'update')}{where}, the second {unequal['b_steps']}"
     return (
         f"step {difference['step']} is the first update that differs: "
         f"{describe_difference(difference, 'first run', 'second run')}"
@@ -392,30 +538,32 @@ def _repeat_trace(first: Run, again: Run, result: dict) -> str | None:
 
 def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
     """The stopped run's probe traces against the uninterrupted run's: {"differs": the first differing
-    update, after which stop, or None; "not_resumed": a restart that began at step 1 again, or None}."""
+    update after a stop, or None; "before_stops": the first differing update where it came before any
+    stop, or None; "compared": updates compared; "difference": the first difference as recorded}."""
+    none = {"differs": None, "before_stops": None, "compared": 0, "difference": None}
     try:
         (reference,) = _traces(clean)
-        traced = compare_stopped(reference, _traces(stopped)) if reference is not None else None
+        traced = compare_stopped_ranks(reference, _traces(stopped))
     except CheckpointError as exc:  # the script's process wrote the traces: a malformed one is not our crash
         result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
-        return {"differs": None, "not_resumed": None, "compared": 0}
+        return none
     if traced is None:
         result["not_checked"].append(
             "which step first departs after a stop, and whether each restart resumed "
             "instead of starting again: the script does not call the probe "
             "(from reprocube import probe; docs/check.md)"
         )
-        return {"differs": None, "not_resumed": None, "compared": 0}
+        return none
     result["probe"] = {**(result["probe"] or {"repeat": []}), "resume": traced}
     if "error" in traced:
-        return {"differs": traced["error"], "not_resumed": None, "compared": 0}
+        return {**none, "differs": traced["error"]}
     difference, attempts = traced["first_difference"], traced["attempts"]
-    differs = None
+    differs = before = None
     if difference is not None:
-        details, step = describe_difference(difference, "uninterrupted", "resumed"), difference["step"]
+        details, step = describe_difference(difference, "uninterrupted", "resumed", hint=True), difference["step"]
         attempt, stop = attempts[difference["attempt"] - 1], difference["after_stop"]
-        if not stop:
-            differs = f"step {step} differs before any stop ({details})"
+        if not stop:  # not resume's doing: no hint at what a checkpoint lacks
+            before = f"step {step} differs ({describe_difference(difference, 'uninterrupted', 'stopped')})"
         elif attempt["how"] == "assumed":
             differs = (
                 f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
@@ -433,9 +581,7 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
             "stop ended an attempt before the probe wrote them, and the restart resumed "
             "after them: call probe.checkpoint right after each save)"
         )
-    scratch = [a["attempt"] for a in attempts if a.get("from_scratch")]
-    not_resumed = f"after stop {scratch[0] - 1} the script began again at step 1" if scratch else None
-    return {"differs": differs, "not_resumed": not_resumed, "compared": traced["compared_steps"]}
+    return {"differs": differs, "before_stops": before, "compared": traced["compared_steps"], "difference": difference}
 
 
 def _last_line(run: Run) -> str:

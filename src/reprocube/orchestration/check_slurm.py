@@ -88,7 +88,8 @@ def execute_slurm(run: Run, stops: list[Stop], timeout_s: float, options: list[s
     previous = {signum: signal.signal(signum, _interrupted) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         job = _submit(run, options)
-        began, seen = time.perf_counter(), _files(run.work)
+        run.began = began = time.perf_counter()
+        seen = _files(run.work)
         for number, stop in enumerate([*stops, None], start=1):
             attempt = _attempt(run, job, number, stop, timeout_s, seen, began)
             run.attempts.append(attempt)
@@ -203,17 +204,18 @@ def _attempt(
             return Attempt(queued - began, 0.0, None, None)  # never started: the watchdog
         time.sleep(POLL_S)
     start, cursor, looked = time.perf_counter(), [_size(run.log)], time.perf_counter()
-    given = False
+    given, signal_s = False, None
     while state[0] in RUNNING and state[1] == number - 1 and not _ended(run, number):
         elapsed = time.perf_counter() - start
         if run.on_progress is not None and time.perf_counter() - reported >= PROGRESS_EVERY_S:
             reported = time.perf_counter()
             run.on_progress(elapsed)
-        if stop is not None and _stop_came(stop, elapsed, run, seen, cursor):
+        if stop is not None and _stop_came(stop, elapsed, run, seen, cursor, start):
             # Only a job still running this attempt is requeued: a requeue of one that just ended would
             # start it again and count as a stop that interrupted nothing.
             state = _state(job, state)
             if state == ("RUNNING", number - 1) and not _ended(run, number):
+                signal_s = time.perf_counter() - start
                 done = _run(["scontrol", "requeue", job])
                 given = done is not None and done.returncode == 0
             break
@@ -239,13 +241,13 @@ def _attempt(
     if note and given:
         with open(run.log, "a") as log:
             log.write(f"[reprocube check: {note}, after {seconds:.2f} s]\n")
-    return Attempt(start - began, seconds, status, note, stopped_early=stop is not None and not given)
+    return Attempt(start - began, seconds, status, note, stop is not None and not given, signal_s if given else None)
 
 
-def _stop_came(stop: Stop, elapsed: float, run: Run, seen: set[str], cursor: list[int]) -> bool:
+def _stop_came(stop: Stop, elapsed: float, run: Run, seen: set[str], cursor: list[int], start: float) -> bool:
     """Whether the stop's moment came; cursor[0]: how far this attempt's log was read (whole lines)."""
     if stop.line is None:
-        return stop.due(elapsed, run.work, seen)
+        return stop.due(elapsed, run, seen, start)
     with open(run.log, "rb") as log:
         log.seek(cursor[0])
         text = log.read(1_000_000)

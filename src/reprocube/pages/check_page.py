@@ -41,8 +41,14 @@ NEXT_STEP = {
     "no-stop-landed": ("warn", "Stop earlier: --at SECONDS, --at-file GLOB (a checkpoint) or --at-line REGEX."),
     "not-resumed": (
         "warn",
-        "After a stop the script started again at step 1: make it load its latest "
-        "checkpoint when one is there, then check again.",
+        "A stop proved nothing: it came before the script had saved anything, or the restart began again "
+        "instead of loading what was saved. Make it load its latest checkpoint when one is there, or stop "
+        "after a save (--at-file GLOB, --at-line REGEX), then check again.",
+    ),
+    "state-leaked": (
+        "warn",
+        "A run started from state another run left: keep checkpoints in the working directory (or under "
+        "HOME or TMPDIR, which check gives each run), not at a fixed absolute path, then check again.",
     ),
     "command-failed": ("bad", "The script failed: its log (under logs/) has the error."),
 }

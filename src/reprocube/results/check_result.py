@@ -34,7 +34,10 @@ CHECK_RESULT = ResultFile(
         "environment",  # this machine and process, as env.json records it
         "wall_s",
     ),
-    optional_keys=("launcher",),  # --launcher slurm: {name, sbatch_options, jobs: {run: SLURM job id}}
+    optional_keys=(
+        "launcher",  # --launcher slurm: {name, sbatch_options, jobs: {run: SLURM job id}}
+        "stop_evidence",  # per stop of the stopped run: landed, effective, and how that was told (or why not)
+    ),
 )
 VERDICTS = {
     "resume-exact": EXIT_OK,
@@ -42,7 +45,8 @@ VERDICTS = {
     "not-deterministic": EXIT_NOT_DETERMINISTIC,
     "control-void": EXIT_CHECK_VOID,
     "no-stop-landed": EXIT_CHECK_VOID,
-    "not-resumed": EXIT_CHECK_VOID,  # the probe saw a restart begin at step 1 again
+    "not-resumed": EXIT_CHECK_VOID,  # a stop proved nothing: nothing saved before it, or the restart began again
+    "state-leaked": EXIT_CHECK_VOID,  # a run started from state another run left outside its directories
     "command-failed": EXIT_COMMAND_FAILED,
 }
 
@@ -152,10 +156,14 @@ def markdown(result: dict) -> str:
         f"- stops: {result['stops'] or 'none'} by "
         + ("SLURM requeue (scontrol requeue)" if result.get("launcher") else f"SIG{result['signal']}")
         + (
-            f"; the same fractions of a clean run: `--stop-seed {result['stop_seed']}`"
+            f"; the same moments again: `--stop-seed {result['stop_seed']}`"
             if "of a clean run" in result["stops"]
             else ""
         ),
+    ]
+    lines += [
+        f"- stop {e['stop']}: {'effective' if e['effective'] else 'proved nothing'}: {md_text(e['how'])}"
+        for e in result.get("stop_evidence", [])
     ]
     lines += [f"- not checked: {md_text(item)}" for item in result["not_checked"]]
     lines += _probe_lines(result["probe"])

@@ -1,0 +1,188 @@
+"""What a checked command wrote and read in its own directories (its work directory, HOME and TMPDIR), and
+when, as Linux's inotify reports it: how `reprocube check` tells, without the probe, whether a stop came
+after the command had saved anything and whether the restart read it back, and when an uninterrupted run
+saves (where the default stops go).
+
+Only whole-file events count: a write is a file closed after writing or renamed into place (a checkpoint
+written then renamed, or in place); a read is a file read or opened read-only and closed. Directories are
+watched as they appear (a file in a directory made and filled faster than its watch is added can be
+missed). Where inotify is missing, the watches run out or its queue overflows, `complete` is False and
+the caller says what it could not see. Everything is recorded by relative name and time, nothing read."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import select
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+IN_ACCESS, IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_MOVED_TO = 0x1, 0x8, 0x10, 0x80
+IN_CREATE, IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR = 0x100, 0x4000, 0x8000, 0x40000000
+IN_ONLYDIR, IN_DONT_FOLLOW, IN_NONBLOCK, IN_CLOEXEC = 0x01000000, 0x02000000, 0o4000, 0o2000000
+WATCHED = IN_ACCESS | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_TO | IN_CREATE
+EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), then the name
+MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
+MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
+MERGE_S = 0.02  # writes closer than this are one save (a checkpoint and its metrics file, written together)
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # time.perf_counter()
+    kind: str  # "write" or "read"
+    path: str  # "<place>/<relative path>"
+
+
+class FileActivity:
+    """Watches `places` ({name: directory}) from start() to stop(), in a thread of its own."""
+
+    def __init__(self, places: dict[str, Path]):
+        self.places = places
+        self.events: list[Event] = []
+        self.complete = True
+        self.why_incomplete = ""
+        self._dirs: dict[int, str] = {}  # watch descriptor -> "<place>/<relative dir>"
+        self._fd = -1
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._last: dict[tuple[str, str], float] = {}
+
+    def start(self) -> FileActivity:
+        self._fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if hasattr(_libc, "inotify_init1") else -1
+        if self._fd < 0:
+            self._incomplete("inotify is not available here")
+            return self
+        for name, root in self.places.items():
+            self._watch_tree(root, name)
+        self._thread = threading.Thread(target=self._read_loop, name="file-activity", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            time.sleep(0.05)  # the last events of a process that just ended
+            self._stopping.set()
+            self._thread.join(5)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> FileActivity:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- questions ------------------------------------------------------------------------------
+    def writes(self, since: float = float("-inf"), until: float = float("inf"), lasting: bool = False) -> list[Event]:
+        """The writes between since and until; lasting: only of files still there (a temporary file
+        that a library writes and deletes at start-up is no save)."""
+        return [
+            e
+            for e in list(self.events)
+            if e.kind == "write" and since <= e.at < until and (not lasting or self.exists(e.path))
+        ]
+
+    def exists(self, path: str) -> bool:
+        place, _, relative = path.partition("/")
+        return os.path.lexists(self.places[place] / relative)
+
+    def reads(self, since: float = float("-inf"), until: float = float("inf")) -> list[Event]:
+        return [e for e in list(self.events) if e.kind == "read" and since <= e.at < until]
+
+    def save_moments(self, since: float = float("-inf"), until: float = float("inf")) -> list[float]:
+        """When the command saved: its writes, those closer than MERGE_S to the previous one merged."""
+        moments: list[float] = []
+        for event in self.writes(since, until, lasting=True):
+            if not moments or event.at - moments[-1] > MERGE_S:
+                moments.append(event.at)
+        return moments
+
+    # --- inotify --------------------------------------------------------------------------------
+    def _incomplete(self, why: str) -> None:
+        self.complete, self.why_incomplete = False, self.why_incomplete or why
+
+    def _watch_tree(self, root: Path, name: str) -> None:
+        """root and every directory under it (walked without recursion), each watched."""
+        pending = [(root, name)]
+        while pending:
+            directory, label = pending.pop()
+            if not self._watch(directory, label):
+                return
+            try:
+                with os.scandir(directory) as entries:
+                    subdirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            pending += [(directory / sub, f"{label}/{sub}") for sub in subdirs]
+
+    def _watch(self, directory: Path, label: str) -> bool:
+        if len(self._dirs) >= MAX_WATCHES:
+            self._incomplete(f"more than {MAX_WATCHES} directories")
+            return False
+        wd = _libc.inotify_add_watch(self._fd, os.fsencode(directory), WATCHED | IN_ONLYDIR | IN_DONT_FOLLOW)
+        if wd < 0:
+            if ctypes.get_errno() == 28:  # ENOSPC: fs.inotify.max_user_watches reached
+                self._incomplete("inotify's watches ran out (fs.inotify.max_user_watches)")
+            return wd >= 0 or ctypes.get_errno() != 28
+        self._dirs[wd] = label
+        return True
+
+    def _read_loop(self) -> None:
+        while True:
+            stopping = self._stopping.is_set()
+            ready, _, _ = select.select([self._fd], [], [], 0.05)
+            if ready:
+                self._drain()
+            elif stopping:
+                return
+
+    def _drain(self) -> None:
+        try:
+            data = os.read(self._fd, 1 << 16)
+        except BlockingIOError:
+            return
+        now = time.perf_counter()
+        offset = 0
+        while offset + EVENT.size <= len(data):
+            wd, mask, _cookie, length = EVENT.unpack_from(data, offset)
+            raw = data[offset + EVENT.size : offset + EVENT.size + length].split(b"\0", 1)[0]
+            offset += EVENT.size + length
+            self._event(wd, mask, os.fsdecode(raw), now)
+
+    def _event(self, wd: int, mask: int, name: str, now: float) -> None:
+        if mask & IN_Q_OVERFLOW:
+            self._incomplete("inotify's queue overflowed (events were lost)")
+            return
+        directory = self._dirs.get(wd)
+        if directory is None or mask & IN_IGNORED or not name:
+            return
+        if mask & IN_ISDIR:
+            if mask & (IN_CREATE | IN_MOVED_TO):
+                place = self.places[directory.split("/", 1)[0]]
+                self._watch_tree(place / directory.partition("/")[2] / name, f"{directory}/{name}")
+            return
+        kind = (
+            "write"
+            if mask & (IN_CLOSE_WRITE | IN_MOVED_TO)
+            else "read"
+            if mask & (IN_ACCESS | IN_CLOSE_NOWRITE)
+            else ""
+        )
+        if not kind:
+            return
+        path = f"{directory}/{name}"
+        if kind == "read" and now - self._last.get((kind, path), float("-inf")) < MERGE_S:
+            return  # the same file read again at once: one read
+        self._last[(kind, path)] = now
+        if len(self.events) >= MAX_EVENTS:
+            self._incomplete(f"more than {MAX_EVENTS} file events")
+            return
+        self.events.append(Event(now, kind, path))
