@@ -247,7 +247,7 @@ def test_a_script_directory_with_its_check_yaml_is_checked_and_a_bad_one_is_one_
     (script / "check.yaml").write_text(json.dumps(options))
     (script / "leak").symlink_to("/etc/hostname")  # copied into evidence that travels: refused
     proc = reprocube("check", "--script-dir", "script", "--out", "refused", cwd=tmp_path, check=False)
-    assert proc.returncode == 2 and "leak is a link or not a regular file" in error_lines(proc)[0]
+    assert proc.returncode == 2 and "script/leak: a symbolic link" in error_lines(proc)[0]
     assert not (tmp_path / "refused").exists()
 
 

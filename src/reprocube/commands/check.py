@@ -15,6 +15,7 @@ from pathlib import Path
 from reprocube.errors import ConfigError
 from reprocube.orchestration.check_runs import SIGNALS
 from reprocube.orchestration.check_session import check
+from reprocube.orchestration.copy_inputs import check_copies
 from reprocube.results.check_result import VERDICTS
 from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 
@@ -167,7 +168,7 @@ def _options_from(args) -> None:
         setattr(args, key, value)
     if not args.command:
         raise ConfigError(f"{path}: command is missing (e.g. command: [python, train.py])")
-    for entry in directory.rglob("*"):  # copied into evidence that travels: nothing from outside DIR
-        if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
-            raise ConfigError(f"--script-dir {directory}: {entry} is a link or not a regular file")
+    # Copied into evidence that travels: nothing from outside DIR (no link, no special file), walked
+    # without recursion and bounded as --copy is.
     args.copy = sorted(p for p in directory.iterdir() if p.name != "check.yaml")
+    check_copies(args.copy, args.out, "--script-dir")
