@@ -5,6 +5,8 @@
 #   make test-quick  the tests that start no process (the inner loop, about a minute)
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
+#   make test APPTAINER=0    the same without Apptainer: the Singularity tests are skipped (CONTAINERS=0 too:
+#                            the SIF is built from the Docker image)
 #   make test TEST_WORKERS=0 the test files one after another (default: two at a time)
 PYTHON ?= python3
 VENV := .venv
@@ -16,8 +18,9 @@ PIP_INSTALL := $(VENV)/bin/pip install --quiet --disable-pip-version-check --ret
 
 CONTAINERS ?= 1
 SLURM ?= 1
+APPTAINER ?= $(CONTAINERS)
 
-.PHONY: setup system-packages test-packages container-setup slurm-setup train lint test test-quick clean
+.PHONY: setup system-packages test-packages container-setup slurm-setup apptainer-setup train lint test test-quick clean
 setup: $(VENV)/.installed $(MLCUBE_VENV)/.installed
 
 $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
@@ -66,6 +69,10 @@ train: setup system-packages
 container-setup:
 	$(SUDO) scripts/container-setup.sh
 
+# Apptainer 1.4.5 (Debian sid) in a trixie root file system, as `apptainer` and `singularity` on PATH (needs root).
+apptainer-setup:
+	$(SUDO) scripts/apptainer-setup.sh
+
 # slurm-wlm and munge from Debian, slurmctld and slurmd on 127.0.0.1 (needs root).
 SLURM_DIR ?= /tmp/reprocube-slurm
 slurm-setup:
@@ -82,6 +89,10 @@ TEST_ENV :=
 ifeq ($(CONTAINERS),1)
 TEST_DEPS += container-setup
 TEST_ENV += REPROCUBE_CONTAINER_TESTS=1
+endif
+ifeq ($(APPTAINER),1)
+TEST_DEPS += apptainer-setup
+TEST_ENV += REPROCUBE_APPTAINER_TESTS=1
 endif
 ifeq ($(SLURM),1)
 TEST_DEPS += slurm-setup
