@@ -237,6 +237,115 @@ def keras_callback():
     return ProbeCallback()
 
 
+def transformers_callback():
+    """For the Hugging Face `Trainer`, which owns the loop: a `TrainerCallback` (`callbacks=[...]`) that
+    records every optimizer update and announces every checkpoint the Trainer writes.
+
+    - Each update is recorded in on_step_end at the Trainer's own count (`state.global_step`, which a
+      resumed Trainer restores from the checkpoint's trainer_state.json), with the weights of the model
+      after it and the loss its forward passes returned since the last update (the model output's `loss`,
+      summed over gradient accumulation's micro-batches; NaN where the model returns none, for a
+      `compute_loss` of the Trainer's own: the weights still tell). The record is written at once.
+    - Each checkpoint (`save_steps`/`save_strategy`) is announced in on_save, which the Trainer calls after
+      the checkpoint directory is written, at `state.global_step`.
+    - on_train_begin comes after `train(resume_from_checkpoint=...)` restored the state: a global step
+      above 0 there is said as `resumed`.
+    Inert outside `reprocube check`; transformers is imported when this is called, not with the probe."""
+    from transformers import TrainerCallback
+
+    class ProbeCallback(TrainerCallback):
+        def __init__(self):
+            self.hooked = None
+            self.loss = None
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            recorder = _active()
+            if recorder is None:
+                return
+            if model is not None and self.hooked is not model:
+                model.register_forward_hook(self._forward)
+                self.hooked = model
+            if recorder.index == 0 and recorder.resumed_at is None and state.global_step:
+                recorder.resumed(state.global_step)
+
+        def _forward(self, module, inputs, output):
+            if not module.training:  # evaluation's forward passes are no update's
+                return
+            loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+            if loss is not None and hasattr(loss, "detach") and loss.numel() == 1:
+                loss = loss.detach().float().reshape(())
+                self.loss = loss.clone() if self.loss is None else self.loss + loss
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            recorder = _active()
+            if recorder is None:
+                return
+            loss, self.loss = (float("nan") if self.loss is None else self.loss), None
+            step = state.global_step if state.global_step > recorder.last_step else None
+            recorder.step(loss, model, step)
+            recorder.flush()
+
+        def on_save(self, args, state, control, **kwargs):
+            checkpoint(state.global_step)
+
+    return ProbeCallback()
+
+
+def lightning_callback():
+    """For Lightning's `Trainer.fit`, which owns the loop: a `lightning.pytorch.Callback` that records
+    every optimizer update and announces every checkpoint the Trainer writes.
+
+    - Each update is recorded in on_train_batch_end when the Trainer's count of optimizer steps
+      (`trainer.global_step`, restored by `fit(ckpt_path=...)`) has advanced (gradient accumulation's
+      other batches are no update), at that count, with the LightningModule's weights (its state_dict)
+      and the loss `training_step` returned (NaN where it returned none: manual optimization). The
+      record is written at once. `ModelCheckpoint` runs after every other callback, so the update is
+      recorded before the checkpoint that holds it is written.
+    - Every checkpoint is announced right after it is written, at `trainer.global_step`: the callback
+      wraps this Trainer's `save_checkpoint` (ModelCheckpoint's `every_n_train_steps`, `save_last`, and
+      your own calls all go through it).
+    - on_train_start comes after the checkpoint was restored: a global step above 0 there is said as
+      `resumed`.
+    Inert outside `reprocube check`; lightning is imported when this is called (the `lightning` package,
+    else `pytorch_lightning`)."""
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
+
+    class ProbeCallback(Callback):
+        def setup(self, trainer, pl_module, stage):
+            save = trainer.save_checkpoint
+            if _active() is None or getattr(save, "reprocube_probe", False):
+                return
+
+            def saved(*args, **kwargs):
+                result = save(*args, **kwargs)
+                checkpoint(trainer.global_step)
+                return result
+
+            saved.reprocube_probe = True
+            trainer.save_checkpoint = saved
+
+        def on_train_start(self, trainer, pl_module):
+            recorder = _active()
+            if recorder is not None and recorder.index == 0 and recorder.resumed_at is None and trainer.global_step:
+                recorder.resumed(trainer.global_step)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            recorder = _active()
+            done = trainer.global_step
+            if recorder is None or done <= recorder.last_step:
+                return  # no optimizer step since the last record (gradient accumulation)
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is None or not hasattr(loss, "detach"):
+                loss = float("nan") if loss is None or not isinstance(loss, float | int) else float(loss)
+            recorder.step(loss, pl_module, done)
+            recorder.flush()
+
+    return ProbeCallback()
+
+
 def _keras_iterations(model) -> int | None:
     """The optimizer's count of updates applied (restored with the weights), or None without one."""
     iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
