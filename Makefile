@@ -29,6 +29,12 @@ $(VENV)/.installed: requirements-cpu.txt requirements-test.txt pyproject.toml
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+# The trainers of docs/frameworks.md (transformers, accelerate, lightning) for tests/test_frameworks.py: make test
+# only, from their own lock, so that make train installs no more than before.
+$(VENV)/.trainers: requirements-trainers.txt $(VENV)/.installed
+	$(PIP_INSTALL) -r requirements-cpu.txt -r requirements-test.txt -r requirements-trainers.txt
+	touch $@
+
 # uv (from the test lock) because pip >= 24.1 refuses mlcube's omegaconf 2.1.0 metadata. The noshell patch
 # (a .pth file and its module) makes this venv's mlcube run docker/singularity without a shell (issue 15);
 # --install fails unless the patch is active.
@@ -84,7 +90,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 # Each enabled suite turns its missing prerequisites from a skip into a failure.
-TEST_DEPS := setup system-packages test-packages lint
+TEST_DEPS := setup $(VENV)/.trainers system-packages test-packages lint
 TEST_ENV :=
 ifeq ($(CONTAINERS),1)
 TEST_DEPS += container-setup

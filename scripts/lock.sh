@@ -25,8 +25,13 @@ uv pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_
 runtime_pkgs=$(grep -oE '^[a-z0-9_.-]+==' requirements-cpu.txt.tmp | tr -d '=' | sed 's/^/--no-emit-package /' | tr '\n' ' ')
 # shellcheck disable=SC2086
 compile requirements-test.in requirements-test.txt -c requirements-cpu.txt.tmp $runtime_pkgs
+# The trainers (make test only), constrained to both and emitting neither's packages.
+test_pkgs=$(grep -oE '^[a-z0-9_.-]+==' requirements-test.txt.tmp | tr -d '=' | sed 's/^/--no-emit-package /' | tr '\n' ' ')
+# shellcheck disable=SC2086
+compile requirements-trainers.in requirements-trainers.txt -c requirements-cpu.txt.tmp -c requirements-test.txt.tmp $runtime_pkgs $test_pkgs
 { echo "$header"; cat requirements-cpu.txt.tmp; } > requirements-cpu.txt
 { echo "# Hash-locked test-only additions to requirements-cpu.txt; regenerate with scripts/lock.sh."; cat requirements-test.txt.tmp; } > requirements-test.txt
+{ echo "# Hash-locked trainers (requirements-trainers.in) beside requirements-cpu.txt and requirements-test.txt; regenerate with scripts/lock.sh."; cat requirements-trainers.txt.tmp; } > requirements-trainers.txt
 compile requirements-mlcube.in requirements-mlcube.txt
 { echo "# Hash-locked MLCube launcher (requirements-mlcube.in); regenerate with scripts/lock.sh."; cat requirements-mlcube.txt.tmp; } > requirements-mlcube.txt
 { echo "# Hash-locked lock of the GPU image (requirements.in); regenerate with scripts/lock.sh."; cat requirements.txt.tmp; } > requirements.txt
