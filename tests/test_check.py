@@ -24,9 +24,13 @@ from helpers import error_lines, reprocube, wait_until
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1"]
 OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
-# A one-line script's "checkpoint": read back when there (a restart resumes from it), then saved at once,
-# so that a stop after it is effective (check counts a stop only after a save that the restart read).
-RESUMES = "os.path.exists('state') and open('state').read(); open('state', 'w').write('1'); "
+# A small script's "checkpoint": its step count, read back when there (a restart resumes from it) and saved
+# after each of 4 steps of 0.2 s: a stop after 0.5 s follows two saves, the restart reads the file and saves
+# the rest (check counts a stop only after a save that the restart read, then saved after).
+RESUMES = (
+    "n = int(open('state').read()) if os.path.exists('state') else 0\n"
+    "for i in range(n, 4): time.sleep(0.2); open('state', 'w').write(str(i + 1))\n"
+)
 
 
 def check(tmp_path: Path, *args: str, command=NUMPY, name: str = "out") -> tuple[subprocess.CompletedProcess, dict]:
@@ -117,7 +121,7 @@ def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):
 def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):
     script = (
         "import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "
-        f"{RESUMES}time.sleep(1.5); open('out.txt', 'w').write('1')"
+        f"\n{RESUMES}open('out.txt', 'w').write('1')"
     )
     proc, result = check(
         tmp_path, "--output", "out.txt", "--at", "0.8", "--stops", "1", command=[sys.executable, "-c", script]
@@ -202,7 +206,7 @@ def test_an_output_that_cannot_be_read_is_not_checked_never_a_difference(tmp_pat
     rests on the files compared."""
     script = (
         "import os, time; os.makedirs('out', exist_ok=True); open('out/a.txt', 'w').write('1'); "
-        f"os.path.exists('out/pipe') or os.mkfifo('out/pipe'); {RESUMES}time.sleep(1)"
+        f"os.path.exists('out/pipe') or os.mkfifo('out/pipe')\n{RESUMES}"
     )
     proc, result = check(
         tmp_path, "--output", "out", "--at", "0.6", "--stops", "1", command=[sys.executable, "-c", script]

@@ -18,6 +18,15 @@ from reprocube.errors import ConfigError
 CHUNK = 1 << 20
 
 
+def names_regular_file(arg: str) -> bool:
+    """Whether a command-line argument names a regular file (links not followed); one that is no path at
+    all (a `python -c` program longer than a file name may be, a NUL) is not."""
+    try:
+        return Path(arg).is_file() and not Path(arg).is_symlink()
+    except (OSError, ValueError):
+        return False
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

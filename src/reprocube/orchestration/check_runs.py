@@ -35,8 +35,8 @@ PROGRESS_EVERY_S = 30.0
 class Stop:
     """When to signal an attempt: `seconds` after it started, when a file matching `file_glob` appears in
     the work directory (one no earlier attempt saw), when a line of its output matches `line`, or
-    `after_save` seconds after the attempt's first save (a file it wrote in its directories: the default
-    stops, placed from an uninterrupted run's saves so that each follows something the restart can read)."""
+    `after_save` seconds after the attempt's first save (of a file an uninterrupted run saved as it went:
+    the default stops, placed from that run's saves so that each follows something the restart can read)."""
 
     seconds: float | None = None
     file_glob: str | None = None
@@ -62,8 +62,8 @@ class Stop:
         if self.seconds is not None:
             return elapsed >= self.seconds
         if self.after_save is not None:
-            saves = run.activity.writes(since=attempt_start, lasting=True) if run.activity is not None else []
-            return bool(saves) and time.perf_counter() >= saves[0].at + self.after_save
+            saves = run.activity.save_moments(since=attempt_start, state=run.state) if run.activity else []
+            return bool(saves) and time.perf_counter() >= saves[0] + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
 
 
@@ -110,6 +110,10 @@ class Run:
     # what the command wrote and read in its directories (the work directory, HOME, TMPDIR), if watched
     activity: FileActivity | None = field(default=None, repr=False, compare=False)
     began: float = 0.0  # time.perf_counter() when its first attempt started: Attempt.started_s counts from it
+    # the keys of the files an uninterrupted run saves as it goes (FileActivity.state_keys): its saves
+    state: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    # how many times an uninterrupted run saved them (a restart that saves as often began again)
+    clean_saves: int = 0
 
     def probe_trace(self, attempt: int) -> Path:
         return self.probe / f"attempt-{attempt}.jsonl"

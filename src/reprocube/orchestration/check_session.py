@@ -23,7 +23,7 @@ from reprocube.analysis.probe_trace import (
 )
 from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import claim_new_or_empty, safe_name
+from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
@@ -136,7 +136,7 @@ class CheckSession:
         )
         copied = {path.name for path in self.copies}
         for arg in self.command:  # a relative path the user meant from here: the command runs in a fresh directory
-            if not Path(arg).is_absolute() and Path(arg).is_file() and Path(arg).name not in copied:
+            if not Path(arg).is_absolute() and names_regular_file(arg) and Path(arg).name not in copied:
                 self.echo(
                     one_line(
                         f"  note: {arg} is here but the command runs in an empty work directory: pass "
@@ -256,7 +256,12 @@ class CheckSession:
         if plan is None:
             return self.finish("not-resumed", "stopped", why_not)
         self.result["stops"] = "; ".join(stop.describe() for stop in plan)
-        planned = [(self.new_run("stopped"), plan, self.limit)]
+        stopped = self.new_run("stopped")
+        clean = self.clean[0]
+        if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
+            stopped.state = clean.activity.state_keys()
+            stopped.clean_saves = len(clean.activity.save_moments(state=stopped.state))
+        planned = [(stopped, plan, self.limit)]
         if self.seed_env or self.seed_arg:
             planned.insert(0, (self.new_run("control", seed=1), [], self.limit))
         else:
@@ -270,19 +275,22 @@ class CheckSession:
     def plan_stops(self, stops: int, at, at_file, at_line, stop_seed: int) -> tuple[list[Stop] | None, str]:
         """The stops asked for, or the default ones: each a share of the time between two of an
         uninterrupted run's saves after its attempt's first save. None (and why) where that run saved
-        once or never before its end: no stop could follow a save and still interrupt something."""
+        nothing as it went (no file rewritten, no numbered series): no stop could follow a save and
+        still interrupt something."""
         if at is not None or at_file is not None or at_line is not None:
             return _stops(stops, at, at_file, at_line), ""
         clean = self.clean[0]
         activity, attempt = clean.activity, clean.attempts[-1]
-        saves = activity.save_moments(since=clean.began) if activity is not None else []
+        saves = activity.save_moments(state=activity.state_keys()) if activity is not None else []
         seen = "" if activity is None or activity.complete else f" ({activity.why_incomplete})"
         if len(saves) < 2:
             return None, (
-                f"the uninterrupted run wrote files {'once' if saves else 'never'} in {attempt.seconds:.1f} s"
-                f"{seen} (in its work directory, HOME or TMPDIR): no stop can come after a save and still "
-                "interrupt the run, so resume cannot be tested (a checkpoint only at the end?). Stop it "
-                "yourself with --at SECONDS, --at-file GLOB or --at-line REGEX to see what a restart does"
+                f"in {attempt.seconds:.1f} s the uninterrupted run rewrote no file as it went{seen} (a "
+                "checkpoint saved again and again, or a numbered series of them, in its work directory, "
+                "HOME or TMPDIR; files written once, like caches and outputs, are no checkpoint): no stop "
+                "can come after a save and still interrupt the run, so resume cannot be tested (a "
+                "checkpoint only at the end?). Stop it yourself with --at SECONDS, --at-file GLOB or "
+                "--at-line REGEX to see what a restart does"
             )
         gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
         return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
@@ -338,6 +346,15 @@ class CheckSession:
             found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
             if not found:  # nothing differs that was compared: the outputs could not be read
                 found = ["no declared output could be compared (see not checked)"]
+            if not effective:  # no restart was shown to resume: nothing ties the difference to a resume
+                named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
+                return self.finish(
+                    "not-resumed",
+                    "resume",
+                    f"{restarts}: {named}. The outputs differ ({'; '.join(found)}), but no restart was shown to "
+                    "resume, so nothing ties that to a resume: a restart that began again over what an earlier "
+                    "attempt left, or state outside the run's directories (another run's)",
+                )
             return self.finish(
                 "resume-differs",
                 "resume",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import select
 import struct
 import threading
@@ -38,6 +39,11 @@ class Event:
     at: float  # time.perf_counter()
     kind: str  # "write" or "read"
     path: str  # "<place>/<relative path>"
+
+
+def state_key(path: str) -> str:
+    """A file's key among a run's saves: its path with every number as # (ckpt-100.pt, ckpt-200.pt: one)."""
+    return re.sub(r"[0-9]+", "#", path)
 
 
 class FileActivity:
@@ -97,13 +103,30 @@ class FileActivity:
     def reads(self, since: float = float("-inf"), until: float = float("inf")) -> list[Event]:
         return [e for e in list(self.events) if e.kind == "read" and since <= e.at < until]
 
-    def save_moments(self, since: float = float("-inf"), until: float = float("inf")) -> list[float]:
-        """When the command saved: its writes, those closer than MERGE_S to the previous one merged."""
+    def save_moments(
+        self, since: float = float("-inf"), until: float = float("inf"), state: frozenset[str] | None = None
+    ) -> list[float]:
+        """When the command saved: its writes (of state files only, where `state` gives their keys), those
+        closer than MERGE_S to the previous one merged."""
         moments: list[float] = []
         for event in self.writes(since, until, lasting=True):
+            if state is not None and state_key(event.path) not in state:
+                continue
             if not moments or event.at - moments[-1] > MERGE_S:
                 moments.append(event.at)
         return moments
+
+    def state_keys(self) -> frozenset[str]:
+        """What an uninterrupted run saves as it goes: the files it wrote at two or more save moments (a
+        checkpoint rewritten), a numbered series counting as one (ckpt-1.pt, ckpt-2.pt: state_key). A file
+        written once (Python's bytecode cache, a library's cache in HOME or TMPDIR, a config written at
+        start-up, outputs written at the end) is no state a restart resumes from."""
+        moments: dict[str, list[float]] = {}
+        for event in self.writes(lasting=True):
+            seen = moments.setdefault(state_key(event.path), [])
+            if not seen or event.at - seen[-1] > MERGE_S:
+                seen.append(event.at)
+        return frozenset(key for key, times in moments.items() if len(times) >= 2)
 
     # --- inotify --------------------------------------------------------------------------------
     def _incomplete(self, why: str) -> None:

@@ -1,13 +1,16 @@
 """What each stop of `reprocube check`'s stopped run proved. A stop counts (is effective) only if the
 command had saved something before it and the next attempt demonstrably continued from it:
 
-- saved: a file the run wrote in its directories (work directory, HOME, TMPDIR) before the signal, as
-  inotify saw it (reprocube.orchestration.file_activity), or a checkpoint announced to the probe;
+- saved: a state file whole on disk when the restart began (written before the signal, not cut off by
+  it), or a checkpoint announced to the probe. A state file is one the uninterrupted run saved as it
+  went: rewritten at two or more save moments, or a numbered series (FileActivity.state_keys). Files
+  written once (Python's bytecode cache, a library's cache in HOME or TMPDIR, a config written at
+  start-up, the outputs at the end) are never a checkpoint, whatever a restart reads of them.
 - continued: with the probe, the next attempt's first update is past step 1 (the step it gave, or the
-  uninterrupted run's step whose bits it equals); a restart that began at step 1 again never counts,
-  whatever it read. Without the probe (or where it cannot tell), the next attempt read a file the run had
-  written before the stop, and that file is named: a script that reads back some other file it wrote
-  (a config) would count, which the probe's two calls rule out.
+  uninterrupted run's step whose bits it equals); a restart that began at step 1 again never counts.
+  Without the probe (or where it made no update), the next attempt read a saved state file and then
+  saved again itself, and the attempt that ran to the end saved fewer times than the uninterrupted run
+  (one that began again saves as often). The files are named in the verdict.
 
 A stop that did not land (the command ended first) proved nothing either. And where a run's first
 attempt began past update 1, or an uninterrupted run took a fraction of another's time, it started from
@@ -16,6 +19,7 @@ state that another run left outside its directories (`leaked_state`)."""
 from __future__ import annotations
 
 from reprocube.orchestration.check_runs import Run
+from reprocube.orchestration.file_activity import state_key
 from reprocube.terminal import counted
 
 LEAK_RATIO = 0.4  # a complete run this much faster than another started from state someone else left
@@ -42,7 +46,7 @@ def _judged(run: Run, number: int, probed: dict | None) -> dict:
     signal_at = run.began + stopped.started_s + (stopped.signal_s if stopped.signal_s is not None else stopped.seconds)
     restart_from, restart_to = run.began + restart.started_s, run.began + restart.started_s + restart.seconds
     activity = run.activity
-    saved = {e.path for e in activity.writes(until=signal_at)} if activity is not None else set()
+    saved = _saved(run, signal_at, restart_from, killed=stopped.exit is None or stopped.exit < 0)
     announced = probed is not None and probed.get("last_announced") is not None
     seen = (
         "" if activity is None or activity.complete else f" (not all file activity was seen: {activity.why_incomplete})"
@@ -52,39 +56,77 @@ def _judged(run: Run, number: int, probed: dict | None) -> dict:
     if not saved and not announced:
         return {
             "effective": False,
-            "how": f"nothing was saved before it: attempt {number} had written no file in its work directory, "
-            f"HOME or TMPDIR and announced no checkpoint{seen}",
+            "how": f"nothing was saved before it: attempt {number} had not saved a checkpoint (no file that an "
+            f"uninterrupted run saves as it goes, in its work directory, HOME or TMPDIR, written whole before "
+            f"the signal; no checkpoint announced to the probe){seen}",
         }
-    if (
-        probed is not None
-        and probed.get("steps")
-        and probed["how"] in ("given", "matched")
-        and probed["resumed_at"] > 0
-    ):
-        return {"effective": True, "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)"}
-    if probed is not None and probed.get("steps") and probed["how"] in ("given", "matched", "first"):
-        return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
+    if probed is not None and probed.get("steps"):
+        if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
+            return {
+                "effective": True,
+                "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)",
+            }
+        if probed["how"] in ("given", "matched", "first"):
+            return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
+    return _judged_by_files(run, number, saved, restart_from, restart_to, seen)
+
+
+def _saved(run: Run, signal_at: float, restart_from: float, killed: bool) -> set[str]:
+    """The state files (run.state) whole on disk when the restart began: written before the signal and
+    not written again after it by an attempt the signal killed (that write was cut off: a truncated
+    file); an attempt that handled the signal and exited on its own saved deliberately."""
+    if run.activity is None:
+        return set()
+    last: dict[str, float] = {}
+    for event in run.activity.writes(until=restart_from):
+        if state_key(event.path) in run.state:
+            last[event.path] = event.at
+    return {path for path, at in last.items() if at < signal_at or not killed}
+
+
+def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float, restart_to: float, seen: str):
+    """Without the probe's word: the restart read a saved state file, then saved again itself, and the
+    attempt that ran to the end saved fewer times than an uninterrupted run (one that began again saves
+    as often)."""
+    activity = run.activity
+    if activity is None:
+        return {"effective": False, "how": f"what attempt {number + 1} read could not be seen"}
     written_again: dict[str, float] = {}
-    for event in activity.writes(restart_from, restart_to) if activity is not None else []:
+    for event in activity.writes(restart_from, restart_to):
         written_again.setdefault(event.path, event.at)
-    read = sorted(
-        {
-            e.path
-            for e in (activity.reads(restart_from, restart_to) if activity is not None else [])
-            if e.path in saved and e.at < written_again.get(e.path, float("inf"))
-        }
-    )
-    if read:
-        named = ", ".join(read[:3]) + (f" and {len(read) - 3} more" if len(read) > 3 else "")
+    reads = [
+        e
+        for e in activity.reads(restart_from, restart_to)
+        if e.path in saved and e.at < written_again.get(e.path, float("inf"))
+    ]
+    if not reads:
         return {
-            "effective": True,
-            "how": f"attempt {number + 1} read {named}, which the run had written before the stop (files: "
-            "call the probe to see where it resumed)",
+            "effective": False,
+            "how": f"attempt {number + 1} read none of the {counted(len(saved), 'file')} saved before "
+            f"the stop: it began again instead of resuming{seen}",
+        }
+    named = ", ".join(sorted({e.path for e in reads})[:3])
+    progress = activity.save_moments(since=reads[0].at, until=restart_to, state=run.state)
+    if not progress:
+        return {
+            "effective": False,
+            "how": f"attempt {number + 1} read {named} but saved nothing after it: it trained nothing (a stop "
+            "after the last save, or an attempt that ran to its end after the signal)",
+        }
+    last = run.attempts[-1]
+    last_from = run.began + last.started_s
+    final_saves = len(activity.save_moments(since=last_from, until=last_from + last.seconds, state=run.state))
+    if run.clean_saves and final_saves >= run.clean_saves:
+        return {
+            "effective": False,
+            "how": f"attempt {number + 1} read {named}, but the last attempt saved {final_saves} times, as often as "
+            f"an uninterrupted run ({run.clean_saves}): it began again instead of resuming",
         }
     return {
-        "effective": False,
-        "how": f"attempt {number + 1} read none of the {counted(len(saved), 'file')} the run had written before "
-        f"the stop: it began again instead of resuming{seen}",
+        "effective": True,
+        "how": f"attempt {number + 1} read {named}, saved before the stop, and went on saving; the last attempt "
+        f"saved {final_saves} times where an uninterrupted run saved {run.clean_saves} (the files: the probe would "
+        "show where it resumed)",
     }
 
 
