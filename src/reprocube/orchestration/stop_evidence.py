@@ -85,9 +85,9 @@ def _saved(run: Run, signal_at: float, restart_from: float, killed: bool) -> set
 
 
 def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float, restart_to: float, seen: str):
-    """Without the probe's word: the restart read a saved state file, then saved again itself, and the
-    attempt that ran to the end saved fewer times than an uninterrupted run (one that began again saves
-    as often)."""
+    """Without the probe's word: the restart read a saved state file (and, where it ran to the end, saved
+    again after it), and the attempt that ran to the end saved fewer times than an uninterrupted run (one
+    that began again saves as often)."""
     activity = run.activity
     if activity is None:
         return {"effective": False, "how": f"what attempt {number + 1} read could not be seen"}
@@ -106,8 +106,11 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
             f"the stop: it began again instead of resuming{seen}",
         }
     named = ", ".join(sorted({e.path for e in reads})[:3])
+    # The attempt that ran to its end must have saved after what it read: else it trained nothing from
+    # it (resumed after the last save, or read what an attempt that ran on after the signal left). An
+    # attempt stopped again before its first save is judged by the last one's saves below.
     progress = activity.save_moments(since=reads[0].at, until=restart_to, state=run.state)
-    if not progress:
+    if not progress and number + 1 == len(run.attempts):
         return {
             "effective": False,
             "how": f"attempt {number + 1} read {named} but saved nothing after it: it trained nothing (a stop "
@@ -124,7 +127,7 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
         }
     return {
         "effective": True,
-        "how": f"attempt {number + 1} read {named}, saved before the stop, and went on saving; the last attempt "
+        "how": f"attempt {number + 1} read {named}, saved before the stop; the last attempt "
         f"saved {final_saves} times where an uninterrupted run saved {run.clean_saves} (the files: the probe would "
         "show where it resumed)",
     }
