@@ -26,9 +26,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a 
 # The script under check: it may start a daemon (double fork, setsid), quiet or printing on the pipe it
 # inherited; it marks that it ran (a file in MARKS), writes its output and prints `saved`.
 SCRIPT = """\
-import os, sys, time
+import os, signal, sys, time
 token, mode, marks = sys.argv[1], sys.argv[2], sys.argv[3]
-if mode in ("quiet", "printing", "sleeping"):
+if mode in ("quiet", "printing", "sleeping", "killguard"):
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
@@ -40,6 +40,8 @@ if mode in ("quiet", "printing", "sleeping"):
             os.execv(sys.executable, [sys.executable, "-c", code, token])
         os._exit(0)
     os.wait()
+if mode == "killguard":
+    os.kill(os.getppid(), signal.SIGKILL)  # its guard (a "kill stale launchers" cleanup); it dies with it
 open(os.path.join(marks, f"ran-{os.getpid()}"), "w").close()
 if mode == "big":
     for _ in range(200):
@@ -123,6 +125,34 @@ def test_a_double_forked_setsid_daemon_is_gone_when_check_returns(tmp_path, toke
     no_traceback(proc)
     assert ran(tmp_path) >= 3  # clean-1, clean-2 and the stopped run each started a daemon
     assert running(token) == []  # before: every daemon outlived check, under PID 1
+
+
+def test_a_script_that_sigkills_its_guard_leaves_no_daemon_behind(tmp_path, token):
+    """The command SIGKILLed its guard: its daemon went to PID 1 and outlived check (30 s and more). Now
+    check is the subreaper while a guard lives and sweeps at each attempt's end."""
+    proc = check(tmp_path, script_command(tmp_path, token, "killguard"))
+    no_traceback(proc)
+    assert proc.returncode == 10 and "exited -9" in proc.stdout, proc.stdout + proc.stderr  # command-failed
+    assert running(token) == []
+
+
+def test_the_sweep_after_a_killed_guard_spares_the_other_runs_guard(tmp_path, token):
+    """--jobs 2: one attempt's command kills its guard while another run's attempt goes on; the sweep at
+    the first attempt's end kills the orphaned daemon and nothing of the other run."""
+    from reprocube.orchestration.process_guard import start_guarded
+
+    env = dict(os.environ)
+    with open(tmp_path / "other.log", "w") as other_log, open(tmp_path / "killer.log", "w") as killer_log:
+        other = start_guarded([sys.executable, "-c", "import time; time.sleep(60)", token], tmp_path, env, other_log)
+        try:
+            killer = start_guarded(script_command(tmp_path, token, "killguard"), tmp_path, env, killer_log)
+            assert killer.wait(30) == -signal.SIGKILL
+            killer.end()
+            assert other.poll() is None and other.guard.poll() is None
+            assert sorted(running(token)) == sorted([other.pid, other.guard.pid])  # the daemon is gone
+        finally:
+            other.end()
+    assert running(token) == []
 
 
 def test_a_sigkill_of_check_ends_the_script_and_its_daemon(tmp_path, token):

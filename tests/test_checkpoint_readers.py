@@ -179,6 +179,19 @@ def test_safetensors_are_parsed_here_every_offset_checked():
         read_safetensors(struct.pack("<Q", len(header)) + header + b"\x00" * 24, "offsets.safetensors")
 
 
+def test_an_expanded_view_is_charged_to_the_budget_before_it_is_copied_out():
+    """torch.zeros(1).expand(2**28), three times in a 2 KB file, was copied out contiguous with no budget
+    (8 GB of memory, 49 s): each copy of a view is charged first; small views and transposes still read."""
+    bomb = saved({f"m{i}": torch.zeros(1).expand(2**28) for i in range(3)} | {"w": torch.ones(1)})
+    assert len(bomb) < 4096
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError, match=f"with strides \\(0,\\) declares {2**30} bytes, past the"):
+        read_torch(bomb, "ckpt.pt")
+    assert time.perf_counter() - started < 5
+    flat = read_torch(saved({"e": torch.arange(2.0).expand(3, 2), "t": torch.arange(6.0).reshape(2, 3).T}), "ok.pt")
+    assert np.array_equal(flat["e"], [[0, 1]] * 3) and np.array_equal(flat["t"], np.arange(6.0).reshape(2, 3).T)
+
+
 def peak(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float, float]:
     """The CLI in a child: its result, peak RSS in MiB and seconds."""
     code = (

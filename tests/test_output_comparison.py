@@ -107,6 +107,27 @@ def test_ignore_file_key_leaves_one_field_out_and_the_rest_must_be_equal(tmp_pat
     assert compare_outputs(a, b, ["n.json"], ["n.json:t"])["identical"] is False
 
 
+def test_ignore_file_key_in_yaml_refuses_duplicate_keys_and_compares_values_as_written(tmp_path):
+    """PyYAML kept the last of two `loss:` keys silently (B's 0.9 hidden) and read yes/true, 0x10/16 and
+    0.5/0.50 as one value: with `m.yaml:t` ignored the files were "identical". Now a duplicate key is a
+    difference that says so, and every other scalar must be written alike; the ignored key still goes,
+    nested or in a list, and comments and layout do not count."""
+    a, b = runs(tmp_path)
+    (a / "m.yaml").write_text("t: 1\nloss: 0.5\nconverged: yes\nsteps: 0x10\n")
+    (b / "m.yaml").write_text("t: 2\nloss: 0.9\nloss: 0.50\nconverged: true\nsteps: 16\n")
+    [entry] = compare_outputs(a, b, ["m.yaml"], ["m.yaml:t"])["files"]
+    assert entry["same"] is False and "found the key 'loss' twice" in entry["detail"], entry
+    for spelled, other in (("converged: yes", "converged: true"), ("steps: 0x10", "steps: 16"), ("x: 0.5", "x: 0.50")):
+        (a / "m.yaml").write_text(f"t: 1\n{spelled}\n"), (b / "m.yaml").write_text(f"t: 2\n{other}\n")
+        [entry] = compare_outputs(a, b, ["m.yaml"], ["m.yaml:t"])["files"]
+        assert entry["same"] is False and entry["key"] == spelled.split(":")[0], entry
+        assert entry["detail"].endswith("(as written)"), entry
+    (a / "m.yaml").write_text("run: {t: 1, lr: 0.1}  # a comment\nlog: [a, 1]\n")
+    (b / "m.yaml").write_text("run:\n  t: 7\n  lr: 0.1\nlog:\n- a\n- 2\n")
+    comparison = compare_outputs(a, b, ["m.yaml"], ["m.yaml:run.t", "m.yaml:log.1"])
+    assert comparison["identical"] is True, comparison
+
+
 def test_diff_ignores_a_field_and_refuses_to_ignore_everything(tmp_path):
     a, b = runs(tmp_path)
     (a / "run.json").write_text('{"loss": 1, "host": "a"}'), (b / "run.json").write_text('{"loss": 1, "host": "b"}')
@@ -116,6 +137,31 @@ def test_diff_ignores_a_field_and_refuses_to_ignore_everything(tmp_path):
     proc = reprocube("diff", "a", "b", "--ignore", "run.json", cwd=tmp_path, check=False)
     [line] = error_lines(proc)
     assert proc.returncode == 2 and "--ignore leaves out every file" in line, proc.stderr
+
+
+def test_a_directory_with_a_metadata_file_orbax_cannot_read_is_compared_file_by_file(tmp_path):
+    """Any directory holding a `_METADATA` was one Orbax output: Orbax could read neither side, so it was
+    "not compared" and a differing predictions.npy inside was hidden (diff exit 0). Now a `_METADATA`
+    that is not Orbax's leaves the files compared one by one, and one Orbax cannot read is compared file
+    by file as one output: the same only where every file is."""
+    a, b = runs(tmp_path)
+    for side, shift in ((a, 0.0), (b, 1.0)):
+        (side / "results").mkdir()
+        (side / "results" / "_METADATA").write_text('{"format": "mine"}\n')
+        np.save(side / "results" / "predictions.npy", np.arange(5.0) + shift)
+        np.save(side / "final.npy", np.ones(3))
+    proc = reprocube("diff", "a", "b", cwd=tmp_path, check=False)
+    assert proc.returncode == 6 and "results/predictions.npy: tensor array" in proc.stdout, proc.stdout
+    pytest.importorskip("orbax.checkpoint")
+    for side in (a, b):
+        (side / "results" / "_METADATA").write_text('{"tree_metadata": 5}')  # Orbax's key, not Orbax's value
+    [entry] = compare_outputs(a, b, ["results"], [])["files"]
+    assert entry["same"] is False and entry.get("compared", True), entry
+    assert "could not be read as an Orbax checkpoint" in entry["detail"], entry
+    assert "the first predictions.npy: tensor array" in entry["detail"], entry
+    np.save(b / "results" / "predictions.npy", np.arange(5.0))
+    comparison = compare_outputs(a, b, ["results"], [])
+    assert comparison["identical"] is True and "all 2 identical" in comparison["files"][0]["detail"], comparison
 
 
 def keras_archive(weights: dict[str, np.ndarray], date: str, config: dict | None = None) -> bytes:

@@ -246,6 +246,28 @@ def test_a_linked_or_special_output_is_not_checked_and_never_hangs(tmp_path):
     assert proc.returncode == 9 and result["outputs"]["not_compared"] == ["out.bin"], proc.stdout + proc.stderr
 
 
+def test_a_metadata_file_that_is_not_orbax_s_is_digested_file_by_file_never_a_traceback(tmp_path):
+    """A declared output directory holding a `_METADATA` of the script's own: output_digests called Orbax
+    on it and check ended in a KeyError traceback. Now such a directory is walked file by file, and one
+    that looks like Orbax's but that Orbax cannot read is recorded file by file, with one line of why."""
+    from reprocube.analysis.outputs import collect
+    from reprocube.script_receipt import output_digests
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "_METADATA").write_text('{"format": "samples-v1"}')
+    (tmp_path / "results" / "samples.npy").write_bytes(b"samples")
+    digests = output_digests(collect(tmp_path, ["results"], []))
+    assert sorted(digests) == ["results/_METADATA", "results/samples.npy"]
+    assert digests["results/samples.npy"] == hashlib.sha256(b"samples").hexdigest()
+    pytest.importorskip("orbax.checkpoint")
+    (tmp_path / "results" / "_METADATA").write_text('{"tree_metadata": 5}')  # Orbax's key, not Orbax's value
+    notes: list[str] = []
+    digests = output_digests(collect(tmp_path, ["results"], []), notes)
+    assert sorted(digests) == ["results/_METADATA", "results/samples.npy"]
+    [note] = notes
+    assert note.startswith("results: could not be read as an Orbax checkpoint (") and "recorded one by one" in note
+
+
 def test_forged_positions_environments_and_names_are_refused_or_shown_escaped(tiny, tmp_path):
     value = json.loads((tiny / "receipt.json").read_text())
     for name, change, message in (

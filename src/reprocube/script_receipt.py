@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import sha256_file, write_file_atomic
+from reprocube.files import names_regular_file, sha256_file, write_file_atomic
+from reprocube.terminal import one_line
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
 FORMAT = "reprocube-script-receipt"
@@ -114,7 +115,7 @@ def command_file_digests(command: list[str]) -> dict[int, str]:
     digests = {}
     for i, arg in enumerate(command):
         path = Path(arg)
-        if path.is_absolute() and path.is_file() and not path.is_symlink():
+        if path.is_absolute() and names_regular_file(arg):
             with open(path, "rb") as stream:
                 if stream.read(4) == b"\x7fELF":
                     continue
@@ -122,14 +123,29 @@ def command_file_digests(command: list[str]) -> dict[int, str]:
     return digests
 
 
-def output_digests(found: dict[str, Path]) -> dict[str, str | None]:
+def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> dict[str, str | None]:
     """The declared outputs as reprocube.analysis.outputs.collect lists them: each regular file's sha256;
     an Orbax checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256
-    of each tensor's digest, by name; None for a link or a special file (not compared: not checked)."""
-    return {
-        name: _tensors_digest(path) if path.is_dir() and not path.is_symlink() else _digest(path)
-        for name, path in found.items()
-    }
+    of each tensor's digest, by name; None for a link or a special file (not compared: not checked). An
+    Orbax checkpoint that Orbax cannot read is recorded file by file (NAME/FILE: its sha256), and why is
+    one line appended to `notes`, if given: never a traceback."""
+    digests: dict[str, str | None] = {}
+    for name, path in found.items():
+        if not path.is_dir() or path.is_symlink():
+            digests[name] = _digest(path)
+            continue
+        try:
+            digests[name] = _tensors_digest(path)
+        except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
+            from reprocube.analysis.outputs import files_below
+
+            digests.update({f"{name}/{inner}": _digest(file) for inner, file in files_below(path).items()})
+            if notes is not None:
+                notes.append(
+                    f"{one_line(name)}: could not be read as an Orbax checkpoint ({type(exc).__name__}: "
+                    f"{one_line(str(exc))[:200]}): its files recorded one by one"
+                )
+    return digests
 
 
 def outputs_named(work: Path, names: set[str], declared: list[str]) -> dict[str, str | None]:

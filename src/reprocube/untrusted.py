@@ -6,7 +6,8 @@ and people, so every file reprocube reads goes through this module:
 - JSON strictly: UTF-8, no NaN or Infinity, no integer longer than MAX_INT_DIGITS digits, no duplicate
   keys, nesting at most MAX_DEPTH deep (what reads a value later, OmegaConf, Hydra's grammar or our own
   walks, must never meet a RecursionError);
-- YAML with the safe loader, without aliases (an alias bomb is refused, not expanded), as shallow;
+- YAML with the safe loader, without aliases (an alias bomb is refused, not expanded), without duplicate
+  keys (the safe loader kept the last silently: a value hidden), as shallow;
 - every value through a typed accessor (Fields) that names the file and the key when it is wrong.
 Each failure is one exception of the caller's error class (ConfigError, DataError, CheckpointError, ...),
 so that the command ends with one line and its documented exit status."""
@@ -134,7 +135,8 @@ def _refuse_deep(value) -> None:
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """The safe loader, refusing aliases: a few lines of nested aliases expand to billions of nodes."""
+    """The safe loader, refusing aliases (a few lines of nested aliases expand to billions of nodes) and
+    duplicate keys (the safe loader keeps the last one silently, hiding the other's value)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -142,16 +144,53 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted", event.start_mark)
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: {...}` merges: its keys are meant to be overridden
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:
+                    continue  # unhashable: refused by the constructor below
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found the key {' '.join(repr(key).split())[:60]} twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
 
 def parse_yaml(blob: bytes, where: str, error: type[ReprocubeError]):
+    return _load_yaml(blob, where, error)[0]
+
+
+def compose_yaml(blob: bytes, where: str, error: type[ReprocubeError]) -> tuple[yaml.Node | None, str]:
+    """The node tree of a YAML document (each node with its place in the text) and the text, after the
+    document was read as parse_yaml reads it (so refused as it would be)."""
+    _, node, text = _load_yaml(blob, where, error)
+    return node, text
+
+
+def _load_yaml(blob: bytes, where: str, error: type[ReprocubeError]):
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{where} is not UTF-8 text") from None
     try:
-        value = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506  (a SafeLoader subclass)
+        loader = _NoAliasLoader(text)
+        try:
+            node = loader.get_single_node()
+            value = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
         _refuse_deep(value)
-        return value
+        return value, node, text
     except _Refused as exc:
         raise error(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:

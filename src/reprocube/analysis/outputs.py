@@ -3,9 +3,10 @@ given to `reprocube diff`), compared: bytes first; where the bytes differ, the t
 formats researchers save (safetensors, `.pt`/`.pth` read with `torch.load(weights_only=True)` only, `.npz`
 and `.npy` without pickles, Keras `.h5`, Orbax checkpoint directories), and JSON, CSV and text line by
 line; the first differing tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
-An Orbax checkpoint (a directory holding `_METADATA`) is one output compared by its tensors only: its
-bytes hold timestamps and random file names, and Orbax's own `_CHECKPOINT_METADATA` (a timestamp) is not
-compared wherever it lies.
+An Orbax checkpoint (a directory holding Orbax's `_METADATA`: a JSON object with its tree_metadata) is
+one output compared by its tensors only: its bytes hold timestamps and random file names, and Orbax's own
+`_CHECKPOINT_METADATA` (a timestamp) is not compared wherever it lies. A directory holding a `_METADATA`
+of another kind is walked as any other; one that Orbax cannot read is compared file by file.
 
 Every file is someone else's: read through reprocube.untrusted (a regular file, at most MAX_OUTPUT_BYTES,
 a symbolic link never followed but compared by its target's text), parsed by a library told not to run
@@ -23,6 +24,7 @@ import stat
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from reprocube.analysis.readers import (
     KERAS_VOLATILE,
@@ -39,7 +41,7 @@ from reprocube.analysis.tensors import tensor_differences
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.results.wording import difference_size
 from reprocube.terminal import one_line
-from reprocube.untrusted import parse_json, parse_yaml, read_bytes
+from reprocube.untrusted import MAX_JSON_BYTES, compose_yaml, parse_json, read_bytes
 
 MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is far smaller
 MAX_FILES = 100_000
@@ -50,8 +52,16 @@ ORBAX_TIMESTAMP = "_CHECKPOINT_METADATA"
 
 
 def is_orbax(path: Path) -> bool:
-    """A directory that is an Orbax (PyTree) checkpoint: compared by its tensors, as one output."""
-    return path.is_dir() and not path.is_symlink() and (path / ORBAX_TREE).is_file()
+    """A directory that is an Orbax (PyTree) checkpoint, compared by its tensors as one output: it holds a
+    `_METADATA` that is a regular file, a JSON object with Orbax's tree_metadata (any other `_METADATA`,
+    a script's own, leaves the directory's files compared one by one)."""
+    if not (path.is_dir() and not path.is_symlink()):
+        return False
+    try:
+        metadata = parse_json(read_bytes(path / ORBAX_TREE, MAX_JSON_BYTES, CheckpointError), "", CheckpointError)
+    except CheckpointError:
+        return False
+    return isinstance(metadata, dict) and "tree_metadata" in metadata
 
 
 def parse_ignore(ignore: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -70,9 +80,10 @@ def parse_ignore(ignore: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     return globs, fields
 
 
-def _walk(root: Path, outputs: list[str]) -> dict[str, Path]:
+def _walk(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[str, Path]:
     """Everything under the declared outputs that exists, by path relative to `root`: regular files,
-    links (never entered), FIFOs and other special files, Orbax checkpoint directories (one entry)."""
+    links (never entered), FIFOs and other special files, Orbax checkpoint directories (one entry; with
+    top_as_files, a declared directory itself never is)."""
     found: dict[str, Path] = {}
     for output in outputs:
         start = root / output
@@ -82,7 +93,8 @@ def _walk(root: Path, outputs: list[str]) -> dict[str, Path]:
             found[_relative(start, root, output)] = start
             continue
         for directory, dirs, files in os.walk(start, followlinks=False):
-            if ORBAX_TREE in files:  # one output, compared by its tensors
+            whole = not (top_as_files and Path(directory) == start)
+            if whole and ORBAX_TREE in files and is_orbax(Path(directory)):  # one output, by its tensors
                 found[_relative(Path(directory), root, output)] = Path(directory)
                 dirs[:] = []
                 continue
@@ -215,21 +227,22 @@ def compare_files(a: Path, b: Path, explain: bool = True, ignore_fields: list[st
 
 
 def _orbax_difference(a: Path, b: Path) -> dict:
-    """Two Orbax checkpoints, tensor by tensor (their bytes are never equal). One that cannot be read
-    against one that can: a difference; neither readable: not compared."""
-    trees, errors = [], []
+    """Two Orbax checkpoints, tensor by tensor (their bytes are never equal). Where Orbax cannot read
+    either side, the two directories file by file (_files_difference): identical files are the same,
+    anything else a difference that names the first differing file and why Orbax could not read it."""
+    trees, errors, missing = [], [], True
     for side, path in (("A", a), ("B", b)):
         try:
             trees.append(load_orbax(path))
         except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
-            errors.append(f"{side}: {one_line(str(exc))[:200]}")
+            errors.append(f"{side}: {type(exc).__name__}: {one_line(str(exc))[:200]}")
+            missing = missing and isinstance(exc, ImportError)
     if errors:
-        return {
-            "same": False,
-            **({"compared": False} if len(errors) == 2 else {}),
-            "detail": f"{'not compared: ' if len(errors) == 2 else ''}"
-            f"could not be read as an Orbax checkpoint: {'; '.join(errors)}",
-        }
+        why = f"could not be read as an Orbax checkpoint ({'; '.join(errors)})"
+        files = _files_difference(a, b, why)
+        if missing and not files["same"]:  # JAX or Orbax not installed here: the tensors are unknown
+            return {"same": False, "compared": False, "detail": f"not compared: {why}; its files differ"}
+        return files
     ta, tb = trees
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
@@ -241,6 +254,44 @@ def _orbax_difference(a: Path, b: Path) -> dict:
         "detail": f"tensor {first['tensor']}: {difference_size(first)} "
         f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)",
     }
+
+
+def files_below(directory: Path) -> dict[str, Path]:
+    """Every file below a directory (as _walk lists them, the directory itself never one Orbax output), by
+    path relative to it."""
+    return _walk(directory, ["."], top_as_files=True)
+
+
+def _files_difference(a: Path, b: Path, why: str) -> dict:
+    """Two directories by the files below them (compare_files each; Orbax's _CHECKPOINT_METADATA left
+    out): the same only where every one is."""
+    listed = [files_below(root) for root in (a, b)]
+    entries = []
+    for name in sorted(set(listed[0]) | set(listed[1])):
+        if name not in listed[0] or name not in listed[1]:
+            side, path = ("A", listed[0][name]) if name in listed[0] else ("B", listed[1][name])
+            entries.append({"path": name, "same": False, "detail": f"only in {side} ({_kind(path)})"})
+        else:
+            entries.append({"path": name, **compare_files(listed[0][name], listed[1][name])})
+    differing = [e for e in entries if not e["same"] and e.get("compared", True)]
+    unread = [e for e in entries if not e.get("compared", True)]
+    counted = f"{len(entries) - len(unread)} of {len(entries)} files compared"
+    if differing:
+        first = differing[0]
+        return {
+            "same": False,
+            "detail": f"{why}; file by file, {len(differing)} of {len(entries)} differ, the first "
+            f"{one_line(first['path'])}: {first['detail']}",
+            "first_file": first,
+        }
+    if unread:  # neither side of these could be read (FIFOs in both, too large): not checked
+        return {
+            "same": False,
+            "compared": False,
+            "detail": f"not compared: {why}; {counted}, all identical; "
+            f"{one_line(unread[0]['path'])}: {unread[0]['detail']}",
+        }
+    return {"same": True, "detail": f"{why}; file by file, all {len(entries)} identical", "files": len(entries)}
 
 
 def load_orbax(path: Path) -> dict[str, np.ndarray]:
@@ -346,13 +397,27 @@ MAX_FIELD_FILE_BYTES = 256 << 20  # a JSON, YAML or CSV file read whole to leave
 
 def _fields_difference(suffix: str | None, a: bytes, b: bytes, keys: list[str], name: str) -> dict:
     """Two text files compared with `keys` left out: JSON, JSON lines and YAML by a dotted key path, CSV
-    and TSV by a header column. Every other value must be equal, exactly (repr: types, float bits and
-    key order); "ignored_fields" records the keys, and which of them neither file held."""
+    and TSV by a header column; "ignored_fields" records the keys, and which of them neither file held.
+    What else must be equal:
+    - JSON and JSON lines: every other value as parsed (strictly: duplicate keys refused), exactly (repr:
+      types, float bits and key order); so layout, number spellings of one float (5e-1, 0.50) and string
+      escapes are not compared, nor blank lines between JSON lines;
+    - YAML: every other key and value as written (read_yaml_as_written: each scalar's text with its tag
+      and quotes, in order; duplicate keys refused), since YAML 1.1 reads different texts as one value
+      (yes and true, 0x10 and 16); only comments and layout are not compared;
+    - CSV and TSV: every other cell as parsed, row by row; so quoting and line endings (CRLF) are not."""
     if suffix not in (".json", ".jsonl", ".yaml", ".yml", ".csv", ".tsv"):
         raise CheckpointError(f"{name}: FILE:KEY ignores apply to JSON, YAML and CSV files only")
     if max(len(a), len(b)) > MAX_FIELD_FILE_BYTES:
         raise CheckpointError(f"{name}: larger than the {MAX_FIELD_FILE_BYTES} bytes read to leave a field out")
     found: set[str] = set()
+    if suffix in (".yaml", ".yml"):
+        va, vb = (_yaml_without(x, keys, found, f"{name} ({s})") for x, s in ((a, "A"), (b, "B")))
+        absent = [k for k in keys if k not in found]
+        recorded = {"ignored_fields": keys, **({"ignored_absent": absent} if absent else {})}
+        if va == vb:
+            return {"same": True, "detail": f"identical but for the ignored {', '.join(keys)}", **recorded}
+        return {"same": False, **_first_written(va, vb), **recorded}
     if suffix in (".csv", ".tsv"):
         va, vb = (_rows_without(x, keys, found, suffix, f"{name} ({s})") for x, s in ((a, "A"), (b, "B")))
     else:
@@ -381,12 +446,96 @@ def _values_without(data: bytes, keys: list[str], found: set[str], suffix: str, 
         lines = [line for line in data.split(b"\n") if line.strip()]
         values = [parse_json(line, f"{where}:{i}", CheckpointError) for i, line in enumerate(lines, start=1)]
     else:
-        values = [parse_yaml(data, where, CheckpointError)]
+        raise AssertionError(suffix)
     for value in values:
         for key in keys:
             if _drop(value, key.split(".")):
                 found.add(key)
     return values if suffix == ".jsonl" else values[0]
+
+
+def _yaml_without(data: bytes, keys: list[str], found: set[str], where: str):
+    value = read_yaml_as_written(data, where)
+    for key in keys:
+        if _drop_written(value, key.split(".")):
+            found.add(key)
+    return value
+
+
+def read_yaml_as_written(data: bytes, where: str):
+    """A YAML document as written, for comparing: a scalar as its text in the file (its tag, quotes and
+    spelling: `yes`, `true` and `"true"` all differ); a sequence as ("seq", tag, [items]); a mapping as
+    ("map", tag, [[name, key as written, value], ...]) in the file's order, `name` the key's string
+    (None for a key that is not a string) for naming and leaving it out. The document is read as
+    parse_yaml reads it first (duplicate keys, aliases, deep nesting refused)."""
+    node, text = compose_yaml(data, where, CheckpointError)
+
+    def written(node):
+        if isinstance(node, yaml.ScalarNode):
+            return text[node.start_mark.index : node.end_mark.index]
+        if isinstance(node, yaml.SequenceNode):
+            return ("seq", node.tag, [written(item) for item in node.value])
+        pairs = []
+        for key, value in node.value:
+            named = isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:str"
+            pairs.append([key.value if named else None, written(key), written(value)])
+        return ("map", node.tag, pairs)
+
+    return None if node is None else written(node)
+
+
+def _drop_written(value, parts: list[str]) -> bool:
+    """_drop for read_yaml_as_written's values: the pair of the mapping key named by the dotted path
+    removed, a sequence item replaced by "<ignored>"; whether it was there."""
+    for number, part in enumerate(parts):
+        if not isinstance(value, tuple):
+            return False
+        items = value[2]
+        if value[0] == "map":
+            place = next((i for i, pair in enumerate(items) if pair[0] == part), None)
+        else:
+            place = int(part) if part.isdigit() and int(part) < len(items) else None
+        if place is None:
+            return False
+        if number == len(parts) - 1:
+            if value[0] == "map":
+                del items[place]
+            else:
+                items[place] = "<ignored>"
+            return True
+        value = items[place][2] if value[0] == "map" else items[place]
+    return False
+
+
+def _first_written(a, b, path: str = "") -> dict:
+    """Where two of read_yaml_as_written's values first differ, named by key path."""
+    where = path or "<top>"
+    if not (isinstance(a, tuple) and isinstance(b, tuple) and a[:2] == b[:2]):
+        return {
+            "detail": f"first differing value at {where}: {_written_text(a)} vs {_written_text(b)} (as written)",
+            "key": path,
+        }
+    for index, (x, y) in enumerate(zip(a[2], b[2], strict=False)):
+        if a[0] == "seq":
+            if x != y:
+                return _first_written(x, y, f"{path}.{index}" if path else str(index))
+            continue
+        if x[1] != y[1]:
+            return {
+                "detail": f"{where}: key {index + 1} is {_written_text(x[1])} vs {_written_text(y[1])}",
+                "key": path,
+            }
+        if x[2] != y[2]:
+            name = x[0] if x[0] is not None else _written_text(x[1])
+            return _first_written(x[2], y[2], f"{path}.{name}" if path else name)
+    unit = "items" if a[0] == "seq" else "keys"
+    return {"detail": f"{where}: {len(a[2])} vs {len(b[2])} {unit}", "key": path}
+
+
+def _written_text(value) -> str:
+    if isinstance(value, str):
+        return one_line(value)[:60]
+    return {"seq": "a sequence", "map": "a mapping"}.get(value[0], "?") if isinstance(value, tuple) else "nothing"
 
 
 def _drop(value, parts: list[str]) -> bool:

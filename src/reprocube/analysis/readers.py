@@ -491,7 +491,7 @@ def _stand_ins(unpickler: _Unpickler) -> dict[tuple[str, str], type]:
 
     class RebuildTensor(_Inert):
         def __new__(cls, storage, offset, size, stride, *rest):
-            return _tensor(storage, offset, size, stride)
+            return _tensor(storage, offset, size, stride, unpickler.budget)
 
     class RebuildParameter(_Inert):
         def __new__(cls, data, *rest):
@@ -552,9 +552,10 @@ def _storage_dtypes() -> dict[str, np.dtype]:
 _STORAGES = _storage_dtypes()
 
 
-def _tensor(storage, offset, size, stride) -> np.ndarray:
+def _tensor(storage, offset, size, stride, budget: Budget) -> np.ndarray:
     """A tensor as torch rebuilds it (a strided view of a storage), with every index checked to lie in
-    the storage, then copied out contiguous."""
+    the storage, then copied out contiguous: a copy (of an expanded, stride-0 or transposed view, which
+    may be far larger than its storage) charged to the file's `budget` before it is made."""
     if not isinstance(storage, _StorageData):
         raise CheckpointError("a tensor rebuilt from something other than a storage")
     flat = storage.array
@@ -570,6 +571,8 @@ def _tensor(storage, offset, size, stride) -> np.ndarray:
     view = np.lib.stride_tricks.as_strided(
         flat[offset:], shape=tuple(size), strides=tuple(s * flat.itemsize for s in stride), writeable=False
     )
+    if not view.flags.c_contiguous:  # a copy: charged first (a view of its own storage's bytes is not)
+        budget.charge(count * flat.itemsize, f"a tensor {_short(size)} with strides {_short(stride)}")
     return np.ascontiguousarray(view)
 
 

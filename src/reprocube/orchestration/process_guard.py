@@ -16,7 +16,11 @@ hours stalls only the guard: check's watchdog still ends the attempt (the guard'
 interrupts the search).
 
 Imported, the module is check's side: start_guarded gives a Popen-like handle (pid, poll, wait,
-returncode: the command's own) with send_signal (to the command's group) and end."""
+returncode: the command's own) with send_signal (to the command's group) and end. The guard itself may
+die (the command SIGKILLs its parent, `pkill -f` matches the guard's command line): so while any guard
+lives, check is a child subreaper too (what the dead guard held is reparented to check, not to PID 1),
+and each end() then sweeps (sweep_strays): every process below check that is not one of its live guards
+or below one is SIGKILLed and reaped. With --jobs 2 the other run's guard and what it holds are spared."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 CHUNK = 1 << 16  # output is read and written this many bytes at a time
 MAX_LINE = 1 << 20  # of a longer line, its first and its last MAX_LINE bytes are matched
 GRACE_S = 5.0  # after the SIGTERM that ends an attempt, how long the command may take before SIGKILL
@@ -46,6 +51,64 @@ def _prctl():
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+
+
+def _tree(root: int, spared: frozenset[int] = frozenset()) -> dict[int, bool]:
+    """Every process below `root` (pid -> still running; False: a zombie), without those in `spared`
+    and what lies below them."""
+    children: dict[int, list[tuple[int, bool]]] = {}
+    try:
+        listed = os.listdir("/proc")
+    except OSError:
+        listed = []  # no /proc (not Linux): only the command's group is ended
+    for name in listed:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append((int(name), fields[0] != b"Z"))
+    found, frontier = {}, [root]
+    while frontier:
+        for pid, alive in children.get(frontier.pop(), ()):
+            if pid not in found and pid not in spared:
+                found[pid] = alive
+                frontier.append(pid)
+    return found
+
+
+def _signal_found(found: dict[int, bool], root: int, signum: int) -> int:
+    """signum to each running process of `found` (_tree(root)), through a pidfd checked to be still below
+    `root` (its parent `root` or one of `found`): a recycled pid is never signalled."""
+    sent = 0
+    for pid, alive in found.items():
+        if not alive:
+            continue
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        try:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as stat:
+                    parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone
+            if parent != root and parent not in found:
+                continue  # the pid was recycled by a process that is not ours
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:
+                os.kill(pid, signum)
+            sent += 1
+        except ProcessLookupError:
+            pass
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+    return sent
 
 
 # ---- the guard (run as a script) ----------------------------------------------------------------------
@@ -168,58 +231,11 @@ class _Guard:
 
     def descendants(self) -> dict[int, bool]:
         """Every process below the guard: pid -> still running (False: a zombie)."""
-        children: dict[int, list[tuple[int, bool]]] = {}
-        try:
-            listed = os.listdir("/proc")
-        except OSError:
-            listed = []  # no /proc (not Linux): only the command's group is ended
-        for name in listed:
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as stat:
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            children.setdefault(int(fields[1]), []).append((int(name), fields[0] != b"Z"))
-        found, frontier = {}, [self.me]
-        while frontier:
-            for pid, alive in children.get(frontier.pop(), ()):
-                if pid not in found:
-                    found[pid] = alive
-                    frontier.append(pid)
-        return found
+        return _tree(self.me)
 
     def signal_descendants(self, signum: int) -> int:
         """signum to each running descendant, through a pidfd checked to be still below the guard."""
-        found = self.descendants()
-        sent = 0
-        for pid, alive in found.items():
-            if not alive:
-                continue
-            try:
-                pidfd = os.pidfd_open(pid)
-            except (AttributeError, OSError):
-                pidfd = None
-            try:
-                try:
-                    with open(f"/proc/{pid}/stat", "rb") as stat:
-                        parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue  # gone
-                if parent != self.me and parent not in found:
-                    continue  # the pid was recycled by a process that is not ours
-                if pidfd is not None:
-                    signal.pidfd_send_signal(pidfd, signum)
-                else:
-                    os.kill(pid, signum)
-                sent += 1
-            except ProcessLookupError:
-                pass
-            finally:
-                if pidfd is not None:
-                    os.close(pidfd)
-        return sent
+        return _signal_found(self.descendants(), self.me, signum)
 
     def signal_group(self, signum: int) -> None:
         if self.leader is not None and self.leader_status is None:  # not reaped: its group id is still its
@@ -336,6 +352,58 @@ def _guard(argv: list[str]) -> int:
 
 # ---- check's side -------------------------------------------------------------------------------------
 
+_LIVE: set[int] = set()  # the pids of check's guards, from their start until end() has waited for them
+_LIVE_LOCK = threading.Lock()  # held while a guard starts and while a sweep lists and kills: never a race
+_SUBREAPER = {"set_here": False}  # whether check was made a subreaper here (and must be unmade)
+
+
+def _set_subreaper(on: bool) -> None:
+    """Check a child subreaper while any guard lives (under _LIVE_LOCK): set where it was not already."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    if on and not _SUBREAPER["set_here"]:
+        was = ctypes.c_int(0)
+        prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+        if not was.value and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+            _SUBREAPER["set_here"] = True
+    elif not on and _SUBREAPER["set_here"]:
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        _SUBREAPER["set_here"] = False
+
+
+def sweep_strays(timeout: float = SWEEP_S) -> int:
+    """SIGKILL every process below check that is not one of its live guards nor below one (what a guard
+    that was killed held: reparented to check, its subreaper), until none is left or `timeout`; the zombies
+    among check's own children reaped (by pid: never a guard's status, nor another child's). When no guard
+    lives any more, check stops being a subreaper. Returns how many processes were signalled."""
+    me, sent = os.getpid(), 0
+    deadline = time.monotonic() + timeout
+    with _LIVE_LOCK:
+        while True:
+            found = _tree(me, frozenset(_LIVE))
+            for pid, alive in found.items():
+                if not alive:
+                    with contextlib.suppress(ChildProcessError, OSError):
+                        os.waitpid(pid, os.WNOHANG)  # ours if it was reparented to check; else its parent's
+            if not any(found.values()) and not any(_is_child(pid, me) for pid in found):
+                break
+            if time.monotonic() >= deadline:
+                break  # one in uninterruptible sleep may linger
+            sent += _signal_found(found, me, signal.SIGKILL)
+            time.sleep(0.01)
+        if not _LIVE:
+            _set_subreaper(False)
+    return sent
+
+
+def _is_child(pid: int, parent: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[1]) == parent
+    except (OSError, IndexError, ValueError):
+        return False
+
 
 class GuardedCommand:
     """One attempt's command under its guard, for check: pid, poll(), wait(timeout) and returncode as
@@ -351,15 +419,23 @@ class GuardedCommand:
         status_r, status_w = os.pipe()
         control_r, self._control = os.pipe()
         try:
-            self.guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(status_w), str(control_r)]
-                + [str(os.getpid()), "-" if line is None else "+" + line, "--", *command],
-                cwd=cwd,
-                env=env,
-                stdout=log,
-                stderr=log,
-                pass_fds=(status_w, control_r),
-            )
+            with _LIVE_LOCK:  # no sweep between the fork and the guard's pid known as live
+                _set_subreaper(True)
+                try:
+                    self.guard = subprocess.Popen(
+                        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(status_w), str(control_r)]
+                        + [str(os.getpid()), "-" if line is None else "+" + line, "--", *command],
+                        cwd=cwd,
+                        env=env,
+                        stdout=log,
+                        stderr=log,
+                        pass_fds=(status_w, control_r),
+                    )
+                except BaseException:
+                    if not _LIVE:
+                        _set_subreaper(False)
+                    raise
+                _LIVE.add(self.guard.pid)
         except BaseException:
             os.close(status_r)
             os.close(self._control)
@@ -427,14 +503,21 @@ class GuardedCommand:
             os.write(self._control, f"signal {int(signum)}\n".encode())
 
     def end(self) -> None:
-        """Everything the command started ends (the guard's end), and the guard with it."""
-        if self.guard.poll() is None:
-            self.guard.send_signal(signal.SIGTERM)
-            try:
-                self.guard.wait(GRACE_S + SWEEP_S + DRAIN_S + 5)
-            except subprocess.TimeoutExpired:
-                self.guard.kill()  # the command dies with it (PDEATHSIG); a straggler may not
-                self.guard.wait()
+        """Everything the command started ends (the guard's end), and the guard with it; then whatever a
+        killed guard left to check, its subreaper (sweep_strays)."""
+        try:
+            if self.guard.poll() is None:
+                self.guard.send_signal(signal.SIGTERM)
+                try:
+                    self.guard.wait(GRACE_S + SWEEP_S + DRAIN_S + 5)
+                except subprocess.TimeoutExpired:
+                    self.guard.kill()  # the command dies with it (PDEATHSIG); a straggler may not
+                    self.guard.wait()
+        finally:
+            if self.guard.returncode is not None:
+                with _LIVE_LOCK:
+                    _LIVE.discard(self.guard.pid)
+            sweep_strays()
         if self._control >= 0:
             os.close(self._control)
             self._control = -1
