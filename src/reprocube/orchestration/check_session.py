@@ -235,6 +235,20 @@ class CheckSession:
             traced = _repeat_trace(clean[0], run, self.result, first_updates)
             if not comparison["identical"] or traced:
                 where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
+                leaked = leaked_state(clean, first_updates)
+                if leaked:
+                    return self.finish("state-leaked", "repeat", f"{leaked}; resume was not tested")
+                if self.jobs > 1 and clean[0].activity is not None and not clean[0].activity.state_keys():
+                    # Runs at once that keep no checkpoint in their own directories may have shared one
+                    # elsewhere (a fixed path): their disagreement does not show non-determinism.
+                    return self.finish(
+                        "not-resumed",
+                        "repeat",
+                        f"two uninterrupted runs that ran at once differ ({where}), and they saved no checkpoint "
+                        "in their own directories (work, HOME, TMPDIR): they may have shared one kept elsewhere, "
+                        "so this does not show the script non-deterministic, and resume cannot be tested without "
+                        "a checkpoint check sees. Run with --jobs 1 to tell the two apart",
+                    )
                 return self.finish(
                     "not-deterministic",
                     "repeat",
