@@ -258,7 +258,14 @@ class CheckSession:
         if leaked:
             return self.finish("state-leaked", "repeat", f"{leaked}; resume was not tested")
         receipt = _write_receipt(
-            self.out, clean[0], self.copies, self.outputs, self.ignore, self.result["environment"], self.seed_env
+            self.out,
+            clean[0],
+            self.copies,
+            self.outputs,
+            self.ignore,
+            self.result["environment"],
+            self.seed_env,
+            self.result["not_checked"],
         )
         self.echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         return None
@@ -512,16 +519,23 @@ def _workspace(out: Path | None, command: list[str]) -> Path:
 
 
 def _write_receipt(
-    out: Path, clean: Run, copies: list[Path], outputs: list[str], ignore: list[str], env: dict, seed_env: str | None
+    out: Path,
+    clean: Run,
+    copies: list[Path],
+    outputs: list[str],
+    ignore: list[str],
+    env: dict,
+    seed_env: str | None,
+    notes: list[str],
 ) -> Path:
     """The uninterrupted run's receipt (reprocube.script_receipt), once two such runs agreed: what
-    `reprocube reproduce` retrains on another machine."""
+    `reprocube reproduce` retrains on another machine; what it records otherwise than asked, in notes."""
     return write_script_receipt(
         out / "receipt",
         clean.command,
         input_digests(copies),
         outputs,
-        output_digests(collect(clean.work, outputs, ignore)),
+        output_digests(collect(clean.work, outputs, ignore), notes),
         clean.probe_trace(1),
         clean.attempts[-1].seconds,
         env,
