@@ -12,6 +12,7 @@ import argparse
 import os
 
 import torch
+import transformers
 from safetensors.torch import save_file
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
@@ -24,6 +25,7 @@ parser.add_argument("--save-steps", type=int, default=8)
 args = parser.parse_args()
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
+transformers.utils.logging.disable_progress_bar()  # a bar per checkpoint written
 
 data = torch.Generator().manual_seed(1234)  # the dataset is fixed; the seed drives the training only
 tokens = torch.randint(4, 64, (512, 12), generator=data)
