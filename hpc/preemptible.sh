@@ -21,6 +21,14 @@ fi
 read -r -a reprocube <<< "${REPROCUBE:-reprocube}"
 if [ -n "${REPROCUBE_SIF:-}" ]; then
   if [ ! -f "$REPROCUBE_SIF" ]; then log "REPROCUBE_SIF=$REPROCUBE_SIF: no such image"; exit 2; fi
+  if ! command -v singularity >/dev/null; then
+    log "singularity: command not found (REPROCUBE_SIF needs Apptainer or Singularity on the node)"; exit 2
+  fi
+  # A file that does not start (a partial copy, the wrong file) is named here, in one line, before the
+  # job's time is spent: a SIF's header alone can look right, so it is started (about a second).
+  if ! error=$(singularity exec "$REPROCUBE_SIF" true 2>&1 >/dev/null); then
+    log "REPROCUBE_SIF=$REPROCUBE_SIF: singularity cannot start it: $(tail -n 1 <<< "$error")"; exit 2
+  fi
   # --nv: the host's NVIDIA driver inside the container; the working directory is bound by default.
   reprocube=(singularity exec --nv "$REPROCUBE_SIF" reprocube)
 elif ! command -v "${reprocube[0]}" >/dev/null; then

@@ -20,6 +20,8 @@ MLCube launcher's venv (a .pth file imports it when the interpreter starts), rep
 - A refusal is one line on stderr, `mlcube: error: ...`, and exit status 2, before anything runs or is
   created.
 - Shell.run itself (any other caller) splits the same way and never starts a shell.
+- Beside that: Apptainer's version string ("apptainer version 1.4.5") is understood, where spython 0.2.1
+  logged a traceback for it on every singularity command.
 
 Install: `VENV/bin/python scripts/reprocube_mlcube_noshell.py --install` (the Makefile's .venv-mlcube rule does it):
 copies this file into the venv's site-packages with reprocube_mlcube_noshell.pth, then checks, in a fresh
@@ -452,9 +454,23 @@ def singularity_run(self) -> None:
     _run_task(self, argv, f"task={self.task}")
 
 
+def singularity_version_info():
+    """`singularity --version` as a semantic version. spython 0.2.1 knows only "singularity version X";
+    Apptainer answers "apptainer version 1.4.5", and mlcube-singularity logged a traceback for it on every
+    command (it goes on either way: the version only decides a warning about --fakeroot)."""
+    import semver
+    from spython.utils.terminal import get_singularity_version
+
+    text = get_singularity_version()
+    for prefix in ("singularity version ", "apptainer version "):
+        text = text.removeprefix(prefix)
+    return semver.VersionInfo.parse(text)
+
+
 def patch_singularity(module) -> None:
     module.SingularityRun.configure = _mark(singularity_configure)
     module.SingularityRun.run = _mark(singularity_run)
+    module.get_singularity_version_info = _mark(singularity_version_info)
 
 
 # ---- installing the patch ---------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ def pytest_configure(config):
 # that none of them starts last and runs alone (seconds: the files' slowest tests in the suite of
 # 2026-11-26 run two files at a time); the rest keep their order. test_repository.py checks the names.
 LONGEST_FILES_FIRST = (
+    "test_apptainer.py",  # the SIF's build (minutes, once per image digest), then MLCube tasks in three runtimes
     "test_cpu_emulation.py",  # ~330 (alone), training on QEMU's emulated CPU
     "test_slurm.py",  # ~250 s, most of it waiting on SLURM
     "test_reproduce.py",  # ~300

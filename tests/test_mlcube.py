@@ -1,6 +1,7 @@
 """The MLCube packaging: run.sh (the image entrypoint), mlcube.yaml, Singularity.recipe, driven by the
-real mlcube 0.0.9 CLI. The Singularity runner is driven through a stub `singularity` that records its
-argv and emulates `run` natively; the Docker tests are in test_container.py."""
+real mlcube 0.0.9 CLI. The Singularity runner's argv (what mlcube asks of singularity, and when) is
+checked through a stub `singularity` that records it and emulates `run` natively; the real Apptainer runs
+the tasks in test_apptainer.py, and the Docker tests are in test_container.py."""
 
 from __future__ import annotations
 
@@ -104,8 +105,10 @@ def test_image_names_and_versions_agree_across_files():
         "the base image must be pinned by digest"
     )
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/reprocube/run.sh"]' in dockerfile
+    # The recipe builds either variant (--build-arg VARIANT=cpu); by default the one mlcube.yaml names.
     recipe = (REPO / "Singularity.recipe").read_text()
-    assert f"From: {cube['docker']['image']}" in recipe
+    assert f"From: reprocube/reprocube:{VERSION}-{{{{ VARIANT }}}}" in recipe
+    assert re.search(r"^%arguments\n    VARIANT=gpu$", recipe, re.M)
 
 
 def test_every_task_declares_what_run_sh_expects():
@@ -147,7 +150,7 @@ def test_the_workspace_parameter_files_are_valid_configs(tmp_path):
     assert (study.framework.name, study.study.runs, study.epochs) == ("pytorch", 3, 4)
 
 
-# ---- the Singularity runner, driven by the real mlcube CLI with a stub `singularity` ----------------------------
+# ---- the Singularity runner's argv: the real mlcube CLI, a stub `singularity` (the real one: test_apptainer.py) --
 
 # Records its argv; `build` creates the SIF; `run` emulates the container natively: each --bind HOST:/mlcube_ioN
 # is mapped back to HOST in the task arguments, and the recipe's runscript (run.sh) is executed.
@@ -248,6 +251,7 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
         [
             "run",
             "--nv",
+            f"--bind={image_dir}:{image_dir}:ro",
             "--bind",
             f"{ws}:/mlcube_io0",
             "--bind",
@@ -263,6 +267,7 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
         [
             "run",
             "--nv",
+            f"--bind={image_dir}:{image_dir}:ro",
             "--bind",
             f"{ws}:/mlcube_io0",
             "--bind",
@@ -286,7 +291,8 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
 
 
 def test_singularity_recipe_parses_and_runs_the_entrypoint():
-    """Parsed with spython (the launcher's venv has it), as Singularity would read it."""
+    """Parsed with spython (the launcher's venv has it). Apptainer itself builds and runs it in
+    test_apptainer.py; spython knows no {{ VARIANT }} templating (it lowercases the From: line)."""
     code = textwrap.dedent(
         """\
         import json, sys
@@ -306,7 +312,7 @@ def test_singularity_recipe_parses_and_runs_the_entrypoint():
     )
     assert result.returncode == 0, result.stderr
     parsed = json.loads(result.stdout)
-    assert parsed["from"] == f"reprocube/reprocube:{VERSION}-gpu"
+    assert parsed["from"] == f"reprocube/reprocube:{VERSION}-{{{{ variant }}}}"
     assert {"PYTHONNOUSERSITE=1", "PYTHONHASHSEED=0", "PATH=/opt/venv/bin:$PATH"} <= set(parsed["environ"])
     assert parsed["runscript"] == 'exec /opt/reprocube/run.sh "$@"'
     assert f"org.opencontainers.image.version {VERSION}" in parsed["labels"]

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -199,53 +198,6 @@ def test_preemptible_forwards_the_warning_signal_and_reprocube_checkpoints(gener
     assert resumed.returncode == 0, resumed.stderr
     reprocube("train", *run[:-3], f"output_dir={tmp_path}/plain", "run_name=p", cwd=tmp_path)
     assert epoch_digests(tmp_path / "runs" / "r")["epoch-0003"] == epoch_digests(tmp_path / "plain" / "p")["epoch-0003"]
-
-
-def test_preemptible_runs_the_singularity_image_when_given(generated, tmp_path):
-    """REPROCUBE_SIF: `singularity exec --nv SIF reprocube ...` (a stub singularity records its argv and
-    runs the command natively; Singularity itself cannot be installed here)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "singularity.argv"
-    (bin_dir / "singularity").write_text(
-        textwrap.dedent(f"""\
-        #!/bin/sh
-        echo "$@" >> {log}
-        [ "$1" = exec ] && [ "$2" = --nv ] || exit 99
-        shift 3
-        [ "$1" = reprocube ] && shift
-        exec {sys.executable} -m reprocube "$@"
-        """)
-    )
-    (bin_dir / "singularity").chmod(0o755)
-    sif = tmp_path / "reprocube.sif"
-    sif.write_text("stub image\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", REPROCUBE_SIF=str(sif))
-    args = [
-        "train",
-        "resume=auto",
-        "framework=pytorch",
-        "epochs=1",
-        *generated.overrides(),
-        f"output_dir={tmp_path}/runs",
-        "run_name=s",
-    ]
-    done = subprocess.run(["bash", str(PREEMPTIBLE), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert log.read_text().split() == ["exec", "--nv", str(sif), "reprocube", *args]
-    assert (tmp_path / "runs" / "s" / "checkpoints" / "epoch-0001").is_dir()
-    missing = subprocess.run(
-        ["bash", str(PREEMPTIBLE), *args],
-        cwd=tmp_path,
-        env={**env, "REPROCUBE_SIF": str(tmp_path / "absent.sif")},
-        capture_output=True,
-        text=True,
-    )
-    assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [
-        f"reprocube-slurm: REPROCUBE_SIF={tmp_path}/absent.sif: no such image"
-    ]
 
 
 def test_report_refuses_a_broken_study_result_in_one_line(tmp_path):

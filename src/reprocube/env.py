@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -247,10 +248,7 @@ def _container() -> dict | None:
     described by the build record REPROCUBE_IMAGE_INFO points at (variant, base image, lock and installed
     package hashes): an image cannot know its own registry digest."""
     if os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER"):
-        info = {
-            "runtime": "singularity",
-            "image": os.environ.get("SINGULARITY_CONTAINER") or os.environ.get("APPTAINER_CONTAINER"),
-        }
+        info = _singularity(os.environ.get("APPTAINER_CONTAINER") or os.environ["SINGULARITY_CONTAINER"])
     elif Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
         info = {"runtime": "docker", "image": os.environ.get("REPROCUBE_IMAGE")}
     else:
@@ -259,6 +257,43 @@ def _container() -> dict | None:
     if build is not None:
         info["build"] = build
     return info
+
+
+# Written into every SIF by its build (org.label-schema.*), beside the recipe's own labels.
+SIF_LABELS = Path("/.singularity.d/labels.json")
+
+
+def _singularity(image: str) -> dict:
+    """A Singularity/Apptainer container: the SIF's path and sha256 (where the file is visible inside: the
+    MLCube binds its folder read-only), the Apptainer or Singularity version that built it and the Docker
+    image it was built from (its name from the image's environment, its id from the SIF's labels; the
+    running Apptainer's version is not visible from inside)."""
+    info: dict = {"runtime": "singularity", "image": image, "docker_image": os.environ.get("REPROCUBE_IMAGE")}
+    try:
+        labels = parse_json(
+            read_bytes(SIF_LABELS, 1 << 20, ReprocubeError, follow_links=True), str(SIF_LABELS), ReprocubeError
+        )
+    except ReprocubeError:
+        labels = {}
+    labels = labels if isinstance(labels, dict) else {}
+    for key, label in (
+        ("built_with_apptainer", "org.label-schema.usage.apptainer.version"),
+        ("built_with_singularity", "org.label-schema.usage.singularity.version"),
+        ("docker_image_id", "org.reprocube.docker-image-id"),
+    ):
+        if isinstance(labels.get(label), str):
+            info[key] = labels[label]
+    info["sif_sha256"] = _file_sha256(Path(image))
+    return info
+
+
+def _file_sha256(path: Path) -> str | None:
+    """sha256 of a (multi-GB) image file, None where it cannot be read from here."""
+    try:
+        with path.open("rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError:
+        return None
 
 
 def _image_build_record() -> dict | None:
