@@ -87,6 +87,10 @@ def _walk(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[st
     found: dict[str, Path] = {}
     for output in outputs:
         start = root / output
+        through = _link_above(root, output)
+        if through is not None:  # under a linked directory: listed as that link, never read through it
+            found[_relative(through, root, output)] = through
+            continue
         if not os.path.lexists(start):
             continue  # missing: compare_outputs names it
         if start.is_symlink() or not start.is_dir():
@@ -105,6 +109,17 @@ def _walk(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[st
             if len(found) > MAX_FILES:
                 raise CheckpointError(f"{start}: more than {MAX_FILES} files: declare fewer outputs")
     return found
+
+
+def _link_above(root: Path, output: str) -> Path | None:
+    """The first directory on the way from root to an output that is a symbolic link (the output would
+    be read through it: another run's, or a scratch folder's file), or None."""
+    path = root
+    for part in Path(output).parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
 
 
 def _relative(path: Path, root: Path, output: str) -> str:
@@ -198,9 +213,17 @@ def compare_files(a: Path, b: Path, explain: bool = True, ignore_fields: list[st
         if kind_a in _SPECIAL and kind_b in _SPECIAL:
             return {"same": False, "compared": False, "detail": f"not compared: {kind_a} in A, {kind_b} in B"}
         return {"same": False, "detail": f"{kind_a} in A, {kind_b} in B"}
-    if kind_a == "a symbolic link":
+    if kind_a == "a symbolic link":  # never followed: what it points to may be one file for every run
         ta, tb = _link(a), _link(b)
-        return {"same": ta == tb, "detail": None if ta == tb else f"links: {ta!r} vs {tb!r}"}
+        if ta != tb:
+            return {"same": False, "detail": f"links: {ta!r} vs {tb!r}"}
+        return {"same": False, "compared": False, "detail": f"not compared: a symbolic link in both runs (to {ta!r})"}
+    if kind_a == "a regular file" and _same_file(a, b):
+        return {
+            "same": False,
+            "compared": False,
+            "detail": "not compared: one file in both runs (a hard link): neither run's own result is there",
+        }
     if kind_a == "a directory":
         return _orbax_difference(a, b)
     if kind_a in _SPECIAL:
@@ -323,6 +346,14 @@ def load_orbax(path: Path) -> dict[str, np.ndarray]:
     tree = checkpointer.restore(path.absolute())
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(keys, simple=True, separator="."): np.asarray(leaf) for keys, leaf in flat}
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        one, other = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _link(path: Path) -> str | None:

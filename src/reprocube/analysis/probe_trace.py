@@ -245,7 +245,12 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
     before the probe writes its last steps: those after the last checkpoint it announced are lost, and
     retrained by the restart only if it resumes from that checkpoint; they are not compared)."""
     reference = steps_of(clean, 0)
-    by_update = {update: step for step, update in reference.items()}
+    # A record that the uninterrupted run made at several steps (an update that changes nothing) places
+    # no restart: only records it made once are matched.
+    counts: dict[Update, int] = {}
+    for update in reference.values():
+        counts[update] = counts.get(update, 0) + 1
+    by_update = {update: step for step, update in reference.items() if counts[update] == 1}
     described, trained, announced, first = [], {}, [], None
     for number, trace in enumerate(attempts, start=1):
         if trace is None or not trace.updates:
@@ -267,7 +272,13 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
             start, how = by_update[update] - 1, "matched"
         else:
             start, how = (announced[-1] if announced else 0), "assumed"
-        steps = steps_of(trace, start)
+        steps, offset = steps_of(trace, start), 0
+        if how == "given" and reference.get(start + 1) != update and update in by_update:
+            # The bits are the uninterrupted run's update at another step than the script's label says:
+            # it resumed there, and only its step counter is off (trust the bits, say the labels).
+            offset = start - (by_update[update] - 1)
+            start, how = by_update[update] - 1, "matched"
+            steps = {step - offset: record for step, record in steps.items()}
         # From scratch: began at step 1 again although an earlier attempt had announced a checkpoint (a
         # restart before the first checkpoint rightly begins at step 1).
         entry = {
@@ -278,6 +289,8 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
             "last_announced": announced[-1] if announced else None,
             "from_scratch": number > 1 and start == 0 and how != "assumed" and any(announced),
         }
+        if offset:
+            entry["label_offset"] = offset  # the script's step numbers minus the steps its bits are
         described.append(entry)
         difference = first_difference(reference, steps, clean.names)
         if difference is not None and first is None:
@@ -395,7 +408,8 @@ def compare_stopped_ranks(clean: dict[int, AttemptTrace], attempts: list[dict[in
     by rank with compare_stopped. None where the uninterrupted run wrote no trace. The answer has
     compare_stopped's keys, from the rank whose first difference comes first (the earliest step, then the
     lowest rank; the lowest rank where none differs), with "rank" and "world" in first_difference, plus
-    "rank", "ranks" and "per_rank" ([{"rank", "first_difference": its step or None, "compared_steps"}]).
+    "rank", "ranks" and "per_rank" ([{"rank", "first_difference": its step or None, "compared_steps",
+    "attempts"}]).
     A rank that wrote traces in one run only, or another rank's error, is its "error", naming the rank."""
     if not clean:
         return None
@@ -426,6 +440,7 @@ def compare_stopped_ranks(clean: dict[int, AttemptTrace], attempts: list[dict[in
                 "rank": r,
                 "first_difference": (c.get("first_difference") or {}).get("step"),
                 "compared_steps": c.get("compared_steps", 0),
+                "attempts": c.get("attempts", []),  # where each attempt of this rank resumed
             }
             for r, c in compared.items()
         ],

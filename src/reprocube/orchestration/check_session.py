@@ -232,6 +232,14 @@ class CheckSession:
         for run in clean[1:]:
             comparison = self.compared(run, clean[0])
             self.result["comparisons"]["repeat"].append(comparison)
+            if not any(f.get("compared", True) for f in comparison["files"]):
+                return self.finish(
+                    "command-failed",
+                    run.name,
+                    "none of its declared outputs could be compared with clean-1's (links, which are never "
+                    "followed, special files, one file shared by the runs, or too large: see not checked): "
+                    "declare the files the training writes in its work directory",
+                )
             traced = _repeat_trace(clean[0], run, self.result, first_updates)
             if not comparison["identical"] or traced:
                 where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
@@ -618,6 +626,13 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
             differs = (
                 f"after stop {stop} (resumed at step {attempt['resumed_at']}), "
                 f"step {step} is the first update that differs ({details})"
+            )
+    for attempt in attempts:
+        if attempt.get("label_offset"):
+            result["not_checked"].append(
+                f"attempt {attempt['attempt']}'s step numbers are off by {attempt['label_offset']:+d} from the "
+                "uninterrupted run's (its updates' bits are those steps' own): its step counter is not restored "
+                "as it was; the updates are compared by their bits"
             )
     if traced["unrecorded_steps"]:
         spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in traced["unrecorded_steps"][:5])

@@ -117,16 +117,21 @@ class FileActivity:
         return moments
 
     def state_keys(self) -> frozenset[str]:
-        """What an uninterrupted run saves as it goes: the files it wrote at two or more save moments (a
-        checkpoint rewritten), a numbered series counting as one (ckpt-1.pt, ckpt-2.pt: state_key). A file
-        written once (Python's bytecode cache, a library's cache in HOME or TMPDIR, a config written at
-        start-up, outputs written at the end) is no state a restart resumes from."""
+        """What an uninterrupted run saves as it goes: the files it rewrote most often, at two or more save
+        moments and at least half as many as the most rewritten one (a checkpoint saved every epoch), a
+        numbered series counting as one (ckpt-1.pt, ckpt-2.pt: state_key). Python's bytecode cache, a
+        library's cache in HOME or TMPDIR, a data cache or a config written at start-up (and again at the
+        end), the outputs written at the end: none is the state a restart resumes from. Nothing where
+        not all was seen."""
+        if not self.complete:
+            return frozenset()
         moments: dict[str, list[float]] = {}
         for event in self.writes(lasting=True):
             seen = moments.setdefault(state_key(event.path), [])
             if not seen or event.at - seen[-1] > MERGE_S:
                 seen.append(event.at)
-        return frozenset(key for key, times in moments.items() if len(times) >= 2)
+        most = max((len(times) for times in moments.values()), default=0)
+        return frozenset(key for key, times in moments.items() if len(times) >= max(2, most / 2))
 
     # --- inotify --------------------------------------------------------------------------------
     def _incomplete(self, why: str) -> None:

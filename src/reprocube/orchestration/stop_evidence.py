@@ -29,6 +29,7 @@ def stop_evidence(run: Run, traced: dict | None) -> list[dict]:
     """Per requested stop of `run`: {"stop", "landed", "effective", "how"}; traced: compare_stopped's
     answer for the run (None without the probe)."""
     probe_attempts = {a["attempt"]: a for a in (traced or {}).get("attempts", [])}
+    began_again = _ranks_that_began_again(traced)
     evidence = []
     for number, attempt in enumerate(run.attempts, start=1):
         if attempt.stop is None:
@@ -37,8 +38,30 @@ def stop_evidence(run: Run, traced: dict | None) -> list[dict]:
             how = "it did not land: the command ended before it" if attempt.stopped_early else "no restart followed"
             evidence.append({"stop": number, "landed": False, "effective": False, "how": how})
             continue
+        if began_again.get(number + 1):
+            ranks = ", ".join(map(str, began_again[number + 1]))
+            how = f"attempt {number + 1} began again at step 1 on rank {ranks} (the probe)"
+            evidence.append({"stop": number, "landed": True, "effective": False, "how": how})
+            continue
         evidence.append({"stop": number, "landed": True, **_judged(run, number, probe_attempts.get(number + 1))})
     return evidence
+
+
+def _ranks_that_began_again(traced: dict | None) -> dict[int, list[int]]:
+    """attempt -> the ranks whose updates in it began at step 1 again after a checkpoint was announced
+    (the probe, rank by rank: every rank must resume, not only the one shown)."""
+    found: dict[int, list[int]] = {}
+    per_rank = (traced or {}).get("per_rank") or []
+    if len(per_rank) < 2:
+        return found
+    for entry in per_rank:
+        for attempt in entry.get("attempts", []):
+            scratch = attempt.get("from_scratch") or (
+                attempt.get("steps") and attempt.get("how") in ("given", "matched") and attempt["resumed_at"] == 0
+            )
+            if attempt["attempt"] > 1 and scratch:
+                found.setdefault(attempt["attempt"], []).append(entry["rank"])
+    return found
 
 
 def _judged(run: Run, number: int, probed: dict | None) -> dict:
@@ -89,8 +112,9 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
     again after it), and the attempt that ran to the end saved fewer times than an uninterrupted run (one
     that began again saves as often)."""
     activity = run.activity
-    if activity is None:
-        return {"effective": False, "how": f"what attempt {number + 1} read could not be seen"}
+    if activity is None or not activity.complete:
+        why = activity.why_incomplete if activity is not None else "not watched"
+        return {"effective": False, "how": f"what attempt {number + 1} read and wrote was not all seen ({why})"}
     written_again: dict[str, float] = {}
     for event in activity.writes(restart_from, restart_to):
         written_again.setdefault(event.path, event.at)
@@ -105,11 +129,14 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
             "how": f"attempt {number + 1} read none of the {counted(len(saved), 'file')} saved before "
             f"the stop: it began again instead of resuming{seen}",
         }
-    named = ", ".join(sorted({e.path for e in reads})[:3])
-    # The attempt that ran to its end must have saved after what it read: else it trained nothing from
-    # it (resumed after the last save, or read what an attempt that ran on after the signal left). An
-    # attempt stopped again before its first save is judged by the last one's saves below.
-    progress = activity.save_moments(since=reads[0].at, until=restart_to, state=run.state)
+    read = {e.path for e in reads}
+    named = ", ".join(sorted(read)[:3])
+    # The attempt that ran to its end must have saved the checkpoint it read again: else it trained
+    # nothing from it (resumed after the last save, or read what an attempt that ran on after the signal
+    # left). An attempt stopped again before its first save is judged by the last one's saves below.
+    progress = [
+        e for e in activity.writes(reads[0].at, restart_to) if state_key(e.path) in {state_key(r) for r in read}
+    ]
     if not progress and number + 1 == len(run.attempts):
         return {
             "effective": False,
