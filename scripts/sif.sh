@@ -32,7 +32,7 @@ command -v docker >/dev/null || die 2 "docker: command not found (the SIF is bui
 command -v singularity >/dev/null || die 2 "singularity: command not found (make apptainer-setup installs Apptainer)"
 [ -x "$MLCUBE" ] || die 2 "$MLCUBE is missing (make setup installs the MLCube launcher)"
 image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null) \
-  || die 2 "Docker image $image is not built (make container-setup, or docker build --build-arg VARIANT=$variant)"
+  || die 2 "Docker image $image is not built or dockerd does not answer (make container-setup)"
 id=${image_id#sha256:}
 id=${id:0:12}
 name=reprocube-$version-$variant-$id.sif

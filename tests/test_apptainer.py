@@ -286,6 +286,93 @@ def test_check_task_checks_a_script_of_ones_own_in_the_sif(cube):
     assert result["environment"]["container"]["runtime"] == "singularity"
 
 
+# ---- failure modes: one line each ---------------------------------------------------------------------------
+
+
+def sif_sh(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([str(SIF_SH), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_sif_sh_refuses_a_corrupt_sif_and_one_of_another_image_in_one_line(sif, tmp_path):
+    """The cache's SIF is reused only with the sha256 recorded at its build and the image id in its label."""
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / sif.name).write_bytes(sif.open("rb").read(1 << 20))  # a partial copy, beside the real record
+    shutil.copy(sif.parent / f"{sif.name}.sha256", corrupt)
+    refused = sif_sh("cpu", str(corrupt))
+    assert (refused.returncode, refused.stdout, refused.stderr.splitlines()) == (
+        4,
+        "",
+        [
+            f"sif.sh: error: {corrupt / sif.name}: its sha256 is not the one recorded when it was built "
+            f"({sif.name}.sha256): a corrupt or replaced image; remove it to rebuild"
+        ],
+    )
+    # A SIF of another Docker image under this image's name, with a true record of its own sha256: a tiny
+    # one built from a folder holding only its labels (under a second).
+    other, sandbox = tmp_path / "other", tmp_path / "sandbox"
+    (sandbox / ".singularity.d").mkdir(parents=True)
+    (sandbox / ".singularity.d" / "labels.json").write_text(
+        json.dumps({"org.reprocube.docker-image-id": "sha256:0ther"})
+    )
+    other.mkdir()
+    subprocess.run(["apptainer", "build", str(other / sif.name), str(sandbox)], check=True, capture_output=True)
+    subprocess.run(f"sha256sum {sif.name} > {sif.name}.sha256", shell=True, cwd=other, check=True)
+    refused = sif_sh("cpu", str(other))
+    image_id = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", IMAGE], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert (refused.returncode, refused.stdout, refused.stderr.splitlines()) == (
+        4,
+        "",
+        [
+            f"sif.sh: error: {other / sif.name} holds Docker image sha256:0ther, not {IMAGE} ({image_id}): "
+            "remove it to rebuild"
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["tpu"], {}, "variant 'tpu': expected cpu or gpu"),
+        # A machine without Apptainer: docker is in /usr/bin (Debian's docker.io), singularity is not.
+        (
+            ["cpu"],
+            {"PATH": "/usr/bin:/bin"},
+            "singularity: command not found (make apptainer-setup installs Apptainer)",
+        ),
+        (
+            ["cpu"],
+            {"DOCKER_HOST": "unix:///nonexistent.sock"},
+            f"Docker image {IMAGE} is not built or dockerd does not answer (make container-setup)",
+        ),
+    ],
+)
+def test_sif_sh_names_what_is_missing_in_one_line(args, env, message, tmp_path):
+    refused = sif_sh(*args, str(tmp_path), env_extra=env)
+    assert (refused.returncode, refused.stdout, refused.stderr.splitlines()) == (2, "", [f"sif.sh: error: {message}"])
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing removed
+
+
+def test_the_apptainer_wrapper_refuses_a_user_other_than_root_in_one_line():
+    """The test installation enters its root file system with a mount namespace and pivot_root: root only
+    (a cluster's own Apptainer is setuid or uses user namespaces; docs/mlcube.md)."""
+    refused = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "apptainer", "--version"],
+        capture_output=True,
+        text=True,
+    )
+    wrapper = Path(shutil.which("apptainer")).read_text()
+    rootfs = next(line.split("=", 1)[1] for line in wrapper.splitlines() if line.startswith("ROOTFS="))
+    assert refused.returncode == 255
+    assert refused.stderr.splitlines() == [
+        f"apptainer: error: this apptainer (scripts/apptainer-wrapper.sh) needs root: it enters {rootfs} with a "
+        "mount namespace and pivot_root"
+    ]
+
+
 # ---- hpc/preemptible.sh with REPROCUBE_SIF (what the sbatch scripts exec) ------------------------------------
 
 PREEMPTIBLE = REPO / "hpc" / "preemptible.sh"
@@ -344,7 +431,7 @@ def test_preemptible_refuses_a_missing_or_broken_sif_and_a_missing_apptainer_in_
 def test_sbatch_training_in_the_sif_is_warned_requeued_and_resumes_bit_exactly(sif, tmp_path):
     """hpc/train.sbatch with REPROCUBE_SIF on the local SLURM cluster, as test_slurm.py runs it natively: SLURM
     warns the batch shell (USR1) before the 1-minute limit, reprocube checkpoints inside the SIF, the job is
-    requeued, resumes inside the SIF and ends with an uninterrupted native run's weights."""
+    requeued, resumes inside the SIF and reaches an uninterrupted native run's weights."""
     missing = _slurm_missing()
     if missing and os.environ.get("REPROCUBE_SLURM_TESTS") == "1":
         pytest.fail(f"REPROCUBE_SLURM_TESTS=1 but {missing}")
@@ -375,29 +462,28 @@ def test_sbatch_training_in_the_sif_is_warned_requeued_and_resumes_bit_exactly(s
     )
     job_id = submitted.stdout.strip().split(";")[0]
     started = time.monotonic()
+    checkpoints = tmp_path / "runs" / "slurm" / "checkpoints"
     try:
         _wait_for(lambda: "requeueing job" in (log.read_text() if log.exists() else ""), 180, "the first requeue", log)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True)
-        _wait_for(
-            lambda: _job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
-            420,
-            "the job to end",
-            log,
-        )
+        stopped = _checkpoint_at_warning(log.read_text(), checkpoints)
+        # Compared: up to the end of the epoch after the one the job was stopped in. The job's 30 epochs are
+        # there to outlast SLURM's warning; once that epoch is written (checkpoints are renamed into place
+        # whole) the rest adds nothing, and the job is cancelled.
+        compared = _epochs_begun(stopped, manifest(checkpoints / "epoch-0001")["steps_per_epoch"]) + 1
+        _wait_for((checkpoints / f"epoch-{compared:04d}").is_dir, 420, f"the resumed job's epoch {compared}", log)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
+        _wait_for(lambda: _job(job_id).get("JobState") not in ("RUNNING", "COMPLETING"), 60, "the job to end", log)
     text = log.read_text()
-    job = _job(job_id)
-    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), text
     assert f"reprocube-slurm: received SIGUSR1 (job {job_id}, restart 0)" in text
     assert f"requeueing job {job_id}" in text and f"job {job_id} restart 1 on" in text
     assert text.count(f"singularity exec --nv {sif} reprocube train") == 2  # both starts inside the SIF
-    checkpoints = tmp_path / "runs" / "slurm" / "checkpoints"
-    stopped = _checkpoint_at_warning(text, checkpoints)
     assert f"resumed from {checkpoints / stopped} at" in text
-    print(f"\nSLURM job {job_id} in the SIF: stopped at {stopped}, finished after {time.monotonic() - started:.0f} s")
+    print(
+        f"\nSLURM job {job_id} in the SIF: stopped at {stopped}, epoch {compared} after {time.monotonic() - started:.0f} s"
+    )
     # The uninterrupted run, natively, to the end of the epoch after the one the job was stopped in.
-    compared = _epochs_begun(stopped, manifest(checkpoints / "epoch-0001")["steps_per_epoch"]) + 1
     plain = subprocess.run(
         [sys.executable, "-m", "reprocube", "train", run[0], *run[2:], f"epochs={compared}"]
         + [f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false"],
