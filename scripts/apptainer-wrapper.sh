@@ -8,9 +8,11 @@
 # Needs root (mount namespaces, pivot_root). REPROCUBE_APPTAINER_BINDS: more host folders, ':'-separated.
 set -euo pipefail
 ROOTFS=@ROOTFS@
-# The host folders seen at the same paths: where workspaces, checkouts and temporary files live. The
-# system folders (/usr, /etc, /var, ...) are the root file system's own.
+# The host folders seen at the same paths: where workspaces, checkouts and temporary files live, the
+# current folder, and the top folder of every absolute path in the arguments (a SIF, a recipe, a --bind
+# source: a checkout under /builds works too). The system folders are the root file system's own.
 BINDS=(/home /root /tmp /var/tmp /opt /srv /mnt /media /work /scratch)
+SYSTEM="/ /usr /etc /var /bin /sbin /lib /lib32 /lib64 /libx32 /boot /proc /sys /dev /run"
 
 die() {
   echo "$(basename "$0"): error: $*" >&2
@@ -35,6 +37,15 @@ mount -t proc proc "$ROOTFS/proc"
 mount --rbind /sys "$ROOTFS/sys"
 mount --rbind /dev "$ROOTFS/dev"
 IFS=: read -r -a extra <<< "${REPROCUBE_APPTAINER_BINDS:-}"
+for arg in "$@"; do
+  IFS=, read -r -a specs <<< "${arg#--bind=}"
+  for spec in "${specs[@]}"; do
+    path=${spec%%:*}
+    [[ $path == /* ]] && [ -e "$path" ] || continue
+    top=/$(cut -d/ -f2 <<< "$path")
+    [[ " $SYSTEM " == *" $top "* ]] || extra+=("$top")
+  done
+done
 bound=()
 for dir in "${BINDS[@]}" "$cwd" "${extra[@]}"; do
   [ -n "$dir" ] && [ -d "$dir" ] || continue
@@ -42,7 +53,7 @@ for dir in "${BINDS[@]}" "$cwd" "${extra[@]}"; do
   for done_dir in "${bound[@]}"; do
     [[ $dir == "$done_dir" || $dir == "$done_dir"/* ]] && continue 2  # inside a folder already bound
   done
-  case $dir in /|/proc*|/sys*|/dev*) continue ;; esac
+  [[ " $SYSTEM " == *" $dir "* ]] && continue
   mkdir -p "$ROOTFS$dir"
   mount --rbind "$dir" "$ROOTFS$dir"
   bound+=("$dir")
