@@ -312,3 +312,16 @@ def test_the_wrong_kind_of_receipt_and_a_used_out_are_usage_errors(tiny, tmp_pat
         proc = reprocube("compare", str(trainer), str(trainer), "--out", out, cwd=tmp_path, check=False)
         assert proc.returncode == 2 and len(error_lines(proc)) == 1, proc.stderr
     assert (tmp_path / "mine" / "compare.json").read_text() == "mine"
+
+
+def test_a_large_file_or_a_proc_path_in_the_command_is_not_hashed(tmp_path, monkeypatch):
+    """A dataset passed by its absolute path is data, not the command's source: hashing /proc/self/pagemap
+    never ended (an adversary's F25), and a 150 GB archive would be read whole."""
+    import reprocube.script_receipt as script_receipt
+
+    source, data = tmp_path / "train.py", tmp_path / "data.bin"
+    source.write_text("print(1)\n")
+    data.write_bytes(b"\0" * 1024)
+    monkeypatch.setattr(script_receipt, "MAX_SOURCE_BYTES", 512)
+    digests = script_receipt.command_file_digests(["python", str(source), str(data), "/proc/self/pagemap"])
+    assert list(digests) == [1]  # only the script, by its position in argv

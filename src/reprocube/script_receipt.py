@@ -108,14 +108,21 @@ def input_digests(copies: list[Path]) -> dict[str, str]:
     return dict(sorted(digests.items()))
 
 
+MAX_SOURCE_BYTES = 16 << 20  # a script or a config; larger arguments are data, not the command's source
+
+
 def command_file_digests(command: list[str]) -> dict[int, str]:
     """The command's arguments that name a source file by an absolute path (`python /home/me/train.py`):
     by their position in argv, its sha256. Not a program (an ELF binary, the interpreter: the environment
-    records its version) nor a link; a relative path names a --copy input, hashed with the inputs."""
+    records its version) nor a link, nor a file larger than MAX_SOURCE_BYTES (a dataset passed by its
+    path: hashing it would take as long as reading it) or under /proc, /sys or /dev (no size to trust); a
+    relative path names a --copy input, hashed with the inputs."""
     digests = {}
     for i, arg in enumerate(command):
         path = Path(arg)
-        if path.is_absolute() and names_regular_file(arg):
+        if path.parts[1:2] in (("proc",), ("sys",), ("dev",)):
+            continue
+        if path.is_absolute() and names_regular_file(arg) and path.stat().st_size <= MAX_SOURCE_BYTES:
             with open(path, "rb") as stream:
                 if stream.read(4) == b"\x7fELF":
                     continue

@@ -112,7 +112,8 @@ class Run:
     began: float = 0.0  # time.perf_counter() when its first attempt started: Attempt.started_s counts from it
     # the keys of the files an uninterrupted run saves as it goes (FileActivity.state_keys): its saves
     state: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
-    # how many times an uninterrupted run saved them (a restart that saves as often began again)
+    # how many times each uninterrupted run saved them (-1: not equally often); the stopped run's attempts
+    # together save as often where each continued from the last one's save
     clean_saves: int = 0
 
     def probe_trace(self, attempt: int) -> Path:

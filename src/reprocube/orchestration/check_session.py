@@ -289,7 +289,8 @@ class CheckSession:
         clean = self.clean[0]
         if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
             stopped.state = clean.activity.state_keys()
-            stopped.clean_saves = len(clean.activity.save_moments(state=stopped.state))
+            counts = {len(run.activity.save_moments(state=stopped.state)) for run in self.clean if run.activity}
+            stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]
         if self.seed_env or self.seed_arg:
             planned.insert(0, (self.new_run("control", seed=1), [], self.limit))

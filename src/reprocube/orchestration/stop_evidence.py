@@ -143,20 +143,29 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
             "how": f"attempt {number + 1} read {named} but saved nothing after it: it trained nothing (a stop "
             "after the last save, or an attempt that ran to its end after the signal)",
         }
-    last = run.attempts[-1]
-    last_from = run.began + last.started_s
-    final_saves = len(activity.save_moments(since=last_from, until=last_from + last.seconds, state=run.state))
-    if run.clean_saves and final_saves >= run.clean_saves:
+    # The count of saves tells a resume from a restart: the attempts of a run that resumed save, all
+    # together, exactly as often as an uninterrupted run (none redid a save); one that began again
+    # redoes its saves. Only where saves follow the training, not the clock (both uninterrupted runs
+    # saved equally often).
+    total = len(activity.save_moments(since=run.began, state=run.state))
+    if run.clean_saves <= 0:
         return {
             "effective": False,
-            "how": f"attempt {number + 1} read {named}, but the last attempt saved {final_saves} times, as often as "
-            f"an uninterrupted run ({run.clean_saves}): it began again instead of resuming",
+            "how": f"attempt {number + 1} read {named}, but whether it continued from it cannot be told from its "
+            "files: the uninterrupted runs saved a different number of times (saves that follow the clock, not "
+            "the training). The probe's two calls tell (docs/check.md)",
+        }
+    if total != run.clean_saves:
+        return {
+            "effective": False,
+            "how": f"attempt {number + 1} read {named}, but the attempts saved {total} times in all where an "
+            f"uninterrupted run saved {run.clean_saves}: they did not continue from one another's saves (a "
+            "restart that began again, or loaded a checkpoint and did not apply it, redoes them)",
         }
     return {
         "effective": True,
-        "how": f"attempt {number + 1} read {named}, saved before the stop; the last attempt "
-        f"saved {final_saves} times where an uninterrupted run saved {run.clean_saves} (the files: the probe would "
-        "show where it resumed)",
+        "how": f"attempt {number + 1} read {named}, saved before the stop, and the attempts saved {total} times in "
+        "all, as an uninterrupted run (the files; whether it applied all it read, the probe would show)",
     }
 
 
