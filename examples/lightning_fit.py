@@ -7,9 +7,7 @@ checkpoint; it does nothing outside check. What check finds here is in docs/fram
 
     --save-steps N      a checkpoint every N updates (an epoch is 16)
     --save-rng          the LightningModule saves torch's generator in the checkpoint and restores it
-                        (on_save_checkpoint / on_load_checkpoint: four lines)
-    --stateful-loader   torchdata's StatefulDataLoader, whose place in the epoch Lightning saves and restores
-                        (what Lightning's warning about a mid-epoch checkpoint recommends)"""
+                        (on_save_checkpoint / on_load_checkpoint: four lines)"""
 
 import argparse
 import os
@@ -25,7 +23,6 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--save-steps", type=int, default=8)
 parser.add_argument("--save-rng", action="store_true")
-parser.add_argument("--stateful-loader", action="store_true")
 args = parser.parse_args()
 torch.set_num_threads(1)
 
@@ -63,11 +60,7 @@ class Saved(ModelCheckpoint):
 
 
 L.seed_everything(int(os.environ.get("SEED", "0")), verbose=False)
-if args.stateful_loader:
-    from torchdata.stateful_dataloader import StatefulDataLoader as DataLoader
-else:
-    from torch.utils.data import DataLoader
-loader = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, shuffle=True)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, shuffle=True)
 model = Net()
 saving = Saved(dirpath="checkpoints", every_n_train_steps=args.save_steps, save_top_k=0, save_last=True)
 trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,

@@ -1,0 +1,196 @@
+"""docs/frameworks.md's table (issue 56), row by row: what the trainers' own resume does, measured by
+`reprocube check` on the examples, each row's truth established here without reprocube.
+
+For every row the test runs the example twice by itself: once uninterrupted, once stopped by SIGTERM (to
+its process group, as a scheduler does) at the same output line as check and started again until it ends;
+the truth is whether the two final weight files have the same sha256 (rows with the same command share its
+uninterrupted run). Beside it, check runs the row's own
+command line. The test asserts that check's verdict is the row's, and that it never says more than the
+truth: resume-exact only where the two files are identical, resume-differs only where they differ. The
+first differing update check names (the probe's callbacks, or its two calls) is the row's too. A last test
+reads the table in docs/frameworks.md and requires exactly these rows, with these verdicts and steps, so
+the table cannot drift from what was measured.
+
+Cost (2 CPUs): the truth and check run side by side; rows are few and the models tiny. A row whose
+framework is not installed is skipped (pip install 'reprocube[trainers]'; make test installs it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from helpers import reprocube
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+TABLE = REPO / "docs" / "frameworks.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str  # the table's first column
+    needs: str  # the module the example imports
+    script: str  # in examples/
+    args: tuple[str, ...]
+    output: str  # the final weights: what check compares and the truth hashes
+    at_line: str  # where both stop it (each attempt at its first matching line, `stops` times)
+    stops: int
+    verdict: str
+    first_step: int | None  # check's first differing update (the probe)
+    ranks: int = 1  # processes, each writing its probe trace
+
+
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
+
+
+ROWS = [
+    Row("hf-trainer", "transformers", "hf_trainer.py", ("--epochs", "2"), "model.safetensors",
+        r"step 8 saved", 1, "resume-exact", None),
+    Row("lightning", "lightning", "lightning_fit.py", ("--epochs", "2"), "model.safetensors",
+        r"step 16 saved", 1, "resume-differs", 17),
+    Row("lightning-save-rng", "lightning", "lightning_fit.py", ("--epochs", "2", "--save-rng"), "model.safetensors",
+        r"step 16 saved", 1, "resume-exact", None),
+    Row("lightning-save-rng-mid-epoch", "lightning", "lightning_fit.py", ("--epochs", "2", "--save-rng"),
+        "model.safetensors", r"step 8 saved", 1, "resume-differs", 9),
+    Row("keras-epoch", "keras", "keras_fit.py", ("--epochs", "3"), "model.weights.h5",
+        r"epoch 1 saved", 1, "resume-differs", 33),
+    Row("keras-epoch-seeds", "keras", "keras_fit.py", ("--epochs", "3", "--epoch-seeds"), "model.weights.h5",
+        r"epoch 1 saved", 1, "resume-exact", None),
+    Row("keras-save-freq", "keras", "keras_fit.py", ("--epochs", "3", "--save-freq", "8", "--epoch-seeds"),
+        "model.weights.h5", r"step 40 saved", 1, "resume-differs", 41),
+    Row("accelerate", "accelerate", "accelerate_loop.py", (), "model.safetensors",
+        r"step 8 saved", 1, "resume-differs", 9),
+    Row("accelerate-seedable-sampler", "accelerate", "accelerate_loop.py", ("--seedable-sampler",),
+        "model.safetensors", r"step 8 saved", 1, "resume-differs", 9),
+    Row("accelerate-seedable-sampler-rng-after-fetch", "accelerate", "accelerate_loop.py",
+        ("--seedable-sampler", "--rng-after-fetch"), "model.safetensors", r"step 8 saved", 1, "resume-exact", None),
+    Row("torchrun", "torch", "torchrun_ddp.py", (), "model.safetensors", r"epoch 1 saved", 1, "resume-differs", 17, 2),
+    Row("torchrun-save-rng", "torch", "torchrun_ddp.py", ("--save-rng",), "model.safetensors", r"epoch 1 saved", 1,
+        "resume-exact", None, 2),
+]  # fmt: skip
+
+
+def command(row: Row) -> list[str]:
+    launcher = TORCHRUN if row.ranks > 1 else ()
+    return [sys.executable, *launcher, str(EXAMPLES / row.script), *row.args]
+
+
+def attempts(cmd: list[str], cwd: Path, at_line: str | None, stops: int) -> list[int]:
+    """Run cmd in cwd until it ends, SIGTERM to its group at the first line matching at_line in each of
+    the first `stops` attempts (then started again): the attempts' exit statuses."""
+    cwd.mkdir(parents=True)
+    env = {**os.environ, "SEED": "0", "PYTHONHASHSEED": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("REPROCUBE_PROBE", None)
+    statuses = []
+    for attempt in range(stops + 1):
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+        lines, stopped = [], False
+        for line in proc.stdout:
+            lines.append(line)
+            if attempt < stops and not stopped and re.search(at_line, line):
+                os.killpg(proc.pid, signal.SIGTERM)
+                stopped, seen = True, len(lines)
+        statuses.append(proc.wait(timeout=300))
+        proc.stdout.close()
+        if attempt < stops:  # the stop fell before the next save (a framework may finish its batch first)
+            assert stopped, f"attempt {attempt + 1} ended before its stop:\n{''.join(lines[-20:])}"
+            later = [line for line in lines[seen:] if "saved" in line]
+            assert not later, f"attempt {attempt + 1} went on past its stop: {later}"
+        else:
+            assert statuses[-1] == 0, "".join(lines[-20:])
+    return statuses
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+UNINTERRUPTED: dict[tuple[str, ...], str] = {}  # a command's uninterrupted weights, run once for the rows sharing it
+
+
+def truth(row: Row, where: Path, found: dict) -> None:
+    """sha256 of the final weights uninterrupted and after the row's stops (both runs at once)."""
+    runs = {"stopped": (row.at_line, row.stops)}
+    if tuple(command(row)) not in UNINTERRUPTED:
+        runs["uninterrupted"] = (None, 0)
+    threads = [
+        threading.Thread(target=lambda n=n, a=a: found.__setitem__(n, attempts(command(row), where / n, *a)))
+        for n, a in runs.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name in runs:
+        found[f"{name}_sha256"] = sha256(where / name / row.output)
+    found["uninterrupted_sha256"] = UNINTERRUPTED.setdefault(tuple(command(row)), found.get("uninterrupted_sha256"))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
+def test_row(row, tmp_path):
+    pytest.importorskip(row.needs)
+    found: dict = {}
+    thread = threading.Thread(target=truth, args=(row, tmp_path / "truth", found))
+    thread.start()
+    args = ["--output", row.output, "--at-line", row.at_line, "--stops", str(row.stops), "--jobs", "2"]
+    proc = reprocube("check", "--out", "check", *args, "--", *command(row), cwd=tmp_path, check=False, timeout=900,
+                     env_extra={"TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
+    thread.join()
+    result = json.loads((tmp_path / "check" / "check.json").read_text())
+    assert len(found["stopped"]) == row.stops + 1, found  # the truth's stops landed, as check's did
+    exact = found["uninterrupted_sha256"] == found["stopped_sha256"]
+    assert exact == (row.verdict == "resume-exact"), (row.name, found)
+    # check never says more than the truth: exact only where the weights are the same file, and the reverse.
+    assert result["verdict"] == row.verdict, proc.stdout + proc.stderr
+    assert result["verdict"] == ("resume-exact" if exact else "resume-differs")
+    stopped = next(run for run in result["runs"] if run["name"] == "stopped")
+    assert stopped["stops_landed"] == row.stops
+    traced = result["probe"]["resume"]
+    assert traced.get("ranks", [0]) == list(range(row.ranks)), traced  # one trace per rank, each compared
+    first = traced["first_difference"]
+    assert (first and first["step"]) == row.first_step, first
+    if row.first_step is not None:
+        assert first["after_stop"] == 1 and first["tensors"], first
+    else:
+        assert traced["compared_steps"] == traced["reference_steps"] > 0, traced
+    # The very files: check's uninterrupted and stopped runs wrote the bytes the truth's runs wrote.
+    [compared] = [f for f in result["comparisons"]["resume"]["files"] if f["path"] == row.output]
+    assert (compared["same"], compared["sha256_a"], compared["sha256_b"]) == (
+        exact,
+        found["uninterrupted_sha256"],
+        found["stopped_sha256"],
+    ), compared
+
+
+def table_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in TABLE.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`([a-z0-9-]+)`", cells[0]) if line.startswith("|") else None
+        if match:
+            rows[match[1]] = cells
+    return rows
+
+
+def test_the_table_holds_exactly_the_measured_rows():
+    """docs/frameworks.md: one row per ROWS entry, named in its first column, its verdict and first
+    differing update as measured here (and nothing measured that the table leaves out)."""
+    rows = table_rows()
+    assert list(rows) == [row.name for row in ROWS]
+    for row in ROWS:
+        text = " | ".join(rows[row.name])
+        assert f"`{row.verdict}`" in text, (row.name, text)
+        if row.first_step is not None:
+            assert f"step {row.first_step}" in text, (row.name, text)
+        assert f"examples/{row.script}" in text and " ".join(row.args) in text, (row.name, text)
