@@ -38,6 +38,11 @@ id=${id:0:12}
 name=reprocube-$version-$variant-$id.sif
 sif=$image_dir/$name
 
+# One at a time per folder (two test files may ask at once): the second waits, then reuses the first's SIF.
+mkdir -p "$image_dir"
+exec 9> "$image_dir/.sif.lock"
+flock 9
+
 if [ -f "$sif" ]; then
   (cd "$image_dir" && sha256sum --check --status "$name.sha256" 2>/dev/null) \
     || die 4 "$sif: its sha256 is not the one recorded when it was built ($name.sha256): a corrupt or replaced image; remove it to rebuild"
@@ -48,7 +53,6 @@ if [ -f "$sif" ]; then
   exit 0
 fi
 
-mkdir -p "$image_dir"
 # Stale SIFs of this variant (earlier image digests): several GB each.
 find "$image_dir" -maxdepth 1 \( -name "reprocube-$version-$variant-*.sif" -o -name "reprocube-$version-$variant-*.sif.sha256" \) -delete
 start=$SECONDS

@@ -21,9 +21,6 @@ import yaml
 
 from reprocube.backend import FRAMEWORKS
 from test_container import CPU, FASHION_MNIST, IMAGE, MLCUBE, TRAIN, final_digests
-from test_slurm import JOB_EPOCHS, _checkpoint_at_warning, _epochs_begun, _job, _slurm_missing, _wait_for
-
-from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest
 
 REPO = Path(__file__).resolve().parents[1]
 SIF_SH = REPO / "scripts" / "sif.sh"
@@ -69,7 +66,12 @@ def apptainer_version() -> str:
 
 @pytest.fixture(scope="module")
 def sif() -> Path:
-    """The CPU image's SIF: built here by `mlcube configure` the first time this image digest is seen."""
+    return built_sif()
+
+
+def built_sif() -> Path:
+    """The CPU image's SIF: built by `mlcube configure` the first time this image digest is seen (also by
+    test_slurm.py's job in the SIF; scripts/sif.sh lets one build at a time)."""
     started = time.perf_counter()
     # zstd: half the build's time here (gzip, Apptainer's default, for SIFs that go to older kernels).
     built = subprocess.run(
@@ -426,74 +428,3 @@ def test_preemptible_refuses_a_missing_or_broken_sif_and_a_missing_apptainer_in_
         2,
         ["reprocube-slurm: singularity: command not found (REPROCUBE_SIF needs Apptainer or Singularity on the node)"],
     )
-
-
-def test_sbatch_training_in_the_sif_is_warned_requeued_and_resumes_bit_exactly(sif, tmp_path):
-    """hpc/train.sbatch with REPROCUBE_SIF on the local SLURM cluster, as test_slurm.py runs it natively: SLURM
-    warns the batch shell (USR1) before the 1-minute limit, reprocube checkpoints inside the SIF, the job is
-    requeued, resumes inside the SIF and reaches an uninterrupted native run's weights."""
-    missing = _slurm_missing()
-    if missing and os.environ.get("REPROCUBE_SLURM_TESTS") == "1":
-        pytest.fail(f"REPROCUBE_SLURM_TESTS=1 but {missing}")
-    if missing:
-        pytest.skip(missing)
-    data = GeneratedDataset(tmp_path / "data", make_payloads(train=20000, test=500, seed=7))
-    data.write_raw()
-    run = ["framework=pytorch", f"epochs={JOB_EPOCHS}", "threads=1", *data.overrides()]
-    log = tmp_path / "job.log"
-    env = {**os.environ, "REPROCUBE_SIF": str(sif), "REPROCUBE_HOME": str(REPO)}
-    submitted = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "--time=1",
-            "--signal=B:USR1@45",
-            f"--output={log}",
-            f"--chdir={tmp_path}",
-            str(REPO / "hpc" / "train.sbatch"),
-            *run,
-            f"output_dir={tmp_path}/runs",
-            "run_name=slurm",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    job_id = submitted.stdout.strip().split(";")[0]
-    started = time.monotonic()
-    checkpoints = tmp_path / "runs" / "slurm" / "checkpoints"
-    try:
-        _wait_for(lambda: "requeueing job" in (log.read_text() if log.exists() else ""), 180, "the first requeue", log)
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True)
-        stopped = _checkpoint_at_warning(log.read_text(), checkpoints)
-        # Compared: up to the end of the epoch after the one the job was stopped in. The job's 30 epochs are
-        # there to outlast SLURM's warning; once that epoch is written (checkpoints are renamed into place
-        # whole) the rest adds nothing, and the job is cancelled.
-        compared = _epochs_begun(stopped, manifest(checkpoints / "epoch-0001")["steps_per_epoch"]) + 1
-        _wait_for((checkpoints / f"epoch-{compared:04d}").is_dir, 420, f"the resumed job's epoch {compared}", log)
-    finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
-        _wait_for(lambda: _job(job_id).get("JobState") not in ("RUNNING", "COMPLETING"), 60, "the job to end", log)
-    text = log.read_text()
-    assert f"reprocube-slurm: received SIGUSR1 (job {job_id}, restart 0)" in text
-    assert f"requeueing job {job_id}" in text and f"job {job_id} restart 1 on" in text
-    assert text.count(f"singularity exec --nv {sif} reprocube train") == 2  # both starts inside the SIF
-    assert f"resumed from {checkpoints / stopped} at" in text
-    print(
-        f"\nSLURM job {job_id} in the SIF: stopped at {stopped}, epoch {compared} after {time.monotonic() - started:.0f} s"
-    )
-    # The uninterrupted run, natively, to the end of the epoch after the one the job was stopped in.
-    plain = subprocess.run(
-        [sys.executable, "-m", "reprocube", "train", run[0], *run[2:], f"epochs={compared}"]
-        + [f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-        timeout=600,
-    )
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    reference = epoch_digests(tmp_path / "plain" / "plain")
-    assert len(reference) == compared
-    assert {k: v for k, v in epoch_digests(tmp_path / "runs" / "slurm").items() if k in reference} == reference

@@ -414,3 +414,77 @@ def test_check_through_slurm_stops_are_real_requeues(slurm, tmp_path):
             first = result["probe"]["resume"]["first_difference"]
             assert first["after_stop"] == 1 and first["step"] > 16, first  # an update after the requeued epoch
     assert verdicts == {"fixed": (0, "resume-exact"), "buggy": (6, "resume-differs")}
+
+
+def test_sbatch_training_in_the_sif_is_warned_requeued_and_resumes_bit_exactly(slurm, dataset, tmp_path):
+    """hpc/train.sbatch with REPROCUBE_SIF (the CPU image's SIF, from tests/test_apptainer.py's Apptainer) as
+    the first test of this file runs it natively: SLURM warns the batch shell (USR1) before the 1-minute
+    limit, reprocube checkpoints inside the SIF, the job is requeued, resumes inside the SIF and reaches an uninterrupted
+    native run's weights. Here, not in test_apptainer.py, so that it never waits for this file's jobs on
+    the one 2-CPU node (pytest-xdist runs a file's tests one after another)."""
+    from test_apptainer import _not_ready, built_sif
+
+    reason = _not_ready()
+    if reason and os.environ.get("REPROCUBE_APPTAINER_TESTS") == "1":
+        pytest.fail(f"Apptainer tests required but {reason}")
+    if reason:
+        pytest.skip(reason)
+    sif = built_sif()
+    run = ["framework=pytorch", f"epochs={JOB_EPOCHS}", "threads=1", *dataset.overrides()]
+    log = tmp_path / "job.log"
+    env = {**os.environ, "REPROCUBE_SIF": str(sif), "REPROCUBE_HOME": str(REPO)}
+    submitted = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--time=1",
+            "--signal=B:USR1@45",
+            f"--output={log}",
+            f"--chdir={tmp_path}",
+            str(REPO / "hpc" / "train.sbatch"),
+            *run,
+            f"output_dir={tmp_path}/runs",
+            "run_name=slurm",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    started = time.monotonic()
+    checkpoints = tmp_path / "runs" / "slurm" / "checkpoints"
+    try:
+        _wait_for(lambda: "requeueing job" in (log.read_text() if log.exists() else ""), 180, "the first requeue", log)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True)
+        stopped = _checkpoint_at_warning(log.read_text(), checkpoints)
+        # Compared: up to the end of the epoch after the one the job was stopped in. The job's 30 epochs are
+        # there to outlast SLURM's warning; once that epoch is written (checkpoints are renamed into place
+        # whole) the rest adds nothing, and the job is cancelled.
+        compared = _epochs_begun(stopped, manifest(checkpoints / "epoch-0001")["steps_per_epoch"]) + 1
+        _wait_for((checkpoints / f"epoch-{compared:04d}").is_dir, 420, f"the resumed job's epoch {compared}", log)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+        _wait_for(lambda: _job(job_id).get("JobState") not in ("RUNNING", "COMPLETING"), 60, "the job to end", log)
+    text = log.read_text()
+    assert f"reprocube-slurm: received SIGUSR1 (job {job_id}, restart 0)" in text
+    assert f"requeueing job {job_id}" in text and f"job {job_id} restart 1 on" in text
+    assert text.count(f"singularity exec --nv {sif} reprocube train") == 2  # both starts inside the SIF
+    assert f"resumed from {checkpoints / stopped} at" in text
+    print(
+        f"\nSLURM job {job_id} in the SIF: stopped at {stopped}, epoch {compared} after {time.monotonic() - started:.0f} s"
+    )
+    # The uninterrupted run, natively, to the end of the epoch after the one the job was stopped in.
+    plain = subprocess.run(
+        [sys.executable, "-m", "reprocube", "train", run[0], *run[2:], f"epochs={compared}"]
+        + [f"output_dir={tmp_path}/plain", "run_name=plain", "log.progress=false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        timeout=600,
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    reference = epoch_digests(tmp_path / "plain" / "plain")
+    assert len(reference) == compared
+    assert {k: v for k, v in epoch_digests(tmp_path / "runs" / "slurm").items() if k in reference} == reference
