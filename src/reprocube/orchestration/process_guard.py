@@ -250,15 +250,7 @@ class _Guard:
     def serve(self) -> None:
         """The attempt: output copied, stops passed on, until the command exits or the end is asked."""
         while not self.ending and self.leader_status is None:
-            readable = self.wait_readable(None)
-            if self.wake_r in readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self.wake_r, 512)
-                self.reap()
-            if self.control_fd in readable:
-                self.control()
-            if self.out_fd in readable:
-                self.read_output()
+            self.pump(None)
 
     def control(self) -> None:
         data = os.read(self.control_fd, 512)
@@ -294,8 +286,9 @@ class _Guard:
             self.pump(deadline - time.monotonic())
         self.reap()
 
-    def pump(self, timeout: float) -> None:
-        readable = self.wait_readable(max(0.0, timeout))
+    def pump(self, timeout: float | None) -> None:
+        """One wait (None: until something happens): children reaped, control read, output copied."""
+        readable = self.wait_readable(None if timeout is None else max(0.0, timeout))
         if self.wake_r in readable:
             with contextlib.suppress(BlockingIOError):
                 os.read(self.wake_r, 512)
