@@ -87,7 +87,7 @@ def _walk(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[st
     found: dict[str, Path] = {}
     for output in outputs:
         start = root / output
-        through = _link_above(root, output)
+        through = link_above(root, output)
         if through is not None:  # under a linked directory: listed as that link, never read through it
             found[_relative(through, root, output)] = through
             continue
@@ -111,7 +111,7 @@ def _walk(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[st
     return found
 
 
-def _link_above(root: Path, output: str) -> Path | None:
+def link_above(root: Path, output: str) -> Path | None:
     """The first directory on the way from root to an output that is a symbolic link (the output would
     be read through it: another run's, or a scratch folder's file), or None."""
     path = root

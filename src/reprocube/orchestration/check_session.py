@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from reprocube.analysis.outputs import collect, compare_outputs, parse_ignore
+from reprocube.analysis.outputs import collect, compare_outputs, link_above, parse_ignore
 from reprocube.analysis.probe_trace import (
     compare_ranks,
     compare_stopped_ranks,
@@ -218,6 +218,15 @@ class CheckSession:
         self.limit = timeout or max(120.0, 5 * max(run.attempts[-1].seconds for run in clean))
         written = collect(clean[0].work, self.outputs, [])
         unwritten = [o for o in self.outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in written)]
+        linked = next((link_above(clean[0].work, o) for o in unwritten if link_above(clean[0].work, o)), None)
+        if linked is not None:
+            return self.finish(
+                "command-failed",
+                "clean-1",
+                f"{linked.relative_to(clean[0].work)} is a symbolic link: the declared outputs under it are never "
+                "read through it (each run's would be one file elsewhere): declare files the run writes in its "
+                "work directory",
+            )
         if unwritten:
             return self.finish(
                 "command-failed",
