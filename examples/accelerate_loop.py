@@ -11,10 +11,13 @@ each checkpoint; they do nothing outside check. What check finds here is in docs
                          and the epoch (set_epoch), not from the generator's state when the epoch begins
     --rng-after-fetch    the restored generator state set again once the resumed epoch's first batch is fetched
                          (starting the loader's iterator draws from torch's generator; the Trainer of
-                         transformers does the same after skipping)"""
+                         transformers does the same after skipping)
+    --pause S            seconds it idles after announcing each save (default 0.3: a real step's time, so that a
+                         stop sent as the line is read lands before the next update, as it would in a long run)"""
 
 import argparse
 import os
+import time
 
 import torch
 from accelerate import Accelerator
@@ -28,6 +31,7 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--save-steps", type=int, default=8)
 parser.add_argument("--seedable-sampler", action="store_true")
 parser.add_argument("--rng-after-fetch", action="store_true")
+parser.add_argument("--pause", type=float, default=0.3)
 args = parser.parse_args()
 torch.set_num_threads(1)
 
@@ -85,6 +89,7 @@ for epoch in range(start_epoch, args.epochs):
             accelerator.save_state(f"checkpoints/step-{progress.step:06d}")
             probe.checkpoint(progress.step)
             print(f"step {progress.step} saved", flush=True)
+            time.sleep(args.pause)
 
 state = accelerator.unwrap_model(model).state_dict()
 save_file({name: tensor.contiguous() for name, tensor in state.items()}, "model.safetensors")

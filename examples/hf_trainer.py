@@ -6,10 +6,13 @@ dies. Outputs: model.safetensors (the trained weights). The probe's callback (li
 update and announces every checkpoint; it does nothing outside check. What check finds here is in
 docs/frameworks.md (measured, not assumed).
 
-    --save-steps N   a checkpoint every N updates (an epoch is 16)"""
+    --save-steps N   a checkpoint every N updates (an epoch is 16)
+    --pause S        seconds it idles after announcing each save (default 0.3: a real step's time, so that a
+                     stop sent as the line is read lands before the next update, as it would in a long run)"""
 
 import argparse
 import os
+import time
 
 import torch
 import transformers
@@ -22,6 +25,7 @@ from reprocube import probe
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--save-steps", type=int, default=8)
+parser.add_argument("--pause", type=float, default=0.3)
 args = parser.parse_args()
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
@@ -41,8 +45,9 @@ class Sequences(torch.utils.data.Dataset):
 
 
 class Saved(TrainerCallback):
-    def on_save(self, args, state, control, **kwargs):  # the Trainer calls it after the checkpoint is written
+    def on_save(self, training, state, control, **kwargs):  # the Trainer calls it after the checkpoint is written
         print(f"step {state.global_step} saved", flush=True)
+        time.sleep(args.pause)
 
 
 config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -8,10 +8,13 @@ default, as Keras leaves it: the process dies.
 
     --save-freq N   BackupAndRestore(save_freq=N): a backup every N updates (an epoch is 32), mid-epoch too
     --epoch-seeds   the fix: each epoch's shuffling and dropout drawn from (seed, epoch), set when the epoch
-                    begins (EpochSeeds, 6 lines), not from how many epochs this process has run"""
+                    begins (EpochSeeds, 6 lines), not from how many epochs this process has run
+    --pause S       seconds it idles after announcing each save (default 0.3: a real step's time, so that a
+                    stop sent as the line is read lands before the next update, as it would in a long run)"""
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
@@ -23,6 +26,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=6)
 parser.add_argument("--save-freq", default="epoch", type=lambda text: text if text == "epoch" else int(text))
 parser.add_argument("--epoch-seeds", action="store_true")
+parser.add_argument("--pause", type=float, default=0.3)
 args = parser.parse_args()
 seed = int(os.environ.get("SEED", "0"))
 keras.utils.set_random_seed(seed)
@@ -40,10 +44,12 @@ class Saved(keras.callbacks.Callback):  # listed after BackupAndRestore: its bac
     def on_train_batch_end(self, batch, logs=None):
         if backup.save_freq != "epoch" and backup._batches_seen_since_last_saving == 0:  # it has just saved
             print(f"step {int(self.model.optimizer.iterations)} saved", flush=True)
+            time.sleep(args.pause)
 
     def on_epoch_end(self, epoch, logs=None):
         if backup.save_freq == "epoch":
             print(f"epoch {epoch + 1} saved: loss {logs['loss']:.6f}", flush=True)
+            time.sleep(args.pause)
 
 
 class EpochSeeds(keras.callbacks.Callback):

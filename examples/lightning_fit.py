@@ -7,10 +7,13 @@ checkpoint; it does nothing outside check. What check finds here is in docs/fram
 
     --save-steps N      a checkpoint every N updates (an epoch is 16)
     --save-rng          the LightningModule saves torch's generator in the checkpoint and restores it
-                        (on_save_checkpoint / on_load_checkpoint: four lines)"""
+                        (on_save_checkpoint / on_load_checkpoint: four lines)
+    --pause S           seconds it idles after announcing each save (default 0.3: a real step's time, so that a
+                        stop sent as the line is read lands before the next update, as it would in a long run)"""
 
 import argparse
 import os
+import time
 
 import lightning as L
 import torch
@@ -23,6 +26,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--save-steps", type=int, default=8)
 parser.add_argument("--save-rng", action="store_true")
+parser.add_argument("--pause", type=float, default=0.3)
 args = parser.parse_args()
 torch.set_num_threads(1)
 
@@ -57,6 +61,7 @@ class Saved(ModelCheckpoint):
     def _save_checkpoint(self, trainer, filepath):
         super()._save_checkpoint(trainer, filepath)  # written: now say so (the line check stops at)
         print(f"step {trainer.global_step} saved", flush=True)
+        time.sleep(args.pause)
 
 
 L.seed_everything(int(os.environ.get("SEED", "0")), verbose=False)

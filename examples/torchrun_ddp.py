@@ -8,10 +8,13 @@ trace per rank (RANK from torchrun); they do nothing outside check.
     python -m torch.distributed.run --standalone --nproc_per_node=2 examples/torchrun_ddp.py [--save-rng]
 
     --save-rng   each rank also saves its own torch generator (dropout's) beside the checkpoint and restores
-                 it: rank 1's as well as rank 0's"""
+                 it: rank 1's as well as rank 0's
+    --pause S    seconds it idles after announcing each save (default 0.3: a real step's time, so that a
+                 stop sent as the line is read lands before the next update, as it would in a long run)"""
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -23,6 +26,7 @@ from reprocube import probe
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--save-rng", action="store_true")
+parser.add_argument("--pause", type=float, default=0.3)
 args = parser.parse_args()
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -72,6 +76,7 @@ for epoch in range(start, args.epochs):
     probe.checkpoint((epoch + 1) * len(loader))
     if rank == 0:
         print(f"epoch {epoch + 1} saved: loss {loss.item():.6f}", flush=True)
+    time.sleep(args.pause)  # every rank
 
 if rank == 0:
     save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()}, "model.safetensors")

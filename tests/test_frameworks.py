@@ -48,6 +48,7 @@ class Row:
     verdict: str
     first_step: int | None  # check's first differing update (the probe)
     ranks: int = 1  # processes, each writing its probe trace
+    extra: tuple[tuple[int, int], ...] = ()  # updates the stopped run made beyond the uninterrupted run's
 
 
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
@@ -66,8 +67,8 @@ ROWS = [
         r"epoch 1 saved", 1, "resume-differs", 33),
     Row("keras-epoch-seeds", "keras", "keras_fit.py", ("--epochs", "3", "--epoch-seeds"), "model.weights.h5",
         r"epoch 1 saved", 1, "resume-exact", None),
-    Row("keras-save-freq", "keras", "keras_fit.py", ("--epochs", "3", "--save-freq", "8", "--epoch-seeds"),
-        "model.weights.h5", r"step 40 saved", 1, "resume-differs", 41),
+    Row("keras-save-freq", "keras", "keras_fit.py", ("--epochs", "3", "--save-freq", "16", "--epoch-seeds"),
+        "model.weights.h5", r"step 48 saved", 1, "resume-differs", 49, extra=((97, 112),)),
     Row("accelerate", "accelerate", "accelerate_loop.py", (), "model.safetensors",
         r"step 8 saved", 1, "resume-differs", 9),
     Row("accelerate-seedable-sampler", "accelerate", "accelerate_loop.py", ("--seedable-sampler",),
@@ -119,34 +120,50 @@ def sha256(path: Path) -> str:
 UNINTERRUPTED: dict[tuple[str, ...], str] = {}  # a command's uninterrupted weights, run once for the rows sharing it
 
 
-def truth(row: Row, where: Path, found: dict) -> None:
-    """sha256 of the final weights uninterrupted and after the row's stops (both runs at once)."""
-    runs = {"stopped": (row.at_line, row.stops)}
-    if tuple(command(row)) not in UNINTERRUPTED:
-        runs["uninterrupted"] = (None, 0)
-    threads = [
-        threading.Thread(target=lambda n=n, a=a: found.__setitem__(n, attempts(command(row), where / n, *a)))
-        for n, a in runs.items()
-    ]
+def together(*calls):
+    """Run the calls at once (threads: each mostly waits on its processes); their results in order, the
+    first exception raised here (a failed assertion, or make test-quick's skip of a process)."""
+    results, errors = [None] * len(calls), []
+
+    def run(i, call):
+        try:
+            results[i] = call()
+        except BaseException as error:  # noqa: B036 (pytest's skip and failures are BaseExceptions)
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def truth(row: Row, where: Path) -> dict:
+    """The attempts' exit statuses and the sha256 of the final weights, uninterrupted and after the row's
+    stops (both runs at once)."""
+    runs = {"stopped": (row.at_line, row.stops)}
+    if tuple(command(row)) not in UNINTERRUPTED:
+        runs["uninterrupted"] = (None, 0)
+    statuses = together(*[lambda n=n, a=a: attempts(command(row), where / n, *a) for n, a in runs.items()])
+    found = dict(zip(runs, statuses, strict=True))
     for name in runs:
         found[f"{name}_sha256"] = sha256(where / name / row.output)
     found["uninterrupted_sha256"] = UNINTERRUPTED.setdefault(tuple(command(row)), found.get("uninterrupted_sha256"))
+    return found
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
 def test_row(row, tmp_path):
     pytest.importorskip(row.needs)
-    found: dict = {}
-    thread = threading.Thread(target=truth, args=(row, tmp_path / "truth", found))
-    thread.start()
     args = ["--output", row.output, "--at-line", row.at_line, "--stops", str(row.stops), "--jobs", "2"]
-    proc = reprocube("check", "--out", "check", *args, "--", *command(row), cwd=tmp_path, check=False, timeout=900,
-                     env_extra={"TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
-    thread.join()
+    found, proc = together(
+        lambda: truth(row, tmp_path / "truth"),
+        lambda: reprocube("check", "--out", "check", *args, "--", *command(row), cwd=tmp_path, check=False,
+                          timeout=900, env_extra={"TF_CPP_MIN_LOG_LEVEL": "3"}),
+    )  # fmt: skip
     result = json.loads((tmp_path / "check" / "check.json").read_text())
     assert len(found["stopped"]) == row.stops + 1, found  # the truth's stops landed, as check's did
     exact = found["uninterrupted_sha256"] == found["stopped_sha256"]
@@ -158,6 +175,7 @@ def test_row(row, tmp_path):
     assert stopped["stops_landed"] == row.stops
     traced = result["probe"]["resume"]
     assert traced.get("ranks", [0]) == list(range(row.ranks)), traced  # one trace per rank, each compared
+    assert traced["extra_steps"] == [list(span) for span in row.extra], traced
     first = traced["first_difference"]
     assert (first and first["step"]) == row.first_step, first
     if row.first_step is not None:
