@@ -435,6 +435,8 @@ def compare_stopped_ranks(clean: dict[int, AttemptTrace], attempts: list[dict[in
     result.update(
         rank=main,
         ranks=ranks,
+        # the processes the traces' headers count (a rank that wrote none: its resume is not shown)
+        world_size=max((t.world_size or 1 for t in clean.values()), default=1),
         per_rank=[
             {
                 "rank": r,

@@ -409,6 +409,14 @@ class CheckSession:
                 f"{restarts}: {named}. The same outputs show only that the script is deterministic: "
                 "resume was not tested there",
             )
+        unproven = _unproven(evidence, comparison, self.result["probe"])
+        if unproven:
+            return self.finish(
+                "not-proven",
+                "resume",
+                f"{restarts}, every declared output compared is bit-identical to an uninterrupted run's, but the "
+                f"resume is not proven: {'; '.join(unproven)}",
+            )
         caveat = "; no negative control" if not (self.seed_env or self.seed_arg) else ""
         updates = (
             f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
@@ -559,6 +567,38 @@ def _write_receipt(
         env,
         {"variable": seed_env, "value": clean.env[seed_env]} if seed_env else None,
     )
+
+
+def _unproven(evidence: list[dict], comparison: dict, probe: dict | None) -> list[str]:
+    """What keeps identical outputs after effective stops from proving the resume: a restart shown by its
+    files only (it read a checkpoint and saved as often as it should: it may still have begun again, e.g.
+    with rotated checkpoints or saves skipped for steps already saved), a declared output not compared,
+    a rank whose trace is missing."""
+    reasons = []
+    by_files = [e["stop"] for e in evidence if e["effective"] and e.get("by") == "files"]
+    if by_files:
+        reasons.append(
+            f"{'stops' if len(by_files) > 1 else 'stop'} {', '.join(map(str, by_files))} shown by files only (a "
+            "restart read a checkpoint; whether it applied it or began again, only the probe shows: "
+            "from reprocube import probe, docs/check.md)"
+        )
+    unread = comparison.get("not_compared") or []
+    if unread:
+        reasons.append(f"{', '.join(unread[:3])} not compared (see not checked)")
+    resume = (probe or {}).get("resume") or {}
+    missing = _missing_ranks(resume)
+    if missing:
+        reasons.append(missing)
+    return reasons
+
+
+def _missing_ranks(resume: dict) -> str | None:
+    """Ranks a trace header counts (world_size) that wrote no trace: their resume is not shown."""
+    world = resume.get("world_size")
+    ranks = resume.get("ranks") or []
+    if world and len(ranks) < world:
+        return f"the probe heard from {counted(len(ranks), 'rank')} of {world} (call it on every rank)"
+    return None
 
 
 def _traces(run: Run) -> list[dict]:

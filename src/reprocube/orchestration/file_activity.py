@@ -196,6 +196,9 @@ class FileActivity:
             if mask & (IN_CREATE | IN_MOVED_TO):
                 place = self.places[directory.split("/", 1)[0]]
                 self._watch_tree(place / directory.partition("/")[2] / name, f"{directory}/{name}")
+            if mask & IN_MOVED_TO and len(self.events) < MAX_EVENTS:
+                # A directory written elsewhere and renamed into place (Orbax's checkpoints) is one save.
+                self.events.append(Event(now, "write", f"{directory}/{name}"))
             return
         kind = (
             "write"

@@ -87,6 +87,7 @@ def _judged(run: Run, number: int, probed: dict | None) -> dict:
         if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
             return {
                 "effective": True,
+                "by": "probe",
                 "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)",
             }
         if probed["how"] in ("given", "matched", "first"):
@@ -118,10 +119,14 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
     written_again: dict[str, float] = {}
     for event in activity.writes(restart_from, restart_to):
         written_again.setdefault(event.path, event.at)
+
+    def saved_as(path: str) -> str | None:  # the saved file, or the saved directory holding it (Orbax)
+        return next((s for s in saved if path == s or path.startswith(s + "/")), None)
+
     reads = [
         e
         for e in activity.reads(restart_from, restart_to)
-        if e.path in saved and e.at < written_again.get(e.path, float("inf"))
+        if saved_as(e.path) is not None and e.at < written_again.get(saved_as(e.path), float("inf"))
     ]
     if not reads:
         return {
@@ -129,7 +134,7 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
             "how": f"attempt {number + 1} read none of the {counted(len(saved), 'file')} saved before "
             f"the stop: it began again instead of resuming{seen}",
         }
-    read = {e.path for e in reads}
+    read = {saved_as(e.path) for e in reads}
     named = ", ".join(sorted(read)[:3])
     # The attempt that ran to its end must have saved the checkpoint it read again: else it trained
     # nothing from it (resumed after the last save, or read what an attempt that ran on after the signal
@@ -159,11 +164,12 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
         return {
             "effective": False,
             "how": f"attempt {number + 1} read {named}, but the attempts saved {total} times in all where an "
-            f"uninterrupted run saved {run.clean_saves}: they did not continue from one another's saves (a "
-            "restart that began again, or loaded a checkpoint and did not apply it, redoes them)",
+            f"uninterrupted run saved {run.clean_saves}: that they continued from one another's saves is not "
+            "shown (a restart that began again redoes saves; so does a save when the signal came)",
         }
     return {
         "effective": True,
+        "by": "files",  # a read and a count: not proof that the restart applied what it read
         "how": f"attempt {number + 1} read {named}, saved before the stop, and the attempts saved {total} times in "
         "all, as an uninterrupted run (the files; whether it applied all it read, the probe would show)",
     }

@@ -45,6 +45,12 @@ NEXT_STEP = {
         "instead of loading what was saved. Make it load its latest checkpoint when one is there, or stop "
         "after a save (--at-file GLOB, --at-line REGEX), then check again.",
     ),
+    "not-proven": (
+        "warn",
+        "What was compared is identical, but the resume is not proven: call the probe (two lines, or a "
+        "trainer's callback: docs/check.md) so that each restart's first update shows where it resumed, and "
+        "declare outputs that are the run's own regular files.",
+    ),
     "state-leaked": (
         "warn",
         "A run started from state another run left: keep checkpoints in the working directory (or under "
