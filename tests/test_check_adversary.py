@@ -47,7 +47,7 @@ import pytest
 
 from helpers import reprocube
 
-EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "command-failed": 10}
+EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "not-proven": 9, "command-failed": 10}
 BYTECODE = {"PYTHONDONTWRITEBYTECODE": None}  # a user's default: Python writes __pycache__
 
 
@@ -63,10 +63,8 @@ def check(
 ) -> tuple[subprocess.CompletedProcess, dict]:
     """`reprocube check --copy FILE... OPTIONS -- python train.py` in tmp_path; its check.json."""
     copies = write(tmp_path, files) + [arg for name in copy for arg in ("--copy", name)]
-    proc = reprocube(
-        "check", "--out", "out", *copies, *options, "--", sys.executable, "train.py",
-        cwd=tmp_path, check=False, timeout=300, env_extra=env_extra,
-    )  # fmt: skip
+    command = ["check", "--out", "out", *copies, *options, "--", sys.executable, "train.py"]
+    proc = reprocube(*command, cwd=tmp_path, check=False, timeout=300, env_extra=env_extra)
     path = tmp_path / "out" / "check.json"
     result = json.loads(path.read_text()) if path.is_file() else {}
     assert result, proc.stdout + proc.stderr
@@ -539,10 +537,8 @@ def test_f22_a_rank_that_began_again_voids_the_stop(tmp_path):
                 time.sleep(0.1)
         np.save(f"part-{rank}.npy", w)
     """
-    proc, result = check(
-        tmp_path, {"train.py": source}, "--output", "part-0.npy", "--output", "part-1.npy", "--seed-env", "SEED",
-        "--stops", "1", "--at-line", "rank 0 step 8 saved",
-    )  # fmt: skip
+    outputs = ["--output", "part-0.npy", "--output", "part-1.npy", "--seed-env", "SEED"]
+    proc, result = check(tmp_path, {"train.py": source}, *outputs, "--stops", "1", "--at-line", "rank 0 step 8 saved")
     assert stopped_log(tmp_path).count("rank 1 step 4 saved") == 2  # the truth: rank 1 began again
     assert result["verdict"] == "not-resumed", said(result)
     assert "began again at step 1 on rank 1" in result["summary"]
@@ -590,9 +586,109 @@ def test_f24_file_events_past_the_cap_hide_no_saves(tmp_path):
     """
     pythonpath = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
     proc, result = check(
-        tmp_path, {"train.py": source}, "--output", "final.npy", "--seed-env", "SEED", "--at-line", "epoch 1 saved",
-        env_extra={"PYTHONPATH": pythonpath}, copy=("data",),
-    )  # fmt: skip
+        tmp_path,
+        {"train.py": source},
+        "--output",
+        "final.npy",
+        "--seed-env",
+        "SEED",
+        "--at-line",
+        "epoch 1 saved",
+        env_extra={"PYTHONPATH": pythonpath},
+        copy=("data",),
+    )
     assert stopped_log(tmp_path).count("starting again") == 2  # the truth: both restarts began again
     assert result["verdict"] == "not-resumed", said(result)
     assert "not all seen (more than 1500 file events)" in result["summary"]
+
+
+# --- round 2: what files cannot prove -------------------------------------------------------------------
+
+
+def test_g1_a_restart_that_loads_a_rotated_checkpoint_and_begins_again_is_not_proven(tmp_path):
+    """G1: checkpoints ckpt-EPOCH.npz, only the last 2 kept; the restart loads the latest and never applies
+    it (it begins again at epoch 0). Its files look like a resume (it read a checkpoint, the kept files
+    saved as often): without the probe, never resume-exact."""
+    source = """
+        import glob, os, time
+        import numpy as np
+        rng = np.random.default_rng(int(os.environ.get("SEED", "0")))
+        w = np.zeros(4)
+        kept = sorted(glob.glob("ckpt-*.npz"))
+        if kept:
+            np.load(kept[-1])["w"]  # loaded, never applied: the bug
+            print("loaded", kept[-1], flush=True)
+        for e in range(6):
+            time.sleep(0.1)
+            x = rng.standard_normal((32, 4))
+            w = w - 0.1 * x.T @ (x @ w - 1) / 32
+            np.savez(f"tmp-{e}.npz", w=w, epoch=e + 1)
+            os.replace(f"tmp-{e}.npz", f"ckpt-{e + 1}.npz")
+            for old in sorted(glob.glob("ckpt-*.npz"), key=lambda n: int(n[5:-4]))[:-2]:
+                os.remove(old)
+            print(f"epoch {e} saved", flush=True)
+        np.save("final.npy", w)
+    """
+    proc, result = check(tmp_path, {"train.py": source}, "--output", "final.npy", "--seed-env", "SEED")
+    assert "loaded ckpt-" in stopped_log(tmp_path)  # the truth: the restart read a checkpoint ...
+    assert stopped_log(tmp_path).count("epoch 0 saved") == 3  # ... and began again, each time
+    assert result["verdict"] in ("not-proven", "not-resumed"), said(result)
+
+
+def test_g5_a_link_beside_a_regular_output_keeps_the_resume_unproven(tmp_path):
+    """G5: the model a link to a scratch file (never compared), beside a small summary.json that is: the
+    verdict never says every declared output is bit-identical."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    source = textwrap.dedent(LINKED).replace("{scratch}", str(scratch)) + textwrap.dedent(
+        """
+        np.save(f"{SCRATCH}/final-seed{seed}.npy", w)
+        if not os.path.lexists("final.npy"):
+            os.symlink(f"{SCRATCH}/final-seed{seed}.npy", "final.npy")
+        open("summary.json", "w").write('{"epochs": 5}')
+        """
+    )
+    outputs = ["--output", "final.npy", "--output", "summary.json", "--seed-env", "SEED", "--at-line", "saved"]
+    proc, result = check(tmp_path, {"train.py": source}, *outputs)
+    assert result["verdict"] == "not-proven", said(result)
+    assert "final.npy not compared" in result["summary"] and "every declared output is" not in result["summary"]
+
+
+def test_g6_a_probe_on_rank_0_only_does_not_prove_rank_1_resumed(tmp_path):
+    """G6: two ranks, the probe called on rank 0 only (its trace header says world_size 2); rank 1 never
+    loads its checkpoint."""
+    source = """
+        import os, pickle, subprocess, sys, time
+        import numpy as np
+        if "RANK" not in os.environ:
+            env = {**os.environ, "WORLD_SIZE": "2"}
+            procs = [subprocess.Popen([sys.executable, __file__], env={**env, "RANK": str(r)}) for r in range(2)]
+            sys.exit(max(p.wait() for p in procs))
+        from reprocube import probe
+        rank = int(os.environ["RANK"])
+        rng = np.random.default_rng(int(os.environ.get("SEED", "0")) * 10 + rank)
+        w, start, ckpt = np.zeros(4, np.float32), 0, f"ckpt-rank{rank}.pkl"
+        if rank == 0 and os.path.exists(ckpt):  # the bug: rank 1 never loads its own
+            state = pickle.load(open(ckpt, "rb"))
+            w, start, rng.bit_generator.state = state["w"], state["step"], state["rng"]
+        for s in range(start, 12):
+            x = rng.standard_normal((32, 4)).astype(np.float32)
+            w = (w - 0.1 * x.T @ (x @ w - 1) / 32).astype(np.float32)
+            if rank == 0:
+                probe.step(np.float32(np.mean((x @ w - 1) ** 2)), {"w": w}, step=s + 1)
+            if (s + 1) % 4 == 0:
+                pickle.dump({"w": w, "step": s + 1, "rng": rng.bit_generator.state}, open(ckpt + ".tmp", "wb"))
+                os.replace(ckpt + ".tmp", ckpt)
+                if rank == 0:
+                    probe.checkpoint(s + 1)
+                print(f"rank {rank} step {s + 1} saved", flush=True)
+                time.sleep(0.1)
+        np.save(f"part-{rank}.npy", w)
+    """
+    outputs = ["--output", "part-0.npy", "--output", "part-1.npy", "--seed-env", "SEED"]
+    proc, result = check(tmp_path, {"train.py": source}, *outputs, "--stops", "1", "--at-line", "rank 0 step 8 saved")
+    assert stopped_log(tmp_path).count("rank 1 step 4 saved") == 2  # the truth: rank 1 began again
+    assert result["verdict"] in ("not-proven", "not-resumed"), said(result)
+    assert result["verdict"] != "resume-exact"
+    if result["verdict"] == "not-proven":
+        assert "the probe heard from 1 rank of 2" in result["summary"]

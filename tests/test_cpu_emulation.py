@@ -135,9 +135,16 @@ def test_reproduce_match_retrains_an_avx2_run_on_the_emulated_cpu(fashion_mnist,
         assert a["env"]["cpu"]["model"].endswith(f"({MASKED_NOTE})"), a["env"]["cpu"]
     out = tmp_path / "out"
     proc = reprocube(
-        "reproduce", "runs/a", "--match", "--out", str(out), f"data_dir={fashion_mnist}", cwd=tmp_path, check=False,
+        "reproduce",
+        "runs/a",
+        "--match",
+        "--out",
+        str(out),
+        f"data_dir={fashion_mnist}",
+        cwd=tmp_path,
+        check=False,
         timeout=900,
-    )  # fmt: skip
+    )
     result = json.loads((out / "reproduce.json").read_text())
     if not _avx512_machine():
         assert result["verdict"] == "bit-identical" and proc.returncode == 0, result["summary"]

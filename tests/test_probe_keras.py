@@ -47,10 +47,14 @@ def attempt(tmp_path, monkeypatch, name: str, order: list[str], save_freq="epoch
     tmp_path.mkdir(parents=True, exist_ok=True)
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu", name="hidden"),
-                              keras.layers.Dense(2, name="out")], name="net")  # fmt: skip
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(8, activation="relu", name="hidden"), keras.layers.Dense(2, name="out")],
+        name="net",
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     made = {
         "probe": probe.keras_callback(),
         "backup": keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=save_freq),

@@ -53,7 +53,7 @@ def run_ranks(directory, world: int = 2, depart: int = 0, ranks=None) -> None:
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "DEPART": str(depart),
-            },  # fmt: skip
+            },
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -258,8 +258,14 @@ def test_where_a_restart_resumed_may_be_said_by_the_script(tmp_path):
 
 
 def difference(loss_same: bool, tensors: list[str], step: int = 33) -> dict:
-    return {"step": step, "loss_a": "0.5", "loss_b": "0.5" if loss_same else "0.25", "loss_same": loss_same,
-            "tensors": tensors, "tensor_count": 6}  # fmt: skip
+    return {
+        "step": step,
+        "loss_a": "0.5",
+        "loss_b": "0.5" if loss_same else "0.25",
+        "loss_same": loss_same,
+        "tensors": tensors,
+        "tensor_count": 6,
+    }
 
 
 def test_the_same_loss_but_other_weights_points_at_the_optimizers_state():

@@ -57,16 +57,32 @@ def hf_train(where, resume=False, callbacks=()):
     transformers = pytest.importorskip("transformers")
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=16, max_position_embeddings=8, num_labels=2)  # fmt: skip
+    config = transformers.BertConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=8,
+        num_labels=2,
+    )
     model = transformers.BertForSequenceClassification(config)
     data = torch.Generator().manual_seed(1)
     tokens = torch.randint(4, 32, (32, 6), generator=data)
     rows = [{"input_ids": t, "labels": int(t[0] < 16)} for t in tokens]
-    args = transformers.TrainingArguments(output_dir=str(where), max_steps=6, per_device_train_batch_size=4,
-                                          gradient_accumulation_steps=2, save_strategy="steps", save_steps=3,
-                                          use_cpu=True, report_to="none", logging_strategy="no", disable_tqdm=True,
-                                          seed=0)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(where),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        save_strategy="steps",
+        save_steps=3,
+        use_cpu=True,
+        report_to="none",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=list(callbacks))
     trainer.train(resume_from_checkpoint=str(where / "checkpoint-3") if resume else None)
     return model
@@ -120,8 +136,16 @@ def lightning_fit(where, callbacks, ckpt_path=None):
     x = torch.randn(32, 4, generator=data)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long()), batch_size=4)
     saving = L.pytorch.callbacks.ModelCheckpoint(dirpath=where, every_n_train_steps=2, save_top_k=-1)
-    trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=2, accelerator="cpu", devices=1, logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[*callbacks, saving])  # fmt: skip
+    trainer = L.Trainer(
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*callbacks, saving],
+    )
     trainer.fit(Net(), loader, ckpt_path=ckpt_path)
     return sorted(p.name for p in where.iterdir())
 
