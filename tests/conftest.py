@@ -43,6 +43,7 @@ def pytest_configure(config):
 # 2026-11-26 run two files at a time); the rest keep their order. test_repository.py checks the names.
 LONGEST_FILES_FIRST = (
     "test_apptainer.py",  # the SIF's build (minutes, once per image digest), then MLCube tasks in three runtimes
+    "test_frameworks.py",  # ~340, docs/frameworks.md's 12 rows: each a check beside its own truth's runs
     "test_cpu_emulation.py",  # ~330 (alone), training on QEMU's emulated CPU
     "test_slurm.py",  # ~250 s, most of it waiting on SLURM
     "test_reproduce.py",  # ~300
