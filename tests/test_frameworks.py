@@ -176,6 +176,8 @@ def test_row(row, tmp_path):
     traced = result["probe"]["resume"]
     assert traced.get("ranks", [0]) == list(range(row.ranks)), traced  # one trace per rank, each compared
     assert traced["extra_steps"] == [list(span) for span in row.extra], traced
+    for rank in traced.get("per_rank", []):  # every rank compared in full, and where it departs
+        assert (rank["compared_steps"], rank["first_difference"]) == (traced["reference_steps"], row.first_step), rank
     first = traced["first_difference"]
     assert (first and first["step"]) == row.first_step, first
     if row.first_step is not None:
