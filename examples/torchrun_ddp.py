@@ -73,7 +73,8 @@ for epoch in range(start, args.epochs):
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}, "ckpt.tmp")
         os.replace("ckpt.tmp", "ckpt.pt")  # the checkpoint is the epoch's once this is done
     dist.barrier()
-    probe.checkpoint((epoch + 1) * len(loader))
+    probe.checkpoint((epoch + 1) * len(loader))  # on every rank (each rank's trace is written up to here)
+    dist.barrier()  # every rank has announced it before the line a stop may follow
     if rank == 0:
         print(f"epoch {epoch + 1} saved: loss {loss.item():.6f}", flush=True)
     time.sleep(args.pause)  # every rank
