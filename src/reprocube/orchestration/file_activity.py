@@ -29,7 +29,7 @@ WATCHED = IN_ACCESS | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_TO | IN_CREAT
 EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), then the name
 MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
 MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
-MERGE_S = 0.02  # writes closer than this are one save (a checkpoint and its metrics file, written together)
+MERGE_S = 0.02  # writes of different files closer than this are one save (a checkpoint and its metrics file)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -109,11 +109,15 @@ class FileActivity:
         """When the command saved: its writes (of state files only, where `state` gives their keys), those
         closer than MERGE_S to the previous one merged."""
         moments: list[float] = []
+        together: set[str] = set()  # the files of the current save: the same one again is the next save
         for event in self.writes(since, until, lasting=True):
-            if state is not None and state_key(event.path) not in state:
+            key = state_key(event.path)
+            if state is not None and key not in state:
                 continue
-            if not moments or event.at - moments[-1] > MERGE_S:
+            if not moments or event.at - moments[-1] > MERGE_S or key in together:
                 moments.append(event.at)
+                together = set()
+            together.add(key)
         return moments
 
     def state_keys(self) -> frozenset[str]:
@@ -126,10 +130,8 @@ class FileActivity:
         if not self.complete:
             return frozenset()
         moments: dict[str, list[float]] = {}
-        for event in self.writes(lasting=True):
-            seen = moments.setdefault(state_key(event.path), [])
-            if not seen or event.at - seen[-1] > MERGE_S:
-                seen.append(event.at)
+        for event in self.writes(lasting=True):  # each write of a file is a save of it, however soon
+            moments.setdefault(state_key(event.path), []).append(event.at)
         most = max((len(times) for times in moments.values()), default=0)
         return frozenset(key for key, times in moments.items() if len(times) >= max(2, most / 2))
 

@@ -43,8 +43,30 @@ def stop_evidence(run: Run, traced: dict | None) -> list[dict]:
             how = f"attempt {number + 1} began again at step 1 on rank {ranks} (the probe)"
             evidence.append({"stop": number, "landed": True, "effective": False, "how": how})
             continue
-        evidence.append({"stop": number, "landed": True, **_judged(run, number, probe_attempts.get(number + 1))})
+        judged = _judged(run, number, probe_attempts.get(number + 1))
+        later = _later_resume(probe_attempts, number + 1)
+        if judged.get("by") == "files" and later is not None and not probe_attempts.get(number + 1, {}).get("steps"):
+            # The restart was stopped again before the probe wrote any update (it writes in groups): the
+            # next restart the probe saw resumed from the checkpoints this one read.
+            judged = {
+                "effective": True,
+                "by": "probe",
+                "how": f"attempt {number + 1} read a checkpoint and was stopped before the probe recorded an update; "
+                f"attempt {later['attempt']} resumed at step {later['resumed_at']} (the probe)",
+            }
+        evidence.append({"stop": number, "landed": True, **judged})
     return evidence
+
+
+def _later_resume(probe_attempts: dict[int, dict], after: int) -> dict | None:
+    """The first attempt after `after` with updates, if the probe places it past step 1 (given or by its
+    bits); None where it began again or cannot be placed."""
+    for number in sorted(probe_attempts):
+        attempt = probe_attempts[number]
+        if number > after and attempt.get("steps"):
+            resumed = attempt["how"] in ("given", "matched") and attempt["resumed_at"] > 0
+            return attempt if resumed and not attempt.get("from_scratch") else None
+    return None
 
 
 def _ranks_that_began_again(traced: dict | None) -> dict[int, list[int]]:
@@ -156,6 +178,7 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
     if run.clean_saves <= 0:
         return {
             "effective": False,
+            "read": True,  # it read a checkpoint: a difference after it may be the resume's
             "how": f"attempt {number + 1} read {named}, but whether it continued from it cannot be told from its "
             "files: the uninterrupted runs saved a different number of times (saves that follow the clock, not "
             "the training). The probe's two calls tell (docs/check.md)",
@@ -163,6 +186,7 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
     if total != run.clean_saves:
         return {
             "effective": False,
+            "read": True,  # it read a checkpoint: a difference after it may be the resume's
             "how": f"attempt {number + 1} read {named}, but the attempts saved {total} times in all where an "
             f"uninterrupted run saved {run.clean_saves}: that they continued from one another's saves is not "
             "shown (a restart that began again redoes saves; so does a save when the signal came)",
@@ -170,6 +194,7 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
     return {
         "effective": True,
         "by": "files",  # a read and a count: not proof that the restart applied what it read
+        "read": True,
         "how": f"attempt {number + 1} read {named}, saved before the stop, and the attempts saved {total} times in "
         "all, as an uninterrupted run (the files; whether it applied all it read, the probe would show)",
     }
