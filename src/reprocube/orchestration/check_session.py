@@ -385,7 +385,7 @@ class CheckSession:
             found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
             if not found:  # nothing differs that was compared: the outputs could not be read
                 found = ["no declared output could be compared (see not checked)"]
-            if not effective and not any(e.get("read") for e in evidence):
+            if not effective and not traced["differs"] and not any(e.get("read") for e in evidence):
                 # no restart was shown to resume, nor read a checkpoint: nothing ties the difference to a resume
                 named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
                 return self.finish(

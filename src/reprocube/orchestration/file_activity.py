@@ -76,6 +76,9 @@ class FileActivity:
             time.sleep(0.05)  # the last events of a process that just ended
             self._stopping.set()
             self._thread.join(5)
+            if self._thread.is_alive():  # still adding watches (a deep tree): it closes the descriptor itself
+                self._incomplete("still reading inotify's events when the run ended")
+                return
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -166,13 +169,19 @@ class FileActivity:
         return True
 
     def _read_loop(self) -> None:
-        while True:
-            stopping = self._stopping.is_set()
-            ready, _, _ = select.select([self._fd], [], [], 0.05)
-            if ready:
-                self._drain()
-            elif stopping:
-                return
+        fd = self._fd
+        try:
+            while True:
+                stopping = self._stopping.is_set()
+                ready, _, _ = select.select([fd], [], [], 0.05)
+                if ready:
+                    self._drain()
+                elif stopping:
+                    return
+        finally:
+            if self._stopping.is_set() and self._fd == fd:  # stop() gave up waiting: close it here
+                self._fd = -1
+                os.close(fd)
 
     def _drain(self) -> None:
         try:
