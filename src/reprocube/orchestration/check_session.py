@@ -28,6 +28,7 @@ from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, fail
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.file_activity import FileActivity
+from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import write_check
 from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
@@ -96,6 +97,7 @@ def check(
             stops, at, at_file, at_line, stop_seed
         )
     except KeyboardInterrupt:
+        end_all_guards()  # the runs other threads wait on (--jobs) end too, not only the one here
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
         raise
 

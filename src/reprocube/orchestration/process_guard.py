@@ -365,6 +365,23 @@ def _set_subreaper(on: bool) -> None:
         _SUBREAPER["set_here"] = False
 
 
+def end_all_guards(timeout: float = GRACE_S + 2.0) -> None:
+    """Ctrl-C of check: every live guard asked to end its attempt (SIGTERM: the command's group and its
+    descendants ended, as at an attempt's end), also those that threads of check (--jobs) wait on, and
+    waited for until their threads have seen them go (or `timeout`)."""
+    with _LIVE_LOCK:
+        guards = list(_LIVE)
+    for pid in guards:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with _LIVE_LOCK:
+            if not _LIVE & set(guards):
+                return
+        time.sleep(0.02)
+
+
 def sweep_strays(timeout: float = SWEEP_S) -> int:
     """SIGKILL every process below check that is not one of its live guards nor below one (what a guard
     that was killed held: reparented to check, its subreaper), until none is left or `timeout`; the zombies
