@@ -508,35 +508,43 @@ def test_f21_step_labels_off_by_one_over_an_exact_resume_is_exact_with_a_note(tm
     assert any("step numbers are off by +1" in note for note in result["not_checked"]), result["not_checked"]
 
 
+# F22 and G6: two ranks, each training its own part; rank 1 never loads its checkpoint. {probed}: which
+# ranks call the probe.
+TWO_RANKS = """
+    import os, pickle, subprocess, sys, time
+    import numpy as np
+    if "RANK" not in os.environ:
+        env = {**os.environ, "WORLD_SIZE": "2"}
+        procs = [subprocess.Popen([sys.executable, __file__], env={**env, "RANK": str(r)}) for r in range(2)]
+        sys.exit(max(p.wait() for p in procs))
+    from reprocube import probe
+    PROBED = {probed}
+    rank = int(os.environ["RANK"])
+    rng = np.random.default_rng(int(os.environ.get("SEED", "0")) * 10 + rank)
+    w, start, ckpt = np.zeros(4, np.float32), 0, f"ckpt-rank{rank}.pkl"
+    if rank == 0 and os.path.exists(ckpt):  # the bug: rank 1 never loads its own
+        state = pickle.load(open(ckpt, "rb"))
+        w, start, rng.bit_generator.state = state["w"], state["step"], state["rng"]
+    for s in range(start, 12):
+        x = rng.standard_normal((32, 4)).astype(np.float32)
+        w = (w - 0.1 * x.T @ (x @ w - 1) / 32).astype(np.float32)
+        if PROBED(rank):
+            probe.step(np.float32(np.mean((x @ w - 1) ** 2)), {"w": w}, step=s + 1)
+        if (s + 1) % 4 == 0:
+            pickle.dump({"w": w, "step": s + 1, "rng": rng.bit_generator.state}, open(ckpt + ".tmp", "wb"))
+            os.replace(ckpt + ".tmp", ckpt)
+            if PROBED(rank):
+                probe.checkpoint(s + 1)
+            print(f"rank {rank} step {s + 1} saved", flush=True)
+            time.sleep(0.1)
+    np.save(f"part-{rank}.npy", w)
+"""
+
+
 def test_f22_a_rank_that_began_again_voids_the_stop(tmp_path):
     """F22: two ranks (each trains its own part); rank 0 resumes exactly, rank 1 never loads its checkpoint
     and begins again at step 1 (deterministic: its part comes out the same)."""
-    source = """
-        import os, pickle, subprocess, sys, time
-        import numpy as np
-        if "RANK" not in os.environ:
-            env = {**os.environ, "WORLD_SIZE": "2"}
-            procs = [subprocess.Popen([sys.executable, __file__], env={**env, "RANK": str(r)}) for r in range(2)]
-            sys.exit(max(p.wait() for p in procs))
-        from reprocube import probe
-        rank = int(os.environ["RANK"])
-        rng = np.random.default_rng(int(os.environ.get("SEED", "0")) * 10 + rank)
-        w, start, ckpt = np.zeros(4, np.float32), 0, f"ckpt-rank{rank}.pkl"
-        if rank == 0 and os.path.exists(ckpt):  # the bug: rank 1 never loads its own
-            state = pickle.load(open(ckpt, "rb"))
-            w, start, rng.bit_generator.state = state["w"], state["step"], state["rng"]
-        for s in range(start, 12):
-            x = rng.standard_normal((32, 4)).astype(np.float32)
-            w = (w - 0.1 * x.T @ (x @ w - 1) / 32).astype(np.float32)
-            probe.step(np.float32(np.mean((x @ w - 1) ** 2)), {"w": w}, step=s + 1)
-            if (s + 1) % 4 == 0:
-                pickle.dump({"w": w, "step": s + 1, "rng": rng.bit_generator.state}, open(ckpt + ".tmp", "wb"))
-                os.replace(ckpt + ".tmp", ckpt)
-                probe.checkpoint(s + 1)
-                print(f"rank {rank} step {s + 1} saved", flush=True)
-                time.sleep(0.1)
-        np.save(f"part-{rank}.npy", w)
-    """
+    source = TWO_RANKS.replace("{probed}", "lambda rank: True")
     outputs = ["--output", "part-0.npy", "--output", "part-1.npy", "--seed-env", "SEED"]
     proc, result = check(tmp_path, {"train.py": source}, *outputs, "--stops", "1", "--at-line", "rank 0 step 8 saved")
     assert stopped_log(tmp_path).count("rank 1 step 4 saved") == 2  # the truth: rank 1 began again
@@ -657,34 +665,7 @@ def test_g5_a_link_beside_a_regular_output_keeps_the_resume_unproven(tmp_path):
 def test_g6_a_probe_on_rank_0_only_does_not_prove_rank_1_resumed(tmp_path):
     """G6: two ranks, the probe called on rank 0 only (its trace header says world_size 2); rank 1 never
     loads its checkpoint."""
-    source = """
-        import os, pickle, subprocess, sys, time
-        import numpy as np
-        if "RANK" not in os.environ:
-            env = {**os.environ, "WORLD_SIZE": "2"}
-            procs = [subprocess.Popen([sys.executable, __file__], env={**env, "RANK": str(r)}) for r in range(2)]
-            sys.exit(max(p.wait() for p in procs))
-        from reprocube import probe
-        rank = int(os.environ["RANK"])
-        rng = np.random.default_rng(int(os.environ.get("SEED", "0")) * 10 + rank)
-        w, start, ckpt = np.zeros(4, np.float32), 0, f"ckpt-rank{rank}.pkl"
-        if rank == 0 and os.path.exists(ckpt):  # the bug: rank 1 never loads its own
-            state = pickle.load(open(ckpt, "rb"))
-            w, start, rng.bit_generator.state = state["w"], state["step"], state["rng"]
-        for s in range(start, 12):
-            x = rng.standard_normal((32, 4)).astype(np.float32)
-            w = (w - 0.1 * x.T @ (x @ w - 1) / 32).astype(np.float32)
-            if rank == 0:
-                probe.step(np.float32(np.mean((x @ w - 1) ** 2)), {"w": w}, step=s + 1)
-            if (s + 1) % 4 == 0:
-                pickle.dump({"w": w, "step": s + 1, "rng": rng.bit_generator.state}, open(ckpt + ".tmp", "wb"))
-                os.replace(ckpt + ".tmp", ckpt)
-                if rank == 0:
-                    probe.checkpoint(s + 1)
-                print(f"rank {rank} step {s + 1} saved", flush=True)
-                time.sleep(0.1)
-        np.save(f"part-{rank}.npy", w)
-    """
+    source = TWO_RANKS.replace("{probed}", "lambda rank: rank == 0")  # the probe on rank 0 only
     outputs = ["--output", "part-0.npy", "--output", "part-1.npy", "--seed-env", "SEED"]
     proc, result = check(tmp_path, {"train.py": source}, *outputs, "--stops", "1", "--at-line", "rank 0 step 8 saved")
     assert stopped_log(tmp_path).count("rank 1 step 4 saved") == 2  # the truth: rank 1 began again
