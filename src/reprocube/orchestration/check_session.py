@@ -162,9 +162,6 @@ class CheckSession:
         run.on_progress = lambda seconds: self.echo(one_line(f"  {name}: {seconds:.0f} s, running; {_last_line(run)}"))
         return run
 
-    def ran(self, run: Run, stop_list: list[Stop], limit: float) -> Run:
-        return self.ran_together([(run, stop_list, limit)])[0]
-
     def ran_together(self, planned: list[tuple[Run, list[Stop], float]]) -> list[Run]:
         """Each (run, its stops, its watchdog), up to self.jobs at once; recorded in the order given."""
         for run, stop_list, _ in planned:
