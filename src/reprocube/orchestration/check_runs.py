@@ -62,8 +62,11 @@ class Stop:
         if self.seconds is not None:
             return elapsed >= self.seconds
         if self.after_save is not None:
-            saves = run.activity.save_moments(since=attempt_start, state=run.state) if run.activity else []
-            return bool(saves) and time.perf_counter() >= saves[0] + self.after_save
+            first = run.first_saves.get(attempt_start)
+            if first is None and run.activity is not None:  # looked for until found: then remembered
+                saves = run.activity.save_moments(since=attempt_start, state=run.state)
+                first = run.first_saves[attempt_start] = saves[0] if saves else None
+            return first is not None and time.perf_counter() >= first + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
 
 
@@ -115,6 +118,8 @@ class Run:
     # how many times each uninterrupted run saved them (-1: not equally often); the stopped run's attempts
     # together save as often where each continued from the last one's save
     clean_saves: int = 0
+    # an attempt's start -> its first checkpoint save (what a default stop waits on), once seen
+    first_saves: dict[float, float | None] = field(default_factory=dict, repr=False, compare=False)
 
     def probe_trace(self, attempt: int) -> Path:
         return self.probe / f"attempt-{attempt}.jsonl"
