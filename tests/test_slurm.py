@@ -139,8 +139,8 @@ def test_sbatch_training_is_warned_checkpoints_requeues_and_resumes_bit_exactly(
         # cores with 2 threads each and the job's epochs went from 6 s to 50-80 s (past the wait above).
         # It trains to the end of the epoch after the one the job was stopped in (the job's 30 epochs are
         # only there to outlast SLURM's warning on a fast machine; its later epochs add nothing to compare).
-        steps_per_epoch = manifest(tmp_path / "runs" / "slurm" / "checkpoints" / "epoch-0001")["steps_per_epoch"]
         stopped_name = _checkpoint_at_warning(log.read_text(), tmp_path / "runs" / "slurm" / "checkpoints")
+        steps_per_epoch = manifest(tmp_path / "runs" / "slurm" / "checkpoints" / stopped_name)["steps_per_epoch"]
         compared_epochs = _epochs_begun(stopped_name, steps_per_epoch) + 1
         plain = subprocess.Popen(
             [
@@ -461,7 +461,9 @@ def test_sbatch_training_in_the_sif_is_warned_requeued_and_resumes_bit_exactly(s
         # Compared: up to the end of the epoch after the one the job was stopped in. The job's 30 epochs are
         # there to outlast SLURM's warning; once that epoch is written (checkpoints are renamed into place
         # whole) the rest adds nothing, and the job is cancelled.
-        compared = _epochs_begun(stopped, manifest(checkpoints / "epoch-0001")["steps_per_epoch"]) + 1
+        # steps_per_epoch from the checkpoint the warning wrote: a slow SIF start (CI under load) can be warned
+        # inside epoch 1, before any epoch-0001 exists (CI on 2026-11-27 failed reading it).
+        compared = _epochs_begun(stopped, manifest(checkpoints / stopped)["steps_per_epoch"]) + 1
         _wait_for((checkpoints / f"epoch-{compared:04d}").is_dir, 420, f"the resumed job's epoch {compared}", log)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
