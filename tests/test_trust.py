@@ -141,9 +141,12 @@ def test_reproduce_into_a_directory_named_with_grammar(receipt_a, generated, tmp
 
 
 # --- --match sets only documented variables ----------------------------------------------------------------
-def test_match_never_applies_an_undocumented_variable(generated, tmp_path):
-    """A receipt holding PYTHONPATH (a sitecustomize.py beside it runs code), LD_PRELOAD and an XLA flag
-    that writes files: B is re-run with A's ISA cap only; the others are reported, never applied."""
+@pytest.fixture(scope="module")
+def hostile_match(generated, tmp_path_factory):
+    """A trained under ONEDNN_MAX_CPU_ISA=SSE41, its receipt forged to also hold PYTHONPATH (a
+    sitecustomize.py beside it runs code), LD_PRELOAD and an XLA flag that writes files, then reproduced
+    with --match: (the directory, reproduce's process, the marker the planted code would write)."""
+    tmp_path = tmp_path_factory.mktemp("hostile-match")
     evil = tmp_path / "published"
     evil.mkdir()
     marker = tmp_path / "code-ran"
@@ -171,12 +174,86 @@ def test_match_never_applies_an_undocumented_variable(generated, tmp_path):
         cwd=tmp_path,
         check=False,
     )
+    return tmp_path, proc, marker, set(hostile)
+
+
+def test_match_never_applies_an_undocumented_variable(hostile_match):
+    """B is re-run with A's ISA cap only; the receipt's other variables are reported, never applied."""
+    tmp_path, proc, marker, hostile = hostile_match
     assert proc.returncode == 6, proc.stderr  # B differs (it runs without the ISA cap)...
     result = json.loads((tmp_path / "out" / "reproduce.json").read_text())
     assert result["match"]["settings"] == {"ONEDNN_MAX_CPU_ISA": "SSE41"}  # ...and --match applies the cap only
     assert result["match"]["bit_identical"] is True
-    assert {row["key"] for row in result["match"]["not_applied"]} == set(hostile)
+    assert {row["key"] for row in result["match"]["not_applied"]} == hostile
     assert not marker.exists(), "a receipt's PYTHONPATH ran code"
+
+
+def _forged_recipe(result: dict, directory: Path) -> None:
+    """An attacker's recipe: a key that ends the variable and runs a command."""
+    result["match"]["recipe"][0]["env"] = {"OMP_NUM_THREADS=1; touch pwned; true X": "1"}
+
+
+def _forged_value(result: dict, directory: Path) -> None:
+    result["match"]["recipe"][0]["env"]["ONEDNN_MAX_CPU_ISA"] = "$(touch pwned)"
+
+
+def _other_program(result: dict, directory: Path) -> None:
+    result["match"]["recipe"][0]["argv"] = ["bash", "-c", "touch pwned"]
+
+
+def _grammar_argument(result: dict, directory: Path) -> None:
+    result["match"]["recipe"][0]["argv"].append("hydra.searchpath=[file:///tmp]")
+
+
+def _no_matched_run(result: dict, directory: Path) -> None:
+    del result["inputs"]["b_matched_receipt"]
+
+
+def _settings_the_run_did_not_have(result: dict, directory: Path) -> None:
+    result["match"]["recipe"][0]["env"]["ONEDNN_MAX_CPU_ISA"] = "AVX2"  # a valid value, not what ran
+
+
+def _matched_run_without_as_bits(result: dict, directory: Path) -> None:
+    """The matched run swapped for B's (which differs from A), its sha256 recomputed."""
+    import hashlib
+    import shutil
+
+    shutil.rmtree(directory / "runs" / "b-matched")
+    shutil.copytree(directory / "runs" / "b", directory / "runs" / "b-matched")
+    raw = (directory / "runs" / "b-matched" / "receipt.json").read_bytes()
+    result["inputs"]["b_matched_receipt"]["sha256"] = hashlib.sha256(raw).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        _forged_recipe,
+        _forged_value,
+        _other_program,
+        _grammar_argument,
+        _no_matched_run,
+        _settings_the_run_did_not_have,
+        _matched_run_without_as_bits,
+    ],
+)
+def test_a_page_offers_a_recipe_only_with_the_match_run_that_proved_it(hostile_match, tmp_path, forgery):
+    """A reproduce directory handed to `report`, its reproduce.json edited: the page shows no command to
+    copy, says why, and nothing it shows runs anything; the genuine directory shows its recipe."""
+    import shutil
+
+    directory = tmp_path / "handed"
+    shutil.copytree(hostile_match[0] / "out", directory)
+    reprocube("report", str(directory), "--out", str(tmp_path / "genuine"), cwd=tmp_path)
+    page = (tmp_path / "genuine" / "report.html").read_text()
+    assert "<pre class='recipe'>ONEDNN_MAX_CPU_ISA=SSE41 reprocube train " in page
+    result = json.loads((directory / "reproduce.json").read_text())
+    forgery(result, directory)
+    (directory / "reproduce.json").write_text(json.dumps(result))
+    reprocube("report", str(directory), "--out", str(tmp_path / "forged"), cwd=tmp_path)
+    what_to_do = (tmp_path / "forged" / "report.html").read_text().split("What to do")[1].split("<h2")[0]
+    assert "<pre class='recipe'>" not in what_to_do and "button" not in what_to_do, what_to_do
+    assert "no command to run is shown: " in what_to_do, what_to_do
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_a_receipt_env_var_that_cannot_be_a_variable_is_refused(receipt_a, tmp_path):

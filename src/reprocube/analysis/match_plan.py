@@ -6,10 +6,12 @@ settings, what the retraining showed. Only documented variables with checked val
 from __future__ import annotations
 
 import json
+import re
 
 from reprocube.analysis.environment import NOT_NUMERIC
 from reprocube.analysis.receipt_comparison import compare_receipts
-from reprocube.cpu_emulation import EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
+from reprocube.config import DOTTED_NAME
+from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.env import refused_match_setting
 from reprocube.receipt import Receipt
 
@@ -199,3 +201,61 @@ def _isa(env: dict) -> list[str]:
     cpu = env.get("cpu")
     isa = cpu.get("isa") if isinstance(cpu, dict) else None
     return [f for f in isa if isinstance(f, str)] if isinstance(isa, list) else []
+
+
+# An interpreter a recipe names for the emulator (qemu-user does not search PATH): an absolute path of
+# plain characters, shown quoted.
+_INTERPRETER = re.compile(r"/[A-Za-z0-9._+/-]{1,255}")
+
+
+def recipe_refusal(recipe: list[dict], a: Receipt, matched: Receipt | None) -> str | None:
+    """Why the commands a reproduce result records are not to be shown for a person to run (None: they may
+    be). A recipe is shown only where this reproduction's own --match run stands behind it: `matched`, the
+    run under runs/b-matched bound by the sha256 of its receipt, has A's bits, and each command set what
+    that run's process ran under; each command is of the one form match_recipe writes (documented variables
+    with checked values, then reprocube train, or the emulator running this interpreter, with dotted-name
+    overrides), so that a result made elsewhere cannot offer anything else to copy."""
+    if matched is None:
+        return "no --match run of this reproduction (runs/b-matched, bound by its sha256) stands behind it"
+    if not compare_receipts(a, matched)["identical"]:
+        return "the --match run behind it (runs/b-matched) does not have A's bits"
+    if len(matched.sessions) != len(recipe):
+        return f"it has {len(recipe)} commands where the --match run behind it ran {len(matched.sessions)} processes"
+    for number, (command, session) in enumerate(zip(recipe, matched.sessions, strict=True), 1):
+        refused = _command_refusal(command, session["env"])
+        if refused:
+            return f"command {number}: {refused}"
+    return None
+
+
+def _command_refusal(command: dict, ran_env: dict) -> str | None:
+    ran = ran_env.get("env_vars") if isinstance(ran_env.get("env_vars"), dict) else {}
+    for key, value in command["env"].items():
+        if refused_match_setting(key, value):
+            return f"a variable --match never sets, or a value it never takes ({refused_match_setting(key, value)})"
+        if key in FLAG_LISTS and value is not None:  # the trainer may add flags of its own to what was set
+            agrees = isinstance(ran.get(key), str) and set(value.split()) <= set(ran[key].split())
+        else:
+            agrees = ran.get(key) == value
+        if not agrees:
+            return f"it sets a variable ({key}) other than the --match run behind it ran with"
+    argv = command["argv"]
+    if argv[:1] == ["reprocube"]:
+        rest = argv[1:]
+    elif (
+        argv[:2] == [EMULATOR, "-cpu"]
+        and len(argv) > 6
+        and argv[2] in {name for name, _, _ in CHECKED_MODELS}
+        and _INTERPRETER.fullmatch(argv[3])
+        and argv[4:6] == ["-m", "reprocube"]
+    ):
+        rest = argv[6:]
+    else:
+        return "it runs something other than reprocube train (or reprocube on the emulated CPU)"
+    if rest[:1] != ["train"]:
+        return "it runs something other than reprocube train"
+    for word in rest[1:]:
+        key, equals, value = word.partition("=")
+        if not equals or not DOTTED_NAME.fullmatch(key) or key.split(".")[0] == "hydra" or "${" in value:
+            return "an argument is not a plain config override (a dotted key, a value without interpolation)"
+    return None

@@ -9,6 +9,7 @@ Run A is the published run (its receipt), run B is this machine's retraining of 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from reprocube.analysis.match_plan import match_outcome, match_plan, settings_text
+from reprocube.analysis.match_plan import match_outcome, match_plan, recipe_refusal, settings_text
 from reprocube.analysis.receipt_comparison import (
     compare_receipts,
     final_record,
@@ -48,9 +49,10 @@ from reprocube.metrics import last_logged_step
 from reprocube.orchestration.children import Watchdog, environment_with, last_error_line, reprocube_command, run_watched
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.orchestration.script_reproduction import reproduce_script
-from reprocube.receipt import RECEIPT_FORMAT, SIGNATURE_FILE, Receipt, read_receipt
+from reprocube.receipt import RECEIPT, RECEIPT_FORMAT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
+    B_MATCHED_RUN,
     REPORT_FILES,
     REPRODUCE_RESULT,
     new_result,
@@ -275,7 +277,7 @@ def reproduce(
         if match:
             result["match"] = _match(receipt, b, result["causes"], train, stop_at)
             if result["match"]["bit_identical"]:  # proven: the command lines that give A's bits here
-                result["match"]["recipe"] = match_recipe(result["match"], base, stop_at)
+                _add_recipe(result, receipt, base, stop_at, ws)
         result["first_operation"] = _first_operation(result, b_path, user_overrides, ws, stall_timeout, echo)
     if spread_study is None and seeds >= 2 and final_record(receipt) and final_record(b):
         spread_study = _seed_runs(receipt, seeds, train)
@@ -579,6 +581,22 @@ def _match(a: Receipt, b: Receipt, causes: list[dict], train, stop_at: int | Non
     if plan["settings"] or plan["cpu"]:
         matched = read_receipt(train("b-matched", env=plan["settings"], cpu=plan["cpu"], stop_at=stop_at))
     return match_outcome(plan, a, matched)
+
+
+def _add_recipe(result: dict, a: Receipt, base: list[str], stop_at: int | None, ws: _Workspace) -> None:
+    """The recipe of a --match that gave A's bits, bound to the run that proved it (inputs.b_matched_receipt):
+    report shows it only with that run behind it, under the rule the page applies (match_plan.recipe_refusal)."""
+    matched = read_receipt(ws.out / B_MATCHED_RUN)
+    recipe = match_recipe(result["match"], base, stop_at)
+    refused = recipe_refusal(recipe, a, matched)
+    if refused:  # reprocube's own commands: never expected; the result then holds no recipe
+        print(f"reprocube: warning: no recipe recorded: {refused}", file=sys.stderr)
+        return
+    result["match"]["recipe"] = recipe
+    result["inputs"]["b_matched_receipt"] = {
+        "path": f"{B_MATCHED_RUN}/{RECEIPT}",
+        "sha256": hashlib.sha256(matched.raw).hexdigest(),
+    }
 
 
 def match_recipe(match: dict, base: list[str], stop_at: int | None) -> list[dict]:

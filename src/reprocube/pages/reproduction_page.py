@@ -14,6 +14,7 @@ import matplotlib.patches
 import matplotlib.ticker
 import numpy as np
 
+from reprocube.analysis.match_plan import recipe_refusal
 from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import flatten_keys
 from reprocube.errors import CheckpointError
@@ -48,6 +49,8 @@ def write_reproduce_report(out: Path, receipt: Receipt, b_path: Path, result: di
     out.mkdir(parents=True, exist_ok=True)
     checked = check_reproduce(result, str(out / REPRODUCE_RESULT.name))
     check_subject(checked, receipt, str(out / REPRODUCE_RESULT.name))
+    matched = _bound_receipts(out, checked, out / REPRODUCE_RESULT.name).get("b_matched_receipt")
+    _vet_recipe(checked, receipt, matched)
     return write_reproduction_page(out, _reproduction(out, receipt, read_receipt(Path(b_path)), checked))
 
 
@@ -65,6 +68,20 @@ def read_reproduction(directory: Path) -> dict:
     the sha256 of its bytes: a result cannot send the reader to any other file on this machine."""
     file = directory / REPRODUCE_RESULT.name
     result = read_reproduce(file)
+    receipts = _bound_receipts(directory, result, file)
+    a = receipts["a_receipt"]
+    if a.value["receipt_sha256"] != result["source_sha256"]:
+        raise CheckpointError(
+            f"{file}: {directory / A_RECEIPT_COPY} is not the receipt reproduced (its sha256 differs)"
+        )
+    check_subject(result, a, str(file))
+    _vet_recipe(result, a, receipts.get("b_matched_receipt"))
+    return _reproduction(directory, a, receipts["b_receipt"], result)
+
+
+def _bound_receipts(directory: Path, result: dict, file: Path) -> dict[str, Receipt]:
+    """The receipts the result names under `inputs`, each at its fixed place inside `directory` and bound by
+    the sha256 of its bytes."""
     receipts = {}
     for name, entry in result["inputs"].items():
         path = directory / entry["path"]  # a fixed relative path (check_reproduce), never one from the file
@@ -72,13 +89,17 @@ def read_reproduction(directory: Path) -> dict:
         if hashlib.sha256(receipt.raw).hexdigest() != entry["sha256"]:
             raise CheckpointError(f"{file}: {path} is not the receipt this result compared (inputs.{name}.sha256)")
         receipts[name] = receipt
-    a = receipts["a_receipt"]
-    if a.value["receipt_sha256"] != result["source_sha256"]:
-        raise CheckpointError(
-            f"{file}: {directory / A_RECEIPT_COPY} is not the receipt reproduced (its sha256 differs)"
-        )
-    check_subject(result, a, str(file))
-    return _reproduction(directory, a, receipts["b_receipt"], result)
+    return receipts
+
+
+def _vet_recipe(result: dict, a: Receipt, matched: Receipt | None) -> None:
+    """The recorded recipe stays only where the --match run behind it proves it (match_plan.recipe_refusal);
+    otherwise the page shows no command to copy, and says why."""
+    match = result["match"]
+    if match and match["recipe"]:
+        refused = recipe_refusal(match["recipe"], a, matched)
+        if refused:
+            match["recipe"], match["recipe_refused"] = None, refused
 
 
 def _reproduction(directory: Path, a: Receipt, b: Receipt, result: dict) -> dict:

@@ -55,7 +55,7 @@ REPRODUCE_RESULT = ResultFile(
         "unsigned",  # what lies beside the receipt unsigned or unchecked
         "run_a",
         "run_b",  # B_RUN: B's run directory, relative to the reproduce directory
-        "inputs",  # {a_receipt, b_receipt}: {path (relative), sha256 of its bytes}
+        "inputs",  # {a_receipt, b_receipt[, b_matched_receipt]}: {path (relative), sha256 of its bytes}
         "framework",
         "verdict",  # VERDICTS
         "identical",
@@ -186,6 +186,9 @@ def what_to_do(result: dict) -> list[str]:
             "To get A's bits on this machine (proven by --match), run"
             + (" in turn:" if len(match["recipe"]) > 1 else ":")
         ]
+    if match["bit_identical"]:  # a recipe is shown only with the --match run that proved it (match_plan)
+        why = match.get("recipe_refused") or "the result records none"
+        return [f"{match['summary']}; no command to run is shown: {why}."]
     others = [c for c in match["cannot"] if not c.startswith(NOT_INSTALLED)]
     if len(others) < len(match["cannot"]):  # QEMU would emulate A's CPU: this machine could give A's bits
         lines = [
@@ -234,6 +237,7 @@ def _recipe_command(command) -> dict:
 
 
 B_RUN = "runs/b"
+B_MATCHED_RUN = "runs/b-matched"  # B retrained by --match under A's settings
 # The page reproduce draws beside reproduce.json (reprocube.pages.reproduction_page) and its figures
 REPORT_PAGE = "report.html"
 DIFFERENCE_FIGURE, DIVERGENCE_FIGURE, SPREAD_FIGURE = "difference.png", "divergence-map.png", "seed-spread.png"
@@ -276,7 +280,10 @@ def check_reproduce(value, where: str) -> dict:
         raise CheckpointError(f"{where}: run_b must be {B_RUN!r} (B's run inside the reproduce directory)")
     inputs = fields.mapping("inputs")
     result["inputs"] = {}
-    for name, path in (("a_receipt", A_RECEIPT_COPY), ("b_receipt", f"{B_RUN}/receipt.json")):
+    named = [("a_receipt", A_RECEIPT_COPY), ("b_receipt", f"{B_RUN}/receipt.json")]
+    if "b_matched_receipt" in inputs.value:  # the --match run, where it gave A's bits (its recipe's proof)
+        named.append(("b_matched_receipt", f"{B_MATCHED_RUN}/receipt.json"))
+    for name, path in named:
         entry = inputs.mapping(name)
         if entry.text("path") != path:
             raise CheckpointError(f"{where}: inputs.{name}.path must be {path!r}")
