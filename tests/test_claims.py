@@ -183,6 +183,67 @@ def test_match_starts_one_process_per_change_of_settings(runs):
     assert [(s["from_step"], s["to_step"]) for s in plan["segments"]] == [(0, 11), (11, 42)]
 
 
+def _capped(env: dict, isa: str) -> dict:
+    return {**env, "env_vars": {**env["env_vars"], "ONEDNN_MAX_CPU_ISA": isa}}
+
+
+def test_match_follows_a_bounded_number_of_changes_of_settings(runs):
+    """Sessions alternating between two ISA caps: up to MAX_MATCH_PROCESSES segments are followed, one
+    more is refused, named, with nothing emulated."""
+    from reprocube.analysis.match_plan import MAX_MATCH_PROCESSES
+
+    a, b = read_receipt(runs["full"]), read_receipt(runs["full"])
+
+    def alternating(count: int) -> list[dict]:
+        cuts = [*range(count), 42]
+        caps = ("SSE41", "AVX2")
+        return [
+            {"from_step": cuts[i], "to_step": cuts[i + 1], "env": _capped(a.env, caps[i % 2])} for i in range(count)
+        ]
+
+    a.sessions = alternating(MAX_MATCH_PROCESSES)
+    assert len(match_plan(a, b, [])["segments"]) == MAX_MATCH_PROCESSES
+    a.sessions = alternating(MAX_MATCH_PROCESSES + 1)
+    plan = match_plan(a, b, [])
+    assert plan["segments"] is None and plan["settings"] == {} and plan["cpu"] is None
+    assert plan["refused"].startswith(f"A's sessions change settings {MAX_MATCH_PROCESSES} times"), plan["refused"]
+
+
+def test_match_costs_no_more_for_alternating_sessions_than_for_one(runs, generated, tmp_path):
+    """A receipt whose 16 one-step sessions alternate between two ISA caps, against the same receipt as one
+    session under one cap (each with a last loss bit changed, so that B differs and --match runs): at most
+    2x plus 30 s (before: one process per session, 121 s against 21 s), and the answer says why nothing
+    was emulated."""
+    genuine = receipt_value(runs["full"])
+    timings, results = {}, {}
+    for name in ("one", "alternating"):
+        forged = json.loads(json.dumps(genuine))
+        changed = losses(forged)
+        changed[-1] = np.nextafter(changed[-1], np.float32(np.inf))  # B differs at the last step
+        set_losses(forged, changed)
+        if name == "one":
+            forged["env"] = _capped(forged["env"], "SSE41")
+            forged["sessions"] = [{"from_step": 0, "to_step": 42, "env": None}]
+        else:
+            cuts = [*range(16), 42]
+            forged["sessions"] = [
+                {"from_step": cuts[i], "to_step": cuts[i + 1], "env": _capped(forged["env"], ("SSE41", "AVX2")[i % 2])}
+                for i in range(16)
+            ]
+        a = write_forged(forged, tmp_path / name)
+        started = time.perf_counter()
+        results[name] = reproduce(
+            a, tmp_path / f"out-{name}", [f"data_dir={generated.data_dir}"], match=True, echo=quiet
+        )
+        timings[name] = time.perf_counter() - started
+    print(f"\n--match: one session {timings['one']:.1f} s, 16 alternating sessions {timings['alternating']:.1f} s")
+    assert results["one"]["match"]["ran"] is True
+    refused = results["alternating"]["match"]
+    assert refused["ran"] is False and refused["summary"].startswith("A's sessions change settings 15 times")
+    assert not (tmp_path / "out-alternating" / "runs" / "b-matched").exists()
+    assert timings["alternating"] <= 2 * timings["one"] + 30, timings
+
+
 def test_counts_are_bounded_by_the_model(runs, tmp_path):
     """20,000 tensor names (a 1.3 MB receipt) are refused by the reader in one line, in well under a second
     (before: 7.2 GB and over 300 s in the divergence map)."""

@@ -14,6 +14,7 @@ from reprocube.config import DOTTED_NAME
 from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.env import refused_match_setting
 from reprocube.receipt import Receipt
+from reprocube.results.reproduce_result import TOO_MANY_SESSIONS
 
 # CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine. Not
 # MKL_CBWR=AVX2: checked against the AVX2 machine's own digests (tests/test_golden_digests.py), it forces
@@ -27,6 +28,10 @@ AVX2_CAPS = {
 }
 # Variables holding a list of flags: --match shows which of B's flags A's value drops and adds.
 FLAG_LISTS = ("XLA_FLAGS",)
+# The most processes --match starts to follow A's sessions (one per change of settings): its cost stays
+# bounded by A's own work whatever A's sessions look like (a receipt is someone else's file: 16 one-step
+# sessions alternating between two settings would otherwise start 16). Beyond it, --match is refused, named.
+MAX_MATCH_PROCESSES = 4
 
 
 def match_plan(a: Receipt, b: Receipt, causes: list[dict], emulator: bool = False) -> dict:
@@ -50,6 +55,20 @@ def match_plan(a: Receipt, b: Receipt, causes: list[dict], emulator: bool = Fals
         cannot += [c for c in plan["cannot"] if c not in cannot]
         not_applied += [r for r in plan["not_applied"] if r not in not_applied]
     segments = _merge_equal(segments)
+    if len(segments) > MAX_MATCH_PROCESSES:
+        refused = (
+            f"{TOO_MANY_SESSIONS} {len(segments) - 1} times: --match follows at most "
+            f"{MAX_MATCH_PROCESSES - 1} changes (one process each), so it emulated nothing"
+        )
+        return {
+            "settings": {},
+            "cpu": None,
+            "b_env": b.env,
+            "segments": None,
+            "cannot": cannot,
+            "not_applied": not_applied,
+            "refused": refused,
+        }
     followed = len({json.dumps([s["settings"], s["cpu"]], sort_keys=True) for s in segments}) > 1
     return {
         "settings": segments[0]["settings"],
@@ -132,6 +151,10 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
     """--match's result: `matched` is B retrained under plan["settings"] (None: nothing to emulate)."""
     cannot, not_applied = plan["cannot"], plan["not_applied"]
     if matched is None and not plan["segments"]:
+        if plan.get("refused"):
+            summary = plan["refused"] + (f" ({'; '.join(cannot)})" if cannot else "")
+        else:
+            summary = "nothing this machine can emulate differs from A" + (f" ({'; '.join(cannot)})" if cannot else "")
         return {
             "settings": {},
             "cpu": None,
@@ -141,8 +164,7 @@ def match_outcome(plan: dict, a: Receipt, matched: Receipt | None) -> dict:
             "recipe": None,
             "cannot": cannot,
             "not_applied": not_applied,
-            "summary": "nothing this machine can emulate differs from A"
-            + (f" ({'; '.join(cannot)})" if cannot else ""),
+            "summary": summary,
         }
     outcome = compare_receipts(a, matched)
     shown = settings_text(plan["settings"], plan.get("b_env"), plan.get("cpu"))

@@ -189,6 +189,8 @@ def what_to_do(result: dict) -> list[str]:
     if match["bit_identical"]:  # a recipe is shown only with the --match run that proved it (match_plan)
         why = match.get("recipe_refused") or "the result records none"
         return [f"{match['summary']}; no command to run is shown: {why}."]
+    if match["summary"].startswith(TOO_MANY_SESSIONS):  # --match refused to follow A: nothing was learnt
+        return [f"Nothing was emulated: {match['summary']}. Ask for a run of A without so many changes of settings."]
     others = [c for c in match["cannot"] if not c.startswith(NOT_INSTALLED)]
     if len(others) < len(match["cannot"]):  # QEMU would emulate A's CPU: this machine could give A's bits
         lines = [
@@ -237,6 +239,8 @@ def _recipe_command(command) -> dict:
 
 
 B_RUN = "runs/b"
+# How --match's summary begins where A's sessions change settings more often than it follows (match_plan).
+TOO_MANY_SESSIONS = "A's sessions change settings"
 B_MATCHED_RUN = "runs/b-matched"  # B retrained by --match under A's settings
 # The page reproduce draws beside reproduce.json (reprocube.pages.reproduction_page) and its figures
 REPORT_PAGE = "report.html"
