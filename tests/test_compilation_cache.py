@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -81,8 +86,10 @@ def test_a_cache_that_others_could_change_is_not_used(monkeypatch, capsys, tmp_p
     jax = _FakeJax()
     assert not compilation_cache.enable(jax)
     assert f"{shared} could be changed by another user" in capsys.readouterr().err
+    assert not any(shared.iterdir())  # nothing is made below a directory refused
     shared.chmod(0o755)
     directory = compilation_cache.cache_directory()
+    directory.mkdir(parents=True)
     directory.chmod(0o777)
     assert compilation_cache.enable(jax) and directory.stat().st_mode & 0o777 == 0o700
     assert jax.config.values["jax_persistent_cache_enable_xla_caches"] == "none"
@@ -110,3 +117,200 @@ def test_a_run_from_the_cache_is_bit_identical_to_a_compiled_one(generated, tmp_
     assert runs["cold"][0] == runs["warm"][0] == runs["off"][0] and len(runs["cold"][0]) == 2
     entries = [p for p in cache.rglob("*") if p.is_file()]
     assert entries and all(os.stat(p).st_uid == os.getuid() for p in entries)
+
+
+# --- another local user's ways to plant code in the cache (docs/configuration.md has the rule) ----------
+
+
+@pytest.fixture(scope="module")
+def other_user() -> int:
+    """A second local user (made for these tests, removed after): the uid that owns what is planted."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("making a second local user needs root and useradd")
+    name = f"rcube{os.getpid()}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def _mine(tmp_path: Path) -> Path:
+    """A directory of this user's, closed to others, that a link may point to."""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    return mine
+
+
+@pytest.mark.parametrize(
+    ("planting", "mode", "owner"),
+    [
+        ("group-writable", 0o775, "me"),
+        ("others-writable", 0o757, "me"),
+        ("another user's", 0o755, "other"),
+        ("another user's, sticky", 0o1777, "other"),
+    ],
+)
+def test_a_link_in_a_directory_another_user_could_change_is_not_followed(
+    monkeypatch, capsys, tmp_path, other_user, planting, mode, owner
+):
+    """The link itself is ours and points to a directory of ours, but the directory holding it could be
+    changed by another user: they could replace the link. Only the link's target used to be checked."""
+    mine = _mine(tmp_path)
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    (holder / "cache").symlink_to(mine)
+    holder.chmod(mode)
+    if owner == "other":
+        os.chown(holder, other_user, other_user)
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(holder / "cache"))
+    jax = _FakeJax()
+    assert not compilation_cache.enable(jax), planting
+    assert jax.config.values == {"jax_compilation_cache_dir": None}
+    [line] = capsys.readouterr().err.splitlines()
+    reason = "could be changed by another user" if owner == "me" else f"belongs to another user (uid {other_user})"
+    assert line.startswith(f"reprocube: JAX compilation cache off: {holder} ") and reason in line
+    assert not any(mine.iterdir())  # nothing made through it
+
+
+def test_a_link_owned_by_another_user_is_not_followed(monkeypatch, capsys, tmp_path, other_user):
+    """Whoever owns a link can point it elsewhere: it used to pass when its target was ours."""
+    mine = _mine(tmp_path)
+    link = tmp_path / "cache"
+    link.symlink_to(mine)
+    os.lchown(link, other_user, other_user)
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(link))
+    jax = _FakeJax()
+    assert not compilation_cache.enable(jax)
+    assert jax.config.values == {"jax_compilation_cache_dir": None}
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"reprocube: JAX compilation cache off: {link} belongs to another user (uid {other_user}), who could change it\n"
+    )
+    assert not any(mine.iterdir())
+
+
+def test_a_directory_of_another_user_above_the_cache_is_refused(monkeypatch, capsys, tmp_path, other_user):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, other_user, other_user)
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(theirs / "cache"))
+    assert not compilation_cache.enable(_FakeJax())
+    assert f"{theirs} belongs to another user (uid {other_user})" in capsys.readouterr().err
+    assert not any(theirs.iterdir())
+
+
+def test_links_of_this_user_in_a_sticky_directory_are_followed_and_jax_gets_the_resolved_path(monkeypatch, tmp_path):
+    """A sticky directory of root's that anyone may write (/tmp) may hold the path (its entries are
+    renamed or removed by their owners only), and a link of ours there is followed. JAX gets the
+    resolved path: swapping the link afterwards (only we could) does not move JAX's cache."""
+    mine = _mine(tmp_path)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    link = sticky / "cache"
+    link.symlink_to(Path("..") / "mine")  # relative links resolve from the link's own directory
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(link))
+    jax = _FakeJax()
+    assert compilation_cache.enable(jax)
+    given = jax.config.values["jax_compilation_cache_dir"]
+    checked = mine / compilation_cache.cache_directory().name
+    assert given == str(checked) == os.path.realpath(given) and checked.is_dir()
+    planted = tmp_path / "planted"
+    (planted / checked.name).mkdir(parents=True)
+    link.unlink()
+    link.symlink_to(planted)
+    assert os.path.samefile(given, checked)  # the swap did not move what JAX was given
+    # A sticky directory may be the cache's parent only: the cache's own directory is this user's, 0700.
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(sticky))
+    assert compilation_cache.enable(jax) and (sticky / checked.name).stat().st_mode & 0o7777 == 0o700
+
+
+def test_a_cache_directory_another_user_made_open_is_refused(monkeypatch, capsys, tmp_path, other_user):
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path))
+    directory = compilation_cache.cache_directory()
+    directory.mkdir()
+    directory.chmod(0o1777)
+    os.chown(directory, other_user, other_user)
+    assert not compilation_cache.enable(_FakeJax())
+    assert f"{directory} is not a directory of this user's alone" in capsys.readouterr().err
+
+
+def test_a_directory_swapped_while_jax_opens_it_is_not_used(monkeypatch, capsys, tmp_path):
+    """The path is checked again after JAX opened its cache: a directory replaced between the check and
+    JAX's open (here by the test, between them) turns the cache off, and what JAX opened is set aside."""
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path / "cache"))
+    directory = compilation_cache.cache_directory()
+    opened = []
+
+    class _Internals:
+        def reset_cache(self):
+            opened.append("reset")
+
+        def _initialize_cache(self):
+            directory.rename(tmp_path / "checked")
+            directory.mkdir(mode=0o700)  # another directory at the checked path
+            opened.append("open")
+
+    jax = _FakeJax()
+    jax._src = type("_Src", (), {"compilation_cache": _Internals()})()
+    assert not compilation_cache.enable(jax)
+    assert opened == ["reset", "open", "reset"]
+    assert jax.config.values["jax_compilation_cache_dir"] is None
+    assert capsys.readouterr().err == (
+        f"reprocube: JAX compilation cache off: {directory} changed between its check and JAX opening it\n"
+    )
+
+
+_COMPILE_AFTER_A_SWAP = """
+    import sys
+    import jax
+    from reprocube import compilation_cache
+    print(compilation_cache.enable(jax), flush=True)
+    sys.stdin.readline()  # the link is swapped meanwhile
+    jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(4.0)).block_until_ready()
+"""
+
+
+@pytest.mark.parametrize("link_owner", ["me", "other"])
+def test_jax_never_writes_where_a_swapped_link_points(tmp_path, other_user, link_owner):
+    """The attack of issue 55 with JAX itself: a link to a directory of ours passes the check, then is
+    pointed at another user's directory before JAX compiles. JAX used to write its executables there (and
+    load the ones planted there). Another user's link is refused; ours is resolved before JAX gets it."""
+    mine = _mine(tmp_path)
+    link = tmp_path / "cache"
+    link.symlink_to(mine)
+    if link_owner == "other":
+        os.lchown(link, other_user, other_user)
+    name = compilation_cache.cache_directory().name  # the CPU's: the same in the child
+    theirs = tmp_path / "theirs"
+    (theirs / name).mkdir(parents=True, mode=0o700)  # planted, with the name the cache would have
+    for directory in (theirs, theirs / name):
+        os.chown(directory, other_user, other_user)
+    env = {**os.environ, compilation_cache.VARIABLE: str(link), "JAX_PLATFORMS": "cpu"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_COMPILE_AFTER_A_SWAP)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        enabled = process.stdout.readline().strip()
+        link.unlink()
+        link.symlink_to(theirs)
+        if link_owner == "other":
+            os.lchown(link, other_user, other_user)
+        _, err = process.communicate("go\n", timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert not any((theirs / name).iterdir())  # nothing written where the swapped link points
+    if link_owner == "other":
+        assert enabled == "False"
+        assert f"JAX compilation cache off: {link} belongs to another user (uid {other_user})" in err
+        assert not any(mine.iterdir())
+    else:
+        assert enabled == "True" and any((mine / name).iterdir())  # JAX kept to the directory checked

@@ -11,6 +11,7 @@ uncached one. verify's fresh checks set `off`: they must compile anew."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -46,48 +47,193 @@ MAX_BYTES = 1 << 30  # JAX evicts the least recently used entries beyond this (a
 
 def enable(jax) -> bool:
     """Point JAX at the cache (before its first compilation); False where it stays off. JAX loads and runs
-    executables from that directory, so it is used only where no one else could have written them: the
-    directory this user's with mode 0700, and every directory above it (links included) owned by this
-    user or root and not writable by others unless sticky (/tmp), as ssh's StrictModes asks of ~/.ssh."""
+    executables from that directory, so it is used only where no one else could have written them or
+    could redirect the path to a directory of theirs (`_opened` has the rule). JAX is given the resolved
+    path that was checked, never a link; it opens its cache here, and the path is checked once more after
+    that: the directory JAX opened is the one that was checked."""
     directory = cache_directory()
     if directory is None:
         return _off(jax)
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = directory.lstat()
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and info.st_mode & 0o077:
-            directory.chmod(0o700)  # ours, made by an older reprocube or by hand: closed
-            info = directory.lstat()
-    except OSError as error:
-        return _off(jax, f"cannot create {directory}: {error.strerror}")
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return _off(jax, f"{directory} is not a directory of this user's alone (a link, another owner, or open)")
-    unsafe = _unsafe_parent(directory)
-    if unsafe:
-        return _off(jax, f"{unsafe} could be changed by another user")
-    jax.config.update("jax_compilation_cache_dir", str(directory))
+        base, base_fd = _opened(directory.parent, create=True)
+        try:
+            checked = _own_directory(base_fd, base / directory.name, create=True)
+        finally:
+            os.close(base_fd)
+    except _Refused as refusal:
+        return _off(jax, str(refusal))
+    resolved = base / directory.name
+    jax.config.update("jax_compilation_cache_dir", str(resolved))
     # Every step, however fast it compiled: the small steps of short runs are the start-up we save.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     # JAX's executables only: XLA's own GPU autotuning results are not kept here.
     jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
-    return bool(jax.config.jax_enable_compilation_cache)  # JAX_ENABLE_COMPILATION_CACHE=false: off after all
+    if not jax.config.jax_enable_compilation_cache:  # JAX_ENABLE_COMPILATION_CACHE=false: off after all
+        return False
+    try:
+        _open_jax_cache(jax)
+        base, base_fd = _opened(resolved.parent, create=False)
+        try:
+            again = _own_directory(base_fd, resolved, create=False)
+        finally:
+            os.close(base_fd)
+    except _Refused as refusal:
+        return _off(jax, f"{refusal} (after JAX opened it)")
+    except (OSError, RuntimeError) as error:  # JAX's own: its directory or lock file, filelock missing
+        return _off(jax, f"JAX could not open {resolved}: {error}")
+    if base != resolved.parent or again != checked:
+        return _off(jax, f"{resolved} changed between its check and JAX opening it")
+    return True
 
 
-def _unsafe_parent(directory: Path) -> Path | None:
-    """The first directory above `directory` (following links) that another user could change, or None."""
-    path = Path(os.path.realpath(directory.parent))
-    for parent in [path, *path.parents]:
-        info = parent.stat()
-        others_write = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
-        if info.st_uid not in (0, os.getuid()) or others_write:
-            return parent
-    return None
+class _Refused(Exception):
+    """Why the cache is not used (one line)."""
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_LINKS = 40  # followed in one path, as the kernel's own limit
+
+
+def _opened(path: Path, create: bool) -> tuple[Path, int]:
+    """`path` opened one component at a time from /, each through a descriptor of the directory above it
+    and checked before it is used, links followed here rather than by the kernel; missing directories
+    made (0755 less the umask) when `create`. Returns the resolved path and a descriptor of it (the
+    caller closes it), or raises _Refused.
+
+    The rule, each component (links included) in the order the walk meets it:
+    - it belongs to this user or root (a link's owner too: the owner of a link can point it elsewhere);
+    - a directory is writable by no one else (group or others), except a sticky one (/tmp): there another
+      user may add entries but not rename or remove this user's or root's, so it may hold the path's next
+      component, and the next component is under the same rule. Only a directory above the cache can be
+      such: the cache's own directory must be this user's, mode 0700 (`_own_directory`).
+    Once a directory passes, no one but this user and root can change what its next component names, so
+    the checked path cannot be redirected by another user afterwards (ACLs and other users' root are not
+    considered)."""
+    me = os.geteuid()
+    root = os.open("/", _DIRECTORY)
+    stack: list[tuple[str, int]] = [("/", root)]
+    try:
+        _check_directory(Path("/"), os.fstat(root), me)
+        pending = list(reversed(path.parts[1:]))  # a stack: the next component last
+        links = 0
+        while pending:
+            name = pending.pop()
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop()[1])
+                continue
+            if name in ("", "."):
+                continue
+            here = Path("/", *(n for n, _ in stack[1:]), name)
+            parent = stack[-1][1]
+            info = _lstat(name, parent, here, create)
+            if info.st_uid not in (0, me):
+                raise _Refused(f"{here} belongs to another user (uid {info.st_uid}), who could change it")
+            if stat.S_ISLNK(info.st_mode):
+                links += 1
+                if links > MAX_LINKS:
+                    raise _Refused(f"{here}: more than {MAX_LINKS} links")
+                try:
+                    target = Path(os.readlink(name, dir_fd=parent))
+                except OSError as error:
+                    raise _Refused(f"cannot read the link {here}: {error.strerror}") from None
+                if target.is_absolute():
+                    while len(stack) > 1:
+                        os.close(stack.pop()[1])
+                pending.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                raise _Refused(f"{here} is not a directory")
+            try:
+                fd = os.open(name, _DIRECTORY, dir_fd=parent)  # O_NOFOLLOW: never a link put there since
+            except OSError as error:
+                raise _Refused(f"cannot open {here}: {error.strerror}") from None
+            stack.append((name, fd))
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                raise _Refused(f"{here} changed while it was checked")
+            _check_directory(here, opened, me)
+        resolved = Path("/", *(n for n, _ in stack[1:]))
+        fd = stack.pop()[1]
+        return resolved, fd
+    finally:
+        for _, fd in stack:
+            os.close(fd)
+
+
+def _lstat(name: str, parent: int, here: Path, create: bool) -> os.stat_result:
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        if not create:
+            raise _Refused(f"{here} does not exist") from None
+    except OSError as error:
+        raise _Refused(f"cannot read {here}: {error.strerror}") from None
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:
+        pass  # made meanwhile: checked as any other
+    except OSError as error:
+        raise _Refused(f"cannot create {here}: {error.strerror}") from None
+    return _lstat(name, parent, here, create=False)
+
+
+def _check_directory(here: Path, info: os.stat_result, me: int) -> None:
+    if info.st_uid not in (0, me):
+        raise _Refused(f"{here} belongs to another user (uid {info.st_uid}), who could change it")
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise _Refused(f"{here} could be changed by another user (writable by its group or others, not sticky)")
+
+
+def _own_directory(parent: int, path: Path, create: bool) -> tuple[int, int]:
+    """The cache's own directory, `path` in the directory open as `parent`: a directory (not a link) of
+    this user's, mode 0700 (one of ours left open is closed). Returns its device and inode."""
+    name, me = path.name, os.geteuid()
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise _Refused(f"cannot create {path}: {error.strerror}") from None
+    alone = f"{path} is not a directory of this user's alone (a link, another owner, or open)"
+    try:
+        fd = os.open(name, _DIRECTORY, dir_fd=parent)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Refused(alone) from None
+        raise _Refused(f"cannot open {path}: {error.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != me:
+            raise _Refused(alone)
+        if info.st_mode & 0o077:
+            if not create:
+                raise _Refused(alone)
+            os.fchmod(fd, 0o700)  # ours, made by an older reprocube or by hand: closed
+        return info.st_dev, info.st_ino
+    finally:
+        os.close(fd)
+
+
+def _open_jax_cache(jax) -> None:
+    """JAX opens its cache at its first compilation; here it opens it now (at the path just set, a cache
+    opened before set aside), so the check that follows is of what JAX opened. A JAX without these
+    functions opens it later, at a path no other user can redirect (the rule of `_opened`)."""
+    internals = getattr(getattr(jax, "_src", None), "compilation_cache", None)
+    reset, initialize = getattr(internals, "reset_cache", None), getattr(internals, "_initialize_cache", None)
+    if reset is not None and initialize is not None:
+        reset()
+        initialize()
 
 
 def _off(jax, reason: str | None = None) -> bool:
     jax.config.update("jax_compilation_cache_dir", None)  # also JAX's own JAX_COMPILATION_CACHE_DIR
+    reset = getattr(getattr(getattr(jax, "_src", None), "compilation_cache", None), "reset_cache", None)
+    if reset is not None:
+        reset()  # a cache JAX opened (at the directory refused after it opened it) is not used either
     if reason:
         print(f"reprocube: JAX compilation cache off: {reason}", file=sys.stderr)
     return False
