@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences, not_a_cause
 from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
 from reprocube.checkpoint import Checkpoint, epoch_name, run_fields, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
@@ -21,6 +20,7 @@ from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.env import collect_env, threads_warning, usable_cpus
+from reprocube.env_comparison import NUMERIC_SETTINGS, env_differences, not_a_cause
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError, TrainingError
 from reprocube.metrics import MetricsHistory
 from reprocube.preemption import StopRequest

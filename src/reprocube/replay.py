@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from reprocube.analysis.first_differing_operation import OPS_VERSION
 from reprocube.backend import FRAMEWORKS, STEPS_PER_CALL, create_backend
 from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
 from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
@@ -32,6 +31,7 @@ from reprocube.data.store import load_dataset
 from reprocube.env import ENV_PREFIXES, ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.metrics import MetricsHistory
+from reprocube.ops_format import OPS_VERSION
 from reprocube.rng import seed_host_rng
 from reprocube.state import FrameworkState, Position, TrainState
 from reprocube.steps import StepWalk

@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
+from reprocube.ops_format import OPS_VERSION, STEP_INPUT
 from reprocube.untrusted import Fields, read_json
 
-OPS_VERSION = 1
 MAX_OPS_BYTES = 64 << 20
 MAX_OPS = 1_000_000
 MAX_TENSORS_PER_OP = 10_000
@@ -49,7 +49,6 @@ OP_KEYS = ("index", "op", "where", "params", "inputs", "outputs")
 # (convolutions, matrix products): recording every intermediate changes how the step is fused (XLA, oneDNN's graph
 # rewrites).
 KERNELS_ONLY = ("jax", "tensorflow")
-STEP_INPUT = "reprocube.step_input"
 RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "exponential", "multinomial", "dropout", "random")
 
 

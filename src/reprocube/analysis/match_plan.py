@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import re
 
-from reprocube.analysis.environment import NOT_NUMERIC
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
 from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.env import refused_match_setting
+from reprocube.env_comparison import NOT_NUMERIC
 from reprocube.receipt import Receipt
 from reprocube.results.reproduce_result import TOO_MANY_SESSIONS
 

@@ -19,9 +19,9 @@ from reprocube.analysis.claims import (
     WEIGHT_KINDS,
     account,
 )
-from reprocube.analysis.environment import NUMERIC_SETTINGS, env_differences
 from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import config_differences
+from reprocube.env_comparison import NUMERIC_SETTINGS, env_differences
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 from reprocube.receipt import Receipt
 from reprocube.results.wording import first_update_text, tensor_list

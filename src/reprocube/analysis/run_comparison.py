@@ -7,10 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from reprocube.analysis.environment import env_differences
 from reprocube.analysis.tensors import tensor_differences
 from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
 from reprocube.config import config_differences
+from reprocube.env_comparison import env_differences
 from reprocube.errors import CheckpointError
 from reprocube.files import sha256_file
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records

@@ -26,9 +26,9 @@ from flax import traverse_util
 from jax.extend import core as jax_core
 
 from reprocube import compilation_cache
-from reprocube.analysis.first_differing_operation import STEP_INPUT
 from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
+from reprocube.ops_format import STEP_INPUT
 from reprocube.state import EpochTotals, FrameworkState
 from reprocube.trace import tensor_digest, text_digest
 

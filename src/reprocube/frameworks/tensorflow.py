@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reprocube.analysis.first_differing_operation import STEP_INPUT
 from reprocube.backend import STEPS_PER_CALL, check_arrays
 from reprocube.data.store import ALIGNMENT
 from reprocube.errors import ConfigError
+from reprocube.ops_format import STEP_INPUT
 from reprocube.state import EpochTotals, FrameworkState
 from reprocube.tensorflow_import import keras, tf  # TensorFlow's environment set, its start-up quiet
 from reprocube.trace import tensor_digest, text_digest

@@ -18,10 +18,10 @@ import signal
 import time
 from pathlib import Path
 
-from reprocube.analysis.environment import env_differences
 from reprocube.analysis.match_plan import session_settings, settings_text
 from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
 from reprocube.env import collect_env
+from reprocube.env_comparison import env_differences
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty
 from reprocube.orchestration.check_runs import Run, execute, failure_line
@@ -194,7 +194,7 @@ def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
 
 def _causes(result: dict, receipt: ScriptReceipt) -> list[dict]:
     """What differs between A and B besides the bits, the likeliest first: the command, the inputs (the
-    source), then the environment (reprocube.analysis.environment's order)."""
+    source), then the environment (reprocube.env_comparison's order)."""
     causes = []
     if not result["command"]["same"]:
         causes.append({"key": "command", "a": " ".join(receipt.command), "b": " ".join(result["command"]["b"])})
