@@ -82,6 +82,10 @@ def test_a_script_that_forgets_its_generator_differs_and_the_tensor_is_named(tmp
     assert text.index("Next: Compare what the checkpoint holds") < dom.index("<img")
     assert "64 of 64 updates compared" in text and "the first that differs is step 17, after stop 1" in text
     assert "tensor w: max abs" in text
+    # What each stop proved, as check.json's stop_evidence says it.
+    assert "Each stop" in text and text.index("Each stop") < dom.index("<img")
+    for evidence in result["stop_evidence"]:
+        assert evidence["how"] in text
 
 
 def test_report_of_a_check_refuses_a_malformed_check_json_in_one_line(tmp_path):
@@ -95,6 +99,7 @@ def test_report_of_a_check_refuses_a_malformed_check_json_in_one_line(tmp_path):
         ({"verdict": "fine"}, "verdict must be one of"),
         ({"runs": [{"name": "/etc/passwd", "attempts": []}]}, "name must be one of"),
         ({"probe": {"resume": {"attempts": 3}}}, "attempts must be a list"),
+        ({"stop_evidence": [{"stop": 1, "landed": "yes", "effective": True, "how": "x"}]}, "landed must be"),
     ):
         (tmp_path / "out" / "check.json").write_text(json.dumps({**result, **change}))
         proc = reprocube("report", "out", "--out", "bad", cwd=tmp_path, check=False)

@@ -104,6 +104,15 @@ def write_check_page(out: Path, evidence: dict) -> Path:
     ]
     if check["not_checked"]:
         parts.append("<h2>Not checked</h2><ul>" + "".join(f"<li>{esc(t)}</li>" for t in check["not_checked"]) + "</ul>")
+    if check["stop_evidence"]:  # what each stop proved: the verdict stands on these
+        parts.append(
+            "<h2>Each stop</h2><table><tr><th>stop</th><th>landed</th><th>effective</th><th>how told</th></tr>"
+        )
+        for e in check["stop_evidence"]:
+            landed = "<td class='ok'>yes</td>" if e["landed"] else "<td class='warn'>no</td>"
+            effective = "<td class='ok'>yes</td>" if e["effective"] else "<td class='bad'>proved nothing</td>"
+            parts.append(f"<tr><td class='num'>{e['stop']}</td>{landed}{effective}<td>{esc(e['how'])}</td></tr>")
+        parts.append("</table>")
     for name, figure in figures.items():
         parts += ["<h2>Every update's loss</h2>", img(name, figure), _caption(check["probe"])]
     parts.append("<h2>The stopped run's outputs against the uninterrupted run's</h2>")

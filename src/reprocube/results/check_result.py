@@ -113,6 +113,15 @@ def read_check_page(path: Path) -> dict:
         for f in (resume.records("files") if resume else [])
     ]
     page["probe"] = _read_probe(fields.nullable("probe", fields.mapping))
+    page["stop_evidence"] = [
+        {
+            "stop": e.integer("stop", 1, 10_000),
+            "landed": e.boolean("landed"),
+            "effective": e.boolean("effective"),
+            "how": e.text("how"),
+        }
+        for e in (fields.records("stop_evidence") if fields.has("stop_evidence") else [])
+    ]
     return page
 
 
