@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.errors import CheckpointError
+from reprocube.errors import CheckpointError, ConfigError
 from reprocube.results.script_reproduce_result import read_script_reproduce
 from reprocube.script_receipt import _self_digest, read_script_receipt
 from reprocube.signing import generate_key
@@ -114,7 +114,10 @@ def test_a_damaged_receipt_or_trace_is_one_line_and_exit_4(numpy_receipt, tmp_pa
         "edited": ({**value, "command": ["python", "other.py"]}, "was modified"),
         "unknown key": ({**value, "extra": 1}, "'extra' is not a key of a script receipt"),
         "path outside": ({**value, "outputs": {"../x": "0" * 64}}, "is not a path inside a work directory"),
-        "seed": ({**value, "seed": {"variable": "LD_PRELOAD=x", "value": "0"}}, "seed must name a variable"),
+        "seed": (
+            {**value, "seed": {"variable": "LD_PRELOAD=x", "value": "0"}},
+            "seed.variable 'LD_PRELOAD=x' is not a variable name",
+        ),
     }
     for name, (changed, message) in cases.items():
         damaged = tmp_path / name.replace(" ", "-")
@@ -325,3 +328,93 @@ def test_a_large_file_or_a_proc_path_in_the_command_is_not_hashed(tmp_path, monk
     monkeypatch.setattr(script_receipt, "MAX_SOURCE_BYTES", 512)
     digests = script_receipt.command_file_digests(["python", str(source), str(data), "/proc/self/pagemap"])
     assert list(digests) == [1]  # only the script, by its position in argv
+
+
+# --- the seed variable: a name only the script reads (script_receipt.refused_seed_variable) ---
+READ_BY_OTHERS = (
+    "PYTHONINSPECT",  # the advice "run as PYTHONINSPECT=1 ..." left the next Python at a prompt
+    "PYTHONSTARTUP",
+    "pythonpath",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "GLIBC_TUNABLES",
+    "MALLOC_PERTURB_",
+    "BASH_ENV",
+    "ENV",
+    "PATH",
+    "HOME",
+    "IFS",
+    "PS4",
+    "SHELLOPTS",
+    "TMPDIR",
+    "LANG",
+    "LC_ALL",
+    "OMP_NUM_THREADS",
+    "MKL_CBWR",
+    "REPROCUBE_JAX_CACHE",
+)
+
+
+def test_the_seed_variable_rule():
+    from reprocube.script_receipt import refused_seed_variable
+
+    for name in ("SEED", "RANDOM_SEED", "seed_2", "_S"):
+        assert refused_seed_variable(name) is None, name
+    for name in READ_BY_OTHERS:
+        assert "reads it" in refused_seed_variable(name), name
+    for name in ("1SEED", "A=B", "A B", "S" * 65, ""):
+        assert refused_seed_variable(name).startswith("is not a variable name"), name
+
+
+def _seeded_receipt(where: Path, variable: str) -> Path:
+    """A script receipt whose seed variable is `variable`, as a forger writes it (self-digest recomputed)."""
+    from reprocube.script_receipt import write_script_receipt
+
+    path = write_script_receipt(where, TINY_COMMAND, {}, [], {}, None, 1.0, {}, {"variable": "SEED", "value": "1"})
+    value = json.loads(path.read_text())
+    value["seed"]["variable"] = variable
+    value["receipt_sha256"] = _self_digest(value)
+    path.write_text(json.dumps(value))
+    return where
+
+
+@pytest.mark.parametrize("variable", READ_BY_OTHERS)
+def test_a_receipt_whose_seed_variable_others_read_is_refused_when_read(tmp_path, variable):
+    receipt = _seeded_receipt(tmp_path / "forged", variable)
+    with pytest.raises(CheckpointError) as exc:
+        read_script_receipt(receipt)
+    message = str(exc.value)
+    assert message.startswith(f"{receipt / 'receipt.json'}: seed.variable {variable!r} is refused: ")
+    assert "reads it" in message and "\n" not in message
+
+
+def test_reproduce_and_check_refuse_such_a_seed_variable_before_anything_runs(tmp_path):
+    receipt = _seeded_receipt(tmp_path / "forged", "PYTHONINSPECT")
+    proc, _ = reproduce(tmp_path, receipt, out="rep", command=[sys.executable, "-c", "open('ran', 'w')"])
+    [line] = error_lines(proc)
+    assert proc.returncode == 4 and "seed.variable 'PYTHONINSPECT' is refused: the Python interpreter" in line
+    assert "run as PYTHONINSPECT" not in proc.stdout and not (tmp_path / "rep").exists()
+    for variable in ("PYTHONINSPECT", "LD_PRELOAD", "HOME"):
+        proc = reprocube(
+            "check",
+            "--out",
+            "chk",
+            "--output",
+            "x",
+            "--seed-env",
+            variable,
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+            cwd=tmp_path,
+            check=False,
+        )
+        [line] = error_lines(proc)
+        assert proc.returncode == 2 and f"--seed-env '{variable}' is refused: " in line, proc.stderr
+    assert not (tmp_path / "chk").exists() and not (tmp_path / "ran").exists()
+    from reprocube.script_receipt import write_script_receipt
+
+    with pytest.raises(ConfigError, match="seed variable 'BASH_ENV' is refused: a shell reads it"):
+        write_script_receipt(tmp_path / "w", ["x"], {}, [], {}, None, 1.0, {}, {"variable": "BASH_ENV", "value": "1"})
+    assert not (tmp_path / "w").exists()

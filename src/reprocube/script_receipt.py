@@ -20,6 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprocube.env import MATCHABLE_ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import names_regular_file, sha256_file, write_file_atomic
 from reprocube.terminal import one_line
@@ -48,8 +49,56 @@ KEYS = (
 )
 POSITION = re.compile(r"^[0-9]{1,9}\Z")
 MAX_SECONDS = 10**7  # 116 days: a B that hangs is still ended by its watchdog (10x this)
-SEED_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 SEED_VALUE = re.compile(r"^[0-9]{1,20}\Z")
+
+# The seed variable (`check --seed-env VAR`, a script receipt's seed.variable): check sets it for its runs
+# and `reproduce` advises "run as VAR=VALUE reprocube reproduce ...", so it must be a name that only the
+# script reads. The rule, here only (check's option and the receipt reader both ask refused_seed_variable):
+# letters, digits and _, not starting with a digit, at most 64; and no name, in any case, that one of these
+# readers takes from the environment (its value is digits, but PYTHONSTARTUP=0 runs ./0, LD_PRELOAD=0
+# loads it, BASH_ENV=0 sources it, PYTHONINSPECT=1 leaves the next Python at a prompt, OMP_NUM_THREADS=1
+# changes the numbers, HOME=0 or TMPDIR=0 moves where programs write).
+SEED_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+SEED_VARIABLE_READERS = {
+    "the Python interpreter": (("PYTHON",), ()),
+    "the dynamic loader or the C library": (
+        ("LD_", "GLIBC_", "MALLOC_", "LC_"),
+        ("GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LANG", "LANGUAGE", "LOCALDOMAIN", "LOCPATH", "NIS_PATH")
+        + ("NLSPATH", "RES_OPTIONS", "RESOLV_HOST_CONF", "TMPDIR", "TZ", "TZDIR"),
+    ),
+    "a shell": (
+        ("BASH_", "BASHOPTS"),
+        ("CDPATH", "ENV", "GLOBIGNORE", "HISTFILE", "HOME", "IFS", "LOGNAME", "MAIL", "MAILPATH", "OLDPWD", "PATH")
+        + ("POSIXLY_CORRECT", "PROMPT_COMMAND", "PS1", "PS2", "PS3", "PS4", "PWD", "SHELL", "SHELLOPTS", "TEMP")
+        + ("TERM", "TMP", "USER"),
+    ),
+    "a numeric or machine-learning library": (
+        ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GOTO_", "BLIS_", "VECLIB_", "NUMEXPR_", "ONEDNN_", "DNNL_")
+        + ("ATEN_", "TORCH", "PYTORCH_", "TF_", "XLA_", "JAX_", "CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_")
+        + ("NUMBA_", "HF_", "KERAS_", "TPU_", "ROCM_", "HIP_", "HSA_"),
+        tuple(MATCHABLE_ENV_VARS),
+    ),
+    "another interpreter or tool": (
+        ("PERL5", "PERLLIB", "PERL_", "RUBYOPT", "RUBYLIB", "RUBY_", "NODE_", "JAVA_", "_JAVA_", "JDK_", "GIT_")
+        + ("SSH_", "PIP_", "CONDA_", "UV_", "XDG_"),
+        ("ALL_PROXY", "BROWSER", "CLASSPATH", "CURL_CA_BUNDLE", "DISPLAY", "EDITOR", "FTP_PROXY", "HTTP_PROXY")
+        + ("HTTPS_PROXY", "NO_PROXY", "PAGER", "REQUESTS_CA_BUNDLE", "SSL_CERT_DIR", "SSL_CERT_FILE", "VISUAL")
+        + ("VIRTUAL_ENV",),
+    ),
+    "reprocube": (("REPROCUBE_",), ()),
+}
+
+
+def refused_seed_variable(name: str) -> str | None:
+    """Why `name` cannot be a seed variable (the rule above), in words that follow the name ("is ..."); None
+    where it can."""
+    if not SEED_VARIABLE.match(name):
+        return "is not a variable name (letters, digits and _, not starting with a digit, at most 64)"
+    upper = name.upper()
+    for reader, (prefixes, names) in SEED_VARIABLE_READERS.items():
+        if upper in names or upper.startswith(prefixes):
+            return f"is refused: {reader} reads it (a seed variable must be one only the script reads)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -221,7 +270,11 @@ def write_script_receipt(
     env: dict,
     seed: dict | None,
 ) -> Path:
-    """receipt.json (and trace.jsonl, copied) into `directory`, which must be new."""
+    """receipt.json (and trace.jsonl, copied) into `directory`, which must be new. A seed variable is held
+    to the rule its reader applies (refused_seed_variable), before anything is written."""
+    refused = refused_seed_variable(seed["variable"]) if seed is not None else None
+    if refused:
+        raise ConfigError(f"seed variable {one_line(seed['variable'])[:64]!r} {refused}")
     directory.mkdir(parents=True)
     trace_sha = None
     if trace is not None and trace.is_file() and not trace.is_symlink():
@@ -259,8 +312,15 @@ def read_script_receipt(path: Path) -> ScriptReceipt:
     its sha256 is checked against this receipt's."""
     path = Path(path)
     target = path / RECEIPT if path.is_dir() else path
+    return parse_script_receipt(read_bytes(target, MAX_RECEIPT_BYTES, CheckpointError), target)
+
+
+def parse_script_receipt(raw: bytes, target: Path) -> ScriptReceipt:
+    """A script receipt from the bytes already read from `target` (read_script_receipt's checks, on exactly
+    these bytes)."""
     where = str(target)
-    raw = read_bytes(target, MAX_RECEIPT_BYTES, CheckpointError)
+    if len(raw) > MAX_RECEIPT_BYTES:
+        raise CheckpointError(f"{where} is {len(raw)} bytes, more than the {MAX_RECEIPT_BYTES} allowed")
     value = parse_json(raw, where, CheckpointError)
     if not isinstance(value, dict):
         raise CheckpointError(f"{where}: not a JSON object")
@@ -297,8 +357,12 @@ def read_script_receipt(path: Path) -> ScriptReceipt:
     if seed is not None:
         if sorted(seed.value) != ["value", "variable"]:
             raise CheckpointError(f"{where}: seed must hold variable and value")
-        if not SEED_VARIABLE.match(seed.text("variable")) or not SEED_VALUE.match(seed.text("value")):
-            raise CheckpointError(f"{where}: seed must name a variable (letters, digits, _) and a value (digits)")
+        variable = seed.text("variable")
+        refused = refused_seed_variable(variable)
+        if refused:
+            raise CheckpointError(f"{where}: seed.variable {one_line(variable)[:64]!r} {refused}")
+        if not SEED_VALUE.match(seed.text("value")):
+            raise CheckpointError(f"{where}: seed.value must be digits (1 to 20)")
     return ScriptReceipt(
         directory=target.parent,
         command=command,

@@ -31,7 +31,7 @@ from reprocube.orchestration.file_activity import FileActivity
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import write_check
-from reprocube.script_receipt import input_digests, output_digests, write_script_receipt
+from reprocube.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.terminal import counted, one_line
 
 SUSPECTS = (
@@ -464,8 +464,9 @@ def _check_arguments(
     # Before anything runs: a link, a tree too deep, one holding --out (the default one too).
     default = Path(f"check-{safe_name(Path(command[-1]).stem or 'command')}")  # as _workspace names it
     check_copies(copies, out if out is not None else default)
-    if seed_env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", seed_env):
-        raise ConfigError(f"--seed-env {seed_env[:40]!r} is not a variable name (letters, digits, _)")
+    refused = refused_seed_variable(seed_env) if seed_env is not None else None
+    if refused:
+        raise ConfigError(f"--seed-env {one_line(seed_env)[:64]!r} {refused}")
     if stop_seed is not None and not 0 <= stop_seed < 2**63:
         raise ConfigError(f"--stop-seed must be from 0 to 2**63-1, got {str(stop_seed)[:30]}")
     if at_line is not None:
