@@ -6,9 +6,11 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
@@ -16,7 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from reprocube import signing
 from reprocube.cli import main
 from reprocube.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK, ConfigError, SignatureError
+from reprocube.receipt import self_digest
+from reprocube.script_receipt import write_script_receipt
 from reprocube.signing import SIGNATURE_FILE, generate_key, sign_receipt, verify_receipt_signature
+
+from helpers import reprocube, rewrite_checkpoint_file
 
 RECEIPT = b'{"format": "reprocube-receipt", "seed": 1, "digest": "abc"}\n'
 
@@ -285,35 +291,85 @@ def test_sign_reads_the_receipt_as_untrusted(tmp_path, run_dir, keys):
         sign_receipt(run_dir / "receipt.json", keys[0])
 
 
-# The command line, end to end.
+# The command line, end to end, on a real run.
+
+REFERENCE = Path(__file__).parent / "receipts" / "avx512" / "pytorch" / "receipt.json"  # another run's, signed
 
 
-def test_cli_signs_a_run_and_writes_only_receipt_sig(run_dir, keys, capsys):
-    before = tree_digest(run_dir)
-    assert main(["sign", str(run_dir), "--key", str(keys[0])]) == EXIT_OK
-    after = tree_digest(run_dir)
+@pytest.fixture(scope="module")
+def trained(generated, tmp_path_factory) -> tuple[Path, bytes]:
+    """A real PyTorch run of two epochs (checkpoints epoch-0001 and epoch-0002), and the receipt it held
+    after its first epoch (an older receipt of the same run)."""
+    cwd = tmp_path_factory.mktemp("signed-run")
+    common = ("train", "framework=pytorch", *generated.overrides(), "log.every_steps=5", "run_name=r")
+    reprocube(*common, "epochs=1", cwd=cwd)
+    older = (cwd / "runs" / "r" / "receipt.json").read_bytes()
+    reprocube(*common, "epochs=2", "resume=latest", cwd=cwd)
+    return cwd / "runs" / "r", older
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> Path:
+    """A copy of the trained run, to sign or to spoil."""
+    return Path(shutil.copytree(trained[0], tmp_path / "run", symlinks=True))
+
+
+def forged_receipt(receipt: bytes, change) -> bytes:
+    """The receipt changed by `change`, its receipt_sha256 recomputed (as a forger would)."""
+    value = json.loads(receipt)
+    change(value)
+    value["receipt_sha256"] = self_digest(value)
+    return json.dumps(value).encode()
+
+
+def script_receipt(directory: Path) -> Path:
+    """A script's receipt (as `check` writes one), in `directory`."""
+    return write_script_receipt(
+        directory, ["python", "train.py"], {}, [], {}, None, 1.5, {}, {"variable": "SEED", "value": "0"}
+    )
+
+
+def test_cli_signs_a_run_and_writes_only_receipt_sig(run, keys, capsys):
+    before = tree_digest(run)
+    assert main(["sign", str(run), "--key", str(keys[0])]) == EXIT_OK
+    after = tree_digest(run)
     assert set(after) - set(before) == {SIGNATURE_FILE}
     assert {k: v for k, v in after.items() if k != SIGNATURE_FILE} == before
     out = capsys.readouterr().out
-    expected = f"signed {run_dir / 'receipt.json'} with key {public_id(keys[1])}: {run_dir / SIGNATURE_FILE}\n"
+    expected = f"signed {run / 'receipt.json'} with key {public_id(keys[1])}: {run / SIGNATURE_FILE}\n"
     assert out == expected
-    verify_receipt_signature(RECEIPT, run_dir / "receipt.json", keys[1])
+    verify_receipt_signature((run / "receipt.json").read_bytes(), run / "receipt.json", keys[1])
 
     # a receipt.json path works as well, and re-signing replaces our own signature
-    assert main(["sign", str(run_dir / "receipt.json"), "--key", str(keys[0])]) == EXIT_OK
-    assert set(tree_digest(run_dir)) == set(after)
+    assert main(["sign", str(run / "receipt.json"), "--key", str(keys[0])]) == EXIT_OK
+    assert set(tree_digest(run)) == set(after)
 
 
-def test_cli_new_key(tmp_path, run_dir, capsys):
+def test_cli_signs_a_receipt_given_as_such_a_runs_or_a_scripts(tmp_path, keys):
+    published = tmp_path / "published"
+    published.mkdir()
+    shutil.copy(REFERENCE, published / "receipt.json")
+    script = script_receipt(tmp_path / "check" / "receipt")
+    for given, receipt in (
+        (published, published / "receipt.json"),  # a directory holding a receipt, without checkpoints
+        (published / "receipt.json", published / "receipt.json"),
+        (script.parent, script),
+        (script, script),
+    ):
+        assert main(["sign", str(given), "--key", str(keys[0])]) == EXIT_OK, given
+        assert verify_receipt_signature(receipt.read_bytes(), receipt, keys[1])["key_id"] == public_id(keys[1])
+
+
+def test_cli_new_key(tmp_path, run, capsys):
     key = tmp_path / "new.pem"
-    assert main(["sign", str(run_dir), "--key", str(key), "--new-key"]) == EXIT_OK
+    assert main(["sign", str(run), "--key", str(key), "--new-key"]) == EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and str(key) in lines[0] and f"{key}.pub" in lines[0]
-    assert lines[1].startswith(f"signed {run_dir / 'receipt.json'} with key {public_id(tmp_path / 'new.pem.pub')}")
-    verify_receipt_signature(RECEIPT, run_dir / "receipt.json", tmp_path / "new.pem.pub")
+    assert lines[1].startswith(f"signed {run / 'receipt.json'} with key {public_id(tmp_path / 'new.pem.pub')}")
+    verify_receipt_signature((run / "receipt.json").read_bytes(), run / "receipt.json", tmp_path / "new.pem.pub")
 
     before = key.read_bytes()
-    assert main(["sign", str(run_dir), "--key", str(key), "--new-key"]) == EXIT_CONFIG
+    assert main(["sign", str(run), "--key", str(key), "--new-key"]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert err == f"reprocube: error: {key} already exists; reprocube does not replace a key\n"
     assert key.read_bytes() == before
@@ -328,22 +384,148 @@ def test_cli_new_key(tmp_path, run_dir, capsys):
         ("foreign sig", EXIT_CONFIG, "{run}/receipt.sig exists and is not a signature reprocube wrote"),
     ],
 )
-def test_cli_bad_input_is_one_line_and_a_status(tmp_path, run_dir, capsys, setup, status, message):
+def test_cli_bad_input_is_one_line_and_a_status(tmp_path, run, capsys, setup, status, message):
     key = tmp_path / "key.pem"
     if setup == "no receipt":
-        (run_dir / "receipt.json").unlink()
+        (run / "receipt.json").unlink()
         generate_key(key)
     elif setup == "rsa key":
         write_pem_private(key, rsa.generate_private_key(public_exponent=65537, key_size=2048))
     elif setup == "foreign sig":
         generate_key(key)
-        (run_dir / SIGNATURE_FILE).write_text("{}")
-    before = tree_digest(run_dir)
-    assert main(["sign", str(run_dir), "--key", str(key)]) == status
+        (run / SIGNATURE_FILE).write_text("{}")
+    before = tree_digest(run)
+    assert main(["sign", str(run), "--key", str(key)]) == status
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("reprocube: error: " + message.format(run=run_dir, key=key))
-    assert tree_digest(run_dir) == before
+    assert err.startswith("reprocube: error: " + message.format(run=run, key=key))
+    assert tree_digest(run) == before
+
+
+def _another_runs_receipt(run: Path, older: bytes) -> tuple[Path, str]:
+    shutil.copy(REFERENCE, run / "receipt.json")
+    return run, f"{run}/checkpoints/epoch-0001: its config_hash is not {run}/receipt.json's config's"
+
+
+def _older_receipt(run: Path, older: bytes) -> tuple[Path, str]:
+    (run / "receipt.json").write_bytes(older)  # the same run's, from before its second epoch
+    return run, f"{run}/checkpoints/epoch-0002 is not a checkpoint {run}/receipt.json lists (epoch-0001)"
+
+
+def _other_weights(run: Path, older: bytes) -> tuple[Path, str]:
+    """The same config, other weights (another machine's run of it, say): its records say so."""
+    own = (run / "receipt.json").read_bytes()
+    (run / "receipt.json").write_bytes(forged_receipt(own, lambda r: r["epochs"][-1].update(weights_digest="0" * 64)))
+    return run, f"{run}/checkpoints/epoch-0002: its weights are not the ones {run}/receipt.json records for epoch 2"
+
+
+def _metrics_edited(run: Path, older: bytes) -> tuple[Path, str]:
+    text = (run / "metrics.jsonl").read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    last = max(i for i, r in enumerate(records) if r["kind"] == "epoch")
+    records[last]["test_accuracy"] = 0.99
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run, f"{run}/metrics.jsonl: the record of epoch 2 is not the one {run}/receipt.json holds"
+
+
+def _checkpoint_damaged(run: Path, older: bytes) -> tuple[Path, str]:
+    weights = run / "checkpoints" / "epoch-0001" / "weights.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 1
+    weights.write_bytes(bytes(blob))
+    return run, f"checkpoint {run}/checkpoints/epoch-0001: weights.safetensors does not match its sha256"
+
+
+def _checkpoint_resealed(run: Path, older: bytes) -> tuple[Path, str]:
+    """Other weights in a checkpoint whose manifest was resealed to them: whole, but not the receipt's."""
+    from safetensors.numpy import load, save
+
+    from reprocube.checkpoint import weights_digest
+
+    checkpoint = run / "checkpoints" / "epoch-0002"
+    weights = load((checkpoint / "weights.safetensors").read_bytes())
+    first = sorted(weights)[0]
+    weights[first] = weights[first] + np.float32(1)
+    rewrite_checkpoint_file(checkpoint, "weights.safetensors", save(weights), weights_digest=weights_digest(weights))
+    return run, f"{checkpoint}: its weights are not the ones {run}/receipt.json records for epoch 2"
+
+
+def _linked_receipt(run: Path, older: bytes) -> tuple[Path, str]:
+    elsewhere = run.parent / "elsewhere.json"
+    (run / "receipt.json").rename(elsewhere)
+    (run / "receipt.json").symlink_to(elsewhere)
+    return run, f"{run}/receipt.json is a symbolic link"
+
+
+def _a_script_receipt_in_a_run(run: Path, older: bytes) -> tuple[Path, str]:
+    script = script_receipt(run.parent / "script")
+    shutil.copy(script, run / "receipt.json")
+    return run, f"{run}/receipt.json is a script's receipt, not one of the run {run} it lies in"
+
+
+def _another_file_in_a_run(run: Path, older: bytes) -> tuple[Path, str]:
+    shutil.copy(REFERENCE, run / "published.json")
+    return run / "published.json", f"{run}/published.json lies in the run directory {run}"
+
+
+def _plain_text(run: Path, older: bytes) -> tuple[Path, str]:
+    notes = run.parent / "notes" / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("my notes\n")
+    return notes, f"{notes} is not valid JSON"
+
+
+def _json_not_a_receipt(run: Path, older: bytes) -> tuple[Path, str]:
+    other = run.parent / "other" / "receipt.json"
+    other.parent.mkdir()
+    other.write_text('{"format": "reprocube-signature"}')
+    return other, f'{other} is not a reprocube receipt (its format is "reprocube-signature"'
+
+
+def _forged_receipt_alone(run: Path, older: bytes) -> tuple[Path, str]:
+    """A receipt given as such is read strictly: one edited without its self-digest is refused."""
+    edited = run.parent / "edited" / "receipt.json"
+    edited.parent.mkdir()
+    edited.write_bytes(REFERENCE.read_bytes().replace(b'"seed":3', b'"seed":4'))
+    return edited, f"{edited}: receipt_sha256 does not match its content"
+
+
+def _directory_without_receipt(run: Path, older: bytes) -> tuple[Path, str]:
+    (run.parent / "empty").mkdir()
+    return run.parent / "empty", f"{run.parent / 'empty'} holds no receipt.json"
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        _another_runs_receipt,
+        _older_receipt,
+        _other_weights,
+        _metrics_edited,
+        _checkpoint_damaged,
+        _checkpoint_resealed,
+        _linked_receipt,
+        _a_script_receipt_in_a_run,
+        _another_file_in_a_run,
+        _plain_text,
+        _json_not_a_receipt,
+        _forged_receipt_alone,
+        _directory_without_receipt,
+    ],
+)
+def test_cli_signs_only_a_runs_own_receipt_or_a_receipt(trained, run, tmp_path, capsys, spoil):
+    """What is not a run's own receipt, nor a receipt read strictly, is refused: one line naming the file
+    and why, exit 2, nothing written (not even the new key pair)."""
+    given, message = spoil(run, trained[1])
+    key = tmp_path / "keys" / "new.pem"
+    key.parent.mkdir()
+    before = tree_digest(tmp_path)
+    assert main(["sign", str(given), "--key", str(key), "--new-key"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"reprocube: error: {message}"), err
+    assert tree_digest(tmp_path) == before and not any(key.parent.iterdir())
+    assert not any(p.name == SIGNATURE_FILE for p in tmp_path.rglob("*"))
 
 
 def test_cli_without_key_is_a_usage_error(run_dir, capsys):

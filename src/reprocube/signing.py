@@ -1,6 +1,7 @@
 """Receipt signatures (Ed25519). A receipt's own sha256 catches accidents; a signature says who published
-it: `reprocube sign` writes receipt.sig beside receipt.json, and `reprocube reproduce --public-key` refuses
-a receipt that the given key did not sign.
+it: `reprocube sign` writes receipt.sig beside receipt.json (only a run's own receipt, or a receipt read
+strictly: signable_receipt), and `reprocube reproduce --public-key` refuses a receipt that the given key did
+not sign.
 
 receipt.sig is a small JSON object: format, version, algorithm, public_key (base64 of the raw 32 bytes),
 key_id (the first 16 hex digits of the public key's sha256), receipt_sha256 and signature (base64, over
@@ -15,6 +16,7 @@ import base64
 import binascii
 import errno
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -24,9 +26,19 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from reprocube.errors import ConfigError, ReprocubeError, SignatureError
+from reprocube.errors import CheckpointError, ConfigError, ReprocubeError, SignatureError
 from reprocube.files import fsync_dir, write_json_atomic
-from reprocube.receipt import SIGNATURE_FILE
+from reprocube.receipt import (
+    RECEIPT,
+    RECEIPT_FORMAT,
+    SIGNATURE_FILE,
+    check_own_receipt,
+    is_run_directory,
+    parse_receipt,
+)
+from reprocube.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
+from reprocube.script_receipt import parse_script_receipt
+from reprocube.terminal import one_line
 from reprocube.untrusted import MAX_JSON_BYTES, Fields, parse_json, read_bytes
 
 SIGNATURE_FORMAT = "reprocube-signature"
@@ -50,12 +62,56 @@ def signature_path(receipt_path: Path) -> Path:
     return Path(receipt_path).with_name(SIGNATURE_FILE)
 
 
-def sign_receipt(receipt_path: Path, private_key_path: Path) -> Path:
-    """Sign the exact bytes of `receipt_path` with an Ed25519 private key (PEM PKCS#8, unencrypted) and
-    write receipt.sig beside it; returns its path. A receipt.sig we wrote before (by any key) is replaced;
-    anything else there is refused."""
+def signable_receipt(source: Path) -> tuple[Path, bytes]:
+    """What `reprocube sign SOURCE` may sign: (the receipt's path, the exact bytes checked). SOURCE is a run
+    directory whose receipt.json is that run's own (its checkpoints and metrics.jsonl agree with it:
+    receipt.check_own_receipt), or a receipt given as such: a file, or a directory without checkpoints
+    holding receipt.json, that reads strictly as a run's receipt or a script's (`check`'s). A receipt.json
+    inside a run directory is that run's, and checked as such. Anything else (another run's receipt copied
+    into a run, a checkpoint or metrics.jsonl changed since, a file that is no receipt, a symbolic link) is
+    one ConfigError line naming the file and why."""
+    source = Path(source)
+    if source.is_dir():
+        receipt_path, run = source / RECEIPT, source if is_run_directory(source) else None
+        if not os.path.lexists(receipt_path):
+            raise ConfigError(f"{source} holds no {RECEIPT} (train with this reprocube to get one)")
+    else:
+        receipt_path, run = source, source.parent if is_run_directory(source.parent) else None
+        if run is not None and source.name != RECEIPT:
+            raise ConfigError(
+                f"{source} lies in the run directory {run}, whose receipt is {run / RECEIPT}: "
+                f"only that one is signed there (reprocube sign {run})"
+            )
+    raw = read_bytes(receipt_path, MAX_RECEIPT_BYTES, ConfigError)  # a link, a FIFO, a directory: refused
+    value = parse_json(raw, str(receipt_path), ConfigError)
+    kind = value.get("format") if isinstance(value, dict) else None
+    try:
+        if kind == RECEIPT_FORMAT:
+            receipt = parse_receipt(raw, receipt_path, ConfigError)
+        elif kind == SCRIPT_RECEIPT_FORMAT:
+            parse_script_receipt(raw, receipt_path)
+        else:
+            shown = one_line(json.dumps(kind))[:40]
+            raise ConfigError(
+                f"{receipt_path} is not a reprocube receipt (its format is {shown}, not {RECEIPT_FORMAT!r} "
+                f"or {SCRIPT_RECEIPT_FORMAT!r})"
+            )
+        if run is not None:
+            if kind != RECEIPT_FORMAT:
+                raise ConfigError(f"{receipt_path} is a script's receipt, not one of the run {run} it lies in")
+            check_own_receipt(run, receipt, ConfigError)
+    except CheckpointError as exc:  # a reader's own error class: here the input of `sign`, exit 2
+        raise ConfigError(str(exc)) from None
+    return receipt_path, raw
+
+
+def sign_receipt(receipt_path: Path, private_key_path: Path, receipt: bytes | None = None) -> Path:
+    """Sign the exact bytes of `receipt_path` (or `receipt`, the bytes of it the caller read and checked)
+    with an Ed25519 private key (PEM PKCS#8, unencrypted) and write receipt.sig beside it; returns its path.
+    A receipt.sig we wrote before (by any key) is replaced; anything else there is refused."""
     receipt_path, sig_path = Path(receipt_path), signature_path(receipt_path)
-    receipt = read_bytes(receipt_path, MAX_RECEIPT_BYTES, ConfigError)
+    if receipt is None:
+        receipt = read_bytes(receipt_path, MAX_RECEIPT_BYTES, ConfigError)
     private_key = _load_private_key(Path(private_key_path))
     _refuse_foreign_signature_file(receipt_path)
     public_raw = _raw(private_key.public_key())
