@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from reprocube.commands import COMMANDS
-from reprocube.errors import EXIT_CONFIG, EXIT_OK, ConfigError, exit_status_of
+from reprocube.errors import EXIT_CONFIG, EXIT_OK, EXIT_OUTPUT_LOST, EXIT_UNEXPECTED, ConfigError, exit_status_of
 from reprocube.process_exit import exit_process
-from reprocube.terminal import escaped_output
+from reprocube.terminal import escaped_output, standard_streams_opened
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -52,6 +52,21 @@ def parser_for(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # Everything printed, argparse's help and errors too, is escaped (values from files: never terminal
+    # control, reprocube.terminal), and a stream that cannot be written never ends the command.
+    with escaped_output() as (stdout, _):
+        try:
+            status = _parsed_and_run(argv)
+        except SystemExit as done:  # argparse: --help, a bad command line
+            if stdout.lost and not done.code:
+                raise SystemExit(EXIT_OUTPUT_LOST) from None
+            raise
+    # The work is done whatever became of the output; a stdout lost on the way (its reader went away) is
+    # said by the status where nothing else is (README.md's exit statuses). A lost stderr changes nothing.
+    return EXIT_OUTPUT_LOST if status == EXIT_OK and stdout.lost else status
+
+
+def _parsed_and_run(argv: list[str]) -> int:
     parser = parser_for(argv)
     # Overrides may follow options (`reproduce RUN --out DIR data_dir=...`), which argparse's positional
     # matching alone refuses.
@@ -63,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
-    with escaped_output():  # values from files are printed: never as terminal control (reprocube.terminal)
-        return exit_status_of(lambda: _dispatch(_unicode_arguments(args)))
+    return exit_status_of(lambda: _dispatch(_unicode_arguments(args)))
 
 
 def _unicode_arguments(args: argparse.Namespace) -> argparse.Namespace:
@@ -99,8 +113,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def run() -> NoReturn:
     """The program (`python -m reprocube`, the `reprocube` script): main, then the process ends without
-    Python's teardown of the modules it imported (reprocube.process_exit)."""
-    exit_process(main())
+    Python's teardown of the modules it imported (reprocube.process_exit), argparse's exits (--help, a
+    bad command line) too, so that a stdout that cannot be written gives the same status everywhere."""
+    standard_streams_opened()  # started with stdout or stderr closed: /dev/null, not the next file opened
+    try:
+        status = main()
+    except SystemExit as done:  # argparse's --help and usage errors, their lines printed (never a text)
+        status = done.code if isinstance(done.code, int) else EXIT_OK if done.code is None else EXIT_UNEXPECTED
+    exit_process(status)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ EXIT_NOT_DETERMINISTIC = 8  # check: two uninterrupted runs of the command diffe
 EXIT_CHECK_VOID = 9  # check: it proves nothing (the control did not differ, no stop landed, no restart resumed)
 EXIT_COMMAND_FAILED = 10  # check: the command failed (exit status, watchdog, or none of its outputs)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
+EXIT_OUTPUT_LOST = 120  # done, but stdout could not be written (its reader went away): Python's own status
 
 
 class ReprocubeError(Exception):

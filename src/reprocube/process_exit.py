@@ -11,7 +11,7 @@ in Python's order, and then ends with os._exit:
    ends its workers there);
 2. the atexit handlers run (logging's flush, multiprocessing's children, tempfile's clean-ups);
 3. stdout and stderr are flushed, Python's and C's: if stdout cannot be (a closed pipe), the status is
-   120, as Python's.
+   120 (EXIT_OUTPUT_LOST) where it was 0, as Python's.
 
 Only the program's entry points (`python -m reprocube`, the `reprocube` script) end this way:
 `cli.main` itself returns, so a test or a caller in the same process keeps running.
@@ -26,7 +26,9 @@ import sys
 import threading
 from typing import NoReturn
 
-STDOUT_FLUSH_FAILED = 120  # what Python itself exits with when it cannot flush stdout at exit
+from reprocube.errors import EXIT_OUTPUT_LOST
+
+STDOUT_FLUSH_FAILED = EXIT_OUTPUT_LOST  # what Python itself exits with when it cannot flush stdout at exit
 
 
 def exit_process(status: int) -> NoReturn:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 
@@ -33,32 +34,102 @@ def one_line(text: str) -> str:
 
 
 class EscapingStream:
-    """A text stream that writes `printable(text)` to `raw`. `raw` stays reachable for reprocube's own
-    progress bar, which moves the cursor on purpose and prints no value from a file."""
+    """A text stream that writes `printable(text)` to `raw`. `unescaped` writes to `raw` as it is, for
+    reprocube's own progress bar, which moves the cursor on purpose and prints no value from a file.
+
+    Output never ends a command: where `raw` cannot be written (its reader went away, `| head -1`; a full
+    disk; a stream closed) the stream is `lost`, its file descriptor is pointed at /dev/null (so the
+    progress bar, C libraries and children started later write nowhere instead of failing too) and the
+    rest is dropped. The command does its work to the end; cli.main turns a lost stdout into its status."""
 
     def __init__(self, raw):
         self.raw = raw
+        self.lost = False
+        self.unescaped = _Unescaped(self)
 
     def write(self, text: str) -> int:
-        self.raw.write(printable(text))
+        self._guarded(lambda: self.raw.write(printable(text)))
         return len(text)
 
-    def __getattr__(self, name: str):  # flush, isatty, fileno, encoding, ...
+    def flush(self) -> None:
+        self._guarded(lambda: self.raw.flush())
+
+    def _guarded(self, operation) -> None:
+        if self.lost or self.raw is None:
+            return
+        try:
+            operation()
+        except (OSError, ValueError):  # EPIPE, ENOSPC, EBADF; ValueError: a file closed
+            self.lost = True
+            _point_at_null(self.raw)
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...
         return getattr(self.raw, name)
+
+
+class _Unescaped:
+    """`raw` as it is, for the progress bar: its carriage returns reach the terminal, and a write that
+    fails loses the stream as one through EscapingStream does."""
+
+    def __init__(self, owner: EscapingStream):
+        self.owner = owner
+
+    def write(self, text: str) -> int:
+        self.owner._guarded(lambda: self.owner.raw.write(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.owner.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self.owner.raw, name)
+
+
+def _point_at_null(stream) -> None:
+    """fd 1 or 2 under `stream` reopened on /dev/null (what Python buffered for it then goes there)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    if fd in (1, 2):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def standard_streams_opened() -> None:
+    """At the program's start: fd 0, 1 and 2 opened on /dev/null where the program was started without
+    them (`>&-`, `2>&-`), and Python's stdout and stderr (None then) made streams on them. Otherwise the
+    next file reprocube opens would become fd 1 or 2, and what a C library or a child process writes to
+    its stdout or stderr would land in that file; and every print would fail. What is printed then goes
+    nowhere, and the status is the command's own."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: fd itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)  # the children's too
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
 
 
 def raw_stderr():
     """The terminal's stderr itself, for the progress bar (carriage returns are its job)."""
-    return getattr(sys.stderr, "raw", sys.stderr)
+    return getattr(sys.stderr, "unescaped", sys.stderr)
 
 
 @contextlib.contextmanager
 def escaped_output():
-    """stdout and stderr escaped for the duration of a command."""
+    """stdout and stderr escaped for the duration of a command; yields the two streams (their `lost`)."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = EscapingStream(sys.stdout), EscapingStream(sys.stderr)
+    sys.stdout, sys.stderr = streams = EscapingStream(sys.stdout), EscapingStream(sys.stderr)
     try:
-        yield
+        yield streams
     finally:
         sys.stdout, sys.stderr = saved
 
