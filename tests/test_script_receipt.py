@@ -245,8 +245,11 @@ def test_a_linked_or_special_output_is_not_checked_and_never_hangs(tmp_path):
     proc, result = tiny_reproduce(tmp_path, linked, "linked", LINK="1", DATA="other bytes")
     assert proc.returncode == 9 and result["verdict"] == "partly-checked", proc.stdout + proc.stderr
     assert result["outputs"]["not_compared"] == ["out.bin"] and "out.bin: a link" in result["not_checked"][0]
+    # A wrote a regular file there, B a FIFO: another kind of output, a difference (never a hang)
     proc, result = tiny_reproduce(tmp_path, tiny_receipt(tmp_path / "b"), "fifo", FIFO="1")
-    assert proc.returncode == 9 and result["outputs"]["not_compared"] == ["out.bin"], proc.stdout + proc.stderr
+    assert proc.returncode == 6 and result["outputs"]["other_kind"] == {
+        "out.bin": {"a": "a regular file or an Orbax checkpoint", "b": "a FIFO"}
+    }, proc.stdout + proc.stderr
 
 
 def test_a_metadata_file_that_is_not_orbax_s_is_digested_file_by_file_never_a_traceback(tmp_path):
@@ -418,3 +421,127 @@ def test_reproduce_and_check_refuse_such_a_seed_variable_before_anything_runs(tm
     with pytest.raises(ConfigError, match="seed variable 'BASH_ENV' is refused: a shell reads it"):
         write_script_receipt(tmp_path / "w", ["x"], {}, [], {}, None, 1.0, {}, {"variable": "BASH_ENV", "value": "1"})
     assert not (tmp_path / "w").exists()
+
+
+# --- outputs B has as another kind than A had: a difference in the verdict, never a reader's error ---
+ORBAX = """import os
+from pathlib import Path
+import numpy as np
+from reprocube import probe
+
+w = np.zeros(4, np.float32)
+for i in range(3):
+    w = w + 1
+    probe.step(np.float32(i), {"w": w})
+kind = os.environ.get("KIND", "orbax")
+if kind == "orbax" and not Path("final").exists():
+    import orbax.checkpoint as ocp
+
+    saver = ocp.StandardCheckpointer()
+    saver.save(Path("final").absolute(), {"w": w})
+    saver.wait_until_finished()
+elif kind == "directory":  # a plain directory where A had an Orbax checkpoint
+    os.makedirs("final/sub")
+    open("final/sub/w.bin", "wb").write(w.tobytes())
+elif kind == "unreadable":  # Orbax's marker, nothing Orbax can read
+    os.makedirs("final")
+    open("final/_METADATA", "w").write('{"tree_metadata": {}}')
+elif kind == "file":
+    open("final", "wb").write(w.tobytes())
+print("saved", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def orbax_receipt(tmp_path_factory) -> Path:
+    """A check of a script whose one declared output, final, is an Orbax checkpoint."""
+    pytest.importorskip("orbax.checkpoint")
+    where = tmp_path_factory.mktemp("orbax")
+    (where / "orbax_out.py").write_text(ORBAX)
+    reprocube(
+        "check", "--out", "chk", "--copy", "orbax_out.py", "--output", "final", "--at-line", "saved", "--stops", "1",
+        "--", sys.executable, "orbax_out.py", cwd=where, check=False,
+    )  # fmt: skip
+    assert list(read_script_receipt(where / "chk" / "receipt").outputs) == ["final"]
+    return where / "chk" / "receipt"
+
+
+@pytest.mark.parametrize(
+    "kind, summary",
+    [
+        ("directory", "final is a directory in B, where A had a regular file or an Orbax checkpoint"),
+        ("unreadable", "final is a directory that Orbax cannot read ("),
+        ("file", "final differs"),
+        ("none", "B did not write final"),
+    ],
+)
+def test_an_output_b_has_as_another_kind_is_a_difference_with_a_result(orbax_receipt, tmp_path, kind, summary):
+    """A script receipt whose outputs name an Orbax checkpoint, and a B that wrote a plain directory there
+    (reproduce ended in Orbax's own error before b34860b, then in "B did not write final" and its files as
+    B's extra outputs), one Orbax cannot read, a file, or nothing: each is a difference in the verdict that
+    says what B has, exit 6, with script-reproduce.json and .md written."""
+    (tmp_path / "orbax_out.py").write_text(ORBAX)
+    proc, result = reproduce(
+        tmp_path,
+        orbax_receipt,
+        "--copy",
+        "orbax_out.py",
+        command=[sys.executable, "orbax_out.py"],
+        env_extra={"KIND": kind},
+    )
+    assert proc.returncode == 6 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert result["verdict"] == "differs" and summary in result["summary"], result["summary"]
+    assert (tmp_path / "rep" / "script-reproduce.md").exists() and not error_lines(proc)
+    if kind in ("directory", "unreadable"):
+        assert list(result["outputs"]["other_kind"]) == ["final"] and result["outputs"]["missing"] == []
+        assert result["outputs"]["extra"] == []  # its files are not outputs of their own
+        assert "another kind in B: `final` is a directory" in (tmp_path / "rep" / "script-reproduce.md").read_text()
+
+
+def test_each_kind_of_output_a_and_b_can_have(tmp_path, monkeypatch):
+    """What each run had at a name A's receipt lists, against each other (script_reproduction._outputs);
+    more outputs than a receipt may list is a difference too (it was a CheckpointError: exit 4, no result)."""
+    import os
+
+    import reprocube.script_receipt as script_receipt
+    from reprocube.orchestration.script_reproduction import _outputs
+    from reprocube.script_receipt import write_script_receipt
+
+    names = ["file", "to-link", "gone", "link-to-file", "link-both", "fifo-gone", "same"]
+    digest = hashlib.sha256(b"same").hexdigest()
+    outputs = {"file": "1" * 64, "to-link": "2" * 64, "gone": "3" * 64, "same": digest}
+    unrecorded = {"link-to-file": None, "link-both": None, "fifo-gone": None}
+    receipt = read_script_receipt(
+        write_script_receipt(tmp_path / "a", ["x"], {}, names, {**outputs, **unrecorded}, None, 1.0, {}, None)
+    )
+    work = tmp_path / "b"
+    (work / "file").mkdir(parents=True)
+    (work / "file" / "inside.bin").write_bytes(b"x")
+    (work / "to-link").symlink_to("same")
+    (work / "link-to-file").write_bytes(b"a file where A had a link")
+    (work / "link-both").symlink_to("same")
+    (work / "same").write_bytes(b"same")
+    os.mkfifo(work / "extra.fifo")  # under no declared output: not B's output
+    found = _outputs(receipt, work)
+    assert found == {
+        "compared": ["same"],
+        "differ": [],
+        "missing": ["fifo-gone", "gone"],
+        "extra": [],
+        "not_compared": ["link-both"],
+        "other_kind": {
+            "file": {"a": "a regular file or an Orbax checkpoint", "b": "a directory"},
+            "link-to-file": {"a": "a link or a special file (not recorded)", "b": "a regular file"},
+            "to-link": {"a": "a regular file or an Orbax checkpoint", "b": "a symbolic link"},
+        },
+    }
+    monkeypatch.setattr(script_receipt, "MAX_FILES", 3)
+    many = tmp_path / "many"
+    (many / "out").mkdir(parents=True)
+    for n in range(5):
+        (many / "out" / f"{n}.bin").write_bytes(b"")
+    receipt = read_script_receipt(
+        write_script_receipt(tmp_path / "a2", ["x"], {}, ["out"], {"out/0.bin": "1" * 64}, None, 1.0, {}, None)
+    )
+    found = _outputs(receipt, many)
+    assert found["too_many"] == 3 and found["compared"] == found["missing"] == [], found

@@ -204,29 +204,86 @@ def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> di
     return digests
 
 
-def outputs_named(work: Path, names: set[str], declared: list[str]) -> dict[str, str | None]:
+# What B can have at a name A's receipt lists (outputs_named's kinds): only the first two are compared by
+# digest; a link or a special file is compared with nothing (its bytes are not the run's own).
+REGULAR, ORBAX, DIRECTORY, LINK = "a regular file", "an Orbax checkpoint", "a directory", "a symbolic link"
+DIGESTED = (REGULAR, ORBAX)
+NOT_REGULAR = (LINK, "a FIFO", "a socket", "a device")
+
+
+@dataclass(frozen=True)
+class FoundOutputs:
+    """B's outputs as outputs_named found them."""
+
+    digests: dict[str, str | None]  # name -> digest, as output_digests gives, of what can be compared
+    kinds: dict[str, str]  # each name A lists that B has: what B has there (REGULAR, ORBAX, DIRECTORY, ...)
+    too_many: int  # B wrote more than this many outputs (MAX_FILES), where the walk stopped; 0: it did not
+
+
+def outputs_named(work: Path, names: set[str], declared: list[str]) -> FoundOutputs:
     """B's outputs: every entry of B's work directory (walked, links never followed) whose relative name is
     one A's receipt lists or lies under a declared output (--output, as A's check was given it), matched
-    as strings: a name read from a receipt is compared, never opened as a path. {name: digest}, as
-    output_digests gives; names A does not list are B's extra outputs."""
+    as strings: a name read from a receipt is compared, never opened as a path. What B has at each name A
+    lists is in `kinds`; where that is a regular file or an Orbax checkpoint Orbax reads, its digest is in
+    `digests` (a directory A lists as one output, a link or a special file, or a directory that Orbax cannot
+    read, is a kind of its own, never entered and never a reader's error); names A does not list are B's
+    extra outputs, digested as output_digests does."""
     found: dict[str, Path] = {}
+    kinds: dict[str, str] = {}
     prefixes = tuple(f"{d.rstrip('/')}/" for d in declared)
     for directory, dirs, files in os.walk(work, followlinks=False):
+        whole = set()  # directories that are one output (or one named kind): not entered
         for name in [*dirs, *files]:
             path = Path(directory) / name
             relative = path.relative_to(work).as_posix()
-            listed = relative in names or relative in declared or relative.startswith(prefixes)
-            if not listed:
+            named = relative in names
+            if not (named or relative in declared or relative.startswith(prefixes)):
                 continue
-            if path.is_dir() and not path.is_symlink():
-                if _is_orbax(path) or (relative in names and relative not in declared):
-                    found[relative] = path  # an Orbax checkpoint, one output (as A listed it)
+            kind = _kind(path)
+            if kind == DIRECTORY:
+                if _is_orbax(path):
+                    kind = ORBAX
+                    found[relative] = path
+                    whole.add(name)
+                elif named:
+                    whole.add(name)  # A recorded one output here, B wrote a directory: that is the difference
             else:
                 found[relative] = path
-        dirs[:] = [d for d in dirs if not _is_orbax(Path(directory) / d)]
+            if named:
+                kinds[relative] = kind
+        dirs[:] = [d for d in dirs if d not in whole]
         if len(found) > MAX_FILES:
-            raise CheckpointError(f"{work}: more than {MAX_FILES} outputs")
-    return output_digests(found)
+            return FoundOutputs({}, {}, too_many=MAX_FILES)  # bounded: none of it is compared (a difference)
+    digests: dict[str, str | None] = {}
+    for relative, path in found.items():
+        if relative not in names:
+            digests.update(output_digests({relative: path}))  # B's extra: as A's check would record it
+        elif kinds[relative] == ORBAX:
+            try:
+                digests[relative] = _tensors_digest(path)
+            except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
+                why = f"{type(exc).__name__}: {one_line(str(exc))[:200]}"
+                kinds[relative] = f"a directory that Orbax cannot read ({why})"
+        elif kinds[relative] == REGULAR:
+            digests[relative] = _digest(path)  # None: no longer a regular file (replaced while B ran)
+            if digests[relative] is None:
+                kinds[relative] = "a file that could not be read"
+    return FoundOutputs(digests, kinds, too_many=0)
+
+
+def _kind(path: Path) -> str:
+    """What is at `path`, not following a link."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "nothing"
+    if stat.S_ISREG(mode):
+        return REGULAR
+    if stat.S_ISDIR(mode):
+        return DIRECTORY
+    if stat.S_ISLNK(mode):
+        return LINK
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def _is_orbax(path: Path) -> bool:

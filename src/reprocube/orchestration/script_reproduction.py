@@ -28,7 +28,14 @@ from reprocube.orchestration.check_runs import Run, execute, failure_line
 from reprocube.orchestration.children import environment_with
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.results.script_reproduce_result import write_script_reproduce
-from reprocube.script_receipt import ScriptReceipt, command_file_digests, input_digests, outputs_named
+from reprocube.script_receipt import (
+    DIGESTED,
+    NOT_REGULAR,
+    ScriptReceipt,
+    command_file_digests,
+    input_digests,
+    outputs_named,
+)
 from reprocube.terminal import counted, one_line
 
 TIMEOUT_FACTOR = 10  # B's watchdog: this many times A's run, at least MIN_TIMEOUT_S
@@ -147,23 +154,7 @@ def _inputs(receipt: ScriptReceipt, b: dict[str, str], b_files: dict[int, str]) 
 
 def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
     """B's probe trace and outputs against A's receipt."""
-    b_outputs = outputs_named(
-        run.work, set(receipt.outputs) | set(receipt.unrecorded_outputs), receipt.declared_outputs
-    )
-    a_names = set(receipt.outputs) | set(receipt.unrecorded_outputs)
-    outputs = {
-        "compared": sorted(n for n in receipt.outputs if b_outputs.get(n) is not None),
-        "differ": sorted(
-            n for n in receipt.outputs if b_outputs.get(n) is not None and b_outputs[n] != receipt.outputs[n]
-        ),
-        "missing": sorted(n for n in receipt.outputs if n not in b_outputs),
-        "extra": sorted(n for n in b_outputs if n not in a_names),  # written by B only, under a declared output
-        # not regular files (a link, a FIFO) in A or in B: their bytes were not compared
-        "not_compared": sorted(
-            {*receipt.unrecorded_outputs, *(n for n in receipt.outputs if n in b_outputs and b_outputs[n] is None)}
-        ),
-    }
-    compared = {"outputs": outputs, "trace": None}
+    compared = {"outputs": _outputs(receipt, run.work), "trace": None}
     if a_trace is None:
         return compared
     try:
@@ -190,6 +181,35 @@ def _compare(receipt: ScriptReceipt, a_trace, run: Run) -> dict:
         "first_difference": difference,
     }
     return compared
+
+
+def _outputs(receipt: ScriptReceipt, work: Path) -> dict:
+    """B's outputs against the ones A's receipt names. A name where B has what A had (a regular file or an
+    Orbax checkpoint Orbax reads, as A recorded it) is compared by digest; a link or a special file in both
+    is not compared; anything else B has there (a directory A recorded as one output, a directory Orbax
+    cannot read, a link where A had a file, a file where A had a link, nothing) is a difference, reported
+    with what each run had: never a reader's error."""
+    found = outputs_named(work, set(receipt.outputs) | set(receipt.unrecorded_outputs), receipt.declared_outputs)
+    outputs: dict = {"compared": [], "differ": [], "missing": [], "extra": [], "not_compared": [], "other_kind": {}}
+    if found.too_many:  # more than A's reader would ever accept A to list: B's extras, at the least
+        outputs["too_many"] = found.too_many
+        return outputs
+    a_had = {name: "a regular file or an Orbax checkpoint" for name in receipt.outputs}
+    a_had.update({name: "a link or a special file (not recorded)" for name in receipt.unrecorded_outputs})
+    for name in sorted(a_had):
+        kind = found.kinds.get(name, "nothing")
+        if kind == "nothing":
+            outputs["missing"].append(name)
+        elif name in receipt.outputs and kind in DIGESTED:
+            outputs["compared"].append(name)
+            if found.digests[name] != receipt.outputs[name]:
+                outputs["differ"].append(name)
+        elif name not in receipt.outputs and kind in NOT_REGULAR:
+            outputs["not_compared"].append(name)  # a link or a FIFO in both runs: its bytes are no one's
+        else:
+            outputs["other_kind"][name] = {"a": a_had[name], "b": kind}
+    outputs["extra"] = sorted(n for n in found.digests if n not in a_had)  # B's only, under a declared output
+    return outputs
 
 
 def _causes(result: dict, receipt: ScriptReceipt) -> list[dict]:
@@ -242,8 +262,14 @@ def _differs(result: dict) -> str | None:
             )
         if trace["missing_steps"] or trace["extra_steps"]:
             found.append(f"B made {counted(trace['b_steps'], 'update')}, A {trace['a_steps']}")
+    if outputs.get("too_many"):
+        found.append(
+            f"B wrote more than {outputs['too_many']} outputs under the declared ones: not compared one by one"
+        )
     if outputs.get("missing"):
         found.append(f"B did not write {outputs['missing'][0]}")
+    for name, kinds in list(outputs.get("other_kind", {}).items())[:3]:
+        found.append(f"{name} is {kinds['b']} in B, where A had {kinds['a']}")
     if outputs.get("extra"):
         found.append(
             f"B wrote {outputs['extra'][0]}, which A did not"
@@ -255,7 +281,7 @@ def _differs(result: dict) -> str | None:
             + (f" (and {len(outputs['differ']) - 1} more)" if len(outputs["differ"]) > 1 else "")
         )
     for name in outputs.get("not_compared", []):
-        _note(not_checked, f"{name}: a link or a special file, not a regular file: its bytes were not compared")
+        _note(not_checked, f"{name}: a link or a special file in A and in B: its bytes were not compared")
     # A's receipt claims its inputs and command too: another source or command is a difference, whatever
     # the bits (the same bits from another script prove nothing about A's).
     inputs, command = result["inputs"], result["command"]

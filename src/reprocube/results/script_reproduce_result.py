@@ -22,7 +22,8 @@ SCRIPT_REPRODUCE_RESULT = ResultFile(
         "runs",  # each run here: name, work directory, log, command, attempts
         "trace",  # null (A has no probe trace) or {a_steps, b_steps, compared_steps, missing_steps,
         #           first_difference} or {error}
-        "outputs",  # {compared, differ, missing}: the declared outputs by digest (null: B failed)
+        "outputs",  # {compared, differ, missing, extra, not_compared, other_kind: {name: {a, b}}, too_many?}: the
+        #             outputs A's receipt names, by digest, and what B has where it has another kind (null: B failed)
         "causes",  # [{key, a, b}]: what differs besides the bits, the likeliest first
         "match",  # null, or {settings, cannot, bit_identical, summary}
         "not_checked",  # A's claims not compared, in words
@@ -87,10 +88,14 @@ def markdown(result: dict) -> str:
             ("differ", "differ"),
             ("missing", "missing in B"),
             ("extra", "written by B only"),
-            ("not_compared", "not compared (not regular files)"),
+            ("not_compared", "not compared (a link or a special file in both)"),
         ):
             if outputs[key] or key in ("compared", "differ"):
                 lines.append(f"- {label}: {md_text(', '.join(outputs[key]) or 'none')}")
+        for name, kinds in outputs.get("other_kind", {}).items():
+            lines.append(f"- another kind in B: {md_code(name)} is {md_text(kinds['b'])}, A had {md_text(kinds['a'])}")
+        if outputs.get("too_many"):
+            lines.append(f"- B wrote more than {outputs['too_many']} outputs: none compared one by one")
     if result.get("causes"):
         lines += ["", "| likely cause | A | B |", "|---|---|---|"]
         lines += [f"| {md_code(c['key'])} | {md_text(c['a'])} | {md_text(c['b'])} |" for c in result["causes"]]
