@@ -450,6 +450,13 @@ def _checkpoint_resealed(run: Path, older: bytes) -> tuple[Path, str]:
     return run, f"{checkpoint}: its weights are not the ones {run}/receipt.json records for epoch 2"
 
 
+def _state_not_an_object(run: Path, older: bytes) -> tuple[Path, str]:
+    """A checkpoint resealed around a state.json that is no object: one line, never a traceback."""
+    checkpoint = run / "checkpoints" / "epoch-0002"
+    rewrite_checkpoint_file(checkpoint, "state.json", b"[]")
+    return run, f"{checkpoint}: its trace (state.json) is not {run}/receipt.json's"
+
+
 def _linked_receipt(run: Path, older: bytes) -> tuple[Path, str]:
     elsewhere = run.parent / "elsewhere.json"
     (run / "receipt.json").rename(elsewhere)
@@ -504,6 +511,7 @@ def _directory_without_receipt(run: Path, older: bytes) -> tuple[Path, str]:
         _metrics_edited,
         _checkpoint_damaged,
         _checkpoint_resealed,
+        _state_not_an_object,
         _linked_receipt,
         _a_script_receipt_in_a_run,
         _another_file_in_a_run,

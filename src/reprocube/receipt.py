@@ -302,9 +302,10 @@ def check_own_receipt(run: Path, receipt: Receipt, error: type[ReprocubeError]) 
                 )
         if name == at:
             held_epochs = (manifest.fields.get("metrics") or {}).get("epochs")
+            state = checkpoint.content.state if isinstance(checkpoint.content.state, dict) else {}
             for what, mine in (
                 ("config.json", checkpoint.content.config == receipt.config),
-                ("trace (state.json)", checkpoint.content.state.get("trace") == receipt.value["trace"]),
+                ("trace (state.json)", state.get("trace") == receipt.value["trace"]),
                 ("epoch records (manifest.json)", held_epochs == receipt.epochs),
             ):
                 if not mine:
