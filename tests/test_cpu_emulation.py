@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 
 from reprocube.analysis.match_plan import AVX2_CAPS, match_plan, session_settings
-from reprocube.commands.reproduce import match_recipe
 from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, emulator_path, model_for
 from reprocube.env import MASKED_NOTE, collect_env
+from reprocube.orchestration.run_reproduction import match_recipe
 from reprocube.results.reproduce_result import what_to_do
 from test_golden_digests import AWAITING_RECORD, GOLDEN, VARIANTS, machine_key, train_digest
 

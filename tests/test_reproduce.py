@@ -18,9 +18,9 @@ import pytest
 
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.backend import FRAMEWORKS
-from reprocube.commands import reproduce as reproduce_command
 from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
+from reprocube.orchestration import run_reproduction as reproduce_command
 from reprocube.receipt import read_receipt
 
 from helpers import error_lines, manifest, read_metrics, reprocube, reproduce_receipt

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reprocube.analysis.receipt_comparison as receipt_comparison
-import reprocube.commands.reproduce as reproduce_module
+import reprocube.orchestration.run_reproduction as reproduce_module
 from reprocube.commands.reproduce import reproduce
 from reprocube.config import config_hash, load_config, override
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError

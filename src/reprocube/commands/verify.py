@@ -15,7 +15,7 @@ from reprocube.analysis.run_comparison import subject_of
 from reprocube.checkpoint import read_checkpoint, scan_checkpoints
 from reprocube.config import config_differences, to_plain
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, ConfigError
-from reprocube.orchestration.children import Watchdog, child_args
+from reprocube.orchestration.children import Watchdog, child_args, print_now
 from reprocube.orchestration.invocation import add_config_arguments
 from reprocube.orchestration.launcher import check_slurm
 from reprocube.orchestration.verify_judgement import judge
@@ -45,10 +45,6 @@ SET_ON_CHILDREN = (
 )
 
 
-def _print_now(line: str) -> None:
-    print(line, flush=True)  # progress must reach a batch job's log as it happens
-
-
 HELP = "prove bit-exact restart and resume: reprocube verify framework=all epochs=3"
 
 
@@ -62,7 +58,7 @@ def run(args) -> int:
     return EXIT_OK if passed else EXIT_DIFFERENT
 
 
-def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=_print_now) -> bool:
+def verify(frameworks: list[str], cfg, overrides: list[str], config_files: list[str], out=print_now) -> bool:
     """Returns True only if every comparison of every framework passes."""
     if cfg.run:
         if len(frameworks) > 1:

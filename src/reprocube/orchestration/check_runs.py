@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprocube.orchestration.children import last_error_line
+from reprocube.orchestration.children import PROGRESS_EVERY_S, last_error_line
 from reprocube.orchestration.file_activity import FileActivity
 from reprocube.orchestration.process_guard import GuardedCommand, start_guarded
 from reprocube.probe import ENV as PROBE_ENV
@@ -28,7 +28,6 @@ from reprocube.probe import ENV as PROBE_ENV
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
 EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit
-PROGRESS_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,12 @@ from reprocube.errors import TrainingError
 from reprocube.metrics import last_logged_step
 
 MAX_ERROR_LINE = 300
+PROGRESS_EVERY_S = 30.0  # a line while a child runs: never more than this long without a word
+
+
+def print_now(line: str) -> None:
+    print(line, flush=True)  # progress must reach a batch job's log as it happens
+
 
 # Children die with their parent: without this a SIGTERM or SIGKILL to `reprocube reproduce` (verify, bench,
 # study) left its `reprocube train` child running to the end under PID 1. The kernel sends the child
