@@ -107,6 +107,38 @@ def test_results_never_import_analysis():
     assert not engine_violations(import_graph())
 
 
+def judged_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Engine modules outside reprocube.analysis that import it: training, data and the formats (a receipt,
+    OPS.json, the tensor readers, the output files) sit below the engine that judges them (issue 57)."""
+    analysis = "reprocube.analysis"
+    return sorted(
+        f"{module} -> {target} (only the upper layers may import {analysis})"
+        for module, targets in graph.items()
+        if _layer(module) == "engine" and not (module == analysis or module.startswith(analysis + "."))
+        for target in targets
+        if target == analysis or target.startswith(analysis + ".")
+    )
+
+
+def test_training_data_and_formats_never_import_the_engine_that_judges_them():
+    assert not judged_violations(import_graph())
+
+
+def test_the_judged_checker_sees_a_trainer_importing_analysis():
+    """The imports as they stood before issue 57 (the loop ranking environment changes with the engine's
+    module, a trainer taking OPS.json's marker from its reader) are found."""
+    graph = import_graph()
+    graph["reprocube.loop"] = graph["reprocube.loop"] | {"reprocube.analysis.receipt_comparison"}
+    graph["reprocube.frameworks.jax"] = graph["reprocube.frameworks.jax"] | {
+        "reprocube.analysis.first_differing_operation"
+    }
+    assert judged_violations(graph) == [
+        "reprocube.frameworks.jax -> reprocube.analysis.first_differing_operation "
+        "(only the upper layers may import reprocube.analysis)",
+        "reprocube.loop -> reprocube.analysis.receipt_comparison (only the upper layers may import reprocube.analysis)",
+    ]
+
+
 def test_the_engine_checker_sees_results_importing_analysis():
     """The circle as it stood before issue 38 (compare.md's wording taken from analysis) is found."""
     graph = import_graph()

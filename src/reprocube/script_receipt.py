@@ -23,6 +23,7 @@ from pathlib import Path
 from reprocube.env import MATCHABLE_ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import names_regular_file, sha256_file, write_file_atomic
+from reprocube.output_files import files_below, is_orbax, load_orbax  # JAX and Orbax: imported in load_orbax only
 from reprocube.terminal import one_line
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
@@ -180,7 +181,7 @@ def command_file_digests(command: list[str]) -> dict[int, str]:
 
 
 def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> dict[str, str | None]:
-    """The declared outputs as reprocube.analysis.outputs.collect lists them: each regular file's sha256;
+    """The declared outputs as reprocube.output_files lists them: each regular file's sha256;
     an Orbax checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256
     of each tensor's digest, by name; None for a link or a special file (not compared: not checked). An
     Orbax checkpoint that Orbax cannot read is recorded file by file (NAME/FILE: its sha256), and why is
@@ -193,8 +194,6 @@ def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> di
         try:
             digests[name] = _tensors_digest(path)
         except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
-            from reprocube.analysis.outputs import files_below
-
             digests.update({f"{name}/{inner}": _digest(file) for inner, file in files_below(path).items()})
             if notes is not None:
                 notes.append(
@@ -241,7 +240,7 @@ def outputs_named(work: Path, names: set[str], declared: list[str]) -> FoundOutp
                 continue
             kind = _kind(path)
             if kind == DIRECTORY:
-                if _is_orbax(path):
+                if is_orbax(path):
                     kind = ORBAX
                     found[relative] = path
                     whole.add(name)
@@ -286,14 +285,7 @@ def _kind(path: Path) -> str:
     return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
-def _is_orbax(path: Path) -> bool:
-    from reprocube.analysis.outputs import is_orbax
-
-    return is_orbax(path)
-
-
 def _tensors_digest(path: Path) -> str:
-    from reprocube.analysis.outputs import load_orbax  # JAX and Orbax: imported only for such an output
     from reprocube.trace import tensor_digest
 
     tensors = {name: tensor_digest(array) for name, array in load_orbax(path).items()}

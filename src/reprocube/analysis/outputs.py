@@ -26,10 +26,17 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from reprocube.analysis.readers import (
+from reprocube.analysis.tensors import tensor_differences
+from reprocube.errors import CheckpointError, ConfigError
+from reprocube.output_files import (
+    MAX_OUTPUT_BYTES,
+    files_below,
+    load_orbax,
+    walk_outputs,
+)
+from reprocube.results.wording import difference_size
+from reprocube.tensor_readers import (
     KERAS_VOLATILE,
-    Budget,
-    element_count,
     read_hdf5,
     read_keras,
     read_npy,
@@ -37,31 +44,11 @@ from reprocube.analysis.readers import (
     read_safetensors,
     read_torch,
 )
-from reprocube.analysis.tensors import tensor_differences
-from reprocube.errors import CheckpointError, ConfigError
-from reprocube.results.wording import difference_size
 from reprocube.terminal import one_line
-from reprocube.untrusted import MAX_JSON_BYTES, compose_yaml, parse_json, read_bytes
+from reprocube.untrusted import compose_yaml, parse_json, read_bytes
 
-MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is far smaller
-MAX_FILES = 100_000
 TENSOR_SUFFIXES = (".safetensors", ".pt", ".pth", ".npz", ".npy", ".h5", ".keras")
 TEXT_SUFFIXES = (".json", ".jsonl", ".csv", ".txt", ".log", ".tsv", ".yaml", ".yml")
-ORBAX_TREE = "_METADATA"  # the file that makes a directory an Orbax (PyTree) checkpoint
-ORBAX_TIMESTAMP = "_CHECKPOINT_METADATA"
-
-
-def is_orbax(path: Path) -> bool:
-    """A directory that is an Orbax (PyTree) checkpoint, compared by its tensors as one output: it holds a
-    `_METADATA` that is a regular file, a JSON object with Orbax's tree_metadata (any other `_METADATA`,
-    a script's own, leaves the directory's files compared one by one)."""
-    if not (path.is_dir() and not path.is_symlink()):
-        return False
-    try:
-        metadata = parse_json(read_bytes(path / ORBAX_TREE, MAX_JSON_BYTES, CheckpointError), "", CheckpointError)
-    except CheckpointError:
-        return False
-    return isinstance(metadata, dict) and "tree_metadata" in metadata
 
 
 def parse_ignore(ignore: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -80,55 +67,6 @@ def parse_ignore(ignore: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     return globs, fields
 
 
-def _walk(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[str, Path]:
-    """Everything under the declared outputs that exists, by path relative to `root`: regular files,
-    links (never entered), FIFOs and other special files, Orbax checkpoint directories (one entry; with
-    top_as_files, a declared directory itself never is)."""
-    found: dict[str, Path] = {}
-    for output in outputs:
-        start = root / output
-        through = link_above(root, output)
-        if through is not None:  # under a linked directory: listed as that link, never read through it
-            found[_relative(through, root, output)] = through
-            continue
-        if not os.path.lexists(start):
-            continue  # missing: compare_outputs names it
-        if start.is_symlink() or not start.is_dir():
-            found[_relative(start, root, output)] = start
-            continue
-        for directory, dirs, files in os.walk(start, followlinks=False):
-            whole = not (top_as_files and Path(directory) == start)
-            if whole and ORBAX_TREE in files and is_orbax(Path(directory)):  # one output, by its tensors
-                found[_relative(Path(directory), root, output)] = Path(directory)
-                dirs[:] = []
-                continue
-            for name in sorted(files) + [d for d in dirs if (Path(directory) / d).is_symlink()]:
-                path = Path(directory) / name
-                if name != ORBAX_TIMESTAMP:
-                    found[path.relative_to(root).as_posix()] = path
-            if len(found) > MAX_FILES:
-                raise CheckpointError(f"{start}: more than {MAX_FILES} files: declare fewer outputs")
-    return found
-
-
-def link_above(root: Path, output: str) -> Path | None:
-    """The first directory on the way from root to an output that is a symbolic link (the output would
-    be read through it: another run's, or a scratch folder's file), or None."""
-    path = root
-    for part in Path(output).parts[:-1]:
-        path = path / part
-        if path.is_symlink():
-            return path
-    return None
-
-
-def _relative(path: Path, root: Path, output: str) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return output
-
-
 def _ignored(name: str, globs: list[str]) -> bool:
     return any(fnmatch.fnmatch(name, glob) for glob in globs)
 
@@ -144,7 +82,7 @@ def collect(root: Path, outputs: list[str], ignore: list[str]) -> dict[str, Path
     `root`, without those an --ignore GLOB matches (a FILE:KEY ignore leaves the file in); symbolic links
     and special files are listed, never entered or read."""
     globs, _ = parse_ignore(ignore)
-    return {name: path for name, path in _walk(root, outputs).items() if not _ignored(name, globs)}
+    return {name: path for name, path in walk_outputs(root, outputs).items() if not _ignored(name, globs)}
 
 
 def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list[str], explain: bool = True) -> dict:
@@ -157,7 +95,7 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
     explain=False: bytes only (where differing is all that is asked: no framework is imported to name a
     tensor), except where fields are ignored."""
     globs, fields = parse_ignore(ignore)
-    raw_a, raw_b = _walk(a_root, outputs), _walk(b_root, outputs)
+    raw_a, raw_b = walk_outputs(a_root, outputs), walk_outputs(b_root, outputs)
     written = {*raw_a, *raw_b}
     missing = [o for o in outputs if not any(_under(n, o) for n in written)]
     ignored = sorted(n for n in written if _ignored(n, globs))
@@ -279,12 +217,6 @@ def _orbax_difference(a: Path, b: Path) -> dict:
     }
 
 
-def files_below(directory: Path) -> dict[str, Path]:
-    """Every file below a directory (as _walk lists them, the directory itself never one Orbax output), by
-    path relative to it."""
-    return _walk(directory, ["."], top_as_files=True)
-
-
 def _files_difference(a: Path, b: Path, why: str) -> dict:
     """Two directories by the files below them (compare_files each; Orbax's _CHECKPOINT_METADATA left
     out): the same only where every one is."""
@@ -315,37 +247,6 @@ def _files_difference(a: Path, b: Path, why: str) -> dict:
             f"{one_line(unread[0]['path'])}: {unread[0]['detail']}",
         }
     return {"same": True, "detail": f"{why}; file by file, all {len(entries)} identical", "files": len(entries)}
-
-
-def load_orbax(path: Path) -> dict[str, np.ndarray]:
-    """name -> array of an Orbax PyTree checkpoint: regular files and directories only (a link or a FIFO
-    inside is refused before Orbax opens anything), at most MAX_OUTPUT_BYTES in all; Orbax reads its
-    arrays through TensorStore and its metadata as JSON (no pickle)."""
-    total = 0
-    for directory, dirs, files in os.walk(path, followlinks=False):
-        for name in [*dirs, *files]:
-            entry = Path(directory) / name
-            if entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
-                raise CheckpointError(f"{entry}: not a regular file or directory")
-            total += entry.stat().st_size if entry.is_file() else 0
-        if total > MAX_OUTPUT_BYTES:
-            raise CheckpointError(f"{path}: larger than {MAX_OUTPUT_BYTES} bytes")
-    import jax
-    import orbax.checkpoint as ocp
-
-    checkpointer = ocp.StandardCheckpointer()
-    # The shapes its array metadata declares, checked against the budget before Orbax allocates them.
-    metadata = checkpointer.metadata(path.absolute())
-    budget = Budget(str(path))
-    for keys, leaf in jax.tree_util.tree_flatten_with_path(getattr(metadata, "item_metadata", metadata))[0]:
-        name = one_line(jax.tree_util.keystr(keys, simple=True, separator="."))
-        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if shape is None or dtype is None:
-            continue  # a scalar or a value without array metadata
-        budget.charge(element_count(tuple(shape), f"{path}: {name}") * np.dtype(dtype).itemsize, name)
-    tree = checkpointer.restore(path.absolute())
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {jax.tree_util.keystr(keys, simple=True, separator="."): np.asarray(leaf) for keys, leaf in flat}
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -605,7 +506,7 @@ def _rows_without(data: bytes, columns: list[str], found: set[str], suffix: str,
 
 
 def load_tensors(suffix: str, data: bytes, where: str = "the file") -> dict[str, np.ndarray]:
-    """name -> array of a tensor file, through reprocube.analysis.readers: nothing in the file is run,
+    """name -> array of a tensor file, through reprocube.tensor_readers: nothing in the file is run,
     every size it declares checked before anything is allocated."""
     if suffix == ".safetensors":
         return read_safetensors(data, where)

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from reprocube.analysis.outputs import collect, compare_outputs, link_above, parse_ignore
+from reprocube.analysis.outputs import collect, compare_outputs, parse_ignore
 from reprocube.analysis.probe_trace import (
     compare_ranks,
     compare_stopped_ranks,
@@ -30,6 +30,7 @@ from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.file_activity import FileActivity
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
+from reprocube.output_files import link_above
 from reprocube.results.check_result import write_check
 from reprocube.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.terminal import counted, one_line
