@@ -374,13 +374,15 @@ def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
     """Issue 39: a progress line while a run goes on (every 30 s; a fraction of a second here), whatever
     the output is: the run, its seconds, the command's newest line."""
     from reprocube.orchestration import check_runs
+    from reprocube.orchestration.check_options import CheckOptions
     from reprocube.orchestration.check_session import check as check_command
 
     monkeypatch.setattr(check_runs, "PROGRESS_EVERY_S", 0.3)
     lines = []
-    result = check_command(
-        [*NUMPY, "--save-rng"], ["final.npz"], [], [], stops=1, at_line="saved", out=tmp_path / "out", echo=lines.append
+    options = CheckOptions.of(
+        command=[*NUMPY, "--save-rng"], output=["final.npz"], stops=1, at_line="saved", out=tmp_path / "out"
     )
+    result = check_command(options, echo=lines.append)
     assert result["verdict"] == "resume-exact"
     progress = [
         line for line in lines if re.fullmatch(r"  clean-1: \d+ s, running; (its last line: .*|no output yet)", line)

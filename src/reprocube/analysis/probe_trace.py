@@ -279,15 +279,20 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
             offset = start - (by_update[update] - 1)
             start, how = by_update[update] - 1, "matched"
             steps = {step - offset: record for step, record in steps.items()}
-        # From scratch: began at step 1 again although an earlier attempt had announced a checkpoint (a
-        # restart before the first checkpoint rightly begins at step 1).
+        # Began again: its first update is at or before the uninterrupted run's first recorded one (a probe
+        # called every k-th step records step k first, in a restart that began again too). From scratch:
+        # began again although an earlier attempt had announced a checkpoint (a restart before the first
+        # checkpoint rightly begins again).
+        began_again = number > 1 and how != "assumed" and (start == 0 or start + 1 <= min(reference, default=1))
         entry = {
             "attempt": number,
             "steps": len(steps),
             "resumed_at": start,
             "how": how,
             "last_announced": announced[-1] if announced else None,
-            "from_scratch": number > 1 and start == 0 and how != "assumed" and any(announced),
+            "from_scratch": began_again and any(announced),
+            "began_again": began_again,
+            "last_step": max(steps, default=start),  # its last recorded update (by the uninterrupted run's steps)
         }
         if offset:
             entry["label_offset"] = offset  # the script's step numbers minus the steps its bits are
@@ -303,6 +308,7 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         "first_difference": first,
         "compared_steps": len(set(reference) & set(trained)),
         "reference_steps": len(reference),
+        "reference_last": max(reference, default=0),
         "unrecorded_steps": _ranges(missing),
         "extra_steps": _ranges(sorted(set(trained) - set(reference))),
     }

@@ -7,6 +7,7 @@ by a watchdog."""
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import random
@@ -166,9 +167,24 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
     return run
 
 
+def _open_log(path: Path):
+    """The run's log, appended to and never written through a link: the checked command can reach check's
+    directory (a link it planted in place of a log is removed, never followed, and said in the new log)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.fdopen(os.open(path, flags, 0o644), "a")
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    path.unlink()  # the link itself, not what it names
+    log = os.fdopen(os.open(path, flags | os.O_EXCL, 0o644), "a")
+    log.write(f"[reprocube check: {path.name} was a symbolic link (planted by the command?): removed, not followed]\n")
+    return log
+
+
 def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: set[str], began: float) -> Attempt:
     run.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.log, "a") as log:
+    with _open_log(run.log) as log:
         log.write(f"$ {shlex.join(run.command)}\n")
         log.flush()
         run.probe.mkdir(parents=True, exist_ok=True)

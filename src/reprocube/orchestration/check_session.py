@@ -24,6 +24,7 @@ from reprocube.analysis.probe_trace import (
 from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
+from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
@@ -44,59 +45,32 @@ SUSPECTS = (
 )
 
 
-def check(
-    command: list[str],
-    outputs: list[str],
-    ignore: list[str],
-    copies: list[Path],
-    repeat: int = 2,
-    stops: int = 2,
-    signal_name: str = "TERM",
-    stop_seed: int | None = None,
-    at: str | None = None,
-    at_file: str | None = None,
-    at_line: str | None = None,
-    seed_env: str | None = None,
-    seed_arg: str | None = None,
-    timeout: float | None = None,
-    out: Path | None = None,
-    echo=print,
-    slurm: list[str] | None = None,
-    jobs: int | None = None,
-) -> dict:
-    """check.json's content, once written. slurm: None runs here; a list of sbatch options runs each run as
-    a SLURM job with them, each stop a requeue (reprocube.orchestration.check_slurm). jobs: how many runs
-    go at once (the clean runs together, then the control beside the stopped run); None: this machine's
-    cores, at most 2 (one job under SLURM)."""
+def check(options: CheckOptions, echo=print) -> dict:
+    """check.json's content, once written. Under --launcher slurm each run is a SLURM job with
+    options.slurm's sbatch options, each stop a requeue (reprocube.orchestration.check_slurm). --jobs: how
+    many runs go at once (the clean runs together, then the control beside the stopped run); None: this
+    machine's cores, at most 2 (one job under SLURM)."""
     started = time.perf_counter()
-    _check_arguments(
-        command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed, out
-    )
-    if slurm is not None:
-        if signal_name != "TERM":
+    _check_arguments(options)
+    if options.slurm is not None:
+        if options.signal != "TERM":
             raise ConfigError(
                 "--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after "
                 "KillWait): --signal cannot be chosen"
             )
-        check_slurm(slurm)
-    globs, _ = parse_ignore(ignore)  # a malformed FILE:KEY is refused here, before any run
-    if outputs and all(any(fnmatch.fnmatch(o, g) for g in globs) for o in outputs):
+        check_slurm(options.slurm)
+    globs, _ = parse_ignore(list(options.ignore))  # a malformed FILE:KEY is refused here, before any run
+    if options.output and all(any(fnmatch.fnmatch(o, g) for g in globs) for o in options.output):
         raise ConfigError("--ignore matches every --output: nothing would be compared")
-    if jobs is not None and not 1 <= jobs <= 16:
-        raise ConfigError(f"--jobs must be from 1 to 16, got {jobs}")
-    jobs = jobs or (1 if slurm is not None else max(1, min(2, len(os.sched_getaffinity(0)))))
-    stop_seed = stop_seed if stop_seed is not None else int.from_bytes(os.urandom(4), "little")
-    out = _workspace(out, command)
-    session = CheckSession(command, outputs, ignore, copies, seed_env, seed_arg, out, echo, slurm, started)
-    session.jobs = jobs
-    session.result |= {"stop_seed": stop_seed, "signal": signal_name}
-    session.signum = SIGNALS[signal_name]
-    session.how = "SLURM requeue" if slurm is not None else f"SIG{signal_name}"
-    session.announce(repeat, stops)
+    if options.jobs is not None and not 1 <= options.jobs <= 16:
+        raise ConfigError(f"--jobs must be from 1 to 16, got {options.jobs}")
+    stop_seed = options.stop_seed if options.stop_seed is not None else int.from_bytes(os.urandom(4), "little")
+    out = _workspace(options.out, options.command)
+    session = CheckSession(options, out, echo, started)
+    session.result |= {"stop_seed": stop_seed, "signal": options.signal}
+    session.announce()
     try:
-        return session.clean_runs(repeat, timeout) or session.control_and_stopped_run(
-            stops, at, at_file, at_line, stop_seed
-        )
+        return session.clean_runs() or session.control_and_stopped_run(stop_seed)
     except KeyboardInterrupt:
         end_all_guards()  # the runs other threads wait on (--jobs) end too, not only the one here
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
@@ -107,17 +81,19 @@ class CheckSession:
     """One check's runs and its growing result; each stage returns the finished result when its verdict
     ends the check, or None to go on."""
 
-    def __init__(self, command, outputs, ignore, copies, seed_env, seed_arg, out: Path, echo, slurm, started):
-        self.command, self.outputs, self.ignore, self.copies = command, outputs, ignore, copies
-        self.seed_env, self.seed_arg, self.out, self.echo, self.slurm = seed_env, seed_arg, out, echo, slurm
-        self.started = started
-        self.jobs = 1
-        self.signum, self.how = None, ""
+    def __init__(self, options: CheckOptions, out: Path, echo, started: float):
+        self.options, self.out, self.echo, self.started = options, out, echo, started
+        self.command, self.outputs, self.ignore = list(options.command), list(options.output), list(options.ignore)
+        self.seed_env, self.seed_arg, self.slurm = options.seed_env, options.seed_arg, options.slurm
+        cores = max(1, min(2, len(os.sched_getaffinity(0))))
+        self.jobs = options.jobs or (1 if self.slurm is not None else cores)
+        self.signum = SIGNALS[options.signal]
+        self.how = "SLURM requeue" if self.slurm is not None else f"SIG{options.signal}"
         self.clean: list[Run] = []
         self.limit = 0.0  # the watchdog of each attempt after the first clean run
         self.result: dict = {
-            "command": command,
-            "outputs": {"paths": outputs, "ignore": ignore},
+            "command": self.command,
+            "outputs": {"paths": self.outputs, "ignore": self.ignore},
             "stop_seed": None,
             "signal": None,
             "runs": [],
@@ -127,17 +103,18 @@ class CheckSession:
             "probe": None,
             "environment": collect_env({}),
         }
-        if slurm is not None:
-            self.result["launcher"] = {"name": "slurm", "sbatch_options": slurm, "jobs": {}}
+        if self.slurm is not None:
+            self.result["launcher"] = {"name": "slurm", "sbatch_options": self.slurm, "jobs": {}}
 
-    def announce(self, repeat: int, stops: int) -> None:
+    def announce(self) -> None:
+        repeat, stops = self.options.repeat, self.options.stops
         self.echo(
             one_line(
                 f"check {' '.join(self.command)}: {repeat} clean runs, {counted(stops, 'stop')} by {self.how}; "
                 f"evidence in {self.out}"
             )
         )
-        copied = {path.name for path in self.copies}
+        copied = {path.name for path in self.options.copy}
         for arg in self.command:  # a relative path the user meant from here: the command runs in a fresh directory
             if not Path(arg).is_absolute() and names_regular_file(arg) and Path(arg).name not in copied:
                 self.echo(
@@ -155,7 +132,7 @@ class CheckSession:
         work.mkdir(parents=True)
         home.mkdir(parents=True)
         tmp.mkdir(parents=True)
-        copy_inputs(self.copies, work)  # checked before any run (check_copies); links never followed
+        copy_inputs(self.options.copy, work)  # checked before any run (check_copies); links never followed
         env = {**isolated_environment(home, tmp), **({self.seed_env: str(seed)} if self.seed_env else {})}
         argv = [*self.command, *([self.seed_arg.replace("{seed}", str(seed))] if self.seed_arg else [])]
         run = Run(name, work, self.out / "logs" / f"{name}.log", env, argv, self.out / "probe" / name)
@@ -205,12 +182,13 @@ class CheckSession:
         return self.result
 
     # --- the stages -------------------------------------------------------------------------------
-    def clean_runs(self, repeat: int, timeout: float | None) -> dict | None:
+    def clean_runs(self) -> dict | None:
         """`repeat` uninterrupted runs, together where the cores allow, which must write the same outputs
         (and updates, by the probe) and start from nothing another run left; then the first one's receipt."""
+        timeout = self.options.timeout
         clean = self.clean
         clean += self.ran_together(
-            [(self.new_run(f"clean-{i}"), [], timeout or 24 * 3600.0) for i in range(1, repeat + 1)]
+            [(self.new_run(f"clean-{i}"), [], timeout or 24 * 3600.0) for i in range(1, self.options.repeat + 1)]
         )
         failed = next((run for run in clean if run.exit != 0), None)
         if failed is not None:
@@ -277,7 +255,7 @@ class CheckSession:
         receipt = _write_receipt(
             self.out,
             clean[0],
-            self.copies,
+            self.options.copy,
             self.outputs,
             self.ignore,
             self.result["environment"],
@@ -287,10 +265,10 @@ class CheckSession:
         self.echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         return None
 
-    def control_and_stopped_run(self, stops: int, at, at_file, at_line, stop_seed: int) -> dict:
+    def control_and_stopped_run(self, stop_seed: int) -> dict:
         """The negative control (if the command takes a seed) beside the stopped run, then their verdicts:
         the control's first (a void check says so whatever the stopped run did)."""
-        plan, why_not = self.plan_stops(stops, at, at_file, at_line, stop_seed)
+        plan, why_not = self.plan_stops(stop_seed)
         if plan is None:
             return self.finish("not-resumed", "stopped", why_not)
         self.result["stops"] = "; ".join(stop.describe() for stop in plan)
@@ -311,11 +289,12 @@ class CheckSession:
         *control, stopped = self.ran_together(planned)
         return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
 
-    def plan_stops(self, stops: int, at, at_file, at_line, stop_seed: int) -> tuple[list[Stop] | None, str]:
+    def plan_stops(self, stop_seed: int) -> tuple[list[Stop] | None, str]:
         """The stops asked for, or the default ones: each a share of the time between two of an
         uninterrupted run's saves after its attempt's first save. None (and why) where that run saved
         nothing as it went (no file rewritten, no numbered series): no stop could follow a save and
         still interrupt something."""
+        stops, at, at_file, at_line = (getattr(self.options, k) for k in ("stops", "at", "at_file", "at_line"))
         if at is not None or at_file is not None or at_line is not None:
             return _stops(stops, at, at_file, at_line), ""
         clean = self.clean[0]
@@ -381,6 +360,15 @@ class CheckSession:
                 f"not resume's doing; two agreeing uninterrupted runs do not exclude a rarer non-determinism "
                 f"(--repeat N). Usual suspects: {SUSPECTS}",
             )
+        elsewhere = [e for e in evidence if e.get("elsewhere")]
+        if elsewhere:  # the probe says a restart resumed; its own files say not from its own checkpoint
+            named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in elsewhere)
+            what = (
+                ""
+                if comparison["identical"] and not traced["differs"]
+                else " What differs is not shown to be resume's."
+            )
+            return self.finish("state-leaked", "resume", f"{restarts}: {named}.{what}")
         if not comparison["identical"] or traced["differs"]:
             found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
             if not found:  # nothing differs that was compared: the outputs could not be read
@@ -430,17 +418,29 @@ class CheckSession:
         how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
         more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
         unchecked = f"; not checked: {not_checked[0]}{more} (check.md)" if not_checked else ""
+        moments = (
+            "; at these moments only (another --stop-seed, or more --stops, tests others)"
+            if any(stop.fraction is not None for stop in plan)
+            else ""
+        )
         return self.finish(
             "resume-exact",
             "resume",
             f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
-            f"every declared output is bit-identical to an uninterrupted run's{updates}{caveat}{unchecked}",
+            f"every declared output is bit-identical to an uninterrupted run's{updates}{caveat}{moments}{unchecked}",
         )
 
 
-def _check_arguments(
-    command, outputs, copies, repeat, stops, at, at_file, at_line, seed_env, seed_arg, timeout, stop_seed, out=None
-):
+def _check_arguments(options: CheckOptions) -> None:
+    command, outputs, copies, out = list(options.command), list(options.output), list(options.copy), options.out
+    repeat, stops, timeout, stop_seed = options.repeat, options.stops, options.timeout, options.stop_seed
+    at, at_file, at_line, seed_env, seed_arg = (
+        options.at,
+        options.at_file,
+        options.at_line,
+        options.seed_env,
+        options.seed_arg,
+    )
     if not command:
         raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
     if repeat < 2 or repeat > 10:
@@ -499,11 +499,14 @@ def isolated_environment(home: Path, tmp: Path) -> dict[str, str]:
     """This process's environment for a run, with a HOME and a TMPDIR of the run's own (state a script
     keeps under ~ or in the temporary directory cannot pass from one run to another). The XDG base
     directories follow HOME; Python's user site-packages stay where they are (PYTHONUSERBASE), so what
-    `pip install --user` put there still imports."""
+    `pip install --user` put there still imports. PYTHONUNBUFFERED=1: a Python script's line reaches check
+    when it is printed, not when a block fills or the script exits (an --at-line stop must come while the
+    script is at that line)."""
     import site
 
     env = {k: v for k, v in os.environ.items() if not re.match(r"^XDG_(CACHE|CONFIG|DATA|STATE)_HOME\Z", k)}
     env.setdefault("PYTHONUSERBASE", site.getuserbase())
+    env["PYTHONUNBUFFERED"] = "1"
     absolute = {"HOME": home.absolute(), "TMPDIR": tmp.absolute(), "TMP": tmp.absolute(), "TEMP": tmp.absolute()}
     return env | {name: str(path) for name, path in absolute.items()}
 
@@ -626,15 +629,26 @@ def _repeat_trace(first: Run, again: Run, result: dict, first_updates: dict[str,
         return f"their probe traces differ: {compared['error']}"
     if 0 in a and 0 in b and b[0].updates:
         given, update = b[0].updates[0]
-        first_updates[again.name] = given or next((s for s, u in steps_of(a[0], 0).items() if u == update), None)
+        reference = steps_of(a[0], 0)
+        step = given or next((s for s, u in reference.items() if u == update), None)
+        # At or before the first run's first recorded update (a probe called every k-th step records step
+        # k first): it began where the first run began.
+        first_updates[again.name] = 1 if step is not None and step <= min(reference, default=1) else step
     difference = compared["first_difference"]
     result["probe"]["repeat"].append(difference)
     if difference is None:
         unequal = next((r for r in compared["per_rank"] if not r["same_steps"]), None)
         if unequal is None:
             return None
+        # Every update both recorded agrees; the runs recorded other steps (a probe in a logger throttled
+        # by the clock): the rest is not compared, and no difference is shown.
         where = f" on rank {unequal['rank']}" if len(compared["ranks"]) > 1 else ""
-        return f"the first run made {counted(unequal['a_steps'], 'update')}{where}, the second {unequal['b_steps']}"
+        result["not_checked"].append(
+            f"the updates only one uninterrupted run recorded{where} (the first recorded "
+            f"{counted(unequal['a_steps'], 'update')}, the second {unequal['b_steps']}: the probe is called at "
+            "moments that differ between runs)"
+        )
+        return None
     return (
         f"step {difference['step']} is the first update that differs: "
         f"{describe_difference(difference, 'first run', 'second run')}"

@@ -39,6 +39,8 @@ class Event:
     at: float  # time.perf_counter()
     kind: str  # "write" or "read"
     path: str  # "<place>/<relative path>"
+    size: int | None = None  # a written file's size just after (None: a directory, or gone already)
+    renamed: bool = False  # a write that renamed the file into place (a whole new file, never an append)
 
 
 def state_key(path: str) -> str:
@@ -109,11 +111,11 @@ class FileActivity:
     def save_moments(
         self, since: float = float("-inf"), until: float = float("inf"), state: frozenset[str] | None = None
     ) -> list[float]:
-        """When the command saved: its writes (of state files only, where `state` gives their keys), those
-        closer than MERGE_S to the previous one merged."""
+        """When the command saved: its writes (of state files only, where `state` gives their keys; else of
+        files still there), those closer than MERGE_S to the previous one merged."""
         moments: list[float] = []
         together: set[str] = set()  # the files of the current save: the same one again is the next save
-        for event in self.writes(since, until, lasting=True):
+        for event in self.writes(since, until, lasting=state is None):
             key = state_key(event.path)
             if state is not None and key not in state:
                 continue
@@ -128,15 +130,24 @@ class FileActivity:
         moments and at least half as many as the most rewritten one (a checkpoint saved every epoch), a
         numbered series counting as one (ckpt-1.pt, ckpt-2.pt: state_key). Python's bytecode cache, a
         library's cache in HOME or TMPDIR, a data cache or a config written at start-up (and again at the
-        end), the outputs written at the end: none is the state a restart resumes from. Nothing where
-        not all was seen."""
+        end), the outputs written at the end, a log a line is appended to at every step (written in place,
+        growing write after write: metrics.csv; counted only where nothing else was saved twice): none is the
+        state a restart resumes from. Nothing where not all was seen."""
         if not self.complete:
             return frozenset()
-        moments: dict[str, list[float]] = {}
-        for event in self.writes(lasting=True):  # each write of a file is a save of it, however soon
-            moments.setdefault(state_key(event.path), []).append(event.at)
-        most = max((len(times) for times in moments.values()), default=0)
-        return frozenset(key for key, times in moments.items() if len(times) >= max(2, most / 2))
+        # Files still there at the end first; then any (Keras' BackupAndRestore deletes its backup when
+        # training ends). A log appended to is no checkpoint, unless nothing else was saved twice.
+        for writes in (self.writes(lasting=True), self.writes()):
+            appended = _appended(writes)
+            for skipped in (appended, set()):
+                moments: dict[str, list[float]] = {}
+                for event in writes:  # each write of a file is a save of it, however soon
+                    if event.path not in skipped:
+                        moments.setdefault(state_key(event.path), []).append(event.at)
+                most = max((len(times) for times in moments.values()), default=0)
+                if most >= 2:
+                    return frozenset(key for key, times in moments.items() if len(times) >= max(2, most / 2))
+        return frozenset()
 
     # --- inotify --------------------------------------------------------------------------------
     def _incomplete(self, why: str) -> None:
@@ -227,4 +238,29 @@ class FileActivity:
         if len(self.events) >= MAX_EVENTS:
             self._incomplete(f"more than {MAX_EVENTS} file events")
             return
-        self.events.append(Event(now, kind, path))
+        size = None
+        if kind == "write":
+            try:
+                size = os.lstat(self.places[directory.split("/", 1)[0]] / directory.partition("/")[2] / name).st_size
+            except OSError:
+                pass
+        self.events.append(Event(now, kind, path, size, renamed=bool(mask & IN_MOVED_TO)))
+
+
+def _appended(writes: list[Event]) -> set[str]:
+    """The files written in place that grew at every write, three writes or more (a log a line is appended to
+    at every step); a file renamed into place is a whole new one each time, never a log."""
+    sizes: dict[str, list[int | None]] = {}
+    renamed: set[str] = set()
+    for event in writes:
+        sizes.setdefault(event.path, []).append(event.size)
+        if event.renamed:
+            renamed.add(event.path)
+    return {
+        path
+        for path, seen in sizes.items()
+        if path not in renamed
+        and len(seen) >= 3
+        and None not in seen
+        and all(b > a for a, b in zip(seen, seen[1:], strict=False))
+    }

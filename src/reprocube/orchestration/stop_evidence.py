@@ -43,7 +43,7 @@ def stop_evidence(run: Run, traced: dict | None) -> list[dict]:
             how = f"attempt {number + 1} began again at step 1 on rank {ranks} (the probe)"
             evidence.append({"stop": number, "landed": True, "effective": False, "how": how})
             continue
-        judged = _judged(run, number, probe_attempts.get(number + 1))
+        judged = _judged(run, number, probe_attempts.get(number + 1), probe_attempts.get(number), traced)
         later = _later_resume(probe_attempts, number + 1)
         if judged.get("by") == "files" and later is not None and not probe_attempts.get(number + 1, {}).get("steps"):
             # The restart was stopped again before the probe wrote any update (it writes in groups): the
@@ -65,7 +65,7 @@ def _later_resume(probe_attempts: dict[int, dict], after: int) -> dict | None:
         attempt = probe_attempts[number]
         if number > after and attempt.get("steps"):
             resumed = attempt["how"] in ("given", "matched") and attempt["resumed_at"] > 0
-            return attempt if resumed and not attempt.get("from_scratch") else None
+            return attempt if resumed and not attempt.get("began_again") else None
     return None
 
 
@@ -78,15 +78,18 @@ def _ranks_that_began_again(traced: dict | None) -> dict[int, list[int]]:
         return found
     for entry in per_rank:
         for attempt in entry.get("attempts", []):
-            scratch = attempt.get("from_scratch") or (
-                attempt.get("steps") and attempt.get("how") in ("given", "matched") and attempt["resumed_at"] == 0
+            scratch = (
+                attempt.get("from_scratch")
+                or attempt.get("began_again")
+                or (attempt.get("steps") and attempt.get("how") in ("given", "matched") and attempt["resumed_at"] == 0)
             )
             if attempt["attempt"] > 1 and scratch:
                 found.setdefault(attempt["attempt"], []).append(entry["rank"])
     return found
 
 
-def _judged(run: Run, number: int, probed: dict | None) -> dict:
+def _judged(run: Run, number: int, probed: dict | None, before: dict | None, traced: dict | None) -> dict:
+    """One stop: `probed` and `before` are the probe's word on the restart and on the stopped attempt."""
     stopped, restart = run.attempts[number - 1], run.attempts[number]
     signal_at = run.began + stopped.started_s + (stopped.signal_s if stopped.signal_s is not None else stopped.seconds)
     restart_from, restart_to = run.began + restart.started_s, run.began + restart.started_s + restart.seconds
@@ -96,8 +99,15 @@ def _judged(run: Run, number: int, probed: dict | None) -> dict:
     seen = (
         "" if activity is None or activity.complete else f" (not all file activity was seen: {activity.why_incomplete})"
     )
-    if probed is not None and probed.get("from_scratch"):
+    if probed is not None and (probed.get("from_scratch") or probed.get("began_again")):
         return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
+    last = (traced or {}).get("reference_last")
+    if before is not None and before.get("steps") and last and before.get("last_step", 0) >= last:
+        return {
+            "effective": False,
+            "how": f"attempt {number} had made every update of an uninterrupted run before the signal (the "
+            "probe): the stop interrupted no training (a line printed late, or a stop during its exit)",
+        }
     if not saved and not announced:
         return {
             "effective": False,
@@ -107,14 +117,88 @@ def _judged(run: Run, number: int, probed: dict | None) -> dict:
         }
     if probed is not None and probed.get("steps"):
         if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
+            unread = _unread_state(run, number, saved, restart_from, restart_to)
+            if unread:
+                return {
+                    "effective": False,
+                    # what it resumed from is not this run's own checkpoint (it saved none)
+                    "elsewhere": unread.startswith("its run saved no state file"),
+                    "how": f"attempt {number + 1}'s first update is step "
+                    f"{probed['resumed_at'] + 1} (the probe), but {unread}",
+                }
+            after_signal = _saved_after_signal(run, saved, signal_at, restart_from)
             return {
                 "effective": True,
                 "by": "probe",
-                "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)",
+                "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)" + after_signal,
             }
         if probed["how"] in ("given", "matched", "first"):
             return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
     return _judged_by_files(run, number, saved, restart_from, restart_to, seen)
+
+
+def _unread_state(run: Run, number: int, saved: set[str], restart_from: float, restart_to: float) -> str | None:
+    """Why the probe's word that a restart resumed is not borne out by its files (None: it is, or the files
+    were not all seen: under SLURM, or inotify missed some): where everything was seen, a restart that
+    resumed read a state file its run saved before the stop. A first update past step 1 alone can be a
+    restart that began again without recording the steps it redid (a logger that skips steps already
+    logged), or one that read its state from outside its own directories (another run's)."""
+    activity = run.activity
+    if activity is None or not activity.complete:
+        return None
+    if not saved:
+        if not run.activity.writes(until=restart_from) or not any(
+            state_key(e.path) in run.state for e in run.activity.writes(until=restart_from)
+        ):
+            return (
+                "its run saved no state file in its work directory, HOME or TMPDIR before the stop: it resumed "
+                "from state elsewhere (a fixed path another run can write), which check does not accept"
+            )
+        return (
+            "no state file its run saved was whole on disk when it began (each written after the signal by an "
+            "attempt the signal ended): it began again without recording the steps it redid, or resumed from "
+            "state elsewhere"
+        )
+    if not _restart_reads(activity, saved, restart_from, restart_to):
+        return (
+            f"it read none of the {counted(len(saved), 'file')} saved before the stop: it began again without "
+            "recording the steps it redid, or resumed from state elsewhere"
+        )
+    return None
+
+
+def _saved_after_signal(run: Run, saved: set[str], signal_at: float, restart_from: float) -> str:
+    """A note where every state file the restart could read was written after the signal: the script's own
+    stop path saved it, and the checkpoints it saves as it goes (what a crash resumes from) were not tested."""
+    if run.activity is None or not saved:
+        return ""
+    last = {}
+    for event in run.activity.writes(until=restart_from):
+        if event.path in saved:
+            last[event.path] = event.at
+    if last and all(at >= signal_at for at in last.values()):
+        return (
+            "; from a checkpoint written after the signal (the script's own stop path): what it saves as it "
+            "goes was not tested (--signal KILL tests it)"
+        )
+    return ""
+
+
+def _restart_reads(activity, saved: set[str], restart_from: float, restart_to: float) -> list:
+    """The reads of saved files (or of files inside a saved directory) by a restart, before it wrote them
+    again."""
+    written_again: dict[str, float] = {}
+    for event in activity.writes(restart_from, restart_to):
+        written_again.setdefault(event.path, event.at)
+
+    def saved_as(path: str) -> str | None:  # the saved file, or the saved directory holding it (Orbax)
+        return next((s for s in saved if path == s or path.startswith(s + "/")), None)
+
+    return [
+        e
+        for e in activity.reads(restart_from, restart_to)
+        if saved_as(e.path) is not None and e.at < written_again.get(saved_as(e.path), float("inf"))
+    ]
 
 
 def _saved(run: Run, signal_at: float, restart_from: float, killed: bool) -> set[str]:
@@ -138,18 +222,11 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
     if activity is None or not activity.complete:
         why = activity.why_incomplete if activity is not None else "not watched"
         return {"effective": False, "how": f"what attempt {number + 1} read and wrote was not all seen ({why})"}
-    written_again: dict[str, float] = {}
-    for event in activity.writes(restart_from, restart_to):
-        written_again.setdefault(event.path, event.at)
+    reads = _restart_reads(activity, saved, restart_from, restart_to)
 
     def saved_as(path: str) -> str | None:  # the saved file, or the saved directory holding it (Orbax)
         return next((s for s in saved if path == s or path.startswith(s + "/")), None)
 
-    reads = [
-        e
-        for e in activity.reads(restart_from, restart_to)
-        if saved_as(e.path) is not None and e.at < written_again.get(saved_as(e.path), float("inf"))
-    ]
     if not reads:
         return {
             "effective": False,
@@ -207,12 +284,15 @@ def leaked_state(clean: list[Run], first_updates: dict[str, int | None]) -> str 
     for name, step in first_updates.items():
         if step is not None and step > 1:
             return f"{name}'s first update is step {step} of an uninterrupted run: it began where another run ended"
+    if any(step is not None for step in first_updates.values()):
+        return None  # the probe placed the runs' first updates: their times say nothing more
     times = {run.name: run.attempts[-1].seconds for run in clean if run.attempts and run.attempts[-1].exit == 0}
     if len(times) >= 2:
         fast, slow = min(times, key=times.get), max(times, key=times.get)
         if times[fast] < LEAK_RATIO * times[slow]:
             return (
-                f"{fast} took {times[fast]:.1f} s where {slow} took {times[slow]:.1f} s: it began from "
-                "state another run left (a checkpoint at a fixed path outside its work directory?)"
+                f"{fast} took {times[fast]:.1f} s where {slow} took {times[slow]:.1f} s: it may have begun from "
+                "state another run left (a checkpoint at a fixed path outside its work directory?), or found a "
+                "cache warm (a dataset or compiled code at a fixed path); the probe's first update would tell"
             )
     return None
