@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -155,13 +156,44 @@ def test_a_directory_with_a_metadata_file_orbax_cannot_read_is_compared_file_by_
     pytest.importorskip("orbax.checkpoint")
     for side in (a, b):
         (side / "results" / "_METADATA").write_text('{"tree_metadata": 5}')  # Orbax's key, not Orbax's value
-    [entry] = compare_outputs(a, b, ["results"], [])["files"]
+    # The directory as one output, and the file beside Orbax's own ones (the script's: compared as any file).
+    entries = {f["path"]: f for f in compare_outputs(a, b, ["results"], [])["files"]}
+    assert sorted(entries) == ["results", "results/predictions.npy"], entries
+    entry = entries["results"]
     assert entry["same"] is False and entry.get("compared", True), entry
     assert "could not be read as an Orbax checkpoint" in entry["detail"], entry
     assert "the first predictions.npy: tensor array" in entry["detail"], entry
     np.save(b / "results" / "predictions.npy", np.arange(5.0))
     comparison = compare_outputs(a, b, ["results"], [])
     assert comparison["identical"] is True and "all 2 identical" in comparison["files"][0]["detail"], comparison
+
+
+def test_an_orbax_checkpoint_is_compared_by_its_tensors_and_the_scripts_files_beside_them(tmp_path):
+    """Round 3 (F5, F11): a history.json saved in the Orbax directory, and Orbax's _CHECKPOINT_METADATA's
+    custom_metadata, were never compared (the directory was its tensors only). Now both are; the step
+    metadata without its times, Orbax's own marker (its path) and array files never."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    a, b = runs(tmp_path)
+    for side, seen in ((a, 1024), (b, 512)):
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save((side / "final").absolute(), {"w": np.ones(3)}, custom_metadata={"samples_seen": seen})
+        checkpointer.wait_until_finished()
+        (side / "final" / "history.json").write_text(json.dumps([0.5, 0.25] if seen == 1024 else [0.25]))
+    comparison = compare_outputs(a, b, ["final"], [])
+    entries = {f["path"]: f for f in comparison["files"]}
+    assert sorted(entries) == ["final", "final/_CHECKPOINT_METADATA", "final/history.json"], entries
+    assert entries["final"]["same"] is True  # the tensors
+    assert entries["final/history.json"]["same"] is False
+    metadata = entries["final/_CHECKPOINT_METADATA"]
+    assert metadata["same"] is False and "samples_seen" in metadata["detail"], metadata
+    # The same custom_metadata and history: identical, whatever the times and the paths Orbax wrote.
+    for side in (a, b):
+        shutil.rmtree(side / "final")
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save((side / "final").absolute(), {"w": np.ones(3)}, custom_metadata={"samples_seen": 7})
+        checkpointer.wait_until_finished()
+        (side / "final" / "history.json").write_text("[0.5]")
+    assert compare_outputs(a, b, ["final"], [])["identical"] is True
 
 
 def keras_archive(weights: dict[str, np.ndarray], date: str, config: dict | None = None) -> bytes:

@@ -18,7 +18,13 @@ from reprocube.untrusted import MAX_JSON_BYTES, parse_json, read_bytes
 MAX_OUTPUT_BYTES = 2 << 30  # a checkpoint of a model that trains in minutes is far smaller
 MAX_FILES = 100_000
 ORBAX_TREE = "_METADATA"  # the file that makes a directory an Orbax (PyTree) checkpoint
+# Orbax's step metadata (JSON): its metrics and custom_metadata are compared, its times are not.
 ORBAX_TIMESTAMP = "_CHECKPOINT_METADATA"
+ORBAX_TIMES = ("init_timestamp_nsecs", "commit_timestamp_nsecs", "performance_metrics")
+# What Orbax itself writes in a checkpoint directory (read as its tensors, or a marker holding the
+# directory's own path): never compared file by file. Any other file there is the script's, compared.
+ORBAX_OWN_FILES = frozenset({ORBAX_TREE, "_sharding", "manifest.ocdbt", "commit_success.txt"})
+ORBAX_OWN_DIRS = ("d", "ocdbt.process_", "array_metadatas", "descriptor")
 
 
 def is_orbax(path: Path) -> bool:
@@ -36,8 +42,9 @@ def is_orbax(path: Path) -> bool:
 
 def walk_outputs(root: Path, outputs: list[str], top_as_files: bool = False) -> dict[str, Path]:
     """Everything under the declared outputs that exists, by path relative to `root`: regular files,
-    links (never entered), FIFOs and other special files, Orbax checkpoint directories (one entry; with
-    top_as_files, a declared directory itself never is)."""
+    links (never entered), FIFOs and other special files, Orbax checkpoint directories (one entry, and
+    every file in them that Orbax did not write: ORBAX_OWN_FILES; with top_as_files, a declared directory
+    itself never is)."""
     found: dict[str, Path] = {}
     for output in outputs:
         start = root / output
@@ -52,13 +59,14 @@ def walk_outputs(root: Path, outputs: list[str], top_as_files: bool = False) -> 
             continue
         for directory, dirs, files in os.walk(start, followlinks=False):
             whole = not (top_as_files and Path(directory) == start)
+            own: frozenset[str] = frozenset()
             if whole and ORBAX_TREE in files and is_orbax(Path(directory)):  # one output, by its tensors
                 found[relative_name(Path(directory), root, output)] = Path(directory)
-                dirs[:] = []
-                continue
+                dirs[:] = [d for d in dirs if not d.startswith(ORBAX_OWN_DIRS) or (Path(directory) / d).is_symlink()]
+                own = ORBAX_OWN_FILES
             for name in sorted(files) + [d for d in dirs if (Path(directory) / d).is_symlink()]:
                 path = Path(directory) / name
-                if name != ORBAX_TIMESTAMP:
+                if name not in own:
                     found[path.relative_to(root).as_posix()] = path
             if len(found) > MAX_FILES:
                 raise CheckpointError(f"{start}: more than {MAX_FILES} files: declare fewer outputs")

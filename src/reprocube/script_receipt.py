@@ -187,7 +187,12 @@ def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> di
     Orbax checkpoint that Orbax cannot read is recorded file by file (NAME/FILE: its sha256), and why is
     one line appended to `notes`, if given: never a traceback."""
     digests: dict[str, str | None] = {}
+    # An Orbax checkpoint is recorded by its tensors only: the files beside them in its directory (which
+    # `check` compares between its own runs) are not in a receipt (B lists outputs as A's receipt names them).
+    checkpoints = [f"{name}/" for name, path in found.items() if path.is_dir() and not path.is_symlink()]
     for name, path in found.items():
+        if name.startswith(tuple(checkpoints)):
+            continue
         if not path.is_dir() or path.is_symlink():
             digests[name] = _digest(path)
             continue

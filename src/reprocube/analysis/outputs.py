@@ -4,9 +4,11 @@ formats researchers save (safetensors, `.pt`/`.pth` read with `torch.load(weight
 and `.npy` without pickles, Keras `.h5`, Orbax checkpoint directories), and JSON, CSV and text line by
 line; the first differing tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
 An Orbax checkpoint (a directory holding Orbax's `_METADATA`: a JSON object with its tree_metadata) is
-one output compared by its tensors only: its bytes hold timestamps and random file names, and Orbax's own
-`_CHECKPOINT_METADATA` (a timestamp) is not compared wherever it lies. A directory holding a `_METADATA`
-of another kind is walked as any other; one that Orbax cannot read is compared file by file.
+one output compared by its tensors: its array files hold random names; every other file in it that Orbax
+did not write (a history.json saved beside the weights) is compared as any file, and Orbax's
+`_CHECKPOINT_METADATA` is compared as JSON without its times (its metrics and custom_metadata are the
+script's). A directory holding a `_METADATA` of another kind is walked as any other; one that Orbax
+cannot read is compared file by file.
 
 Every file is someone else's: read through reprocube.untrusted (a regular file, at most MAX_OUTPUT_BYTES,
 a symbolic link never followed but compared by its target's text), parsed by a library told not to run
@@ -30,6 +32,8 @@ from reprocube.analysis.tensors import tensor_differences
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.output_files import (
     MAX_OUTPUT_BYTES,
+    ORBAX_TIMES,
+    ORBAX_TIMESTAMP,
     files_below,
     load_orbax,
     walk_outputs,
@@ -108,6 +112,8 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
             files.append({"path": name, "same": False, "detail": f"only in {side} ({_kind(path)})"})
             continue
         keys = [key for glob, key in fields if fnmatch.fnmatch(name, glob)]
+        if posixpath.basename(name) == ORBAX_TIMESTAMP:  # Orbax's step metadata: its times are not compared
+            keys += [key for key in ORBAX_TIMES if key not in keys]
         files.append({"path": name, **compare_files(a[name], b[name], explain, keys)})
     # Neither side readable (FIFOs in both runs, both too large): neither the same nor different, and the
     # caller names it as not checked.
@@ -218,8 +224,8 @@ def _orbax_difference(a: Path, b: Path) -> dict:
 
 
 def _files_difference(a: Path, b: Path, why: str) -> dict:
-    """Two directories by the files below them (compare_files each; Orbax's _CHECKPOINT_METADATA left
-    out): the same only where every one is."""
+    """Two directories by the files below them (compare_files each; Orbax's _CHECKPOINT_METADATA without its
+    times): the same only where every one is."""
     listed = [files_below(root) for root in (a, b)]
     entries = []
     for name in sorted(set(listed[0]) | set(listed[1])):
@@ -227,7 +233,8 @@ def _files_difference(a: Path, b: Path, why: str) -> dict:
             side, path = ("A", listed[0][name]) if name in listed[0] else ("B", listed[1][name])
             entries.append({"path": name, "same": False, "detail": f"only in {side} ({_kind(path)})"})
         else:
-            entries.append({"path": name, **compare_files(listed[0][name], listed[1][name])})
+            times = list(ORBAX_TIMES) if posixpath.basename(name) == ORBAX_TIMESTAMP else []
+            entries.append({"path": name, **compare_files(listed[0][name], listed[1][name], ignore_fields=times)})
     differing = [e for e in entries if not e["same"] and e.get("compared", True)]
     unread = [e for e in entries if not e.get("compared", True)]
     counted = f"{len(entries) - len(unread)} of {len(entries)} files compared"
@@ -267,6 +274,8 @@ def content_difference(name: str, a: bytes, b: bytes, ignore_fields: list[str] =
     in `ignore_fields` (or a Keras archive's date_saved), which "ignored_fields" lists. A file that cannot
     be read as its format is a difference that says so, never an exception."""
     suffix = next((s for s in (*TENSOR_SUFFIXES, *TEXT_SUFFIXES) if name.endswith(s)), None)
+    if name == ORBAX_TIMESTAMP or name.endswith("/" + ORBAX_TIMESTAMP):
+        suffix = ".json"  # Orbax's step metadata: JSON without the suffix
     try:
         if ignore_fields:
             return _fields_difference(suffix, a, b, list(ignore_fields), one_line(name))
