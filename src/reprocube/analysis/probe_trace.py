@@ -283,11 +283,17 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         # called every k-th step records step k first, in a restart that began again too). From scratch:
         # began again although an earlier attempt had announced a checkpoint (a restart before the first
         # checkpoint rightly begins again).
-        began_again = number > 1 and how != "assumed" and (start == 0 or start + 1 <= min(reference, default=1))
+        declared = bool(trace.resumed)  # probe.resumed(k), k > 0: where it resumed, not a guess from a record
+        began_again = (
+            number > 1
+            and how != "assumed"
+            and (start == 0 or (not declared and start + 1 <= min(reference, default=1)))
+        )
         entry = {
             "attempt": number,
             "steps": len(steps),
-            "resumed_at": start,
+            # where it said it resumed (probe.resumed), where its first record comes later (a sparse probe)
+            "resumed_at": trace.resumed if declared and how == "given" and trace.resumed < start else start,
             "how": how,
             "last_announced": announced[-1] if announced else None,
             "from_scratch": began_again and any(announced),

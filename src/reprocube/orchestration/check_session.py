@@ -28,7 +28,7 @@ from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
-from reprocube.orchestration.file_activity import FileActivity
+from reprocube.orchestration.file_activity import FileActivity, state_key
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.output_files import link_above
@@ -36,6 +36,9 @@ from reprocube.results.check_result import write_check
 from reprocube.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.terminal import counted, one_line
 
+# A last attempt that resumed at least RESUMED_LATE of the way into the training yet took SLOW_RESTART of an
+# uninterrupted run's time or more did not show that it resumed (its expected share is 1 - RESUMED_LATE).
+RESUMED_LATE, SLOW_RESTART = 0.3, 0.9
 SUSPECTS = (
     "unseeded generators (Python's random, NumPy, the framework's: torch.manual_seed, tf.random.set_seed, a JAX "
     "key), seeds from the clock or os.urandom, PYTHONHASHSEED (the order of a set or of unordered iteration), "
@@ -310,7 +313,16 @@ class CheckSession:
                 "checkpoint only at the end?). Stop it yourself with --at SECONDS, --at-file GLOB or "
                 "--at-line REGEX to see what a restart does"
             )
-        gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
+        # The time between two saves of one file (a checkpoint written as two files, the model and then the
+        # optimizer, is one save: the gap between its files is no interval between saves).
+        state = activity.state_keys()
+        per_file: dict[str, list[float]] = {}
+        for event in activity.writes():
+            if state_key(event.path) in state:
+                per_file.setdefault(event.path, []).append(event.at)
+        gaps = sorted(b - a for times in per_file.values() for a, b in zip(times, times[1:], strict=False))
+        if not gaps:  # a numbered series (each file written once): between its saves
+            gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
         return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
 
     def control_verdict(self, control: Run) -> dict | None:
@@ -398,7 +410,7 @@ class CheckSession:
                 f"{restarts}: {named}. The same outputs show only that the script is deterministic: "
                 "resume was not tested there",
             )
-        unproven = _unproven(evidence, comparison, self.result["probe"])
+        unproven = _unproven(evidence, comparison, self.result["probe"], stopped, self.clean)
         if unproven:
             return self.finish(
                 "not-proven",
@@ -574,12 +586,29 @@ def _write_receipt(
     )
 
 
-def _unproven(evidence: list[dict], comparison: dict, probe: dict | None) -> list[str]:
+def _unproven(evidence: list[dict], comparison: dict, probe: dict | None, stopped: Run, clean: list[Run]) -> list[str]:
     """What keeps identical outputs after effective stops from proving the resume: a restart shown by its
     files only (it read a checkpoint and saved as often as it should: it may still have begun again, e.g.
     with rotated checkpoints or saves skipped for steps already saved), a declared output not compared,
-    a rank whose trace is missing."""
+    a rank whose trace is missing, file activity not all seen (the probe's word was not checked against
+    what the restarts read), a last attempt that took as long as an uninterrupted run although it resumed
+    well into the training (it may have redone, unrecorded, the steps before)."""
     reasons = []
+    activity = stopped.activity
+    if activity is not None and not activity.complete:
+        reasons.append(f"what the restarts read was not all seen ({activity.why_incomplete})")
+    resume = (probe or {}).get("resume") or {}
+    last = next((a for a in resume.get("attempts", []) if a["attempt"] == len(stopped.attempts)), None)
+    total, whole = resume.get("reference_last") or 0, min((r.attempts[-1].seconds for r in clean), default=0)
+    if last and last.get("steps") and total and whole and stopped.attempts[-1].exit == 0:
+        share = last["resumed_at"] / total
+        took = stopped.attempts[-1].seconds
+        if share >= RESUMED_LATE and took >= SLOW_RESTART * whole:
+            reasons.append(
+                f"attempt {len(stopped.attempts)} took {took:.1f} s, as long as an uninterrupted run ({whole:.1f} s), "
+                f"though its first update is step {last['resumed_at'] + 1} of {total}: it may have redone the "
+                "steps before without recording them"
+            )
     by_files = [e["stop"] for e in evidence if e["effective"] and e.get("by") == "files"]
     if by_files:
         reasons.append(
@@ -590,7 +619,6 @@ def _unproven(evidence: list[dict], comparison: dict, probe: dict | None) -> lis
     unread = comparison.get("not_compared") or []
     if unread:
         reasons.append(f"{', '.join(unread[:3])} not compared (see not checked)")
-    resume = (probe or {}).get("resume") or {}
     missing = _missing_ranks(resume)
     if missing:
         reasons.append(missing)

@@ -7,7 +7,9 @@ Only whole-file events count: a write is a file closed after writing or renamed 
 written then renamed, or in place); a read is a file read or opened read-only and closed. Directories are
 watched as they appear (a file in a directory made and filled faster than its watch is added can be
 missed). Where inotify is missing, the watches run out or its queue overflows, `complete` is False and
-the caller says what it could not see. Everything is recorded by relative name and time, nothing read."""
+the caller says what it could not see. Everything is recorded by relative name and time, and a written
+file's size and first HEAD_BYTES (a log appended to keeps them; a checkpoint rewritten does not); nothing
+else of a file is read."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import ctypes.util
 import os
 import re
 import select
+import stat
 import struct
 import threading
 import time
@@ -30,6 +33,7 @@ EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), t
 MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
 MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
 MERGE_S = 0.02  # writes of different files closer than this are one save (a checkpoint and its metrics file)
+HEAD_BYTES = 64  # of a file written in place, kept to tell a log appended to from a checkpoint rewritten
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -41,6 +45,7 @@ class Event:
     path: str  # "<place>/<relative path>"
     size: int | None = None  # a written file's size just after (None: a directory, or gone already)
     renamed: bool = False  # a write that renamed the file into place (a whole new file, never an append)
+    head: bytes | None = None  # a file written in place: its first HEAD_BYTES (a log appended to keeps them)
 
 
 def state_key(path: str) -> str:
@@ -153,8 +158,10 @@ class FileActivity:
     def _incomplete(self, why: str) -> None:
         self.complete, self.why_incomplete = False, self.why_incomplete or why
 
-    def _watch_tree(self, root: Path, name: str) -> None:
-        """root and every directory under it (walked without recursion), each watched."""
+    def _watch_tree(self, root: Path, name: str, new: bool = False) -> None:
+        """root and every directory under it (walked without recursion), each watched. new: a directory the
+        command made while watched: the files already in it when its watch was added (a save into a
+        directory made a moment before: checkpoint-500/) are writes too, seen now."""
         pending = [(root, name)]
         while pending:
             directory, label = pending.pop()
@@ -162,10 +169,20 @@ class FileActivity:
                 return
             try:
                 with os.scandir(directory) as entries:
-                    subdirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                    listed = [
+                        (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in entries
+                    ]
             except OSError:
                 continue
-            pending += [(directory / sub, f"{label}/{sub}") for sub in subdirs]
+            if new:
+                now = time.perf_counter()
+                for entry, _, regular in listed:
+                    if regular and len(self.events) < MAX_EVENTS:
+                        path = directory / entry
+                        size = path.stat(follow_symlinks=False).st_size if path.exists() else None
+                        self.events.append(Event(now, "write", f"{label}/{entry}", size))
+                        self._last[("write", f"{label}/{entry}")] = now
+            pending += [(directory / sub, f"{label}/{sub}") for sub, is_dir, _ in listed if is_dir]
 
     def _watch(self, directory: Path, label: str) -> bool:
         if len(self._dirs) >= MAX_WATCHES:
@@ -217,7 +234,7 @@ class FileActivity:
         if mask & IN_ISDIR:
             if mask & (IN_CREATE | IN_MOVED_TO):
                 place = self.places[directory.split("/", 1)[0]]
-                self._watch_tree(place / directory.partition("/")[2] / name, f"{directory}/{name}")
+                self._watch_tree(place / directory.partition("/")[2] / name, f"{directory}/{name}", new=True)
             if mask & IN_MOVED_TO and len(self.events) < MAX_EVENTS:
                 # A directory written elsewhere and renamed into place (Orbax's checkpoints) is one save.
                 self.events.append(Event(now, "write", f"{directory}/{name}"))
@@ -232,28 +249,48 @@ class FileActivity:
         if not kind:
             return
         path = f"{directory}/{name}"
-        if kind == "read" and now - self._last.get((kind, path), float("-inf")) < MERGE_S:
-            return  # the same file read again at once: one read
+        if now - self._last.get((kind, path), float("-inf")) < MERGE_S:
+            return  # the same file read again at once, or written (a new directory's scan, then its close): once
         self._last[(kind, path)] = now
         if len(self.events) >= MAX_EVENTS:
             self._incomplete(f"more than {MAX_EVENTS} file events")
             return
-        size = None
+        size, head = None, None
         if kind == "write":
-            try:
-                size = os.lstat(self.places[directory.split("/", 1)[0]] / directory.partition("/")[2] / name).st_size
-            except OSError:
-                pass
-        self.events.append(Event(now, kind, path, size, renamed=bool(mask & IN_MOVED_TO)))
+            size, head = _size_and_head(self.places[directory.split("/", 1)[0]] / directory.partition("/")[2] / name)
+        self.events.append(Event(now, kind, path, size, renamed=bool(mask & IN_MOVED_TO), head=head))
+
+
+def _size_and_head(path: Path) -> tuple[int | None, bytes | None]:
+    """A regular file's size and first HEAD_BYTES, read without following a link or waiting on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return None, None
+        return status.st_size, os.read(fd, HEAD_BYTES)
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
 
 
 def _appended(writes: list[Event]) -> set[str]:
-    """The files written in place that grew at every write, three writes or more (a log a line is appended to
-    at every step); a file renamed into place is a whole new one each time, never a log."""
+    """The files written in place that grew at every write and kept their first bytes, three writes or more
+    (a log a line is appended to at every step); a checkpoint rewritten in place changes its first bytes
+    (a zip's first member, a header's values) even where it grows (a loss history in it); a file renamed
+    into place is a whole new one each time, never a log."""
     sizes: dict[str, list[int | None]] = {}
+    heads: dict[str, set[bytes | None]] = {}
     renamed: set[str] = set()
     for event in writes:
         sizes.setdefault(event.path, []).append(event.size)
+        heads.setdefault(event.path, set()).add(
+            event.head[: min(HEAD_BYTES, sizes[event.path][0] or 0)] if event.head else None
+        )
         if event.renamed:
             renamed.add(event.path)
     return {
@@ -262,5 +299,7 @@ def _appended(writes: list[Event]) -> set[str]:
         if path not in renamed
         and len(seen) >= 3
         and None not in seen
+        and len(heads[path]) == 1
+        and None not in heads[path]
         and all(b > a for a, b in zip(seen, seen[1:], strict=False))
     }

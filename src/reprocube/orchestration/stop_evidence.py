@@ -126,7 +126,7 @@ def _judged(run: Run, number: int, probed: dict | None, before: dict | None, tra
                     "how": f"attempt {number + 1}'s first update is step "
                     f"{probed['resumed_at'] + 1} (the probe), but {unread}",
                 }
-            after_signal = _saved_after_signal(run, saved, signal_at, restart_from)
+            after_signal = _saved_after_signal(run, restart_from, restart_to, signal_at)
             return {
                 "effective": True,
                 "by": "probe",
@@ -167,21 +167,21 @@ def _unread_state(run: Run, number: int, saved: set[str], restart_from: float, r
     return None
 
 
-def _saved_after_signal(run: Run, saved: set[str], signal_at: float, restart_from: float) -> str:
-    """A note where every state file the restart could read was written after the signal: the script's own
-    stop path saved it, and the checkpoints it saves as it goes (what a crash resumes from) were not tested."""
-    if run.activity is None or not saved:
+def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal_at: float) -> str:
+    """A note where the restart read a file that the stopped attempt wrote after the signal (its own stop
+    handler's save, under any name: preempt.npz, Lightning's hpc_ckpt): the checkpoints it saves as it goes
+    (what a crash resumes from) were not tested."""
+    activity = run.activity
+    if activity is None:
         return ""
-    last = {}
-    for event in run.activity.writes(until=restart_from):
-        if event.path in saved:
-            last[event.path] = event.at
-    if last and all(at >= signal_at for at in last.values()):
-        return (
-            "; from a checkpoint written after the signal (the script's own stop path): what it saves as it "
-            "goes was not tested (--signal KILL tests it)"
-        )
-    return ""
+    after = {e.path for e in activity.writes(signal_at, restart_from)}
+    read = {e.path for e in activity.reads(restart_from, restart_to)}
+    if not after & read:
+        return ""
+    return (
+        f"; from a file written after the signal ({', '.join(sorted(after & read)[:2])}: the script's own stop "
+        "path): what it saves as it goes was not tested (--signal KILL tests it)"
+    )
 
 
 def _restart_reads(activity, saved: set[str], restart_from: float, restart_to: float) -> list:
@@ -201,6 +201,13 @@ def _restart_reads(activity, saved: set[str], restart_from: float, restart_to: f
     ]
 
 
+# inotify's events are stamped when check reads them, up to a few tenths of a second late on a busy machine:
+# a save that an --at-line stop followed at once is stamped after the signal. A write stamped within this of
+# the signal counts as before it (one truly cut off leaves a truncated file, which a restart cannot resume
+# from unnoticed: it fails, or begins again and the probe says so).
+SIGNAL_SLACK_S = 0.25
+
+
 def _saved(run: Run, signal_at: float, restart_from: float, killed: bool) -> set[str]:
     """The state files (run.state) whole on disk when the restart began: written before the signal and
     not written again after it by an attempt the signal killed (that write was cut off: a truncated
@@ -211,7 +218,7 @@ def _saved(run: Run, signal_at: float, restart_from: float, killed: bool) -> set
     for event in run.activity.writes(until=restart_from):
         if state_key(event.path) in run.state:
             last[event.path] = event.at
-    return {path for path, at in last.items() if at < signal_at or not killed}
+    return {path for path, at in last.items() if at < signal_at + SIGNAL_SLACK_S or not killed}
 
 
 def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float, restart_to: float, seen: str):
