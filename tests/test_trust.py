@@ -201,6 +201,20 @@ def _other_program(result: dict, directory: Path) -> None:
     result["match"]["recipe"][0]["argv"] = ["bash", "-c", "touch pwned"]
 
 
+def _foreign_interpreter(result: dict, directory: Path) -> None:
+    """The emulator's form, its interpreter a program of the attacker's choice (qemu-user runs any path)."""
+    argv = result["match"]["recipe"][0]["argv"]
+    result["match"]["recipe"][0]["argv"] = [
+        "qemu-x86_64",
+        "-cpu",
+        "EPYC-Milan-v1",
+        "/bin/sh",
+        "-m",
+        "reprocube",
+        *argv[1:],
+    ]
+
+
 def _grammar_argument(result: dict, directory: Path) -> None:
     result["match"]["recipe"][0]["argv"].append("hydra.searchpath=[file:///tmp]")
 
@@ -230,6 +244,7 @@ def _matched_run_without_as_bits(result: dict, directory: Path) -> None:
         _forged_recipe,
         _forged_value,
         _other_program,
+        _foreign_interpreter,
         _grammar_argument,
         _no_matched_run,
         _settings_the_run_did_not_have,

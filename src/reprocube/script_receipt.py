@@ -55,7 +55,8 @@ SEED_VALUE = re.compile(r"^[0-9]{1,20}\Z")
 # The seed variable (`check --seed-env VAR`, a script receipt's seed.variable): check sets it for its runs
 # and `reproduce` advises "run as VAR=VALUE reprocube reproduce ...", so it must be a name that only the
 # script reads. The rule, here only (check's option and the receipt reader both ask refused_seed_variable):
-# letters, digits and _, not starting with a digit, at most 64; and no name, in any case, that one of these
+# letters, digits and _, not starting with a digit, at most 64, holding SEED (a list of the variables
+# programs read is never complete: OPENSSL_CONF=0 loads ./0 too); and no name, in any case, that one of these
 # readers takes from the environment (its value is digits, but PYTHONSTARTUP=0 runs ./0, LD_PRELOAD=0
 # loads it, BASH_ENV=0 sources it, PYTHONINSPECT=1 leaves the next Python at a prompt, OMP_NUM_THREADS=1
 # changes the numbers, HOME=0 or TMPDIR=0 moves where programs write).
@@ -81,7 +82,7 @@ SEED_VARIABLE_READERS = {
     ),
     "another interpreter or tool": (
         ("PERL5", "PERLLIB", "PERL_", "RUBYOPT", "RUBYLIB", "RUBY_", "NODE_", "JAVA_", "_JAVA_", "JDK_", "GIT_")
-        + ("SSH_", "PIP_", "CONDA_", "UV_", "XDG_"),
+        + ("SSH_", "PIP_", "CONDA_", "UV_", "XDG_", "APPTAINER", "SINGULARITY", "OPENSSL_", "QEMU_"),
         ("ALL_PROXY", "BROWSER", "CLASSPATH", "CURL_CA_BUNDLE", "DISPLAY", "EDITOR", "FTP_PROXY", "HTTP_PROXY")
         + ("HTTPS_PROXY", "NO_PROXY", "PAGER", "REQUESTS_CA_BUNDLE", "SSL_CERT_DIR", "SSL_CERT_FILE", "VISUAL")
         + ("VIRTUAL_ENV",),
@@ -99,6 +100,11 @@ def refused_seed_variable(name: str) -> str | None:
     for reader, (prefixes, names) in SEED_VARIABLE_READERS.items():
         if upper in names or upper.startswith(prefixes):
             return f"is refused: {reader} reads it (a seed variable must be one only the script reads)"
+    if "SEED" not in upper:  # no list of what programs read is ever whole (OPENSSL_CONF, APPTAINERENV_...)
+        return (
+            "is refused: a seed variable's name holds SEED (SEED, TRAIN_SEED, MY_SEED_1), so that no program "
+            "reads it for anything else"
+        )
     return None
 
 

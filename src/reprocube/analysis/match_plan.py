@@ -6,7 +6,7 @@ settings, what the retraining showed. Only documented variables with checked val
 from __future__ import annotations
 
 import json
-import re
+import sys
 
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
@@ -225,9 +225,6 @@ def _isa(env: dict) -> list[str]:
     return [f for f in isa if isinstance(f, str)] if isinstance(isa, list) else []
 
 
-# An interpreter a recipe names for the emulator (qemu-user does not search PATH): an absolute path of
-# plain characters, shown quoted.
-_INTERPRETER = re.compile(r"/[A-Za-z0-9._+/-]{1,255}")
 
 
 def recipe_refusal(recipe: list[dict], a: Receipt, matched: Receipt | None) -> str | None:
@@ -268,12 +265,15 @@ def _command_refusal(command: dict, ran_env: dict) -> str | None:
         argv[:2] == [EMULATOR, "-cpu"]
         and len(argv) > 6
         and argv[2] in {name for name, _, _ in CHECKED_MODELS}
-        and _INTERPRETER.fullmatch(argv[3])
+        and argv[3] == sys.executable  # qemu-user runs a path: only this reprocube's own interpreter
         and argv[4:6] == ["-m", "reprocube"]
     ):
         rest = argv[6:]
     else:
-        return "it runs something other than reprocube train (or reprocube on the emulated CPU)"
+        return (
+            "it runs something other than reprocube train (or, on the emulated CPU, the interpreter of the "
+            "reprocube drawing this page)"
+        )
     if rest[:1] != ["train"]:
         return "it runs something other than reprocube train"
     for word in rest[1:]:
