@@ -541,3 +541,83 @@ def test_cli_without_key_is_a_usage_error(run_dir, capsys):
         main(["sign", str(run_dir)])
     assert exc.value.code == EXIT_CONFIG
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cli_never_replaces_the_signature_of_other_bytes(tmp_path, keys, capsys):
+    """receipt.sig is replaced only where it signs the very receipt being signed: never another receipt's
+    beside it (a file not named receipt.json is refused: its signature would be receipt.json's), nor the
+    signature of the receipt.json there before it changed. One line, exit 2, nothing written."""
+    published = tmp_path / "pub"
+    published.mkdir()
+    shutil.copy(REFERENCE, published / "receipt.json")
+    assert main(["sign", str(published), "--key", str(keys[0])]) == EXIT_OK
+    capsys.readouterr()
+    signed = (published / SIGNATURE_FILE).read_bytes()
+    script = script_receipt(tmp_path / "script")
+    shutil.copy(script, published / "other-run.json")  # another valid receipt beside the signed one
+    new_key = tmp_path / "new" / "k.pem"
+    new_key.parent.mkdir()
+    message = (
+        f"{published / 'other-run.json'}: reprocube signs a receipt named receipt.json only "
+        f"(its signature is always {SIGNATURE_FILE} beside it)"
+    )
+    for extra in ([], ["--new-key"]):
+        key = new_key if extra else keys[0]
+        before = tree_digest(tmp_path)
+        assert main(["sign", str(published / "other-run.json"), "--key", str(key), *extra]) == EXIT_CONFIG
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"reprocube: error: {message}"), err
+        assert tree_digest(tmp_path) == before and not any(new_key.parent.iterdir())
+    receipt = published / "receipt.json"
+    verify_receipt_signature(receipt.read_bytes(), receipt, keys[1])  # still the first receipt's signature
+    other = published / "other-run.json"
+    with pytest.raises(SignatureError, match=f"or {published / SIGNATURE_FILE} is receipt.json's") as exc:
+        verify_receipt_signature(other.read_bytes(), other, keys[1])
+    one_line(exc)
+
+    (published / "receipt.json").write_bytes(script.read_bytes())  # receipt.json is now another receipt
+    digest = json.loads(signed)["receipt_sha256"]
+    message = f"{published / SIGNATURE_FILE} signs other bytes than {receipt} (sha256 {digest[:16]}..."
+    for extra in ([], ["--new-key"]):
+        key = new_key if extra else keys[0]
+        before = tree_digest(tmp_path)
+        assert main(["sign", str(published), "--key", str(key), *extra]) == EXIT_CONFIG
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"reprocube: error: {message}"), err
+        assert tree_digest(tmp_path) == before and not any(new_key.parent.iterdir())
+    assert (published / SIGNATURE_FILE).read_bytes() == signed
+
+    (published / SIGNATURE_FILE).unlink()  # moved away: then it is signed
+    assert main(["sign", str(published), "--key", str(keys[0])]) == EXIT_OK
+    verify_receipt_signature(receipt.read_bytes(), receipt, keys[1])
+
+
+def test_cli_new_key_is_never_written_where_it_does_damage(tmp_path, run, capsys):
+    """--new-key writes no key inside the receipt's directory (the signature's own path included) nor inside
+    any checkpoint, and nothing at all before every check passed: one line, exit 2, nothing written."""
+    published = tmp_path / "pub"
+    published.mkdir()
+    shutil.copy(REFERENCE, published / "receipt.json")
+    elsewhere = Path(shutil.copytree(run, tmp_path / "another-run", symlinks=True))
+    cases = [
+        (published, published / SIGNATURE_FILE, f"--key {published / SIGNATURE_FILE} lies inside {published}"),
+        (published, published / "keys" / "k.pem", f"--key {published / 'keys' / 'k.pem'} lies inside {published}"),
+        (run, run / "k.pem", f"--key {run / 'k.pem'} lies inside {run}"),
+    ]
+    inside = run / "checkpoints" / "epoch-0001" / "k.pem"  # the run's own checkpoint: inside the run
+    cases.append((run, inside, f"--key {inside} lies inside {run}, the directory of the receipt being signed"))
+    checkpoint = elsewhere / "checkpoints" / "epoch-0002"  # any other run's checkpoint
+    cases.append((run, checkpoint / "k.pem", f"--key {checkpoint / 'k.pem'} lies inside {checkpoint}, a checkpoint"))
+    cases.append((run, elsewhere / "checkpoints" / "k.pem", f"lies inside {elsewhere / 'checkpoints'}, a checkpoint"))
+    (published / "keys").mkdir()
+    for source, key, message in cases:
+        before = tree_digest(tmp_path)
+        assert main(["sign", str(source), "--key", str(key), "--new-key"]) == EXIT_CONFIG, key
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert message in err and err.startswith("reprocube: error: --key"), err
+        assert tree_digest(tmp_path) == before, key
+        assert not os.path.lexists(key) and not os.path.lexists(f"{key}.pub")
+    # the run still is its own, and signs with a key made outside it
+    assert main(["sign", str(run), "--key", str(tmp_path / "k.pem"), "--new-key"]) == EXIT_OK
+    assert main(["sign", str(elsewhere), "--key", str(tmp_path / "k.pem")]) == EXIT_OK

@@ -5,7 +5,9 @@ not sign.
 
 receipt.sig is a small JSON object: format, version, algorithm, public_key (base64 of the raw 32 bytes),
 key_id (the first 16 hex digits of the public key's sha256), receipt_sha256 and signature (base64, over
-the exact bytes of the receipt, not a re-serialisation of its JSON).
+the exact bytes of the receipt, not a re-serialisation of its JSON). Its name is fixed, so only a receipt
+named receipt.json is signed (one signed receipt a directory), and a receipt.sig there is replaced only
+where it signs these very bytes (its receipt_sha256): never another receipt's, or an older one's.
 
 Errors: when signing, a receipt or key that cannot be used is a ConfigError (exit 2: the command's input is
 wrong); when verifying, every failure is a SignatureError (exit 4: the receipt cannot be trusted)."""
@@ -26,6 +28,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from reprocube.checkpoint import MANIFEST, NAME_PATTERN
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError, SignatureError
 from reprocube.files import fsync_dir, write_json_atomic
 from reprocube.receipt import (
@@ -102,18 +105,23 @@ def signable_receipt(source: Path) -> tuple[Path, bytes]:
             check_own_receipt(run, receipt, ConfigError)
     except CheckpointError as exc:  # a reader's own error class: here the input of `sign`, exit 2
         raise ConfigError(str(exc)) from None
+    if receipt_path.name != RECEIPT:  # its signature would be receipt.sig, which is receipt.json's
+        raise ConfigError(
+            f"{receipt_path}: reprocube signs a receipt named {RECEIPT} only (its signature is always "
+            f"{SIGNATURE_FILE} beside it); copy it into a directory of its own as {RECEIPT} and sign that"
+        )
     return receipt_path, raw
 
 
 def sign_receipt(receipt_path: Path, private_key_path: Path, receipt: bytes | None = None) -> Path:
     """Sign the exact bytes of `receipt_path` (or `receipt`, the bytes of it the caller read and checked)
     with an Ed25519 private key (PEM PKCS#8, unencrypted) and write receipt.sig beside it; returns its path.
-    A receipt.sig we wrote before (by any key) is replaced; anything else there is refused."""
+    A receipt.sig there is replaced only where it signs these very bytes (check_signature_replaceable)."""
     receipt_path, sig_path = Path(receipt_path), signature_path(receipt_path)
     if receipt is None:
         receipt = read_bytes(receipt_path, MAX_RECEIPT_BYTES, ConfigError)
     private_key = _load_private_key(Path(private_key_path))
-    _refuse_foreign_signature_file(receipt_path)
+    check_signature_replaceable(receipt_path, receipt)
     public_raw = _raw(private_key.public_key())
     record = {
         "format": SIGNATURE_FORMAT,
@@ -168,8 +176,9 @@ def verify_receipt_signature(receipt_bytes: bytes, receipt_path: Path, public_ke
         )
     actual = hashlib.sha256(receipt_bytes).hexdigest()
     if actual != record["receipt_sha256"]:
+        other = f", or {signature_path(receipt_path)} is {RECEIPT}'s" if receipt_path.name != RECEIPT else ""
         raise SignatureError(
-            f"{receipt_path} has changed since it was signed "
+            f"{receipt_path} has changed since it was signed{other} "
             f"(sha256 {actual[:16]}..., signed {record['receipt_sha256'][:16]}...)"
         )
     try:
@@ -199,7 +208,11 @@ def generate_key(private_key_path: Path) -> Path:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     _write_new_file(private_key_path, private_pem, 0o600)
-    _write_new_file(public_key_path, public_pem, 0o644 & ~_umask())
+    try:
+        _write_new_file(public_key_path, public_pem, 0o644 & ~_umask())
+    except BaseException:  # no half pair left behind: the private key is ours, just written
+        private_key_path.unlink(missing_ok=True)
+        raise
     return public_key_path
 
 
@@ -237,17 +250,51 @@ def _load_public_key(path: Path) -> Ed25519PublicKey:
     return key
 
 
-def _refuse_foreign_signature_file(receipt_path: Path) -> None:
-    """A receipt.sig that reprocube wrote (by any key) may be replaced; a link or anything else is not ours."""
+def check_signature_replaceable(receipt_path: Path, receipt: bytes) -> None:
+    """That signing `receipt` (the bytes of `receipt_path`) replaces nothing that is not ours: a receipt.sig
+    already there is replaced only where it is a signature reprocube wrote (by any key) of these very bytes
+    (its receipt_sha256). Another receipt's signature, an older version's, a link or anything else is one
+    ConfigError line naming it."""
     sig_path = signature_path(receipt_path)
     if not os.path.lexists(sig_path):
         return
     if sig_path.is_symlink():
         raise ConfigError(f"{sig_path} is a symbolic link; reprocube does not replace it")
     try:
-        read_signature(receipt_path, ConfigError)
+        record = read_signature(receipt_path, ConfigError)
     except ConfigError as exc:
         raise ConfigError(f"{sig_path} exists and is not a signature reprocube wrote ({exc}); move it away") from None
+    actual = hashlib.sha256(receipt).hexdigest()
+    if record["receipt_sha256"] != actual:
+        raise ConfigError(
+            f"{sig_path} signs other bytes than {receipt_path} (sha256 {record['receipt_sha256'][:16]}..., "
+            f"this receipt {actual[:16]}...: another receipt, or this one before it changed); reprocube does "
+            f"not replace it: move it away to sign {receipt_path}"
+        )
+
+
+def check_new_key_place(private_key_path: Path, receipt_path: Path) -> None:
+    """That `--new-key` may write the key pair at `private_key_path` (and `<name>.pub`): not inside the
+    directory of the receipt being signed (the run, or what one publishes with it: the signature's own path
+    included), nor inside a checkpoint (whose manifest would then not hold) or any `checkpoints` directory.
+    Checked before anything is written; a refusal is one ConfigError line."""
+    private_key_path = Path(private_key_path)
+    where = Path(os.path.realpath(private_key_path.parent))
+    signed = Path(os.path.realpath(Path(receipt_path).parent))
+    if where.is_relative_to(signed):
+        raise ConfigError(
+            f"--key {private_key_path} lies inside {Path(receipt_path).parent}, the directory of the receipt "
+            f"being signed: write the new key pair elsewhere (keep the private key out of what you publish)"
+        )
+    for directory in (where, *where.parents):
+        checkpoint = NAME_PATTERN.match(directory.name) and (
+            directory.parent.name == "checkpoints" or os.path.lexists(directory / MANIFEST)
+        )
+        if checkpoint or directory.name == "checkpoints":
+            raise ConfigError(
+                f"--key {private_key_path} lies inside {directory}, a checkpoint or a run's checkpoints "
+                f"directory (its files would no longer be the checkpoint's): write the new key pair elsewhere"
+            )
 
 
 def _base64_field(fields: Fields, key: str, length: int) -> bytes:
