@@ -3,6 +3,7 @@ is bit-identical to one that compiled them, `off` compiles anew, and only a dire
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -78,7 +79,7 @@ def test_a_linked_cache_directory_is_not_used(monkeypatch, capsys, tmp_path):
 
 def test_a_cache_that_others_could_change_is_not_used(monkeypatch, capsys, tmp_path):
     """JAX runs what it loads from the cache: a parent directory anyone may write (not sticky) turns it
-    off; our own directory left open is closed to 0700 and used."""
+    off; our own directory only readable by others is closed to 0700 and used."""
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
@@ -90,9 +91,136 @@ def test_a_cache_that_others_could_change_is_not_used(monkeypatch, capsys, tmp_p
     shared.chmod(0o755)
     directory = compilation_cache.cache_directory()
     directory.mkdir(parents=True)
-    directory.chmod(0o777)
+    directory.chmod(0o755)
+    (directory / "jit_step-0123-cache").write_bytes(b"ours")  # JAX's own entries are used
+    (directory / ".lockfile").write_bytes(b"")
     assert compilation_cache.enable(jax) and directory.stat().st_mode & 0o777 == 0o700
     assert jax.config.values["jax_persistent_cache_enable_xla_caches"] == "none"
+
+
+def _refused_with_one_line(capsys, jax) -> str:
+    assert not compilation_cache.enable(jax)
+    assert jax.config.values == {"jax_compilation_cache_dir": None}
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("reprocube: JAX compilation cache off: ")
+    return line
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o703, 0o1777])
+def test_a_cache_directory_of_ours_left_writable_by_others_is_refused_not_closed(monkeypatch, capsys, tmp_path, mode):
+    """Issue 55 F2: another user may have put anything in a directory that was open (links at cache keys
+    to their compiled code, ran by JAX): closing it and using it used to run their code. It is refused,
+    as it was found: nothing is repaired behind the user's back."""
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path))
+    directory = compilation_cache.cache_directory()
+    directory.mkdir()
+    directory.chmod(mode)
+    line = _refused_with_one_line(capsys, _FakeJax())
+    assert f"{directory} is writable by others (mode {mode:04o})" in line and "remove it" in line
+    assert directory.stat().st_mode & 0o7777 == mode
+
+
+def _plant(directory: Path, kind: str, tmp_path: Path) -> str:
+    """Something that is not a regular file of this user's with one name, at a cache key's name."""
+    name = "jit__lambda-0123abcd-cache"
+    target = tmp_path / "target"
+    target.write_bytes(b"compiled elsewhere")
+    if kind == "link":
+        (directory / name).symlink_to(target)
+    elif kind == "atime link":
+        name = "jit__lambda-0123abcd-atime"
+        (directory / name).symlink_to(target)  # JAX writes the access time through it: target overwritten
+    elif kind == "lock link":
+        name = ".lockfile"
+        (directory / name).symlink_to(target)
+    elif kind == "dangling link":
+        (directory / name).symlink_to(tmp_path / "not-yet")
+    elif kind == "hard link":
+        os.link(target, directory / name)
+    elif kind == "directory":
+        (directory / name).mkdir(mode=0o700)
+    elif kind == "fifo":
+        os.mkfifo(directory / name, 0o600)
+    return name
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("link", "a symbolic link"),
+        ("atime link", "a symbolic link"),
+        ("lock link", "a symbolic link"),
+        ("dangling link", "a symbolic link"),
+        ("hard link", "a file with 2 names"),
+        ("directory", "not a regular file"),
+        ("fifo", "not a regular file"),
+    ],
+)
+def test_a_cache_directory_holding_anything_but_our_regular_files_is_refused(monkeypatch, capsys, tmp_path, kind, said):
+    """Issue 55 F2: what was planted while the directory was open stays after it was closed (by reprocube
+    of old, or by hand). JAX follows links at its entries' names (loading the target, or writing the
+    access time through it): nothing but this user's regular files may be there."""
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path / "cache"))
+    directory = compilation_cache.cache_directory()
+    directory.mkdir(parents=True, mode=0o700)
+    (directory / "jit_ours-cache").write_bytes(b"ours")
+    name = _plant(directory, kind, tmp_path)
+    line = _refused_with_one_line(capsys, _FakeJax())
+    assert f"{directory / name} is {said}" in line
+    assert (tmp_path / "target").read_bytes() == b"compiled elsewhere"
+
+
+def test_a_file_of_another_user_in_the_cache_directory_is_refused(monkeypatch, capsys, tmp_path, other_user):
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path / "cache"))
+    directory = compilation_cache.cache_directory()
+    directory.mkdir(parents=True, mode=0o700)
+    planted = directory / "jit_step-0123-cache"
+    planted.write_bytes(b"their compiled code")
+    os.chown(planted, other_user, other_user)
+    line = _refused_with_one_line(capsys, _FakeJax())
+    assert f"{planted} is a file of another user (uid {other_user})" in line
+
+
+@pytest.mark.parametrize(
+    ("home", "said"),
+    [
+        (None, "HOME is unset and uid {uid} has no passwd entry"),  # docker run --user 4242
+        ("~nobody", "HOME ('~nobody') is not an absolute path"),
+        ("", "HOME ('') is not an absolute path"),
+        ("x{tmp}/d", "HOME ('x{tmp}/d') is not an absolute path"),  # used to be walked as {tmp}/d
+    ],
+)
+def test_no_home_directory_or_a_relative_one_turns_the_cache_off_in_one_line(monkeypatch, capsys, tmp_path, home, said):
+    """Issue 55 F3/F4: no home directory used to end the run in a traceback (Path.home()); a relative HOME
+    was walked from / without its first component. Neither is guessed: the cache is off, one line."""
+    monkeypatch.delenv(compilation_cache.VARIABLE, raising=False)
+    if home is None:
+        monkeypatch.delenv("HOME", raising=False)
+
+        def no_entry(uid):
+            raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+        monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    else:
+        monkeypatch.setenv("HOME", home.format(tmp=tmp_path))
+    line = _refused_with_one_line(capsys, _FakeJax())
+    assert said.format(uid=os.getuid(), tmp=tmp_path) in line and "set REPROCUBE_JAX_CACHE" in line
+    assert not any(tmp_path.iterdir())  # nothing made where the relative path would have been walked
+
+
+def test_a_cache_directory_that_cannot_be_closed_turns_the_cache_off(monkeypatch, capsys, tmp_path):
+    """Issue 55 F5: a 0755 directory of ours on a read-only file system: closing it failed with an OSError
+    that ended `train` (exit 1, "Read-only file system"). The cache is off, the line names the directory."""
+    monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path))
+    directory = compilation_cache.cache_directory()
+    directory.mkdir(mode=0o755)
+
+    def read_only(fd, mode):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "fchmod", read_only)
+    line = _refused_with_one_line(capsys, _FakeJax())
+    assert line.endswith(f"cannot close {directory} (mode 0755) to 0700: Read-only file system")
 
 
 def test_a_run_from_the_cache_is_bit_identical_to_a_compiled_one(generated, tmp_path):

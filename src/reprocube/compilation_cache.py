@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import pwd
 import stat
 import sys
 from pathlib import Path
@@ -37,9 +38,36 @@ def cache_directory() -> Path | None:
             )
             return None
     else:
-        base = Path.home() / ".cache" / "reprocube" / "jax"
+        home = _home()
+        if home is None:
+            return None
+        base = home / ".cache" / "reprocube" / "jax"
     machine = hashlib.sha256(cpu_signature().encode()).hexdigest()[:16]
     return base / f"cpu-{machine}"
+
+
+def _home() -> Path | None:
+    """This user's home directory (HOME, else the passwd entry), or None with one line: there is none
+    (a uid without a passwd entry and no HOME, as `docker run --user`), or it is not an absolute path
+    (HOME='~nobody', HOME=x/y: refused, as a relative REPROCUBE_JAX_CACHE is, never resolved from the
+    current directory)."""
+    home = os.environ.get("HOME")
+    if home is None:
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            return _no_home(f"HOME is unset and uid {os.getuid()} has no passwd entry")
+        where = f"the home directory of uid {os.getuid()} ({home!r})"
+    else:
+        where = f"HOME ({home!r})"
+    if not os.path.isabs(home):
+        return _no_home(f"{where} is not an absolute path")
+    return Path(home)
+
+
+def _no_home(why: str) -> None:
+    print(f"reprocube: JAX compilation cache off: {why}; set {VARIABLE} to an absolute path", file=sys.stderr)
+    return None
 
 
 MAX_BYTES = 1 << 30  # JAX evicts the least recently used entries beyond this (a step is ~0.1 MB on the CPU)
@@ -62,6 +90,8 @@ def enable(jax) -> bool:
             os.close(base_fd)
     except _Refused as refusal:
         return _off(jax, str(refusal))
+    except OSError as error:  # anything else the file system says (the line names the cache, never a traceback)
+        return _off(jax, f"cannot use {directory}: {error.strerror or error}")
     resolved = base / directory.name
     jax.config.update("jax_compilation_cache_dir", str(resolved))
     # Every step, however fast it compiled: the small steps of short runs are the start-up we save.
@@ -189,7 +219,13 @@ def _check_directory(here: Path, info: os.stat_result, me: int) -> None:
 
 def _own_directory(parent: int, path: Path, create: bool) -> tuple[int, int]:
     """The cache's own directory, `path` in the directory open as `parent`: a directory (not a link) of
-    this user's, mode 0700 (one of ours left open is closed). Returns its device and inode."""
+    this user's, writable by no one else, and (when `create`, before JAX is given it) holding nothing but
+    regular files of this user's (`_check_entries`). Returns its device and inode.
+
+    One that is (or was) writable by others is refused, never closed and used: whatever it holds may be
+    another user's, and JAX loads and runs it (and writes through a link it finds there). One of ours only
+    readable by others (0755: made by hand) is closed to 0700; where it cannot be (a read-only file
+    system) it is refused."""
     name, me = path.name, os.geteuid()
     if create:
         try:
@@ -209,13 +245,51 @@ def _own_directory(parent: int, path: Path, create: bool) -> tuple[int, int]:
         info = os.fstat(fd)
         if info.st_uid != me:
             raise _Refused(alone)
-        if info.st_mode & 0o077:
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o022:
+            raise _Refused(
+                f"{path} is writable by others (mode {mode:04o}), so what it holds may be another user's code:"
+                " remove it and reprocube makes a new one (closing it is not enough)"
+            )
+        if create:
+            _check_entries(fd, path, me)
+        if mode & 0o077:
             if not create:
                 raise _Refused(alone)
-            os.fchmod(fd, 0o700)  # ours, made by an older reprocube or by hand: closed
+            try:
+                os.fchmod(fd, 0o700)  # ours, readable by others (made by hand or an older reprocube): closed
+            except OSError as error:
+                raise _Refused(f"cannot close {path} (mode {mode:04o}) to 0700: {error.strerror}") from None
         return info.st_dev, info.st_ino
     finally:
         os.close(fd)
+
+
+def _check_entries(fd: int, path: Path, me: int) -> None:
+    """Everything in the cache's directory (open as `fd`) is a regular file of this user's with one name:
+    JAX reads and writes its entries by name, following links, so a link (to another user's compiled
+    code, or to a file of ours that JAX would overwrite with an access time), a hard link, another
+    user's file, a subdirectory, a FIFO or a device there turns the cache off."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # evicted meanwhile by a JAX process of ours
+            what = None
+            if stat.S_ISLNK(info.st_mode):
+                what = "a symbolic link"
+            elif not stat.S_ISREG(info.st_mode):
+                what = "not a regular file"
+            elif info.st_uid != me:
+                what = f"a file of another user (uid {info.st_uid})"
+            elif info.st_nlink != 1:
+                what = f"a file with {info.st_nlink} names (hard links)"
+            if what:
+                raise _Refused(
+                    f"{path / entry.name} is {what}: JAX would follow it or load it; remove {path}"
+                    " (reprocube makes a new one)"
+                )
 
 
 def _open_jax_cache(jax) -> None:
