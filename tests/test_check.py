@@ -149,7 +149,9 @@ def test_a_non_deterministic_script_is_never_called_a_resume_bug(tmp_path):
 
 
 def test_a_control_that_does_not_change_the_outputs_voids_the_check(tmp_path):
-    proc, result = check(tmp_path, *OUTPUTS, "--seed-env", "SEED_NOT_READ_BY_THE_SCRIPT", command=[*NUMPY, "--save-rng"])
+    proc, result = check(
+        tmp_path, *OUTPUTS, "--seed-env", "SEED_NOT_READ_BY_THE_SCRIPT", command=[*NUMPY, "--save-rng"]
+    )
     assert proc.returncode == 9 and result["verdict"] == "control-void"
 
 

@@ -168,6 +168,13 @@ def test_report_reads_only_inside_the_reproduce_directory(reproduced, runs, tmp_
     (copy / "runs" / "b" / RECEIPT).symlink_to(reproduced / "runs" / "b" / RECEIPT)
     proc = report_of(copy, tmp_path)
     assert proc.returncode == 4 and "symbolic link" in error_lines(proc)[-1], proc.stderr
+    shutil.rmtree(copy)
+
+    copy = copy_of(reproduced, tmp_path)  # B's run directory a link out of the reproduce directory
+    shutil.rmtree(copy / "runs" / "b")
+    (copy / "runs" / "b").symlink_to(reproduced / "runs" / "b", target_is_directory=True)
+    proc = report_of(copy, tmp_path)
+    assert proc.returncode == 4 and "runs/b is a symbolic link" in error_lines(proc)[-1], proc.stderr
     assert not (tmp_path / "refused" / "report.html").exists()
 
 

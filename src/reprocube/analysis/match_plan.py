@@ -225,8 +225,6 @@ def _isa(env: dict) -> list[str]:
     return [f for f in isa if isinstance(f, str)] if isinstance(isa, list) else []
 
 
-
-
 def recipe_refusal(recipe: list[dict], a: Receipt, matched: Receipt | None) -> str | None:
     """Why the commands a reproduce result records are not to be shown for a person to run (None: they may
     be). A recipe is shown only where this reproduction's own --match run stands behind it: `matched`, the

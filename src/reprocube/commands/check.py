@@ -16,6 +16,7 @@ from reprocube.errors import ConfigError
 from reprocube.orchestration.check_options import OPTIONS, YAML_TYPES, CheckOptions
 from reprocube.orchestration.check_session import check
 from reprocube.orchestration.copy_inputs import check_copies
+from reprocube.orchestration.options import add_options
 from reprocube.results.check_result import VERDICTS
 from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes
 
@@ -32,18 +33,7 @@ def add_arguments(parser) -> None:
         help="everything in DIR is copied into each work directory and DIR/check.yaml gives the command and the "
         "options (the mlcube check task; then give no other option but --out)",
     )
-    for option in OPTIONS:
-        if option.kind is list:
-            add(option.flag, action="append", default=[], metavar=option.metavar, help=option.help)
-        else:
-            add(
-                option.flag,
-                type=option.kind,
-                default=option.default,
-                choices=option.choices,
-                metavar=option.metavar,
-                help=option.help,
-            )
+    add_options(parser, OPTIONS)
     add("--copy", action="append", default=[], type=Path, metavar="PATH", help="copied into each work directory")
     add("--out", type=Path, help="where the work directories, logs and check.json go (default ./check-NAME)")
     add("command", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]: the training command")

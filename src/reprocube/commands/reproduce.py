@@ -15,6 +15,9 @@ from pathlib import Path
 
 from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import safe_name
+from reprocube.orchestration.children import print_now
+from reprocube.orchestration.options import add_options
+from reprocube.orchestration.reproduce_options import OPTIONS, SCRIPT_OPTIONS, ReproduceOptions
 from reprocube.orchestration.run_reproduction import reproduce_run
 from reprocube.orchestration.script_reproduction import reproduce_script
 from reprocube.receipt import RECEIPT_FORMAT
@@ -29,31 +32,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--out", type=Path, help="directory for the runs, reproduce.json and reproduce.md (default: ./reproduce-RUN)"
     )
-    parser.add_argument(
-        "--match", action="store_true", help="if B differs, re-run with A's emulatable settings (ISA caps, threads)"
-    )
-    parser.add_argument("--study", type=Path, help="a study.json giving the seed-to-seed spread")
-    parser.add_argument(
-        "--seeds", type=int, default=0, help="without a study: train N other seeds here to estimate the spread"
-    )
-    parser.add_argument("--public-key", type=Path, help="refuse a receipt whose Ed25519 signature does not verify")
-    parser.add_argument(
-        "--allow-config-change",
-        action="store_true",
-        help="accept overrides of result keys (reported as config differences) besides the place keys",
-    )
-    parser.add_argument(
-        "--allow-oversubscribe",
-        action="store_true",
-        help="train even where A's threads exceed this machine's usable CPUs (slower; JAX's result differs)",
-    )
-    parser.add_argument("--ulp", type=int, default=16, help="the 'within N ULP' tier's N (default 16)")
-    parser.add_argument(
-        "--stall-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="end a training child that makes no progress for this long (default: warn every 120 s, never end it)",
-    )
+    add_options(parser, OPTIONS)
     parser.add_argument(
         "--copy",
         action="append",
@@ -68,38 +47,20 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    options = ReproduceOptions.of(**{option.name: getattr(args, option.name) for option in OPTIONS})
     # A script that is not ours (`reprocube check` wrote its receipt): given -- CMD, the source must be one.
     if args.script_command or is_script_receipt(args.source):
-        return _run_script(args)
+        return _run_script(args, options)
     if args.copy:
         raise ConfigError("--copy is for a script receipt (written by reprocube check), with -- CMD")
-    result = reproduce(
-        args.source,
-        args.out,
-        list(args.overrides),
-        match=args.match,
-        study=args.study,
-        seeds=args.seeds,
-        public_key=args.public_key,
-        allow_config_change=args.allow_config_change,
-        ulp=args.ulp,
-        stall_timeout=args.stall_timeout,
-        allow_oversubscribe=args.allow_oversubscribe,
-    )
+    result = reproduce_run(args.source, args.out, list(args.overrides), options, report=_page())
     return {"bit-identical": EXIT_OK, "losses-only": EXIT_LOSSES_ONLY}.get(result["verdict"], EXIT_DIFFERENT)
 
 
-def _run_script(args) -> int:
-    for option, given in (
-        ("--study", args.study),
-        ("--seeds", args.seeds),
-        ("--allow-config-change", args.allow_config_change),
-        ("--allow-oversubscribe", args.allow_oversubscribe),
-        ("--ulp", args.ulp != 16),
-        ("--stall-timeout", args.stall_timeout),
-    ):
-        if given:
-            raise ConfigError(f"{option} is for a run's receipt, not a script's (written by reprocube check)")
+def _run_script(args, options: ReproduceOptions) -> int:
+    for option in options.given():
+        if option.name not in SCRIPT_OPTIONS:
+            raise ConfigError(f"{option.flag} is for a run's receipt, not a script's (written by reprocube check)")
     if receipt_format(args.source) == RECEIPT_FORMAT:
         raise ConfigError(
             f"{args.source}: a run's receipt, reproduced without -- CMD; -- CMD is for a script's "
@@ -114,12 +75,16 @@ def _run_script(args) -> int:
     out = args.out or Path(f"reproduce-{safe_name(Path(receipt.command[-1]).stem or 'script')}")
     if args.overrides:
         raise ConfigError(f"{args.overrides[0]}: a script receipt takes no overrides; its command follows --")
-    result = reproduce_script(receipt, list(args.script_command), list(args.copy), out, args.match)
+    result = reproduce_script(receipt, list(args.script_command), list(args.copy), out, options.match)
     return SCRIPT_VERDICTS[result["verdict"]]
 
 
-def reproduce(*args, **kwargs) -> dict:
-    """reprocube.orchestration.run_reproduction.reproduce_run, its page drawn by reprocube.pages."""
+def reproduce(source: Path, out: Path | None, overrides: list[str], echo=print_now, **values) -> dict:
+    """run_reproduction.reproduce_run with its options as keywords (match=True, seeds=2, ...), its page drawn."""
+    return reproduce_run(source, out, overrides, ReproduceOptions.of(**values), echo=echo, report=_page())
+
+
+def _page():
     from reprocube.pages.reproduction_page import write_reproduce_report  # matplotlib: imported only when drawn
 
-    return reproduce_run(*args, report=write_reproduce_report, **kwargs)
+    return write_reproduce_report

@@ -6,28 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from reprocube.orchestration.check_runs import SIGNALS
+from reprocube.orchestration.options import Option
 
 LAUNCHERS = ("local", "slurm")
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option as check.yaml and the command line both take it: `kind` is int, float, str or list (a
-    list of strings, repeatable on the command line)."""
-
-    name: str  # check.yaml's key; the flag is --NAME with - for _
-    kind: type
-    default: Any
-    help: str
-    metavar: str | None = None
-    choices: tuple[str, ...] | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
 
 
 OPTIONS = (

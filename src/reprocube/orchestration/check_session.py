@@ -600,7 +600,14 @@ def _unproven(evidence: list[dict], comparison: dict, probe: dict | None, stoppe
     resume = (probe or {}).get("resume") or {}
     last = next((a for a in resume.get("attempts", []) if a["attempt"] == len(stopped.attempts)), None)
     total, whole = resume.get("reference_last") or 0, min((r.attempts[-1].seconds for r in clean), default=0)
-    if last and last.get("steps") and total and whole and stopped.attempts[-1].exit == 0:
+    if (
+        last
+        and last.get("steps")
+        and total
+        and whole
+        and stopped.attempts[-1].exit == 0
+        and _training_dominates(clean[0])
+    ):
         share = last["resumed_at"] / total
         took = stopped.attempts[-1].seconds
         if share >= RESUMED_LATE and took >= SLOW_RESTART * whole:
@@ -623,6 +630,17 @@ def _unproven(evidence: list[dict], comparison: dict, probe: dict | None, stoppe
     if missing:
         reasons.append(missing)
     return reasons
+
+
+def _training_dominates(clean: Run) -> bool:
+    """Whether an uninterrupted run's first save came in the first half of it: its start-up (importing a
+    framework, loading data) is then a small part, and a restart's duration tells how much it trained."""
+    activity = clean.activity
+    if activity is None or not clean.attempts:
+        return False
+    began = clean.began + clean.attempts[0].started_s
+    saves = activity.save_moments(since=began, state=clean.state or activity.state_keys())
+    return bool(saves) and saves[0] - began <= 0.5 * clean.attempts[-1].seconds
 
 
 def _missing_ranks(resume: dict) -> str | None:

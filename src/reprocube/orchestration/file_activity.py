@@ -33,6 +33,7 @@ EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), t
 MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
 MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
 MERGE_S = 0.02  # writes of different files closer than this are one save (a checkpoint and its metrics file)
+SCAN_CLOSE_S = 1.0  # a file a new directory's scan saw, then closed within this: one write
 HEAD_BYTES = 64  # of a file written in place, kept to tell a log appended to from a checkpoint rewritten
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -66,6 +67,7 @@ class FileActivity:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._last: dict[tuple[str, str], float] = {}
+        self._scanned: dict[str, float] = {}  # files a new directory held when its watch was added
 
     def start(self) -> FileActivity:
         self._fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if hasattr(_libc, "inotify_init1") else -1
@@ -181,7 +183,7 @@ class FileActivity:
                         path = directory / entry
                         size = path.stat(follow_symlinks=False).st_size if path.exists() else None
                         self.events.append(Event(now, "write", f"{label}/{entry}", size))
-                        self._last[("write", f"{label}/{entry}")] = now
+                        self._scanned[f"{label}/{entry}"] = now
             pending += [(directory / sub, f"{label}/{sub}") for sub, is_dir, _ in listed if is_dir]
 
     def _watch(self, directory: Path, label: str) -> bool:
@@ -249,8 +251,10 @@ class FileActivity:
         if not kind:
             return
         path = f"{directory}/{name}"
-        if now - self._last.get((kind, path), float("-inf")) < MERGE_S:
-            return  # the same file read again at once, or written (a new directory's scan, then its close): once
+        if kind == "read" and now - self._last.get((kind, path), float("-inf")) < MERGE_S:
+            return  # the same file read again at once: one read
+        if kind == "write" and now - self._scanned.pop(path, float("-inf")) < SCAN_CLOSE_S:
+            return  # a new directory's scan saw it already (its close came after the watch was added)
         self._last[(kind, path)] = now
         if len(self.events) >= MAX_EVENTS:
             self._incomplete(f"more than {MAX_EVENTS} file events")

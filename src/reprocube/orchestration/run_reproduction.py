@@ -50,6 +50,7 @@ from reprocube.orchestration.children import (
     run_watched,
 )
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
+from reprocube.orchestration.reproduce_options import ReproduceOptions
 from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
@@ -93,20 +94,16 @@ def reproduce_run(
     source: Path,
     out: Path | None,
     overrides: list[str],
-    match: bool = False,
-    study: Path | None = None,
-    seeds: int = 0,
-    public_key: Path | None = None,
-    allow_config_change: bool = False,
-    ulp: int = 16,
-    stall_timeout: float | None = None,
+    options: ReproduceOptions,
     echo=print_now,
-    allow_oversubscribe: bool = False,
     report: Callable[[Path, Receipt, Path, dict], Path] | None = None,
 ) -> dict:
     """A's receipt at `source` retrained here as B, compared, explained (the module's docstring); the result
     written to --out as reproduce.json and .md, and `report(out, A, B's run, result)` draws its page (the
     command passes reprocube.pages' page: orchestration never imports the pages)."""
+    match, study, seeds, public_key = options.match, options.study, options.seeds, options.public_key
+    allow_config_change, ulp, stall_timeout = options.allow_config_change, options.ulp, options.stall_timeout
+    allow_oversubscribe = options.allow_oversubscribe
     started = time.perf_counter()
     _check_options(seeds, ulp, stall_timeout)
     source = Path(source)

@@ -85,6 +85,12 @@ def _bound_receipts(directory: Path, result: dict, file: Path) -> dict[str, Rece
     receipts = {}
     for name, entry in result["inputs"].items():
         path = directory / entry["path"]  # a fixed relative path (check_reproduce), never one from the file
+        inside = [p for p in path.relative_to(directory).parents if p != Path(".")]
+        linked = next((p for p in inside if (directory / p).is_symlink()), None)
+        if linked is not None:  # read only inside the directory: never through a link out of it
+            raise CheckpointError(
+                f"{file}: {directory / linked} is a symbolic link (the receipts are read inside it only)"
+            )
         receipt = read_receipt(path.parent)  # a run directory's receipt: a symbolic link is refused
         if hashlib.sha256(receipt.raw).hexdigest() != entry["sha256"]:
             raise CheckpointError(f"{file}: {path} is not the receipt this result compared (inputs.{name}.sha256)")
