@@ -360,7 +360,9 @@ class CheckSession:
         comparison = self.compared(stopped, self.clean[0])
         self.result["comparisons"]["resume"] = comparison
         traced = _resume_trace(self.clean[0], stopped, self.result)
-        evidence = stop_evidence(stopped, self.result["probe"] and self.result["probe"].get("resume"))
+        evidence = stop_evidence(
+            stopped, self.result["probe"] and self.result["probe"].get("resume"), files_bind=self.slurm is None
+        )
         self.result["stop_evidence"] = evidence
         effective = [e for e in evidence if e["effective"]]
         restarts = f"after {counted(landed, 'stop')} by {self.how} ({len(effective)} of {len(plan)} effective)"

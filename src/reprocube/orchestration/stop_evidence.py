@@ -25,9 +25,11 @@ from reprocube.terminal import counted
 LEAK_RATIO = 0.4  # a complete run this much faster than another started from state someone else left
 
 
-def stop_evidence(run: Run, traced: dict | None) -> list[dict]:
+def stop_evidence(run: Run, traced: dict | None, files_bind: bool = True) -> list[dict]:
     """Per requested stop of `run`: {"stop", "landed", "effective", "how"}; traced: compare_stopped's
-    answer for the run (None without the probe)."""
+    answer for the run (None without the probe). files_bind: the probe's word that a restart resumed must
+    be borne out by what it read (False under SLURM, where the signal's moment is when the requeue was
+    asked, not when the job got it: the probe's word stands alone)."""
     probe_attempts = {a["attempt"]: a for a in (traced or {}).get("attempts", [])}
     began_again = _ranks_that_began_again(traced)
     evidence = []
@@ -43,7 +45,7 @@ def stop_evidence(run: Run, traced: dict | None) -> list[dict]:
             how = f"attempt {number + 1} began again at step 1 on rank {ranks} (the probe)"
             evidence.append({"stop": number, "landed": True, "effective": False, "how": how})
             continue
-        judged = _judged(run, number, probe_attempts.get(number + 1), probe_attempts.get(number), traced)
+        judged = _judged(run, number, probe_attempts.get(number + 1), probe_attempts.get(number), traced, files_bind)
         later = _later_resume(probe_attempts, number + 1)
         if judged.get("by") == "files" and later is not None and not probe_attempts.get(number + 1, {}).get("steps"):
             # The restart was stopped again before the probe wrote any update (it writes in groups): the
@@ -88,7 +90,9 @@ def _ranks_that_began_again(traced: dict | None) -> dict[int, list[int]]:
     return found
 
 
-def _judged(run: Run, number: int, probed: dict | None, before: dict | None, traced: dict | None) -> dict:
+def _judged(
+    run: Run, number: int, probed: dict | None, before: dict | None, traced: dict | None, files_bind: bool
+) -> dict:
     """One stop: `probed` and `before` are the probe's word on the restart and on the stopped attempt."""
     stopped, restart = run.attempts[number - 1], run.attempts[number]
     signal_at = run.began + stopped.started_s + (stopped.signal_s if stopped.signal_s is not None else stopped.seconds)
@@ -117,7 +121,7 @@ def _judged(run: Run, number: int, probed: dict | None, before: dict | None, tra
         }
     if probed is not None and probed.get("steps"):
         if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
-            unread = _unread_state(run, number, saved, restart_from, restart_to)
+            unread = _unread_state(run, number, saved, restart_from, restart_to) if files_bind else None
             if unread:
                 return {
                     "effective": False,
