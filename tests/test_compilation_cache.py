@@ -141,6 +141,9 @@ def _plant(directory: Path, kind: str, tmp_path: Path) -> str:
         (directory / name).mkdir(mode=0o700)
     elif kind == "fifo":
         os.mkfifo(directory / name, 0o600)
+    elif kind in ("writable", "group-writable"):  # ours, but another user could write code into it
+        (directory / name).write_bytes(b"ours")
+        os.chmod(directory / name, 0o666 if kind == "writable" else 0o664)
     return name
 
 
@@ -154,6 +157,8 @@ def _plant(directory: Path, kind: str, tmp_path: Path) -> str:
         ("hard link", "a file with 2 names"),
         ("directory", "not a regular file"),
         ("fifo", "not a regular file"),
+        ("writable", "a file others could write (mode 0666)"),
+        ("group-writable", "a file others could write (mode 0664)"),
     ],
 )
 def test_a_cache_directory_holding_anything_but_our_regular_files_is_refused(monkeypatch, capsys, tmp_path, kind, said):
@@ -165,6 +170,8 @@ def test_a_cache_directory_holding_anything_but_our_regular_files_is_refused(mon
     directory.mkdir(parents=True, mode=0o700)
     (directory / "jit_ours-cache").write_bytes(b"ours")
     name = _plant(directory, kind, tmp_path)
+    if kind in ("writable", "group-writable"):  # reachable only where the directory was open (0755 by hand)
+        directory.chmod(0o755)
     line = _refused_with_one_line(capsys, _FakeJax())
     assert f"{directory / name} is {said}" in line
     assert (tmp_path / "target").read_bytes() == b"compiled elsewhere"

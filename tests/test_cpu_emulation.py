@@ -95,8 +95,8 @@ def test_a_recipe_that_emulates_any_step_names_one_interpreter_for_every_command
     ]
     match = {"settings": {}, "cpu": MODEL, "segments": segments}
     first, second = match_recipe(match, ["framework=pytorch"], None)
-    python = [sys.executable, "-m", "reprocube", "train"]
-    assert first["argv"][:7] == [EMULATOR, "-cpu", MODEL, *python] and second["argv"][:4] == python
+    python = [sys.executable, "-P", "-m", "reprocube", "train"]
+    assert first["argv"][:8] == [EMULATOR, "-cpu", MODEL, *python] and second["argv"][:5] == python
     assert second["env"] == {"OMP_NUM_THREADS": "1"} and "resume=latest" in second["argv"]
     plain = match_recipe({"settings": {"OMP_NUM_THREADS": "1"}, "cpu": None, "segments": None}, [], None)
     assert plain[0]["argv"][:2] == ["reprocube", "train"]
@@ -159,8 +159,8 @@ def test_reproduce_match_retrains_an_avx2_run_on_the_emulated_cpu(fashion_mnist,
     recipe = tmp_path / "recipe"
     recipe.mkdir()
     argv = [*command["argv"][3:], f"data_dir={fashion_mnist}"]  # the interpreter on, as the recipe has it
-    assert argv[:3] == [argv[0], "-m", "reprocube"] and Path(argv[0]).is_absolute()
-    reprocube(*argv[3:], cwd=recipe, cpu=MODEL, timeout=600)
+    assert argv[:4] == [argv[0], "-P", "-m", "reprocube"] and Path(argv[0]).is_absolute()
+    reprocube(*argv[4:], cwd=recipe, cpu=MODEL, timeout=600)
     manifest = recipe / "runs" / "a-bits" / "checkpoints" / "epoch-0001" / "manifest.json"
     final = json.loads((tmp_path / "runs" / "a" / "checkpoints" / "epoch-0001" / "manifest.json").read_text())
     assert json.loads(manifest.read_text())["weights_digest"] == final["weights_digest"]

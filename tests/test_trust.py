@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,27 @@ def _foreign_interpreter(result: dict, directory: Path) -> None:
     ]
 
 
+def _this_interpreter_without_safe_path(result: dict, directory: Path) -> None:
+    """This reprocube's interpreter, but `-m` without -P: run in a handed directory, ./reprocube would load."""
+    import sys
+
+    argv = result["match"]["recipe"][0]["argv"]
+    result["match"]["recipe"][0]["argv"] = [
+        "qemu-x86_64",
+        "-cpu",
+        "EPYC-Milan-v1",
+        sys.executable,
+        "-m",
+        "reprocube",
+        *argv[1:],
+    ]
+
+
+def _control_character(result: dict, directory: Path) -> None:
+    """A ^U and a newline inside one quoted word: a paste into a terminal acts on them."""
+    result["match"]["recipe"][0]["argv"].append("epochs=1\x15touch pwned\n")
+
+
 def _grammar_argument(result: dict, directory: Path) -> None:
     result["match"]["recipe"][0]["argv"].append("hydra.searchpath=[file:///tmp]")
 
@@ -245,6 +267,8 @@ def _matched_run_without_as_bits(result: dict, directory: Path) -> None:
         _forged_value,
         _other_program,
         _foreign_interpreter,
+        _this_interpreter_without_safe_path,
+        _control_character,
         _grammar_argument,
         _no_matched_run,
         _settings_the_run_did_not_have,
@@ -627,3 +651,16 @@ def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, ge
     assert result["first_divergence"]["step"] == 7 and result["first_divergence"]["weights_identical"] is True
     assert result["summary"].startswith("the trained model is bit-identical; only the reported losses differ")
     assert "the trained model is bit-identical" in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_a_reprocube_py_where_a_child_starts_is_never_imported(tmp_path):
+    """Issue 55, second attack round N1: every child reprocube starts (B's training, verify's runs, a
+    replay) was `python -m reprocube ...` in the user's directory, and `-m` puts that directory first on
+    sys.path: a reprocube.py handed with a receipt ran in reprocube's place. -P keeps it off."""
+    from reprocube.orchestration.children import reprocube_command
+
+    marker = tmp_path / "ran"
+    (tmp_path / "reprocube.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    ran = subprocess.run(reprocube_command("--help"), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and "usage: reprocube" in ran.stdout, ran.stderr
+    assert not marker.exists(), "a reprocube.py in the child's directory was imported"

@@ -252,7 +252,7 @@ def _own_directory(parent: int, path: Path, create: bool) -> tuple[int, int]:
                 " remove it and reprocube makes a new one (closing it is not enough)"
             )
         if create:
-            _check_entries(fd, path, me)
+            _check_entries(fd, path, me, was_open=bool(mode & 0o077))
         if mode & 0o077:
             if not create:
                 raise _Refused(alone)
@@ -265,8 +265,10 @@ def _own_directory(parent: int, path: Path, create: bool) -> tuple[int, int]:
         os.close(fd)
 
 
-def _check_entries(fd: int, path: Path, me: int) -> None:
-    """Everything in the cache's directory (open as `fd`) is a regular file of this user's with one name:
+def _check_entries(fd: int, path: Path, me: int, was_open: bool) -> None:
+    """Everything in the cache's directory (open as `fd`) is a regular file of this user's with one name,
+    and, where the directory was open to others (`was_open`: about to be closed), writable by no one else
+    (under a umask of 002 JAX writes 0664 entries, out of others' reach in a 0700 directory):
     JAX reads and writes its entries by name, following links, so a link (to another user's compiled
     code, or to a file of ours that JAX would overwrite with an access time), a hard link, another
     user's file, a subdirectory, a FIFO or a device there turns the cache off."""
@@ -285,6 +287,8 @@ def _check_entries(fd: int, path: Path, me: int) -> None:
                 what = f"a file of another user (uid {info.st_uid})"
             elif info.st_nlink != 1:
                 what = f"a file with {info.st_nlink} names (hard links)"
+            elif was_open and info.st_mode & 0o022:  # others could reach it: they may have written code into it
+                what = f"a file others could write (mode {stat.S_IMODE(info.st_mode):04o})"
             if what:
                 raise _Refused(
                     f"{path / entry.name} is {what}: JAX would follow it or load it; remove {path}"

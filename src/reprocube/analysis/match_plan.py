@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import unicodedata
 
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
@@ -261,12 +262,12 @@ def _command_refusal(command: dict, ran_env: dict) -> str | None:
         rest = argv[1:]
     elif (
         argv[:2] == [EMULATOR, "-cpu"]
-        and len(argv) > 6
+        and len(argv) > 7
         and argv[2] in {name for name, _, _ in CHECKED_MODELS}
         and argv[3] == sys.executable  # qemu-user runs a path: only this reprocube's own interpreter
-        and argv[4:6] == ["-m", "reprocube"]
+        and argv[4:7] == ["-P", "-m", "reprocube"]  # -P: never a reprocube from the directory it runs in
     ):
-        rest = argv[6:]
+        rest = argv[7:]
     else:
         return (
             "it runs something other than reprocube train (or, on the emulated CPU, the interpreter of the "
@@ -275,6 +276,8 @@ def _command_refusal(command: dict, ran_env: dict) -> str | None:
     if rest[:1] != ["train"]:
         return "it runs something other than reprocube train"
     for word in rest[1:]:
+        if not word.isprintable() or any(unicodedata.category(c) == "Cf" for c in word):
+            return "an argument holds a control or format character (a paste could act on it)"
         key, equals, value = word.partition("=")
         if not equals or not DOTTED_NAME.fullmatch(key) or key.split(".")[0] == "hydra" or "${" in value:
             return "an argument is not a plain config override (a dotted key, a value without interpolation)"

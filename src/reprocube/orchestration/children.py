@@ -78,7 +78,10 @@ def reprocube_command(*args: str) -> list[str]:
 
 
 def python_module_command(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
+    """`python -P -m MODULE ARGS`: -P, or `-m` would put the current directory first on sys.path, and a
+    reprocube.py (or reprocube/) in the directory a user runs from, a published run's for example, would be
+    imported in reprocube's place."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def run_child(

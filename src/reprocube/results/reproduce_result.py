@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import unicodedata
 from pathlib import Path
 
 from reprocube.cpu_emulation import INSTALL_HINT, NOT_INSTALLED
@@ -179,7 +180,7 @@ def what_to_do(result: dict) -> list[str]:
     if match is None:
         return [
             f"Find out whether this machine can give A's bits (and the exact commands if it can): "
-            f"reprocube reproduce {shlex.quote(result['source'])} --match"
+            f"reprocube reproduce {_source_word(result['source'])} --match"
         ]
     if match["bit_identical"] and match.get("recipe"):
         return [
@@ -195,7 +196,7 @@ def what_to_do(result: dict) -> list[str]:
     if len(others) < len(match["cannot"]):  # QEMU would emulate A's CPU: this machine could give A's bits
         lines = [
             f"The ISA caps alone do not give A's bits here ({match['summary']}). Install QEMU ({INSTALL_HINT}) and "
-            f"run reprocube reproduce {shlex.quote(result['source'])} --match again: it then retrains B on "
+            f"run reprocube reproduce {_source_word(result['source'])} --match again: it then retrains B on "
             "QEMU's model of A's CPU, which gave the AVX2 machine's bits for all three frameworks."
         ]
     else:
@@ -228,6 +229,14 @@ def _read_first_divergence(fields: Fields) -> dict | None:
         # losses-only: every weight digest agrees
         "weights_identical": first.boolean("weights_identical"),
     }
+
+
+def _source_word(source: str) -> str:
+    """A's receipt as given, as one shell word to copy; one holding a control or format character (a paste
+    acts on ^U, a newline, a bidi override) is never offered: RECEIPT stands in its place."""
+    if not source.isprintable() or any(unicodedata.category(c) == "Cf" for c in source):
+        return "RECEIPT"
+    return shlex.quote(source)
 
 
 def _recipe_command(command) -> dict:
