@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 
 # C0 controls but \t and \n, DEL, C1 controls, bidi embeddings/overrides/isolates, lone surrogates.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -25,6 +26,13 @@ def _escape(match: re.Match) -> str:
 def printable(text: str) -> str:
     """`text` with every character that a terminal would interpret shown as an escape."""
     return _UNSAFE.sub(_escape, text)
+
+
+def pasteable(text: str) -> bool:
+    """Whether `text` may go into a command offered to copy: every character printable and none a format
+    character (a paste acts on a control character such as ^U or a newline; a bidi override reorders
+    what a reader sees)."""
+    return text.isprintable() and not any(unicodedata.category(c) == "Cf" for c in text)
 
 
 def one_line(text: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import unicodedata
 
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
@@ -16,6 +15,7 @@ from reprocube.env import refused_match_setting
 from reprocube.env_comparison import NOT_NUMERIC
 from reprocube.receipt import Receipt
 from reprocube.results.reproduce_result import TOO_MANY_SESSIONS
+from reprocube.terminal import pasteable
 
 # CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine. Not
 # MKL_CBWR=AVX2: checked against the AVX2 machine's own digests (tests/test_golden_digests.py), it forces
@@ -249,8 +249,9 @@ def recipe_refusal(recipe: list[dict], a: Receipt, matched: Receipt | None) -> s
 def _command_refusal(command: dict, ran_env: dict) -> str | None:
     ran = ran_env.get("env_vars") if isinstance(ran_env.get("env_vars"), dict) else {}
     for key, value in command["env"].items():
-        if refused_match_setting(key, value):
-            return f"a variable --match never sets, or a value it never takes ({refused_match_setting(key, value)})"
+        refused = refused_match_setting(key, value)
+        if refused:
+            return f"a variable --match never sets, or a value it never takes ({refused})"
         if key in FLAG_LISTS and value is not None:  # the trainer may add flags of its own to what was set
             agrees = isinstance(ran.get(key), str) and set(value.split()) <= set(ran[key].split())
         else:
@@ -276,7 +277,7 @@ def _command_refusal(command: dict, ran_env: dict) -> str | None:
     if rest[:1] != ["train"]:
         return "it runs something other than reprocube train"
     for word in rest[1:]:
-        if not word.isprintable() or any(unicodedata.category(c) == "Cf" for c in word):
+        if not pasteable(word):
             return "an argument holds a control or format character (a paste could act on it)"
         key, equals, value = word.partition("=")
         if not equals or not DOTTED_NAME.fullmatch(key) or key.split(".")[0] == "hydra" or "${" in value:

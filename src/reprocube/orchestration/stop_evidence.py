@@ -121,7 +121,7 @@ def _judged(
         }
     if probed is not None and probed.get("steps"):
         if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
-            unread = _unread_state(run, number, saved, restart_from, restart_to) if files_bind else None
+            unread = _unread_state(run, saved, restart_from, restart_to) if files_bind else None
             if unread:
                 return {
                     "effective": False,
@@ -141,7 +141,7 @@ def _judged(
     return _judged_by_files(run, number, saved, restart_from, restart_to, seen)
 
 
-def _unread_state(run: Run, number: int, saved: set[str], restart_from: float, restart_to: float) -> str | None:
+def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: float) -> str | None:
     """Why the probe's word that a restart resumed is not borne out by its files (None: it is, or the files
     were not all seen: under SLURM, or inotify missed some): where everything was seen, a restart that
     resumed read a state file its run saved before the stop. A first update past step 1 alone can be a
@@ -151,9 +151,7 @@ def _unread_state(run: Run, number: int, saved: set[str], restart_from: float, r
     if activity is None or not activity.complete:
         return None
     if not saved:
-        if not run.activity.writes(until=restart_from) or not any(
-            state_key(e.path) in run.state for e in run.activity.writes(until=restart_from)
-        ):
+        if not any(state_key(e.path) in run.state for e in activity.writes(until=restart_from)):
             return (
                 "its run saved no state file in its work directory, HOME or TMPDIR before the stop: it resumed "
                 "from state elsewhere (a fixed path another run can write), which check does not accept"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-import unicodedata
 from pathlib import Path
 
 from reprocube.cpu_emulation import INSTALL_HINT, NOT_INSTALLED
@@ -16,7 +15,7 @@ from reprocube.receipt import RECEIPT, Receipt
 from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 from reprocube.results.wording import first_update_text
-from reprocube.terminal import counted, shown_value
+from reprocube.terminal import counted, pasteable, shown_value
 from reprocube.untrusted import Fields
 
 # Version 2: `inputs` binds A's receipt (copied here) and B's by digest; run_b is B_RUN, inside the
@@ -234,7 +233,7 @@ def _read_first_divergence(fields: Fields) -> dict | None:
 def _source_word(source: str) -> str:
     """A's receipt as given, as one shell word to copy; one holding a control or format character (a paste
     acts on ^U, a newline, a bidi override) is never offered: RECEIPT stands in its place."""
-    if not source.isprintable() or any(unicodedata.category(c) == "Cf" for c in source):
+    if not pasteable(source):
         return "RECEIPT"
     return shlex.quote(source)
 
