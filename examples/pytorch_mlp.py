@@ -5,6 +5,8 @@ the last one when present. Outputs: model.pt (the trained weights), metrics.csv.
 
     --save-rng   also save and restore torch's generators (without it, a resumed run shuffles and drops out
                  differently from the uninterrupted one: a resume bug that no loss curve shows at a glance)
+    --hidden N   the hidden layer's width (64: a step of microseconds, start-up is most of a run; 1024: a
+                 step of about a millisecond, what benchmarks/check_cost.py times as a training-bound script)
     --device cuda  train on the GPU (deterministic: cuBLAS needs CUBLAS_WORKSPACE_CONFIG before CUDA starts)"""
 
 import argparse
@@ -16,6 +18,7 @@ from reprocube import probe
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=6)
+parser.add_argument("--hidden", type=int, default=64)
 parser.add_argument("--save-rng", action="store_true")
 parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
 args = parser.parse_args()
@@ -28,7 +31,12 @@ data = torch.Generator().manual_seed(1234)  # the dataset is fixed; the seed dri
 x = torch.randn(2048, 32, generator=data)
 y = (x @ torch.randn(32, generator=data) > 0).long()
 x, y = x.to(args.device), y.to(args.device)
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 2))
+model = torch.nn.Sequential(
+    torch.nn.Linear(32, args.hidden),
+    torch.nn.ReLU(),
+    torch.nn.Dropout(0.2),
+    torch.nn.Linear(args.hidden, 2),
+)
 model.to(args.device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 start, losses = 0, []
