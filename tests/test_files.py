@@ -39,3 +39,18 @@ def test_an_append_never_follows_a_link(tmp_path):
     append_line(tmp_path / "metrics.jsonl", "{}")
     append_line(tmp_path / "metrics.jsonl", "{}")
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n{}\n"
+
+
+def test_sha256_regular_hashes_a_regular_file_and_nothing_else(tmp_path):
+    import hashlib
+    import os
+
+    from reprocube.files import sha256_regular
+
+    data = os.urandom(3 * files.CHUNK // 2)  # more than one read
+    (tmp_path / "data.bin").write_bytes(data)
+    assert sha256_regular(tmp_path / "data.bin") == hashlib.sha256(data).hexdigest()
+    (tmp_path / "link").symlink_to(tmp_path / "data.bin")
+    os.mkfifo(tmp_path / "fifo")  # opened without waiting for a writer
+    for path in ("link", "fifo", "missing", "."):
+        assert sha256_regular(tmp_path / path) is None, path

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
@@ -28,9 +29,29 @@ def names_regular_file(arg: str) -> bool:
 
 
 def sha256_file(path: Path) -> str:
+    """A file's sha256, links followed (a file reprocube wrote or a run's own): sha256_regular for one
+    someone else could have replaced."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_regular(path: Path) -> str | None:
+    """A regular file's sha256, opened without following a link or waiting on a FIFO and read CHUNK bytes
+    at a time; None for anything else (missing, a link, a directory, a FIFO, a device: its bytes are not a
+    file's to compare)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        digest = hashlib.sha256()
+        while chunk := stream.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from reprocube.env import MATCHABLE_ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import names_regular_file, sha256_file, write_file_atomic
+from reprocube.files import names_regular_file, sha256_file, sha256_regular, write_file_atomic
 from reprocube.output_files import files_below, is_orbax, load_orbax  # JAX and Orbax: imported in load_orbax only
 from reprocube.terminal import one_line
 from reprocube.untrusted import Fields, parse_json, read_bytes
@@ -157,7 +157,7 @@ def input_digests(copies: list[Path]) -> dict[str, str]:
             if len(paths) > MAX_FILES:
                 raise ConfigError(f"--copy {top}: more than {MAX_FILES} files")
         for path in paths:
-            digest = _digest(path)
+            digest = sha256_regular(path)
             if digest is None:
                 raise ConfigError(f"--copy {path}: not a regular file (a link, a FIFO or a device)")
             digests[(Path(top.name) / path.relative_to(top)).as_posix() if path != top else top.name] = digest
@@ -200,12 +200,12 @@ def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> di
         if name.startswith(tuple(checkpoints)):
             continue
         if not path.is_dir() or path.is_symlink():
-            digests[name] = _digest(path)
+            digests[name] = sha256_regular(path)
             continue
         try:
             digests[name] = _tensors_digest(path)
         except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
-            digests.update({f"{name}/{inner}": _digest(file) for inner, file in files_below(path).items()})
+            digests.update({f"{name}/{inner}": sha256_regular(file) for inner, file in files_below(path).items()})
             if notes is not None:
                 notes.append(
                     f"{one_line(name)}: could not be read as an Orbax checkpoint ({type(exc).__name__}: "
@@ -275,7 +275,7 @@ def outputs_named(work: Path, names: set[str], declared: list[str]) -> FoundOutp
                 why = f"{type(exc).__name__}: {one_line(str(exc))[:200]}"
                 kinds[relative] = f"a directory that Orbax cannot read ({why})"
         elif kinds[relative] == REGULAR:
-            digests[relative] = _digest(path)  # None: no longer a regular file (replaced while B ran)
+            digests[relative] = sha256_regular(path)  # None: no longer a regular file (replaced while B ran)
             if digests[relative] is None:
                 kinds[relative] = "a file that could not be read"
     return FoundOutputs(digests, kinds, too_many=0)
@@ -301,22 +301,6 @@ def _tensors_digest(path: Path) -> str:
 
     tensors = {name: tensor_digest(array) for name, array in load_orbax(path).items()}
     return hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()
-
-
-def _digest(path: Path) -> str | None:
-    """A regular file's sha256, opened without following a link or waiting on a FIFO; None for anything
-    else (a link, a FIFO, a device: its bytes are not the file's to compare)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-            return None
-        digest = hashlib.sha256()
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_script_receipt(
