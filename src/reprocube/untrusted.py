@@ -213,7 +213,8 @@ class Fields:
             raise error(f"{where} is not a JSON object")
         self.value, self.where, self.error = value, where, error
 
-    def _fail(self, key: str, expected: str):
+    def fail(self, key: str, expected: str):
+        """Raise the reader's error: `key` must be `expected`, and what it holds instead."""
         raise self.error(f"{self.where}: {key} must be {expected}, got {_shown(self.value.get(key, '<absent>'))}")
 
     def has(self, key: str) -> bool:
@@ -222,13 +223,13 @@ class Fields:
     def integer(self, key: str, low: int = 0, high: int = 2**63 - 1) -> int:
         value = self.value.get(key)
         if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
-            self._fail(key, f"an integer from {low} to {high}")
+            self.fail(key, f"an integer from {low} to {high}")
         return value
 
     def number(self, key: str) -> float:
         value = self.value.get(key)
         if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
-            self._fail(key, "a finite number")
+            self.fail(key, "a finite number")
         return float(value)
 
     def text(self, key: str, optional: bool = False) -> str | None:
@@ -236,19 +237,19 @@ class Fields:
         if value is None and optional:
             return None
         if not isinstance(value, str):
-            self._fail(key, "a string")
+            self.fail(key, "a string")
         return value
 
     def boolean(self, key: str) -> bool:
         value = self.value.get(key)
         if not isinstance(value, bool):
-            self._fail(key, "true or false")
+            self.fail(key, "true or false")
         return value
 
     def mapping(self, key: str) -> Fields:
         value = self.value.get(key)
         if not isinstance(value, dict):
-            self._fail(key, "a JSON object")
+            self.fail(key, "a JSON object")
         return Fields(value, f"{self.where}: {key}", self.error)
 
     def present(self, key: str) -> object:
@@ -266,19 +267,19 @@ class Fields:
         if value is None and nullable and key in self.value:
             return None
         if not (isinstance(value, str) and _HEX_SHA256.match(value)):
-            self._fail(key, "a sha256 (64 lowercase hex digits)" + (" or null" if nullable else ""))
+            self.fail(key, "a sha256 (64 lowercase hex digits)" + (" or null" if nullable else ""))
         return value
 
     def texts(self, key: str) -> list[str]:
         value = self.value.get(key)
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            self._fail(key, "a list of strings")
+            self.fail(key, "a list of strings")
         return value
 
     def numbers(self, key: str) -> list[float]:
         value = self.value.get(key)
         if not (isinstance(value, list) and all(_finite(v) for v in value)):
-            self._fail(key, "a list of finite numbers")
+            self.fail(key, "a list of finite numbers")
         return [float(v) for v in value]
 
     def step_range(self, key: str) -> list[int]:
@@ -289,20 +290,20 @@ class Fields:
             and len(value) == 2
             and all(_finite(v) and isinstance(v, int) and v >= 0 for v in value)
         ):
-            self._fail(key, "[first step, last step]")
+            self.fail(key, "[first step, last step]")
         return value
 
     def one_of(self, key: str, allowed: tuple[str, ...]) -> str:
         value = self.text(key)
         if value not in allowed:
-            self._fail(key, f"one of {', '.join(allowed)}")
+            self.fail(key, f"one of {', '.join(allowed)}")
         return value
 
     def records(self, key: str) -> list[Fields]:
         """A list of JSON objects."""
         value = self.value.get(key)
         if not isinstance(value, list):
-            self._fail(key, "a list")
+            self.fail(key, "a list")
         return [Fields(item, f"{self.where}: {key}[{i}]", self.error) for i, item in enumerate(value)]
 
 

@@ -111,7 +111,7 @@ def _exact_keys(value: dict, keys: tuple[str, ...], where: str) -> None:
 def _pattern(fields: Fields, key: str, pattern: re.Pattern, expected: str) -> str:
     value = fields.value.get(key)
     if not (isinstance(value, str) and pattern.match(value)):
-        fields._fail(key, expected)
+        fields.fail(key, expected)
     return value
 
 

@@ -157,11 +157,11 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
     its own (exit status recorded) or ends by the watchdog. A stop whose attempt ends first is recorded as
     stopped_early and the run is over (nothing was interrupted)."""
     run.began = began = time.perf_counter()
-    seen = _files(run.work)
+    seen = entries_below(run.work)
     for stop in [*stops, None]:
         attempt = _attempt(run, stop, signum, timeout_s, seen, began)
         run.attempts.append(attempt)
-        seen |= _files(run.work)
+        seen |= entries_below(run.work)
         if stop is None or attempt.stopped_early or attempt.exit is None:
             break
     return run
@@ -277,8 +277,10 @@ def _end_group(child: GuardedCommand) -> None:
     child.end()
 
 
-def _files(work: Path) -> set[str]:
-    """Every entry below work by relative name, walked with a stack (a tree of any depth), links not followed."""
+def entries_below(work: Path) -> set[str]:
+    """Every entry below work by relative name (`dir/file`), walked with a stack (a tree of any depth), links
+    not followed; an unreadable directory or one gone meanwhile is skipped. What each launcher's file stops
+    compare against: the entries no earlier attempt saw."""
     found: set[str] = set()
     stack = [""] if work.is_dir() else []
     while stack:
@@ -298,11 +300,11 @@ def _files(work: Path) -> set[str]:
 
 def _matching(work: Path, pattern: str) -> list[str]:
     """The entries below work that the glob names (Path.glob's syntax); a `**` pattern is matched against
-    _files' walk, never by Path.glob's recursion (a tree deeper than Python's recursion limit)."""
+    entries_below' walk, never by Path.glob's recursion (a tree deeper than Python's recursion limit)."""
     if "**" not in pattern:
         return [p.relative_to(work).as_posix() for p in work.glob(pattern)]
     parts = [part for part in pattern.split("/") if part not in ("", ".")]
-    return sorted(path for path in _files(work) if _glob_match(parts, path.split("/")))
+    return sorted(path for path in entries_below(work) if _glob_match(parts, path.split("/")))
 
 
 def _glob_match(parts: list[str], names: list[str]) -> bool:

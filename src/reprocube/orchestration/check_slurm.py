@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from reprocube.errors import ConfigError
-from reprocube.orchestration.check_runs import PROGRESS_EVERY_S, Attempt, Run, Stop, _files
+from reprocube.orchestration.check_runs import PROGRESS_EVERY_S, Attempt, Run, Stop, entries_below
 from reprocube.probe import ENV as PROBE_ENV
 
 POLL_S = 0.5  # how often the job's state is asked (each look runs scontrol)
@@ -89,11 +89,11 @@ def execute_slurm(run: Run, stops: list[Stop], timeout_s: float, options: list[s
     try:
         job = _submit(run, options)
         run.began = began = time.perf_counter()
-        seen = _files(run.work)
+        seen = entries_below(run.work)
         for number, stop in enumerate([*stops, None], start=1):
             attempt = _attempt(run, job, number, stop, timeout_s, seen, began)
             run.attempts.append(attempt)
-            seen |= _files(run.work)
+            seen |= entries_below(run.work)
             if stop is None or attempt.stopped_early or attempt.exit is None:
                 break
     finally:
