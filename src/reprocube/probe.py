@@ -89,7 +89,8 @@ class _Recorder:
         self.file = os.fdopen(fd, "w")
         self._write({"probe": VERSION, **({"rank": rank, "world_size": world_size} if ranked else {})})
         self.names: list[str] | None = None
-        self.pending: list[tuple[int, int | None, object, object]] = []  # index, step, loss, fingerprints
+        # index, step, loss, (the adapter of the weights' framework, their fingerprints on the device)
+        self.pending: list[tuple[int, int | None, object, tuple[type, object]]] = []
         self.index, self.last_step, self.resumed_at = 0, 0, None
 
     def resumed(self, step: int) -> None:
@@ -126,7 +127,7 @@ class _Recorder:
         self._write({"checkpoint": step, "after_index": self.index})
 
     def flush(self) -> None:
-        for index, step, loss, fingerprints in self.pending:
+        for index, step, loss, (adapter, fingerprints) in self.pending:
             value, dtype = _loss_bits(loss)
             self._write(
                 {
@@ -134,7 +135,7 @@ class _Recorder:
                     "step": step,
                     "loss": value,
                     "loss_dtype": dtype,
-                    "fingerprints": [int(f) & 0xFFFFFFFF for f in _to_host(fingerprints)],
+                    "fingerprints": [int(f) & 0xFFFFFFFF for f in adapter.to_host(fingerprints)],
                 }
             )
         self.pending.clear()
@@ -403,94 +404,193 @@ def _flatten(tree, prefix: str) -> list[tuple[str, object]]:
     return [(prefix[:-1] or "0", tree)]
 
 
-def _framework(value) -> str:
-    module = type(value).__module__
-    for name, prefixes in (("torch", ("torch",)), ("jax", ("jax", "jaxlib")), ("tensorflow", ("tensorflow", "keras"))):
-        if module.startswith(prefixes):
-            return name
-    return "numpy"
+class _Torch:
+    """PyTorch tensors: fingerprinted with torch's own operations on the tensors' device."""
+
+    @staticmethod
+    def fingerprints(tensors):
+        import torch
+
+        sums = []
+        for tensor in tensors:
+            bits = _as_words(tensor.detach().reshape(-1), torch)
+            sums.append((bits ^ (bits * bits)).sum(dtype=torch.int32))  # int32 wraps modulo 2**32
+        return torch.stack(sums)
+
+    @staticmethod
+    def to_host(fingerprints) -> list:
+        return fingerprints.cpu().tolist()
+
+    @staticmethod
+    def snapshot(loss):
+        return loss.detach().clone(), loss.numel()
+
+    @staticmethod
+    def to_numpy(value):
+        value = value.detach().cpu()
+        return (value.float() if value.dtype.is_floating_point and value.element_size() < 4 else value).numpy()
+
+    @staticmethod
+    def loss_bits(loss) -> tuple[str, str]:
+        import torch
+
+        if loss.dtype == torch.bfloat16:  # NumPy has no bfloat16: its 16 bits as they are
+            return loss.view(torch.int16).cpu().numpy().reshape(()).astype("<i2").tobytes().hex(), "bfloat16"
+        return _array_bits(loss.detach().cpu().numpy())
+
+
+class _Jax:
+    """JAX arrays: fingerprinted by one compiled function (one dispatch a step, not one per tensor)."""
+
+    compiled = None
+
+    @classmethod
+    def fingerprints(cls, tensors):
+        if cls.compiled is None:
+            import jax
+            import jax.numpy as jnp
+
+            def one(x):
+                x = jnp.ravel(x)
+                if x.dtype.itemsize != 4:
+                    x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
+                bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+                return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
+
+            cls.compiled = jax.jit(lambda leaves: jnp.stack([one(x) for x in leaves]))
+        return cls.compiled(list(tensors))
+
+    @staticmethod
+    def to_host(fingerprints) -> list:
+        import numpy as np
+
+        return np.asarray(fingerprints).tolist()
+
+    @staticmethod
+    def snapshot(loss):
+        return loss, loss.size  # immutable
+
+    @classmethod
+    def loss_bits(cls, loss) -> tuple[str, str]:
+        return _array_bits(cls.to_numpy(loss))
+
+    @staticmethod
+    def to_numpy(value):
+        import numpy as np
+
+        return np.asarray(value)
+
+
+class _TensorFlow:
+    """TensorFlow tensors and Keras variables: fingerprinted by one tf.function."""
+
+    compiled = None
+
+    @classmethod
+    def fingerprints(cls, tensors):
+        if cls.compiled is None:
+            import tensorflow as tf
+
+            def one(value):
+                value = tf.reshape(value, [-1])
+                if value.dtype.size != 4:
+                    value = tf.cast(value, tf.float32)
+                bits = tf.bitcast(value, tf.uint32)
+                return tf.reduce_sum(bits ^ (bits * bits))
+
+            cls.compiled = tf.function(lambda values: tf.stack([one(v) for v in values]), reduce_retracing=True)
+        return cls.compiled([_variable_value(t) for t in tensors])
+
+    @staticmethod
+    def to_host(fingerprints) -> list:
+        return fingerprints.numpy().tolist()
+
+    @staticmethod
+    def snapshot(loss):
+        import tensorflow as tf
+
+        copy = tf.identity(loss)
+        return copy, int(tf.size(copy))
+
+    @classmethod
+    def loss_bits(cls, loss) -> tuple[str, str]:
+        return _array_bits(cls.to_numpy(loss))
+
+    @staticmethod
+    def to_numpy(value):
+        import numpy as np
+
+        value = _variable_value(value)
+        return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+
+
+class _NumPy:
+    """NumPy arrays, Python numbers, and anything else array-like: fingerprinted on the host."""
+
+    @staticmethod
+    def fingerprints(tensors):
+        import numpy as np
+
+        sums = []
+        for tensor in tensors:
+            array = np.ascontiguousarray(np.asarray(tensor)).reshape(-1)
+            bits = array.view(np.uint32) if array.dtype.itemsize in (4, 8) else array.astype(np.float32).view(np.uint32)
+            sums.append((bits ^ (bits * bits)).sum(dtype=np.uint32))
+        return np.array(sums, dtype=np.uint32)
+
+    @staticmethod
+    def to_host(fingerprints) -> list:
+        import numpy as np
+
+        return np.asarray(fingerprints).tolist()
+
+    @staticmethod
+    def snapshot(loss):
+        import numpy as np
+
+        copy = np.array(loss, copy=True)
+        return copy, copy.size
+
+    @classmethod
+    def loss_bits(cls, loss) -> tuple[str, str]:
+        return _array_bits(cls.to_numpy(loss))
+
+    @staticmethod
+    def to_numpy(value):
+        import numpy as np
+
+        return np.asarray(value)
+
+
+# The framework a value belongs to, by the module its type comes from; anything else is NumPy's.
+_ADAPTERS = (("torch", _Torch), ("jax", _Jax), ("jaxlib", _Jax), ("tensorflow", _TensorFlow), ("keras", _TensorFlow))
+_chosen: dict[type, type] = {}  # each type's adapter, chosen once
+
+
+def _adapter(value) -> type:
+    kind = type(value)
+    adapter = _chosen.get(kind)
+    if adapter is None:
+        module = kind.__module__
+        adapter = _chosen[kind] = next((a for prefix, a in _ADAPTERS if module.startswith(prefix)), _NumPy)
+    return adapter
+
+
+def _variable_value(value):
+    """A Keras variable's tensor (its `value`), else the value itself."""
+    return value.value if hasattr(value, "value") and not callable(value.value) else value
 
 
 def _fingerprints(tensors: list):
-    """One uint32 (or wrapping int) per tensor, left on the tensors' device until flush."""
+    """One uint32 (or wrapping int) per tensor, left on the tensors' device until flush, with the adapter
+    that brings them to the host."""
     if not tensors:
-        return []
-    frameworks = {_framework(t) for t in tensors}
-    if len(frameworks) > 1:  # weights of several frameworks: each brought to the host (rare; a sync)
-        return _numpy_fingerprints([_to_numpy(t) for t in tensors])
-    return {
-        "torch": _torch_fingerprints,
-        "jax": _jax_fingerprints,
-        "tensorflow": _tf_fingerprints,
-        "numpy": _numpy_fingerprints,
-    }[frameworks.pop()](tensors)
-
-
-def _to_numpy(value):
-    import numpy as np
-
-    if _framework(value) == "torch":
-        value = value.detach().cpu()
-        return (value.float() if value.dtype.is_floating_point and value.element_size() < 4 else value).numpy()
-    if _framework(value) == "tensorflow":
-        return np.asarray(value.value if hasattr(value, "value") and not callable(value.value) else value)
-    return np.asarray(value)
-
-
-def _torch_fingerprints(tensors):
-    import torch
-
-    sums = []
-    for tensor in tensors:
-        bits = _as_words(tensor.detach().reshape(-1), torch)
-        sums.append((bits ^ (bits * bits)).sum(dtype=torch.int32))  # int32 wraps modulo 2**32
-    return torch.stack(sums)
-
-
-_jitted: dict[str, object] = {}  # the framework's compiled fingerprint: one dispatch a step, not one per tensor
-
-
-def _jax_fingerprints(tensors):
-    if "jax" not in _jitted:
-        import jax
-        import jax.numpy as jnp
-
-        def one(x):
-            x = jnp.ravel(x)
-            if x.dtype.itemsize != 4:
-                x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
-            bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
-            return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
-
-        _jitted["jax"] = jax.jit(lambda leaves: jnp.stack([one(x) for x in leaves]))
-    return _jitted["jax"](list(tensors))
-
-
-def _tf_fingerprints(tensors):
-    if "tensorflow" not in _jitted:
-        import tensorflow as tf
-
-        def one(value):
-            value = tf.reshape(value, [-1])
-            if value.dtype.size != 4:
-                value = tf.cast(value, tf.float32)
-            bits = tf.bitcast(value, tf.uint32)
-            return tf.reduce_sum(bits ^ (bits * bits))
-
-        _jitted["tensorflow"] = tf.function(lambda values: tf.stack([one(v) for v in values]), reduce_retracing=True)
-    values = [t.value if hasattr(t, "value") and not callable(t.value) else t for t in tensors]
-    return _jitted["tensorflow"](values)
-
-
-def _numpy_fingerprints(tensors):
-    import numpy as np
-
-    sums = []
-    for tensor in tensors:
-        array = np.ascontiguousarray(np.asarray(tensor)).reshape(-1)
-        bits = array.view(np.uint32) if array.dtype.itemsize in (4, 8) else array.astype(np.float32).view(np.uint32)
-        sums.append((bits ^ (bits * bits)).sum(dtype=np.uint32))
-    return np.array(sums, dtype=np.uint32)
+        return _NumPy, []
+    adapters = {_adapter(t) for t in tensors}
+    if len(adapters) > 1:  # weights of several frameworks: each brought to the host (rare; a sync)
+        return _NumPy, _NumPy.fingerprints([_adapter(t).to_numpy(t) for t in tensors])
+    adapter = adapters.pop()
+    return adapter, adapter.fingerprints(tensors)
 
 
 def _as_words(flat, torch):
@@ -500,35 +600,10 @@ def _as_words(flat, torch):
     return flat.to(torch.float32).view(torch.int32)
 
 
-def _to_host(fingerprints) -> list:
-    module = type(fingerprints).__module__
-    if module.startswith("torch"):
-        return fingerprints.cpu().tolist()
-    if module.startswith("tensorflow"):
-        return fingerprints.numpy().tolist()
-    import numpy as np
-
-    return np.asarray(fingerprints).tolist()
-
-
 def _snapshot(loss):
     """The loss as it is now (a buffer the script reuses must not change what was recorded), checked to
     be one number here, where the script's line is in the traceback."""
-    framework = _framework(loss)
-    if framework == "torch":
-        size, copy = loss.numel(), loss.detach().clone()
-    elif framework == "tensorflow":
-        import tensorflow as tf
-
-        copy = tf.identity(loss)
-        size = int(tf.size(copy))
-    elif framework == "jax":
-        size, copy = loss.size, loss  # immutable
-    else:
-        import numpy as np
-
-        copy = np.array(loss, copy=True)
-        size = copy.size
+    copy, size = _adapter(loss).snapshot(loss)
     if size != 1:
         raise ValueError(f"reprocube probe: the loss must be one number, got {size}")
     return copy
@@ -537,18 +612,13 @@ def _snapshot(loss):
 def _loss_bits(loss) -> tuple[str, str]:
     """The loss's exact bits, hex, little-endian, with its dtype: float16, bfloat16, float32 or float64
     (a Python float is float64; any other number is recorded as a float64)."""
+    return _adapter(loss).loss_bits(loss)
+
+
+def _array_bits(array) -> tuple[str, str]:
     import numpy as np
 
-    framework = _framework(loss)
-    if framework == "torch":
-        import torch
-
-        if loss.dtype == torch.bfloat16:  # NumPy has no bfloat16: its 16 bits as they are
-            return loss.view(torch.int16).cpu().numpy().reshape(()).astype("<i2").tobytes().hex(), "bfloat16"
-        loss = loss.cpu().numpy()
-    elif framework == "tensorflow":
-        loss = loss.numpy()
-    array = np.asarray(loss).reshape(())
+    array = np.asarray(array).reshape(())
     if array.dtype.name == "bfloat16":  # JAX's (ml_dtypes)
         return array.tobytes().hex(), "bfloat16"
     if array.dtype.name not in ("float16", "float32", "float64"):
