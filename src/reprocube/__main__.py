@@ -1,3 +1,18 @@
-from reprocube.cli import run
+"""The program: `python -m reprocube` and the `reprocube` script (pyproject.toml's [project.scripts]) both
+run `run`. Its first act arms reprocube.process_exit's end, before any other module is imported and can
+register an atexit handler, so that the end runs after every other (reprocube.process_exit)."""
 
-run()
+from typing import NoReturn
+
+from reprocube.process_exit import arm
+
+
+def run() -> NoReturn:
+    arm()
+    from reprocube.cli import run as program  # after arm(): cli's imports may register atexit handlers
+
+    program()
+
+
+if __name__ == "__main__":
+    run()

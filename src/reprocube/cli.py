@@ -112,9 +112,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def run() -> NoReturn:
-    """The program (`python -m reprocube`, the `reprocube` script): main, then the process ends without
-    Python's teardown of the modules it imported (reprocube.process_exit), argparse's exits (--help, a
-    bad command line) too, so that a stdout that cannot be written gives the same status everywhere."""
+    """The program (`python -m reprocube`, the `reprocube` script: reprocube.__main__.run, which arms the
+    end first): main, then the process ends through Python's exit but without its teardown of the modules
+    it imported (reprocube.process_exit), argparse's exits (--help, a bad command line) too, so that a
+    stdout that cannot be written gives the same status everywhere."""
     standard_streams_opened()  # started with stdout or stderr closed: /dev/null, not the next file opened
     try:
         status = main()
