@@ -15,6 +15,8 @@ import pytest
 
 from reprocube.tensorflow_import import START_UP_CHATTER
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 
 def stderr_of(code: str) -> str:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
@@ -120,4 +122,35 @@ def test_tensorflows_import_does_not_import_jax_and_jax_imports_after_it():
         import jax.numpy as jnp
         assert float(jnp.ones(2).sum()) == 2.0 and float(tf.constant(1.0) + 1) == 2.0
         """
+    )
+
+
+def test_tensorflows_import_still_imports_jax_without_the_guard():
+    """The guard (reprocube.tensorflow_import's _jax_not_found) is needed only while TensorFlow's import
+    imports JAX (tensorflow/lite/python/util.py's `from jax import jit`). Here is the trainer's import
+    without it: when this fails, TensorFlow no longer imports JAX and the guard can be removed (with this
+    test and the one above)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import os, sys
+                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as reprocube.tensorflow_import
+                os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+                import keras
+                import tensorflow as tf
+                print("jax" in sys.modules)
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True\n", (
+        "TensorFlow's import (import keras, import tensorflow, as reprocube.tensorflow_import) no longer "
+        "imports JAX: the guard that hides JAX from it (_jax_not_found) can be removed"
     )
