@@ -30,7 +30,11 @@ from reprocube.untrusted import Fields, parse_json, read_bytes
 
 RECEIPT = "receipt.json"
 RECEIPT_FORMAT = "reprocube-receipt"
-RECEIPT_VERSION = 1
+# 2: every key required (RECEIPT_KEYS; reprocube's version, source_sha256 and source_files). Version 1 may
+# lack sessions and reprocube.source_files: read as version 2 by _upgraded, in memory (the file's bytes,
+# which a signature signs, are never rewritten).
+RECEIPT_VERSION = 2
+READ_VERSIONS = (1, RECEIPT_VERSION)
 MAX_RECEIPT_BYTES = 64 << 20  # a long run's trace: 4 bytes a step
 SELF_DIGEST = "receipt_sha256"
 SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.signing)
@@ -42,6 +46,7 @@ SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.signing)
 # any list index or key; under "config", the keys outside the result (NON_RESULT_KEYS) and the device.
 _DESCRIBED = "A's environment, described: compared as a cause of a difference (reproduce's causes), never as a claim"
 NOT_EVIDENCE = {
+    ("version",): "the format's version: which keys the receipt holds, checked by read_receipt; not a claim",
     ("env",): _DESCRIBED,
     ("sessions", "*", "env"): _DESCRIBED,
     ("reprocube",): "the code that ran, described by its version and digests: a cause, not a claim of numbers",
@@ -163,7 +168,7 @@ class Receipt:
     complete: bool
     global_step: int
     epoch: int
-    sessions: list[dict]  # [{from_step, to_step, env}] (a receipt without sessions: one, under env)
+    sessions: list[dict]  # [{from_step, to_step, env}], each env an object (a null in the file: env)
 
     @property
     def run_name(self) -> str:
@@ -194,11 +199,22 @@ def parse_receipt(raw: bytes, path: Path, error: type[CheckpointError] = Checkpo
     if fields.text("format") != RECEIPT_FORMAT:
         raise error(f"{path}: format is not {RECEIPT_FORMAT!r}: not a reprocube receipt")
     version = fields.integer("version")
-    if version != RECEIPT_VERSION:
-        raise error(f"{path}: receipt version {version} is not one this reprocube reads ({RECEIPT_VERSION})")
+    if version not in READ_VERSIONS:
+        raise error(
+            f"{path}: receipt version {version} is not one this reprocube reads ({', '.join(map(str, READ_VERSIONS))})"
+        )
     recorded = fields.text(SELF_DIGEST)
     if not HEX_DIGEST.match(recorded) or recorded != self_digest(value):
         raise error(f"{path}: {SELF_DIGEST} does not match its content (damaged or edited)")
+    value = _upgraded(value, version)  # after the digest: it is over the file as written
+    fields = Fields(value, str(path), error)
+    for key in sorted(RECEIPT_KEYS):
+        fields.present(key)  # "PATH: KEY is missing"
+    code = fields.mapping("reprocube")
+    for key in CODE_KEYS:
+        code.present(key)
+    code.text("version")
+    code.sha256("source_sha256")
     config = fields.mapping("config").value
     _check_config(config, path, error)
     if not config_hash_matches(config, fields.text("config_hash")):
@@ -229,12 +245,12 @@ def parse_receipt(raw: bytes, path: Path, error: type[CheckpointError] = Checkpo
     if trace.last_step != global_step:
         raise error(f"{path}: trace ends at global step {trace.last_step}, not at position.global_step {global_step}")
     _check_env_vars(env, path, error)
-    _check_source_files(value.get("reprocube"), path, error)
+    _check_source_files(code.value["source_files"], path, error)
     _check_records_agree(config, fields.boolean("complete"), position.value, epochs, path, error)
     checkpoints = value.get("checkpoints")
     if not (isinstance(checkpoints, list) and all(isinstance(c, str) and NAME_PATTERN.match(c) for c in checkpoints)):
         raise error(f"{path}: checkpoints must be a list of checkpoint names")
-    sessions = _sessions(value.get("sessions"), env, trace.first_step, global_step, path, error)
+    sessions = _sessions(value["sessions"], env, trace.first_step, global_step, path, error)
     return Receipt(
         path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch, sessions
     )
@@ -330,8 +346,8 @@ def _check_own_metrics(run: Path, receipt: Receipt, error: type[ReprocubeError])
 
 
 MAX_SESSIONS = 1000
-# Every key a receipt may hold (sessions and reprocube.source_files: absent from older receipts): a key
-# this reader does not know would be a claim nobody compares, so it is refused.
+# Every key a receipt holds (each required since version 2; version 1's upgrade fills those it may lack): a
+# key this reader does not know would be a claim nobody compares, so it is refused.
 RECEIPT_KEYS = frozenset(
     {
         "format",
@@ -350,6 +366,7 @@ RECEIPT_KEYS = frozenset(
         SELF_DIGEST,
     }
 )
+CODE_KEYS = ("version", "source_sha256", "source_files")  # reprocube's
 POSITION_KEYS = frozenset({"epoch", "global_step", "step_in_epoch"})
 EPOCH_RECORD_KEYS = frozenset({*DETERMINISTIC_EPOCH_FIELDS, "wall_s", "samples_per_s", "weights_digest"})
 TRACE_KEYS = frozenset(
@@ -390,11 +407,34 @@ def _refuse_unknown_keys(value, path: Path, error) -> None:
                 stack.append((child, f"{where_}.{key}"))
 
 
+def _upgraded(value: dict, version: int) -> dict:
+    """A version-1 receipt as version 2, in memory only: each key a version-1 writer could leave out, as
+    what its absence meant; nothing else changes. Version 2 is as it is: there a missing key is an error
+    the reader names. The values filled are read later as any receipt's are (checked there, so a value of
+    the wrong type is named where it is checked, never here)."""
+    if version == RECEIPT_VERSION:
+        return value
+    upgraded = {**value, "version": RECEIPT_VERSION}
+    trace, position = value.get("trace"), value.get("position")
+    if "sessions" not in value:
+        # Written before sessions were recorded: one session, the whole trace, under the receipt's env (null).
+        upgraded["sessions"] = [
+            {
+                "from_step": trace.get("first_step") if isinstance(trace, dict) else None,
+                "to_step": position.get("global_step") if isinstance(position, dict) else None,
+                "env": None,
+            }
+        ]
+    code = value.get("reprocube")
+    if isinstance(code, dict) and "source_files" not in code:
+        # Written before each source file's digest was recorded: null, not recorded (no file is named as differing).
+        upgraded["reprocube"] = {**code, "source_files": None}
+    return upgraded
+
+
 def _sessions(value, env: dict, first_step: int, global_step: int, path: Path, error) -> list[dict]:
     """The receipt's sessions, consecutive and covering the trace to position.global_step; each env an
     object whose variables are checked as env's are (null: the receipt's env)."""
-    if value is None:  # a receipt from before sessions were recorded
-        return [{"from_step": first_step, "to_step": global_step, "env": env}]
     where = f"{path}: sessions"
     if not (isinstance(value, list) and 1 <= len(value) <= MAX_SESSIONS):
         raise error(f"{where} must be a list of 1 to {MAX_SESSIONS} sessions")
@@ -423,10 +463,9 @@ SOURCE_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")
 MAX_SOURCE_FILES = 1000
 
 
-def _check_source_files(code, path: Path, error) -> None:
-    """reprocube.source_files (receipts from before it are without): relative source paths (no `..`, no
-    leading `/`) to 16 hex digits, at most MAX_SOURCE_FILES."""
-    files = code.get("source_files") if isinstance(code, dict) else None
+def _check_source_files(files, path: Path, error) -> None:
+    """reprocube.source_files: relative source paths (no `..`, no leading `/`) to 16 hex digits, at most
+    MAX_SOURCE_FILES; or null, not recorded (a version-1 receipt written before it, upgraded)."""
     if files is None:
         return
     if not (isinstance(files, dict) and len(files) <= MAX_SOURCE_FILES):

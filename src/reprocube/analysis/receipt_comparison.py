@@ -286,16 +286,14 @@ def _differing_files(a: Receipt, b: Receipt, shown: int = 8) -> str | None:
 
 
 def _source_files(receipt: Receipt) -> dict | None:
-    code = receipt.value.get("reprocube")
-    files = code.get("source_files") if isinstance(code, dict) else None
-    return files if isinstance(files, dict) else None
+    """Each source file's digest, or None: not recorded (a version-1 receipt from before them)."""
+    return receipt.value["reprocube"]["source_files"]
 
 
 def _code(receipt: Receipt) -> str:
     """reprocube's version and installed-source digest, as one comparable string."""
-    code = receipt.value.get("reprocube")
-    code = code if isinstance(code, dict) else {}
-    return f"{code.get('version')} (source sha256 {str(code.get('source_sha256'))[:16]})"
+    code = receipt.value["reprocube"]
+    return f"{code['version']} (source sha256 {code['source_sha256'][:16]})"
 
 
 # --- does it matter? -------------------------------------------------------------------------------
