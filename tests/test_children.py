@@ -19,6 +19,7 @@ from reprocube.orchestration.children import last_error_line, run_child
 from helpers import reprocube, slow_steps_pythonpath, wait_until
 
 
+@pytest.mark.process
 def test_a_child_runs_into_its_log_after_a_command_line(tmp_path):
     log = tmp_path / "logs" / "child.log"
     echoed = []
@@ -94,6 +95,7 @@ def kill_all(pids) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.process
 @linux_only
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 @pytest.mark.parametrize("how", ["run", "run-echo", "start"])
@@ -134,6 +136,7 @@ def tiny_receipt(generated, tmp_path_factory) -> Path:
     return root / "a"
 
 
+@pytest.mark.process
 @linux_only
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_receipt, tmp_path, signum):
@@ -175,6 +178,7 @@ def test_reproduce_stopped_mid_run_leaves_no_training_behind(generated, tiny_rec
 
 
 # --- the watchdog: a child that makes no progress is reported, and ended when asked --------------------------
+@pytest.mark.process
 def test_a_silent_child_is_reported_then_ended(tmp_path):
     import time
 
@@ -196,6 +200,7 @@ def test_a_silent_child_is_reported_then_ended(tmp_path):
     assert time.monotonic() - started < 100, "ended by the watchdog, not waited for (the child sleeps 120 s)"
 
 
+@pytest.mark.process
 def test_a_stalled_child_is_ended_naming_the_last_step_it_logged(tmp_path):
     from reprocube.orchestration.children import StalledChild, Watchdog, run_watched
 
@@ -223,6 +228,7 @@ def test_a_stalled_child_is_ended_naming_the_last_step_it_logged(tmp_path):
     )
 
 
+@pytest.mark.process
 def test_a_child_that_makes_progress_is_never_reported(tmp_path):
     from reprocube.orchestration.children import Watchdog, run_watched
 
@@ -245,6 +251,7 @@ def test_a_child_that_makes_progress_is_never_reported(tmp_path):
 STALL = ["watchdog.stop_minutes=0.25", "log.every_steps=1", "epochs=1", "threads=1"]
 
 
+@pytest.mark.process
 def test_verify_ends_a_stalled_check_naming_its_step_and_fails(generated, tmp_path):
     """verify's reference hangs after its first group of steps: after watchdog.stop_minutes it is ended,
     in one line naming the last step it logged; the checks that need it are not run; verify fails."""
@@ -269,6 +276,7 @@ def test_verify_ends_a_stalled_check_naming_its_step_and_fails(generated, tmp_pa
     assert "(the last it logged), and was ended (watchdog.stop_minutes=0.25)" in failed, failed
 
 
+@pytest.mark.process
 def test_study_records_a_stalled_run_as_failed_and_finishes_the_others(generated, tmp_path):
     study = tmp_path / "study"
     hanging = slow_steps_pythonpath(
@@ -295,3 +303,26 @@ def test_study_records_a_stalled_run_as_failed_and_finishes_the_others(generated
     assert failure["member"] == 0 and "stuck after global step " in failure["error"], failure
     assert "and was ended (watchdog.stop_minutes=0.25)" in failure["error"]
     assert sorted(r["member"] for r in result["runs"]) == [1, 2, 3]
+
+
+def test_watch_child_ticks_watchdog_progress_stop_and_time_limit_in_that_order(monkeypatch):
+    from reprocube.orchestration import children
+    from reprocube.orchestration.children import ENDED, STOPPED, TIMED_OUT, ProgressReport, watch_child
+
+    now = [0.0]
+    monkeypatch.setattr(children.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    said, ticks = [], []
+
+    def watch(**kwargs):
+        now[0] = 0.0
+        progress = ProgressReport(said.append, 3.0, lambda: now[0], since=0.0)
+
+        def tick() -> None:
+            ticks.append(now[0])
+
+        return watch_child(lambda: now[0] < 10, 1.0, 0.0, lambda: now[0], progress, on_tick=tick, **kwargs)
+
+    assert watch() == children.Watched(ENDED, 9.0) and said == [3.0, 6.0, 9.0] and ticks == list(range(10))
+    said.clear()
+    assert watch(stop_now=lambda s: s >= 3) == children.Watched(STOPPED, 3.0) and said == [3.0]  # reported first
+    assert watch(stop_now=lambda s: False, timeout_s=5) == children.Watched(TIMED_OUT, 5.0)

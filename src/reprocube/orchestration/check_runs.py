@@ -21,7 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprocube.orchestration.children import PROGRESS_EVERY_S, last_error_line
+from reprocube.orchestration.children import (
+    PROGRESS_EVERY_S,
+    STOPPED,
+    ProgressReport,
+    last_error_line,
+    watch_child,
+)
 from reprocube.orchestration.file_activity import FileActivity
 from reprocube.orchestration.process_guard import GuardedCommand, start_guarded
 from reprocube.probe import ENV as PROBE_ENV
@@ -249,19 +255,20 @@ def _wait_for_trigger(
 ) -> bool:
     """True when the stop's moment came while the command ran; False when it ended first (or there is no
     stop: it runs to its end, bounded by the watchdog)."""
-    reported = start
-    while child.poll() is None:
-        elapsed = time.perf_counter() - start
-        if on_progress is not None and time.perf_counter() - reported >= PROGRESS_EVERY_S:
-            reported = time.perf_counter()
-            on_progress(elapsed)
-        if stop is not None:
-            if stop.due(elapsed, run, seen, start) or (stop.line is not None and matched.is_set()):
-                return True
-        if elapsed >= timeout_s:
-            return False
-        time.sleep(POLL_S)
-    return False
+
+    def due(elapsed: float) -> bool:
+        return stop.due(elapsed, run, seen, start) or (stop.line is not None and matched.is_set())
+
+    watched = watch_child(
+        lambda: child.poll() is None,
+        POLL_S,
+        start,
+        clock=time.perf_counter,
+        progress=ProgressReport(on_progress, PROGRESS_EVERY_S, time.perf_counter, since=start),
+        stop_now=due if stop is not None else None,
+        timeout_s=timeout_s,
+    )
+    return watched.outcome == STOPPED
 
 
 def _wait_exit(child: subprocess.Popen, seconds: float) -> int | None:

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from reprocube.errors import ConfigError
-from reprocube.orchestration.check_runs import PROGRESS_EVERY_S, Attempt, Run, Stop, entries_below
+from reprocube.orchestration.check_runs import Attempt, Run, Stop, entries_below
+from reprocube.orchestration.children import PROGRESS_EVERY_S, STOPPED, TIMED_OUT, ProgressReport, watch_child
 from reprocube.probe import ENV as PROBE_ENV
 
 POLL_S = 0.5  # how often the job's state is asked (each look runs scontrol)
@@ -191,40 +192,51 @@ def _state(job: str, last: tuple[str, int]) -> tuple[str, int]:
 def _attempt(
     run: Run, job: str, number: int, stop: Stop | None, timeout_s: float, seen: set[str], began: float
 ) -> Attempt:
-    queued = reported = time.perf_counter()
+    queued = time.perf_counter()
+    progress = ProgressReport(run.on_progress, PROGRESS_EVERY_S, time.perf_counter, since=queued)
     state = ("PENDING", number - 1)
-    while True:  # until SLURM runs this start of the job (or the job ended before it)
+
+    def queued_still() -> bool:  # until SLURM runs this start of the job (or the job ended before it)
+        nonlocal state
         state = _state(job, state)
-        if state == ("RUNNING", number - 1) or state[0] in ENDED or state[0] == "GONE" or _ended(run, number):
-            break
-        if run.on_progress is not None and time.perf_counter() - reported >= PROGRESS_EVERY_S:
-            reported = time.perf_counter()
-            run.on_progress(reported - queued)
-        if time.perf_counter() - queued > timeout_s + 600:
-            return Attempt(queued - began, 0.0, None, None)  # never started: the watchdog
-        time.sleep(POLL_S)
+        started = state == ("RUNNING", number - 1) or state[0] in ENDED or state[0] == "GONE"
+        return not (started or _ended(run, number))
+
+    waited = watch_child(queued_still, POLL_S, queued, time.perf_counter, progress, timeout_s=timeout_s + 600)
+    if waited.outcome == TIMED_OUT:
+        return Attempt(queued - began, 0.0, None, None)  # never started: the watchdog
     start, cursor, looked = time.perf_counter(), [_size(run.log)], time.perf_counter()
     given, signal_s = False, None
-    while state[0] in RUNNING and state[1] == number - 1 and not _ended(run, number):
-        elapsed = time.perf_counter() - start
-        if run.on_progress is not None and time.perf_counter() - reported >= PROGRESS_EVERY_S:
-            reported = time.perf_counter()
-            run.on_progress(elapsed)
-        if stop is not None and _stop_came(stop, elapsed, run, seen, cursor, start):
-            # Only a job still running this attempt is requeued: a requeue of one that just ended would
-            # start it again and count as a stop that interrupted nothing.
-            state = _state(job, state)
-            if state == ("RUNNING", number - 1) and not _ended(run, number):
-                signal_s = time.perf_counter() - start
-                done = _run(["scontrol", "requeue", job])
-                given = done is not None and done.returncode == 0
-            break
-        if elapsed >= timeout_s:
-            _run(["scancel", job])
-            return Attempt(start - began, elapsed, None, None)
-        time.sleep(TRIGGER_POLL_S)
+
+    def running() -> bool:  # the job's state asked every POLL_S; the marks looked at each tick
+        nonlocal state, looked
         if time.perf_counter() - looked >= POLL_S:
             state, looked = _state(job, state), time.perf_counter()
+        return state[0] in RUNNING and state[1] == number - 1 and not _ended(run, number)
+
+    def stop_came(elapsed: float) -> bool:
+        return _stop_came(stop, elapsed, run, seen, cursor, start)
+
+    watched = watch_child(
+        running,
+        TRIGGER_POLL_S,
+        start,
+        time.perf_counter,
+        progress,
+        stop_now=stop_came if stop is not None else None,
+        timeout_s=timeout_s,
+    )
+    if watched.outcome == STOPPED:
+        # Only a job still running this attempt is requeued: a requeue of one that just ended would
+        # start it again and count as a stop that interrupted nothing.
+        state = _state(job, state)
+        if state == ("RUNNING", number - 1) and not _ended(run, number):
+            signal_s = time.perf_counter() - start
+            done = _run(["scontrol", "requeue", job])
+            given = done is not None and done.returncode == 0
+    elif watched.outcome == TIMED_OUT:
+        _run(["scancel", job])
+        return Attempt(start - began, watched.seconds, None, None)
     deadline = time.perf_counter() + COMMAND_TIMEOUT_S + 120  # SLURM's KillWait is 30 s by default
     while not _ended(run, number) and time.perf_counter() < deadline:
         # A requeue counts the restart at once, while the job is still COMPLETING: the attempt is over

@@ -203,6 +203,71 @@ def environment_with(settings: dict[str, str | None]) -> dict[str, str]:
     return env
 
 
+class ProgressReport:
+    """on_progress(seconds), if given, at most once every every_s seconds of `clock`, counted from `since`:
+    a line for output that is not a terminal, where nothing redraws. One report may span several loops
+    (a SLURM job's wait in the queue and its run)."""
+
+    def __init__(
+        self,
+        on_progress: Callable[[float], None] | None,
+        every_s: float = PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        since: float | None = None,
+    ) -> None:
+        self.on_progress, self.every_s, self.clock = on_progress, every_s, clock
+        self.reported = clock() if since is None else since
+
+    def tick(self, seconds: float) -> None:
+        """Report `seconds` if every_s passed since the last report."""
+        if self.on_progress is None:
+            return
+        now = self.clock()
+        if now - self.reported >= self.every_s:
+            self.reported = now
+            self.on_progress(seconds)
+
+
+ENDED, STOPPED, TIMED_OUT = "ended", "stopped", "timed out"  # how watch_child returned
+
+
+@dataclass(frozen=True)
+class Watched:
+    outcome: str  # ENDED: running() said no; STOPPED: stop_now said signal now; TIMED_OUT: timeout_s passed
+    seconds: float  # since `started`, at the last tick (0.0: none)
+
+
+def watch_child(
+    running: Callable[[], bool],
+    poll_s: float,
+    started: float,
+    clock: Callable[[], float] = time.monotonic,
+    progress: ProgressReport | None = None,
+    stop_now: Callable[[float], bool] | None = None,
+    timeout_s: float | None = None,
+    on_tick: Callable[[], None] | None = None,
+) -> Watched:
+    """The one loop that watches a child (run_watched's, check's attempts, a SLURM job's). While running()
+    says it runs, each tick, in this order: on_tick() (a watchdog: it may end the child and raise), the
+    progress report of the seconds since `started` (by `clock`), stop_now(seconds) (a stop trigger: True
+    says signal now, and the loop returns STOPPED), the time limit (seconds >= timeout_s: TIMED_OUT), then
+    a sleep of poll_s. Ending the child is the caller's: each ends its own kind (a process, a guarded
+    group, a SLURM job)."""
+    seconds = 0.0
+    while running():
+        if on_tick is not None:
+            on_tick()
+        seconds = clock() - started
+        if progress is not None:
+            progress.tick(seconds)
+        if stop_now is not None and stop_now(seconds):
+            return Watched(STOPPED, seconds)
+        if timeout_s is not None and seconds >= timeout_s:
+            return Watched(TIMED_OUT, seconds)
+        time.sleep(poll_s)
+    return Watched(ENDED, seconds)
+
+
 def run_watched(
     command: list[str],
     log: Path,
@@ -220,15 +285,15 @@ def run_watched(
     progress_every_s: a line for output that is not a terminal, where nothing redraws."""
     child = start_child(command, log, cwd=cwd, env=env)
     watch = ProgressWatch(command, log, progress, watchdog, on_stall)
-    started = reported = time.monotonic()
+    started = time.monotonic()
     try:
-        while child.poll() is None:
-            watch.poll(child)
-            now = time.monotonic()
-            if on_progress is not None and now - reported >= progress_every_s:
-                reported = now
-                on_progress(now - started)
-            time.sleep(poll_s)
+        watch_child(
+            lambda: child.poll() is None,
+            poll_s,
+            started,
+            progress=ProgressReport(on_progress, progress_every_s, since=started),
+            on_tick=lambda: watch.poll(child),
+        )
     finally:
         if child.poll() is None:  # an exception here (Ctrl-C): the child does not outlive the wait
             _end(child)
