@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -9,7 +12,7 @@ from reprocube.config import (
     load_config,
     to_plain,
 )
-from reprocube.errors import ConfigError
+from reprocube.errors import EXIT_CONFIG, ConfigError
 
 
 def test_defaults_match_the_reference_tutorial():
@@ -95,6 +98,31 @@ def test_missing_user_yaml_is_refused(tmp_path):
 def test_bad_values_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config([override])
+
+
+def test_a_batch_smaller_than_the_tensorflow_towers_is_refused_by_the_config():
+    """Every tower needs an example of each batch; refused in one line naming both keys, before TensorFlow
+    is imported (the last batch of a training set, known only with the data, is the trainer's to check)."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(["framework=tensorflow", "framework.towers=4", "batch_size=3"])
+    [line] = str(refused.value).splitlines()
+    assert line.startswith("framework.towers=4 needs at least 4 examples in every batch, and batch_size=3 holds 3")
+    assert "batch_size>=4" in line and "framework.towers<=3" in line
+    assert load_config(["framework=tensorflow", "framework.towers=3", "batch_size=3"]).batch_size == 3
+    assert load_config(["framework=pytorch", "batch_size=1"]).batch_size == 1  # no towers there
+
+
+@pytest.mark.process
+def test_train_refuses_a_batch_smaller_than_the_towers_before_importing_tensorflow(tmp_path):
+    code = (
+        "import sys; from reprocube.cli import main; "
+        f"status = main(['train', 'framework=tensorflow', 'batch_size=1', 'output_dir={tmp_path}']); "
+        "print(status, 'tensorflow' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout == f"{EXIT_CONFIG} False\n", done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("reprocube: error: framework.towers=2 needs at least 2 examples in every batch")
 
 
 def test_number_types_are_normalised():

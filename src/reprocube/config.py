@@ -357,6 +357,12 @@ def _validate_training(check: _Checks) -> None:
     if cfg.framework.name == "tensorflow":
         check.integer("framework.towers", 1, 65)
         check.integer("framework.inter_op_threads", 1, 1025)
+        towers, batch = cfg.framework.towers, cfg.batch_size
+        if batch < towers:  # every tower needs an example: oneDNN's convolution refuses an empty batch
+            raise ConfigError(
+                f"framework.towers={towers} needs at least {towers} examples in every batch, and batch_size={batch}"
+                f" holds {batch}: set batch_size>={towers} or framework.towers<={batch}"
+            )
     for key in ("output_dir", "data_dir"):
         check.text(key)
     check.text("data.source_dir", allow_none=True)

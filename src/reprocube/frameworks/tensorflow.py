@@ -46,7 +46,8 @@ def build_model(num_classes: int, dropout_seeds: tuple[int, int]) -> keras.Model
 
 
 def _check_towers(cfg, examples: int) -> None:
-    """Every batch must give each tower an example: oneDNN's convolution refuses an empty batch."""
+    """Every batch must give each tower an example: oneDNN's convolution refuses an empty batch. A batch_size
+    below the towers is the config's to refuse (reprocube.config); the last batch is known only here."""
     towers, last = cfg.framework.towers, examples % cfg.batch_size
     smallest = last if last and not cfg.data.drop_last else cfg.batch_size
     if smallest < towers:
