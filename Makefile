@@ -2,7 +2,7 @@
 #   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
 #   make test    set up (Docker and the CPU image included), lint, and run every test
 #   make lint    ruff format --check and ruff check
-#   make test-quick  the tests that start no process (the inner loop, about a minute)
+#   make test-quick  the tests not marked `process` (pyproject.toml): none starts a process (the inner loop, about 2 min)
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
 #   make test APPTAINER=0    the same without Apptainer: the Singularity tests are skipped (CONTAINERS=0 too:
@@ -111,9 +111,10 @@ XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist 
 test: $(TEST_DEPS)
 	$(TEST_ENV) $(VENV)/bin/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
 
-# The inner loop: every test that starts no process (none trains), in a minute or two; no set-up beyond the venv.
+# The inner loop: the tests not marked `process` (none starts a process, so none trains), in a minute or two;
+# no set-up beyond the venv. REPROCUBE_TEST_QUICK=1: tests/conftest.py fails an unmarked test that starts one.
 test-quick: $(VENV)/.installed
-	REPROCUBE_TEST_QUICK=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	REPROCUBE_TEST_QUICK=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not process" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MLCUBE_VENV) .pytest_cache

@@ -33,8 +33,8 @@ def pytest_configure(config):
         cache = tempfile.mkdtemp(prefix="reprocube-tests-jax-cache-")
         config.jax_cache = cache
         os.environ[compilation_cache.VARIABLE] = cache
-    if os.environ.get("REPROCUBE_TEST_QUICK") == "1":  # make test-quick
-        subprocess.Popen.__init__ = _no_processes
+    if os.environ.get("REPROCUBE_TEST_QUICK") == "1":  # make test-quick (-m "not process")
+        subprocess.Popen.__init__ = _no_process_unmarked
 
 
 # make test runs test files two at a time (pytest-xdist, `--dist loadfile --no-loadscope-reorder`), each
@@ -67,10 +67,38 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
-def _no_processes(*args, **kwargs):
-    """make test-quick: a test, or the fixture it needs, that starts a process is skipped at that moment,
-    so the inner loop holds exactly the tests that start no child (nothing trains); `make test` runs all."""
-    pytest.skip("starts a process (make test runs it)")
+# make test-quick runs the tests not marked `process` (pyproject.toml) and guards that marking: a test, or a
+# fixture it needs, that starts a process there fails, naming the command. Imports at collection may start one
+# (ctypes.util.find_library runs ldconfig): only a test's setup, call and teardown are guarded.
+_RUNNING: list[str] = []  # the node id of the test being run
+_UNMARKED: set[str] = set()  # tests that started a process under make test-quick
+_popen_init = subprocess.Popen.__init__
+
+
+def _no_process_unmarked(self, *args, **kwargs):
+    if not _RUNNING:
+        return _popen_init(self, *args, **kwargs)
+    _UNMARKED.add(_RUNNING[-1])
+    command = args[0] if args else kwargs.get("args")
+    pytest.fail(f"starts a process ({command!r:.200}): mark the test @pytest.mark.process", pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING.append(item.nodeid)
+    try:
+        yield
+    finally:
+        _RUNNING.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that caught the guard's failure still fails (the marking must stay true)."""
+    report = (yield).get_result()
+    if item.nodeid in _UNMARKED and report.when == "call" and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = "it started a process and caught the failure that said so: mark it @pytest.mark.process"
 
 
 def pytest_unconfigure(config):

@@ -50,6 +50,7 @@ def former_runs(train):
     return {fw: train(fw, f"{fw}-former", f"framework.{key}={old}") for fw, (key, _, old) in ADDED.items()}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", ADDED)
 def test_the_default_is_the_new_form_and_computes_other_bits(train, former_runs, framework):
     key, default, _ = ADDED[framework]
@@ -70,6 +71,7 @@ def as_written_before_the_key(checkpoint, key: str, old: str):
     rewrite_checkpoint_file(checkpoint, "config.json", blob, config_hash=config_hash(config))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", ADDED)
 def test_a_checkpoint_from_before_the_key_resumes_as_it_was_computed(train, former_runs, framework, tmp_path):
     key, default, old = ADDED[framework]

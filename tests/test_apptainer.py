@@ -22,6 +22,8 @@ import yaml
 from reprocube.backend import FRAMEWORKS
 from test_container import CPU, FASHION_MNIST, IMAGE, MLCUBE, TRAIN, final_digests
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 SIF_SH = REPO / "scripts" / "sif.sh"
 # The shared SIF cache (the MLCube's default image folder); scripts/sif.sh names each SIF by image digest.

@@ -11,6 +11,8 @@ from reprocube.results.bench_result import FIGURES as ALL_FIGURES
 
 from helpers import error_lines, reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 FIGURES = tuple(f for f in ALL_FIGURES if f != "peak_gpu_mb")  # no GPU here
 
 

@@ -21,6 +21,8 @@ from test_report_browser import decode_images, rendered
 
 from helpers import error_lines, reprocube, wait_until
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1"]
 OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]

@@ -21,7 +21,10 @@ import pytest
 
 from helpers import error_lines, reprocube, wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a subreaper and /proc are Linux's")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a subreaper and /proc are Linux's"),
+]
 
 # The script under check: it may start a daemon (double fork, setsid), quiet or printing on the pipe it
 # inherited; it marks that it ran (a file in MARKS), writes its output and prints `saved`.

@@ -29,7 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import reprocube
+
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
 SCRIPTS = Path(__file__).parent / "check_round3"
 EXIT = {

@@ -544,6 +544,7 @@ def test_the_table_allows_no_more_than_its_truth():
     assert len(set(ids)) == len(ids)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("framework", "defect", "placement", "expected", "allowed"), CELLS, ids=["-".join(cell[:3]) for cell in CELLS]
 )

@@ -56,6 +56,7 @@ def state(seed: int) -> dict:
     }
 
 
+@pytest.mark.process
 def test_a_torch_save_with_numpy_rng_and_namespace_is_read_without_torch_load(tmp_path):
     """torch.load(weights_only=True) refused np.random.get_state() and the UnpicklingError was a
     traceback; now every value is read (as torch.load(weights_only=False) would build it) and compared."""
@@ -86,6 +87,7 @@ def pickled_zip(pkl: bytes, storages: dict[str, bytes] | None = None) -> bytes:
     return blob.getvalue()
 
 
+@pytest.mark.process
 def test_a_pickle_naming_any_other_global_is_refused_and_nothing_is_imported_or_run(tmp_path):
     marker = tmp_path / "ran"
     # GLOBAL os.system, called (REDUCE) with a command: refused at the global, never imported or called.
@@ -149,6 +151,7 @@ def npy_header(shape: tuple, descr: str = "<f8") -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text
 
 
+@pytest.mark.process
 def test_an_npy_declaring_more_than_it_holds_is_one_line_at_once(tmp_path):
     """A 145-byte .npy declaring 2**33 float64 was a MemoryError traceback."""
     hostile = npy_header((2**33,)) + b"\x00" * 17
@@ -224,6 +227,7 @@ def npz_bomb(inflated: int, declared: int) -> bytes:
     return local + name + data + directory + end
 
 
+@pytest.mark.process
 def test_an_npz_inflating_to_3_gib_and_an_hdf5_declaring_2_gib_are_refused_with_little_memory(tmp_path):
     """A 3 MB .npz inflating to 3 GiB (declared honestly: refused at its declared size; declared small:
     the inflation stops there) and a 1.4 KB .h5 declaring 16384x16384 float64 with a fill value and no

@@ -63,6 +63,7 @@ def receipt_value(run: Path) -> dict:
     return json.loads((run / RECEIPT).read_bytes())
 
 
+@pytest.mark.process
 def test_a_claim_b_never_records_is_not_checked_and_reproduce_records_it(runs, generated, tmp_path):
     """A boundary at a step B's cadence never digests (made-up digests): in-process against the genuine
     B it is 8 claims not checked, never bit-identical; reproduce has B digest its weights there, and
@@ -82,6 +83,7 @@ def test_a_claim_b_never_records_is_not_checked_and_reproduce_records_it(runs, g
     assert 7 in [b.step for b in read_receipt(tmp_path / "out" / "runs" / "b").trace.boundaries]
 
 
+@pytest.mark.process
 def test_losses_only_needs_a_weight_claim_at_as_last_step(runs, tmp_path):
     """A partial receipt without fingerprints whose losses after the epoch's end come from another model:
     its only weight claims end at step 21, so the model is not said to be bit-identical (before: losses-only)."""
@@ -97,6 +99,7 @@ def test_losses_only_needs_a_weight_claim_at_as_last_step(runs, tmp_path):
     assert any("compared only up to global step 21, not at its last step 24" in r for r in outcome["reasons"])
 
 
+@pytest.mark.process
 def test_a_differing_partial_receipt_is_said_partial_and_b_trains_only_to_where_a_stopped(runs, generated, tmp_path):
     """The first difference at the last step of epoch 1 (the self-check stops B there: it used to write a
     receipt its own reader refused, and reproduce ended with exit 4 and no verdict); B trains steps 1..24
@@ -139,6 +142,7 @@ def report_of(directory: Path, tmp_path: Path, page: str = "refused"):
     return reprocube("report", str(directory), "--out", str(tmp_path / page), cwd=tmp_path, check=False)
 
 
+@pytest.mark.process
 def test_report_reads_only_inside_the_reproduce_directory(reproduced, runs, tmp_path):
     """A result naming B's run anywhere on the reader's machine (or in the cwd), a receipt replaced in A's
     place, a link where a receipt was: one line, exit 4, nothing drawn. The genuine one draws."""
@@ -178,6 +182,7 @@ def test_report_reads_only_inside_the_reproduce_directory(reproduced, runs, tmp_
     assert not (tmp_path / "refused" / "report.html").exists()
 
 
+@pytest.mark.process
 def test_match_starts_one_process_per_change_of_settings(runs):
     """32 sessions, the first under another ISA cap and 31 one-step sessions under equal settings: two
     segments (before: one process per session that differs from B's)."""
@@ -194,6 +199,7 @@ def _capped(env: dict, isa: str) -> dict:
     return {**env, "env_vars": {**env["env_vars"], "ONEDNN_MAX_CPU_ISA": isa}}
 
 
+@pytest.mark.process
 def test_match_follows_a_bounded_number_of_changes_of_settings(runs):
     """Sessions alternating between two ISA caps: up to MAX_MATCH_PROCESSES segments are followed, one
     more is refused, named, with nothing emulated."""
@@ -216,6 +222,7 @@ def test_match_follows_a_bounded_number_of_changes_of_settings(runs):
     assert plan["refused"].startswith(f"A's sessions change settings {MAX_MATCH_PROCESSES} times"), plan["refused"]
 
 
+@pytest.mark.process
 def test_match_costs_no_more_for_alternating_sessions_than_for_one(runs, generated, tmp_path):
     """A receipt whose 16 one-step sessions alternate between two ISA caps, against the same receipt as one
     session under one cap (each with a last loss bit changed, so that B differs and --match runs): at most
@@ -251,6 +258,7 @@ def test_match_costs_no_more_for_alternating_sessions_than_for_one(runs, generat
     assert timings["alternating"] <= 2 * timings["one"] + 30, timings
 
 
+@pytest.mark.process
 def test_counts_are_bounded_by_the_model(runs, tmp_path):
     """20,000 tensor names (a 1.3 MB receipt) are refused by the reader in one line, in well under a second
     (before: 7.2 GB and over 300 s in the divergence map)."""
@@ -266,6 +274,7 @@ def test_counts_are_bounded_by_the_model(runs, tmp_path):
     assert time.perf_counter() - started < 5
 
 
+@pytest.mark.process
 def test_threads_beyond_the_usable_cpus_are_said_before_training(runs, generated, tmp_path):
     forged = receipt_value(runs["full"])
     forged["config"]["threads"] = 1024
@@ -281,6 +290,7 @@ def test_threads_beyond_the_usable_cpus_are_said_before_training(runs, generated
     assert threads_warning("jax", 2, 2) is None
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("depth", [100, 600])
 def test_a_config_value_nested_deeply_is_one_line(runs, tmp_path, depth):
     forged = receipt_value(runs["full"])
@@ -324,6 +334,7 @@ def test_a_losses_only_replay_never_names_the_update(tmp_path):
         assert found["status"] == "none" and expected in found["text"] and absent not in found["text"], found
 
 
+@pytest.mark.process
 def test_compare_names_the_checkpoints_it_did_not_compare(runs, generated, tmp_path):
     """A run stopped at step 24 and resumed holds step-000024, which the uninterrupted run lacks: their
     weights agree where both have checkpoints, and the verdict names the one it did not compare."""

@@ -10,6 +10,8 @@ import pytest
 
 from helpers import reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 
 def test_console_script_and_module_entry_points(tmp_path):
     script = shutil.which("reprocube", path=str(__import__("pathlib").Path(sys.executable).parent))

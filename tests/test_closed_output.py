@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from reprocube.errors import EXIT_CHECKPOINT, EXIT_DIFFERENT, EXIT_OK, EXIT_OUTPUT_LOST
 
 from helpers import reprocube
+
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
 MODES = ("stdout closed", "stderr closed", "stdout broken", "stderr broken")
 

@@ -177,6 +177,7 @@ def test_a_cache_directory_holding_anything_but_our_regular_files_is_refused(mon
     assert (tmp_path / "target").read_bytes() == b"compiled elsewhere"
 
 
+@pytest.mark.process
 def test_a_file_of_another_user_in_the_cache_directory_is_refused(monkeypatch, capsys, tmp_path, other_user):
     monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path / "cache"))
     directory = compilation_cache.cache_directory()
@@ -230,6 +231,7 @@ def test_a_cache_directory_that_cannot_be_closed_turns_the_cache_off(monkeypatch
     assert line.endswith(f"cannot close {directory} (mode 0755) to 0700: Read-only file system")
 
 
+@pytest.mark.process
 def test_a_run_from_the_cache_is_bit_identical_to_a_compiled_one(generated, tmp_path):
     """Three JAX runs of one config: compiling into an empty cache, loading every step from it, and with
     the cache off. JAX_LOG_COMPILES makes JAX say each cache hit (a warning)."""
@@ -277,6 +279,7 @@ def _mine(tmp_path: Path) -> Path:
     return mine
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("planting", "mode", "owner"),
     [
@@ -308,6 +311,7 @@ def test_a_link_in_a_directory_another_user_could_change_is_not_followed(
     assert not any(mine.iterdir())  # nothing made through it
 
 
+@pytest.mark.process
 def test_a_link_owned_by_another_user_is_not_followed(monkeypatch, capsys, tmp_path, other_user):
     """Whoever owns a link can point it elsewhere: it used to pass when its target was ours."""
     mine = _mine(tmp_path)
@@ -326,6 +330,7 @@ def test_a_link_owned_by_another_user_is_not_followed(monkeypatch, capsys, tmp_p
     assert not any(mine.iterdir())
 
 
+@pytest.mark.process
 def test_a_directory_of_another_user_above_the_cache_is_refused(monkeypatch, capsys, tmp_path, other_user):
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
@@ -362,6 +367,7 @@ def test_links_of_this_user_in_a_sticky_directory_are_followed_and_jax_gets_the_
     assert compilation_cache.enable(jax) and (sticky / checked.name).stat().st_mode & 0o7777 == 0o700
 
 
+@pytest.mark.process
 def test_a_cache_directory_another_user_made_open_is_refused(monkeypatch, capsys, tmp_path, other_user):
     monkeypatch.setenv(compilation_cache.VARIABLE, str(tmp_path))
     directory = compilation_cache.cache_directory()
@@ -408,6 +414,7 @@ _COMPILE_AFTER_A_SWAP = """
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("link_owner", ["me", "other"])
 def test_jax_never_writes_where_a_swapped_link_points(tmp_path, other_user, link_owner):
     """The attack of issue 55 with JAX itself: a link to a directory of ours passes the check, then is

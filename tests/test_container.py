@@ -27,6 +27,8 @@ from reprocube.checkpoint import list_checkpoints, read_checkpoint
 
 from helpers import reprocube, wait_until
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 MLCUBE = REPO / ".venv-mlcube" / "bin" / "mlcube"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

@@ -102,6 +102,7 @@ def test_a_recipe_that_emulates_any_step_names_one_interpreter_for_every_command
     assert plain[0]["argv"][:2] == ["reprocube", "train"]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_emulated_cpu_gives_the_avx2_machines_recorded_digest(fashion_mnist, tmp_path, variant):
@@ -121,6 +122,7 @@ def _avx512_machine() -> bool:
     return "avx512f" in collect_env({})["cpu"]["isa"]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_reproduce_match_retrains_an_avx2_run_on_the_emulated_cpu(fashion_mnist, tmp_path):
     """A run made on the emulated AVX2 CPU, reproduced here as a user would: on an AVX-512 machine B

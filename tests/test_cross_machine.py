@@ -30,6 +30,8 @@ from reprocube.env import collect_env
 
 from helpers import reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 RECEIPTS = Path(__file__).parent / "receipts"
 ISAS = ("avx512", "avx2")
 

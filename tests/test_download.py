@@ -13,6 +13,8 @@ import pytest
 
 from helpers import FILE_KEYS, GeneratedDataset, make_payloads, reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 
 @pytest.fixture(scope="module")
 def payloads():

@@ -79,6 +79,7 @@ def report(*paths: Path, out: Path, check: bool = True):
 # ---- 1. evidence names its subject ---------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_verify_json_names_its_subject_and_report_shows_it_only_for_that_run(reference, other, tmp_path):
     final = reference / "checkpoints" / "epoch-0002"
     verdict = json.loads((reference / "verify.json").read_text())
@@ -110,6 +111,7 @@ def test_verify_json_names_its_subject_and_report_shows_it_only_for_that_run(ref
     assert all("class='ok'" in row for row in verify_rows(page, "reference"))
 
 
+@pytest.mark.process
 def test_a_copied_verify_json_is_refused_even_for_a_run_of_the_same_config(reference, tmp_path):
     """Same config hash, same checkpoint name, other final weights (re-signed as a forger would)."""
     forged = tmp_path / "runs" / "reference"
@@ -120,6 +122,7 @@ def test_a_copied_verify_json_is_refused_even_for_a_run_of_the_same_config(refer
     assert "NOT about this run" in row and "class='ok'" not in row
 
 
+@pytest.mark.process
 def test_a_verify_json_without_a_subject_is_unverifiable_never_green(reference, tmp_path):
     older = tmp_path / "older"
     shutil.copytree(reference, older)
@@ -132,6 +135,7 @@ def test_a_verify_json_without_a_subject_is_unverifiable_never_green(reference, 
     assert len(rows) == 1 + len(verdict["checks"]) and not any("class='ok'" in row for row in rows)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("subject", [{"checkpoint": "epoch-0002"}, "x", {"checkpoint": 2}])
 def test_a_malformed_verify_subject_is_refused_in_one_line(reference, tmp_path, subject):
     run = tmp_path / "run"
@@ -145,6 +149,7 @@ def test_a_malformed_verify_subject_is_refused_in_one_line(reference, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_compare_json_names_both_runs(reference, other, tmp_path):
     proc = reprocube("compare", str(reference), str(other), "--out", str(tmp_path / "c"), cwd=tmp_path, check=False)
     assert proc.returncode == 6
@@ -177,6 +182,7 @@ def copy_reproduction(reproduced: Path, tmp_path: Path) -> tuple[Path, Path, dic
     return copy, copy / result["inputs"]["a_receipt"]["path"], result
 
 
+@pytest.mark.process
 def test_reproduce_json_names_its_receipt_and_report_checks_it(reproduced, reference, tmp_path):
     copy, receipt, result = copy_reproduction(reproduced, tmp_path)
     raw = (reference / "receipt.json").read_bytes()
@@ -204,6 +210,7 @@ def test_reproduce_json_names_its_receipt_and_report_checks_it(reproduced, refer
     assert not (tmp_path / "forged").exists()
 
 
+@pytest.mark.process
 def test_reproduce_json_with_a_subject_that_is_not_its_receipts_is_refused(reproduced, tmp_path):
     copy, _, result = copy_reproduction(reproduced, tmp_path)
     result["subject"]["final_weights_digest"] = "0" * 64
@@ -213,6 +220,7 @@ def test_reproduce_json_with_a_subject_that_is_not_its_receipts_is_refused(repro
     assert proc.returncode == 4 and "subject does not describe" in line, proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "subject, message",
     [
@@ -231,6 +239,7 @@ def test_a_malformed_reproduce_subject_is_refused_in_one_line(reproduced, tmp_pa
     assert proc.returncode == 4 and "reproduce.json" in line and message in line, line
 
 
+@pytest.mark.process
 def test_a_reproduce_json_without_a_subject_is_unverifiable(reproduced, tmp_path):
     copy, _, result = copy_reproduction(reproduced, tmp_path)
     del result["subject"]  # as a reprocube before subjects wrote it
@@ -251,6 +260,7 @@ def forge_sessions(run: Path, epoch: int) -> None:
     (run / "sessions.jsonl").write_text(json.dumps(session) + "\n")
 
 
+@pytest.mark.process
 def test_a_forged_sessions_jsonl_does_not_excuse_a_missing_checkpoint(other, tmp_path):
     lacking = tmp_path / "lacking"
     shutil.copytree(other, lacking)
@@ -262,6 +272,7 @@ def test_a_forged_sessions_jsonl_does_not_excuse_a_missing_checkpoint(other, tmp
     assert json.loads((tmp_path / "c" / "compare.json").read_text())["missing_epoch_checkpoints"]["b"] == ["epoch-0002"]
 
 
+@pytest.mark.process
 def test_two_runs_short_of_their_configs_epochs_are_not_identical(other, tmp_path):
     """Neither run holds the last epoch its config asks for: the epoch both lack was not shown to agree."""
     for name in ("a", "b"):
@@ -275,6 +286,7 @@ def test_two_runs_short_of_their_configs_epochs_are_not_identical(other, tmp_pat
     assert "not identical: A lacks epoch-0002; B lacks epoch-0002 (the 1 in common agree)" in proc.stdout
 
 
+@pytest.mark.process
 def test_an_epoch_checkpoint_renamed_as_a_step_checkpoint_is_not_a_start(other, tmp_path):
     """Renaming epoch-0001 step-0000NN (its global step) would make the run look started after epoch 1."""
     renamed = tmp_path / "renamed"
@@ -286,6 +298,7 @@ def test_an_epoch_checkpoint_renamed_as_a_step_checkpoint_is_not_a_start(other, 
     assert "is not the one its name says" in proc.stderr and "identical (" not in proc.stdout
 
 
+@pytest.mark.process
 def test_a_run_started_from_another_runs_checkpoint_may_lack_the_epochs_before(generated, other, tmp_path):
     """The case sessions.jsonl was read for: its first epoch checkpoint's manifest says where it can have started."""
     start = other / "checkpoints" / "epoch-0001"
@@ -319,6 +332,7 @@ def snapshot(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["link", "foreign", "foreign-report", "file"])
 def test_report_out_refuses_what_it_did_not_make(other, tmp_path, kind):
     mine = tmp_path / "mine"
@@ -340,6 +354,7 @@ def test_report_out_refuses_what_it_did_not_make(other, tmp_path, kind):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.process
 def test_report_writes_again_into_a_directory_it_made(other, tmp_path):
     out = tmp_path / "report"
     out.mkdir()  # empty: accepted
@@ -352,6 +367,7 @@ def test_report_writes_again_into_a_directory_it_made(other, tmp_path):
 # ---- 4. names on plots are text, never matplotlib math -----------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_dollar_in_a_run_or_tensor_name_is_shown_literally(other, tmp_path):
     odd = tmp_path / "$\\foo$"
     shutil.copytree(other, odd)

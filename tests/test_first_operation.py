@@ -318,6 +318,7 @@ def tree(directory: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.process
 def test_replayed_steps_agree_and_another_isa_names_its_first_operation(pytorch_run, tmp_path):
     """Replays of one step agree op for op and match the run's loss; under ONEDNN_MAX_CPU_ISA=SSE41
     (which changes PyTorch's CPU results on this project's AVX2 and AVX-512 machines) an operation whose
@@ -361,6 +362,7 @@ def relabel(checkpoint: Path, framework: str) -> None:
     (checkpoint / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", ["mxnet"])
 def test_other_frameworks_are_refused_in_one_line(pytorch_run, tmp_path, framework):
     """A run of a framework that is not ours: exit 2, one line, before anything is imported. The
@@ -390,6 +392,7 @@ def kernels_run(request, generated, tmp_path_factory) -> tuple[str, Path]:
     return framework, train_run(framework, generated, tmp_path_factory.mktemp(f"{framework}-runs"))
 
 
+@pytest.mark.process
 def test_kernel_replays_record_the_steps_inputs_and_kernels_faithfully(kernels_run, tmp_path):
     """The recorded step (traced again to also return its kernels' values) gives the run's loss and
     weights and the unrecorded step's state; two replays agree entry for entry; a setting that changes

@@ -122,7 +122,7 @@ UNINTERRUPTED: dict[tuple[str, ...], str] = {}  # a command's uninterrupted weig
 
 def together(*calls):
     """Run the calls at once (threads: each mostly waits on its processes); their results in order, the
-    first exception raised here (a failed assertion, or make test-quick's skip of a process)."""
+    first exception raised here (a failed assertion, or a skip)."""
     results, errors = [None] * len(calls), []
 
     def run(i, call):
@@ -155,6 +155,7 @@ def truth(row: Row, where: Path) -> dict:
     return found
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
 def test_row(row, tmp_path):
     pytest.importorskip(row.needs)

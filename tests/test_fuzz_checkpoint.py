@@ -39,6 +39,8 @@ from fuzz_helpers import (
     state_values,
 )
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 STEPS_PER_EPOCH = 21  # the generated dataset: 650 examples, batch 32
 TENSOR_FILES = ("weights.safetensors", "optimizer.safetensors", "rng.safetensors")
 STATE_PATHS = [

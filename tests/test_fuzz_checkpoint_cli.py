@@ -11,6 +11,8 @@ import pytest
 from fuzz_helpers import build_checkpoint
 from helpers import error_lines, reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 # (name, content ops, exit status of `compare` against the original run, of `train resume=PATH`).
 # compare reads checkpoints but not their state: a re-signed state.json edit still compares equal (0), a
 # re-signed change to the weights compares as different (6), anything read_checkpoint refuses leaves

@@ -25,6 +25,8 @@ from fuzz_helpers import (
     state_values,
 )
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 line_ops = st.one_of(
     st.tuples(st.just("bytes"), byte_ops),
     st.tuples(st.just("duplicate"), st.integers(0, 100)),

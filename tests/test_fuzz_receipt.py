@@ -13,6 +13,8 @@ from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 
 from fuzz_helpers import TRACE_PATHS, UNIQUE, FuzzError, expect_value_or_error, fuzz_settings, set_path, state_values
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 RECEIPT_PATHS = [
     ["format"],
     ["version"],

@@ -112,6 +112,7 @@ def fashion_data(fashion_mnist, tmp_path_factory) -> Path:
     return cwd
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_final_digest_matches_the_recorded_one(fashion_data, variant):
@@ -141,6 +142,7 @@ def test_every_variant_awaiting_a_record_lacks_it():
         assert not any(("avx512f" in isa) == (kind == "avx512") for isa in isas), (variant, kind)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", CAPS_EMULATE_AVX2)
 def test_avx2_caps_give_the_avx2_machines_digest_as_established(fashion_data, variant):

@@ -8,7 +8,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from reprocube.receipt import read_receipt
+
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh"
 

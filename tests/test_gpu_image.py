@@ -30,6 +30,8 @@ from reprocube.data.idx import parse_idx
 
 from helpers import epoch_digests, reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 GPU_IMAGE = os.environ.get("REPROCUBE_GPU_IMAGE", f"reprocube/reprocube:{VERSION}-gpu")

@@ -19,6 +19,7 @@ def _first_line(tree: ast.Module, predicate) -> int:
     return min(node.lineno for node in ast.walk(tree) if predicate(node))
 
 
+@pytest.mark.process
 def test_the_cublas_workspace_is_set_before_torch_is_imported():
     tree = ast.parse((FRAMEWORKS / "pytorch.py").read_text())
     sets = _first_line(tree, lambda n: isinstance(n, ast.Constant) and n.value == "CUBLAS_WORKSPACE_CONFIG")
@@ -45,6 +46,7 @@ def test_the_cublas_workspace_is_set_before_torch_is_imported():
     assert kept.stdout.strip() == ":16:8", "a user's own setting is kept"
 
 
+@pytest.mark.process
 def test_xla_gets_the_gpu_determinism_flag_before_jax_creates_a_backend():
     tree = ast.parse((FRAMEWORKS / "jax.py").read_text())
     init = next(

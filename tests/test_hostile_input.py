@@ -215,6 +215,7 @@ def _replace_with_fifo(checkpoint: Path, name: str) -> None:
     os.mkfifo(checkpoint / name)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", sorted(CHECKPOINT_CASES))
 def test_a_hostile_checkpoint_is_refused_in_one_line_and_nothing_is_written(case, run_copy, generated, tmp_path):
     damage, named = CHECKPOINT_CASES[case]
@@ -226,6 +227,7 @@ def test_a_hostile_checkpoint_is_refused_in_one_line_and_nothing_is_written(case
     assert snapshot(tmp_path) == before  # no run directory, nothing changed
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "case", ["a listed file that is a FIFO", "config.json not matching config_hash", "BF16 weights"]
 )
@@ -241,6 +243,7 @@ def test_compare_names_an_unreadable_checkpoint_and_goes_on(case, run_copy, refe
     assert json.loads((out / "compare.json").read_text())["unreadable_checkpoints"] == {"a": [], "b": ["epoch-0001"]}
 
 
+@pytest.mark.process
 def test_a_version_2_state_without_its_later_keys_is_read_as_what_their_absence_meant(run_copy):
     """state.json version 2, as written before "trace", "loader" and "sessions" existed: upgraded in one
     place (state._upgraded) and read; the same object claiming version 3 is refused, naming the key."""
@@ -272,6 +275,7 @@ def test_a_version_2_state_without_its_later_keys_is_read_as_what_their_absence_
 # ---- resume=auto past a damaged newest checkpoint -------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_resume_auto_sets_a_damaged_checkpoint_aside_and_resumes_from_the_newest_good_one(
     run_copy, reference, generated
 ):
@@ -303,6 +307,7 @@ def test_resume_auto_sets_a_damaged_checkpoint_aside_and_resumes_from_the_newest
 # ---- writes: never over someone else's directory, never through a link, never into checkpoints/ ---------------
 
 
+@pytest.mark.process
 def test_a_directory_that_is_not_a_run_is_never_overwritten(generated, tmp_path):
     foreign = tmp_path / "runs" / "mine"
     foreign.mkdir(parents=True)
@@ -314,6 +319,7 @@ def test_a_directory_that_is_not_a_run_is_never_overwritten(generated, tmp_path)
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.process
 def test_sessions_jsonl_is_never_written_through_a_link(run_copy, generated, tmp_path):
     target = tmp_path / "precious.txt"
     target.write_text("keep me\n")
@@ -328,6 +334,7 @@ def test_sessions_jsonl_is_never_written_through_a_link(run_copy, generated, tmp
     assert target.read_text() == "keep me\n" and snapshot(tmp_path) == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", ["compare", "report"])
 def test_no_report_is_written_inside_a_runs_checkpoints(command, reference, run_copy, tmp_path):
     inside = run_copy / "checkpoints" / "epoch-0002"
@@ -341,6 +348,7 @@ def test_no_report_is_written_inside_a_runs_checkpoints(command, reference, run_
 # ---- run files and results read by compare and report: exit 4, one line --------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "content", ["garbage", "[]", '{"checks": [1]}', '{"checks": [{"check": "x", "passed": "yes", "summary": "s"}]}']
 )
@@ -351,6 +359,7 @@ def test_report_refuses_a_malformed_verify_json(content, run_copy, tmp_path):
     assert not (tmp_path / "report").exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "record", ['{"kind": "epoch", "epoch": [1]}', '{"kind": "step", "epoch": 1}', "NaN", '{"kind": "other"}', "{"]
 )
@@ -368,6 +377,7 @@ def test_compare_and_report_refuse_a_malformed_metrics_record(command, record, r
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("study", ["[]", '{"groups": {"same_seed": 1}, "runs": []}', '{"groups": {}, "runs": [1]}'])
 def test_report_refuses_a_malformed_study_json(study, tmp_path):
     directory = tmp_path / "study"
@@ -377,6 +387,7 @@ def test_report_refuses_a_malformed_study_json(study, tmp_path):
     assert_refused(proc, 4, "study.json")
 
 
+@pytest.mark.process
 def test_a_large_metrics_file_is_streamed(reference, run_copy, tmp_path):
     """100 MB of step records: compare reads them as a stream (the memory of the epoch records only)."""
     line = json.dumps({"kind": "step", "epoch": 1, "global_step": 1, "loss": 0.5}) + "\n"
@@ -403,6 +414,7 @@ def test_a_large_metrics_file_is_streamed(reference, run_copy, tmp_path):
 # ---- configuration and data ------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args, yaml_text, named",
     [
@@ -434,12 +446,14 @@ def test_a_bad_configuration_is_one_line_with_exit_2(args, yaml_text, named, gen
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.process
 def test_more_threads_than_cpus_is_warned_about(generated, tmp_path):
     proc = run_cli("train", *TRAIN, *generated.overrides(), "epochs=1", "threads=64", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert any(line.startswith("reprocube: warning: threads=64") for line in error_lines(proc))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("damage", ["directory", "link to /dev/zero"])
 def test_a_data_file_that_is_not_a_regular_file_is_refused(damage, generated, tmp_path):
     data = tmp_path / "data"
@@ -455,6 +469,7 @@ def test_a_data_file_that_is_not_a_regular_file_is_refused(damage, generated, tm
     assert_refused(proc, 3, "train-images-idx3-ubyte", "not a regular file")
 
 
+@pytest.mark.process
 def test_images_that_are_not_28x28_are_refused_as_data(tmp_path):
     payloads = make_payloads(train=64, test=32)
     payloads["train_images"] = encode_idx(np.zeros((64, 10, 10), np.uint8))
@@ -468,12 +483,14 @@ def test_images_that_are_not_28x28_are_refused_as_data(tmp_path):
 # ---- verdicts and reports ------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_verify_refuses_a_reference_made_under_another_config_up_front(reference, generated, tmp_path):
     proc = run_cli("verify", *TRAIN, *generated.overrides(), f"run={reference}", "optimizer.lr=0.05", cwd=tmp_path)
     assert_refused(proc, 2, "optimizer.lr: 0.01 -> 0.05")
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("tolerance", ["nan", "inf", "-1"])
 def test_compare_refuses_a_tolerance_that_is_not_a_finite_number(tolerance, reference, tmp_path):
     proc = run_cli(
@@ -482,6 +499,7 @@ def test_compare_refuses_a_tolerance_that_is_not_a_finite_number(tolerance, refe
     assert_refused(proc, 2, "--tolerance")
 
 
+@pytest.mark.process
 def test_compare_names_a_tensor_only_one_run_has(run_copy, reference, tmp_path):
     checkpoint = run_copy / "checkpoints" / "epoch-0002"
     weights = tensors(checkpoint, "weights.safetensors")
@@ -495,6 +513,7 @@ def test_compare_names_a_tensor_only_one_run_has(run_copy, reference, tmp_path):
     assert "extra.weight: only in run B" in proc.stdout
 
 
+@pytest.mark.process
 def test_the_first_signal_names_the_stop(generated, tmp_path):
     """SLURM sends USR1 as its warning, then TERM at the deadline: the stop is a USR1 stop."""
     hook = (
@@ -523,6 +542,7 @@ def test_the_first_signal_names_the_stop(generated, tmp_path):
 # ---- found in review: legitimate input accepted, and no resume ever starts a damaged run again --------------
 
 
+@pytest.mark.process
 def test_resume_auto_with_every_checkpoint_damaged_stops_and_changes_nothing(run_copy, generated, tmp_path):
     for checkpoint in (run_copy / "checkpoints").iterdir():
         (checkpoint / "manifest.json").write_text("{")
@@ -540,6 +560,7 @@ def test_resume_auto_with_every_checkpoint_damaged_stops_and_changes_nothing(run
     assert snapshot(tmp_path) == before  # neither set aside nor started again from scratch
 
 
+@pytest.mark.process
 def test_resume_of_the_only_checkpoint_when_its_manifest_is_damaged_is_one_line(run_copy, generated, tmp_path):
     for late in ("epoch-0002", "step-000040", "step-000032", "step-000024", "epoch-0001", "step-000016"):
         shutil.rmtree(run_copy / "checkpoints" / late)

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
 
 from helpers import ProcessEnded, manifest, reprocube, wait_until
@@ -185,6 +187,7 @@ def kill_at_step(cwd: Path, args: list[str], err, run: Path, step: int, delay_s:
     return proc.wait(timeout=60)
 
 
+@pytest.mark.process
 def test_kill_9_at_random_moments_then_resume_auto_is_bit_exact(generated, tmp_path):
     args = train_args(generated)
     # The uninterrupted reference, timed: start-up (until its session is written) and training.
@@ -258,6 +261,7 @@ sys.exit(main(argv))
 """
 
 
+@pytest.mark.process
 def test_a_kill_inside_an_atomic_write_leaves_no_partial_file(generated, tmp_path):
     args = [*train_args(generated)[:-3], "epochs=1", "log.every_steps=5", "run_name=killed-in-write", "resume=auto"]
     run = tmp_path / "runs" / "killed-in-write"

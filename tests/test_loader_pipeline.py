@@ -35,6 +35,7 @@ def train(generated, cwd: Path, framework: str, name: str, *extra: str, check: b
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_one_digest_for_every_worker_count_and_resume_point(framework, generated, tmp_path):
     for workers in (0, 1, 2):
@@ -71,6 +72,7 @@ def test_one_digest_for_every_worker_count_and_resume_point(framework, generated
     assert epoch_digests(tmp_path / "runs" / "plain") != digests[0]  # the augmentation changed the inputs
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_verify_catches_the_stateful_control_and_says_why(framework, generated, tmp_path):
     common = ["verify", f"framework={framework}", *generated.overrides(), *LOADER, "data.workers=2"]
@@ -84,6 +86,7 @@ def test_verify_catches_the_stateful_control_and_says_why(framework, generated, 
     assert not all(c["passed"] for c in result["checks"] if c["name"].startswith("link-"))
 
 
+@pytest.mark.process
 def test_verify_passes_the_stateless_loader_with_a_sigterm_mid_epoch(generated, tmp_path):
     proc = reprocube(
         "verify",
@@ -139,6 +142,7 @@ def test_the_parameters_cover_every_flip_and_shift_evenly():
         assert len(counts) == 2 * augment.MAX_SHIFT + 1 and counts.min() > 0.18 * len(params)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "override, message",
     [

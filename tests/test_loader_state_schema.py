@@ -194,16 +194,19 @@ def forged_case(generated, tmp_path, framework: str, stopped: Path, case: str, e
     assert_refused(resume(generated, framework, run), run, named)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case, edit, named", cli_cases("pytorch"))
 def test_a_forged_torchdata_state_is_refused_with_one_line(case, edit, named, generated, pytorch_run, tmp_path):
     forged_case(generated, tmp_path, "pytorch", pytorch_run[0], case, edit, named)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case, edit, named", cli_cases("jax"))
 def test_a_forged_grain_state_is_refused_with_one_line(case, edit, named, generated, jax_run, tmp_path):
     forged_case(generated, tmp_path, "jax", jax_run[0], case, edit, named)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", ["pytorch", "jax"])
 def test_every_forged_case_is_refused_by_the_schema_in_process(framework, request):
     from reprocube.data.loaders import jax, pytorch
@@ -219,6 +222,7 @@ def test_every_forged_case_is_refused_by_the_schema_in_process(framework, reques
         assert named in str(refused.value) and "state.json loader." in str(refused.value), (case, refused.value)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", ["pytorch", "jax"])
 def test_the_genuine_checkpoint_still_resumes_bit_exactly(framework, generated, request, tmp_path):
     stopped, whole = request.getfixturevalue(f"{framework}_run")

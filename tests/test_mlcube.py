@@ -34,6 +34,7 @@ def run_sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(RUN_SH), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -85,6 +86,7 @@ def test_run_sh_refuses_bad_invocations_with_one_line(tmp_path, args, message):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.process
 def test_run_sh_passes_reprocube_errors_and_status_through(tmp_path):
     (tmp_path / "train.yaml").write_text("epochz: 3\n")
     result = run_sh("pytorch", "--parameters_file=train.yaml", "--data_dir=data", "--runs_dir=runs", cwd=tmp_path)
@@ -215,6 +217,7 @@ def generated_dataset_config(generated) -> dict:
     return config
 
 
+@pytest.mark.process
 def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_nv(
     tmp_path, singularity_stub, generated
 ):
@@ -290,6 +293,7 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
     assert read_checkpoint(final).manifest.weights_digest
 
 
+@pytest.mark.process
 def test_singularity_recipe_parses_and_runs_the_entrypoint():
     """Parsed with spython (the launcher's venv has it). Apptainer itself builds and runs it in
     test_apptainer.py; spython knows no {{ VARIANT }} templating (it lowercases the From: line)."""

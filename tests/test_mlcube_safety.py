@@ -20,6 +20,8 @@ from reprocube.cli import parser_for
 from reprocube.config import load_config
 from test_mlcube import generated_dataset_config
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "run.sh"
 MLCUBE = Path(os.environ.get("REPROCUBE_MLCUBE", REPO / ".venv-mlcube" / "bin" / "mlcube"))

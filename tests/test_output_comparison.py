@@ -129,6 +129,7 @@ def test_ignore_file_key_in_yaml_refuses_duplicate_keys_and_compares_values_as_w
     assert comparison["identical"] is True, comparison
 
 
+@pytest.mark.process
 def test_diff_ignores_a_field_and_refuses_to_ignore_everything(tmp_path):
     a, b = runs(tmp_path)
     (a / "run.json").write_text('{"loss": 1, "host": "a"}'), (b / "run.json").write_text('{"loss": 1, "host": "b"}')
@@ -140,6 +141,7 @@ def test_diff_ignores_a_field_and_refuses_to_ignore_everything(tmp_path):
     assert proc.returncode == 2 and "--ignore leaves out every file" in line, proc.stderr
 
 
+@pytest.mark.process
 def test_a_directory_with_a_metadata_file_orbax_cannot_read_is_compared_file_by_file(tmp_path):
     """Any directory holding a `_METADATA` was one Orbax output: Orbax could read neither side, so it was
     "not compared" and a differing predictions.npy inside was hidden (diff exit 0). Now a `_METADATA`

@@ -75,6 +75,7 @@ def test_a_torch_module_is_recorded_by_its_state_dict_names(tmp_path):
     assert {k: prints[k] for k in floats} == dict(zip(sorted(floats), map(int, fingerprint(floats)), strict=True))
 
 
+@pytest.mark.process
 def test_outside_check_nothing_is_recorded(tmp_path):
     code = (
         "from reprocube import probe; import numpy as np; "

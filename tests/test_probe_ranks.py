@@ -64,6 +64,7 @@ def run_ranks(directory, world: int = 2, depart: int = 0, ranks=None) -> None:
         assert process.returncode == 0, err
 
 
+@pytest.mark.process
 def test_every_rank_of_a_job_writes_its_own_trace_and_the_reader_reads_them_all(tmp_path):
     """Before: rank 1 opened the same path as rank 0 with O_EXCL and failed with FileExistsError."""
     run_ranks(tmp_path / "a")
@@ -78,6 +79,7 @@ def test_every_rank_of_a_job_writes_its_own_trace_and_the_reader_reads_them_all(
     assert probe.rank_path(str(tmp_path / "a" / "attempt-1.jsonl"), 1) == str(traces[1].path)
 
 
+@pytest.mark.process
 def test_a_difference_on_one_rank_only_is_found_and_names_its_rank(tmp_path):
     run_ranks(tmp_path / "a")
     run_ranks(tmp_path / "b", depart=3)
@@ -101,6 +103,7 @@ def test_a_difference_on_one_rank_only_is_found_and_names_its_rank(tmp_path):
     assert compare_stopped_ranks({}, [b]) is None  # the uninterrupted run wrote no trace: nothing to compare
 
 
+@pytest.mark.process
 def test_a_rank_that_wrote_a_trace_in_one_run_only_is_a_difference(tmp_path):
     run_ranks(tmp_path / "a")
     run_ranks(tmp_path / "b", ranks=[0])  # rank 1 of the second run never called the probe
@@ -285,6 +288,7 @@ def test_another_loss_points_at_the_data_order_an_rng_or_the_models_state():
     assert cause_hint(difference(True, [])) is None  # nothing to point at
 
 
+@pytest.mark.process
 def test_every_first_difference_carries_its_hint(tmp_path):
     """check.json stores the differences as they are: the hint travels as their cause_hint field."""
     run_ranks(tmp_path / "a")

@@ -15,6 +15,7 @@ from reprocube import probe
 from reprocube.analysis.probe_trace import read_trace
 
 
+@pytest.mark.process
 def test_the_probe_imports_no_trainer_and_the_factories_import_theirs_when_called(monkeypatch):
     code = (
         "import sys; from reprocube import probe; "

@@ -18,8 +18,6 @@ from reprocube.errors import EXIT_CHECKPOINT
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
-
 
 def run_code(code: str, tmp_path: Path, **kwargs) -> subprocess.CompletedProcess:
     # Without PYTHONUNBUFFERED (the suite sets it), Python's and C's stdout only buffer, as in a user's pipe

@@ -11,6 +11,8 @@ from reprocube.backend import FRAMEWORKS
 
 from helpers import reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 

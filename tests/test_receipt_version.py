@@ -35,12 +35,14 @@ def as_version_1(receipt: dict) -> dict:
     return old
 
 
+@pytest.mark.process
 def test_this_reprocube_writes_version_2_with_every_key(written):
     assert RECEIPT_VERSION == 2 and written["version"] == 2
     assert set(written) == RECEIPT_KEYS
     assert set(written["reprocube"]) == {"version", "source_sha256", "source_files"}
 
 
+@pytest.mark.process
 def test_a_version_1_receipt_reads_as_the_version_2_one(written, tmp_path):
     fresh = read_receipt(write_forged(written, tmp_path / "v2"))
     old_dir = write_forged(as_version_1(written), tmp_path / "v1")
@@ -61,6 +63,7 @@ def test_a_version_1_receipt_reads_as_the_version_2_one(written, tmp_path):
     assert compare_receipts(old, fresh)["verdict"] == "bit-identical"
 
 
+@pytest.mark.process
 def test_a_version_1_receipt_with_its_source_files_keeps_them(written, tmp_path):
     old_value = as_version_1(written)
     old_value["reprocube"]["source_files"] = written["reprocube"]["source_files"]
@@ -68,6 +71,7 @@ def test_a_version_1_receipt_with_its_source_files_keeps_them(written, tmp_path)
     assert old.value["reprocube"] == written["reprocube"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("key", sorted(RECEIPT_KEYS - {"format", "version", SELF_DIGEST}))
 def test_a_version_2_receipt_missing_a_key_is_refused_naming_it(written, tmp_path, key):
     value = copy.deepcopy(written)
@@ -78,6 +82,7 @@ def test_a_version_2_receipt_missing_a_key_is_refused_naming_it(written, tmp_pat
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("key", ["version", "source_sha256", "source_files"])
 def test_a_version_2_receipt_missing_a_key_of_reprocube_is_refused_naming_it(written, tmp_path, key):
     value = copy.deepcopy(written)
@@ -86,6 +91,7 @@ def test_a_version_2_receipt_missing_a_key_of_reprocube_is_refused_naming_it(wri
         read_receipt(write_forged(value, tmp_path / "v2"))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("version", [0, 3, 10])
 def test_a_version_this_reprocube_does_not_know_is_refused(written, tmp_path, version):
     value = {**written, "version": version}
@@ -93,6 +99,7 @@ def test_a_version_this_reprocube_does_not_know_is_refused(written, tmp_path, ve
         read_receipt(write_forged(value, tmp_path / "v"))
 
 
+@pytest.mark.process
 def test_a_version_1_receipt_with_null_sessions_is_refused(written, tmp_path):
     """Version 1 wrote a list of sessions or none: a null is no receipt any reprocube wrote."""
     value = {**as_version_1(written), "sessions": None}

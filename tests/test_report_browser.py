@@ -23,6 +23,8 @@ from reprocube.pages.runs_page import write_report
 
 from helpers import error_lines, reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 SMALL = ["framework=pytorch", "epochs=2", "log.every_steps=5", "trace.every_steps=5"]
 CHROMIUM = shutil.which("chromium")
 DATA_URL = re.compile(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'")

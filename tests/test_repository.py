@@ -6,11 +6,14 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # A line that git writes around a conflict it could not merge (the `=======` line alone is too common).
 CONFLICT_MARKER = re.compile(rb"^(<<<<<<< |>>>>>>> |\|\|\|\|\|\|\| )", re.MULTILINE)
 
 
+@pytest.mark.process
 def test_no_tracked_file_holds_merge_conflict_markers():
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     found = []

@@ -78,6 +78,7 @@ def step_losses(run: Path) -> dict[int, float]:
     return {r["global_step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "step"}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_step(
     framework, generated, tmp_path, monkeypatch
@@ -171,6 +172,7 @@ def test_reproduce_from_a_receipt_names_the_variable_and_the_first_diverging_ste
     assert tree_digest(published) == before
 
 
+@pytest.mark.process
 def test_a_config_difference_is_named_as_the_cause_and_refused_without_the_flag(generated, tmp_path):
     a = train_a(generated, tmp_path, "pytorch")
     proc = reprocube(
@@ -201,6 +203,7 @@ def test_a_config_difference_is_named_as_the_cause_and_refused_without_the_flag(
     assert result["first_divergence"]["window"][0] == 1
 
 
+@pytest.mark.process
 def test_a_partial_b_never_passes(generated, tmp_path):
     a = train_a(generated, tmp_path, "pytorch")
     reprocube(
@@ -221,6 +224,7 @@ def test_a_partial_b_never_passes(generated, tmp_path):
     assert compare_receipts(read_receipt(a), read_receipt(a))["identical"] is True
 
 
+@pytest.mark.process
 def test_published_runs_are_unchanged_by_reproduce_compare_and_verify(generated, tmp_path):
     a = train_a(generated, tmp_path, "pytorch")
     before = tree_digest(a)
@@ -233,6 +237,7 @@ def test_published_runs_are_unchanged_by_reproduce_compare_and_verify(generated,
     assert (work / "reproduce-a" / "reproduce.json").is_file()
 
 
+@pytest.mark.process
 def test_an_interrupted_run_has_the_uninterrupted_trace(generated, tmp_path):
     """The trace depends on the global steps only: a SIGTERM mid-epoch and a resume give the same bits."""
     a = train_a(generated, tmp_path, "jax")
@@ -253,6 +258,7 @@ def receipt_bytes(generated, tmp_path) -> tuple[Path, dict]:
     return a, json.loads((a / "receipt.json").read_bytes())
 
 
+@pytest.mark.process
 def test_a_damaged_or_hostile_receipt_is_one_line_and_exit_4(generated, tmp_path):
     from reprocube.config import config_hash
     from reprocube.receipt import self_digest
@@ -302,6 +308,7 @@ def test_a_damaged_or_hostile_receipt_is_one_line_and_exit_4(generated, tmp_path
         read_receipt(link_run)
 
 
+@pytest.mark.process
 def test_reproduce_refuses_to_write_under_the_source_or_into_a_used_directory(generated, tmp_path):
     a, _ = receipt_bytes(generated, tmp_path)
     with pytest.raises(ConfigError, match="never writes under the published run"):
@@ -314,6 +321,7 @@ def test_reproduce_refuses_to_write_under_the_source_or_into_a_used_directory(ge
     assert (used / "notes.txt").read_text() == "mine" and not (a / "inside").exists()
 
 
+@pytest.mark.process
 def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_touched(generated, tmp_path, monkeypatch):
     """Issue 39: a reproduce that failed (here: B cannot find its data) leaves its --out; a rerun into it
     replaces those leftovers. A finished reproduce, or anything reproduce did not write, stays refused."""
@@ -342,6 +350,7 @@ def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_to
         reproduce(a, out, [f"data_dir={generated.data_dir}"], echo=quiet)
 
 
+@pytest.mark.process
 def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):
     from reprocube.signing import generate_key, sign_receipt
 
@@ -366,6 +375,7 @@ def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):
     assert result["verdict"] == "bit-identical" and result["signature"]["verified"] is True
 
 
+@pytest.mark.process
 def test_a_hanging_b_is_reported_and_ended_by_the_stall_timeout(generated, tmp_path):
     """B stands still (each step group waits 60 s, as a spinning kernel would): reproduce says so while it
     waits and, with --stall-timeout, ends B and exits 5 in one line; no verdict is written."""
@@ -391,6 +401,7 @@ def test_a_hanging_b_is_reported_and_ended_by_the_stall_timeout(generated, tmp_p
     assert not (tmp_path / "r" / "reproduce.json").exists()
 
 
+@pytest.mark.process
 def test_a_stopped_run_reproduces_to_where_a_stopped_and_says_so(generated, tmp_path):
     """A was stopped by a signal at step 8 and never resumed (its receipt is partial): B trains steps 1..8,
     the verdict says it covers only what A has, and the page is drawn (no epoch and no boundary in common
@@ -418,6 +429,7 @@ def test_a_stopped_run_reproduces_to_where_a_stopped_and_says_so(generated, tmp_
     assert "warning" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.process
 def test_a_run_resumed_under_other_settings_is_a_finding_and_match_follows_its_sessions(generated, tmp_path):
     """A trains steps 1..15 under ONEDNN_MAX_CPU_ISA=SSE41, is stopped, and is resumed without it: the resume
     says so, the receipt holds both sessions, reproduce reports A's mixed settings, ranks the variable of
@@ -492,6 +504,7 @@ def test_a_flag_list_setting_says_which_of_bs_flags_it_drops():
     assert settings_text(a_value) == "XLA_FLAGS=--xla_gpu_deterministic_ops=true, ONEDNN_MAX_CPU_ISA unset"
 
 
+@pytest.mark.process
 def test_a_setting_that_changes_only_the_losses_is_losses_only_by_the_fingerprints(generated, tmp_path, monkeypatch):
     """JAX under XLA_FLAGS=--xla_cpu_prefer_vector_width=128 reduces the reported loss in another order
     while every update stays bit-identical: from the receipt's per-step weight fingerprints (every step

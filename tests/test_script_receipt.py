@@ -41,6 +41,7 @@ def reproduce(tmp_path: Path, receipt: Path, *args: str, command=NUMPY, out: str
     return proc, json.loads(path.read_text()) if path.exists() else {}
 
 
+@pytest.mark.process
 def test_the_receipt_records_the_command_its_source_outputs_and_trace(numpy_receipt):
     receipt = read_script_receipt(numpy_receipt)
     assert receipt.command == NUMPY
@@ -51,6 +52,7 @@ def test_the_receipt_records_the_command_its_source_outputs_and_trace(numpy_rece
     assert receipt.env["cpu"]["isa"] and receipt.seconds > 0
 
 
+@pytest.mark.process
 def test_a_receipt_reproduces_here_bit_for_bit(numpy_receipt, tmp_path):
     proc, result = reproduce(tmp_path, numpy_receipt, env_extra={"SEED": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -64,6 +66,7 @@ def test_a_receipt_reproduces_here_bit_for_bit(numpy_receipt, tmp_path):
     assert read["verdict"] == "bit-identical" and read["receipt_sha256"] == result["receipt_sha256"]
 
 
+@pytest.mark.process
 def test_an_edited_script_differs_at_its_first_update_and_the_source_is_named(numpy_receipt, tmp_path):
     edited = tmp_path / "numpy_sgd.py"
     edited.write_text((EXAMPLES / "numpy_sgd.py").read_text().replace("np.float32(0.5)", "np.float32(0.5000001)"))
@@ -76,6 +79,7 @@ def test_an_edited_script_differs_at_its_first_update_and_the_source_is_named(nu
     assert [c["key"] for c in result["causes"][:3]] == ["command", "input argument 1", "seed variable SEED"]
 
 
+@pytest.mark.process
 def test_match_restores_a_pytorch_receipt_made_under_other_isa_caps(tmp_path):
     """A made under oneDNN, ATen and MKL ISA caps (another machine, emulated): B here differs at the first
     update, the caps are named as causes, and --match, setting them, reproduces A bit for bit."""
@@ -108,6 +112,7 @@ def test_match_restores_a_pytorch_receipt_made_under_other_isa_caps(tmp_path):
     assert result["match"]["bit_identical"] is True and result["match"]["settings"] == caps, result["match"]
 
 
+@pytest.mark.process
 def test_a_damaged_receipt_or_trace_is_one_line_and_exit_4(numpy_receipt, tmp_path):
     value = json.loads((numpy_receipt / "receipt.json").read_text())
     cases = {
@@ -136,11 +141,13 @@ def test_a_damaged_receipt_or_trace_is_one_line_and_exit_4(numpy_receipt, tmp_pa
     assert not (tmp_path / "t").exists()  # refused before anything was written
 
 
+@pytest.mark.process
 def test_a_script_receipt_refuses_a_run_receipts_options(numpy_receipt, tmp_path):
     proc, _ = reproduce(tmp_path, numpy_receipt, "--seeds", "2")
     assert proc.returncode == 2 and "--seeds is for a run's receipt" in error_lines(proc)[-1]
 
 
+@pytest.mark.process
 def test_a_signed_script_receipt_is_verified_before_anything_runs(numpy_receipt, tmp_path):
     signed = tmp_path / "signed"
     shutil.copytree(numpy_receipt, signed)
@@ -215,6 +222,7 @@ def tiny_reproduce(tmp_path: Path, receipt: Path, out: str, **env: str):
     return reproduce(tmp_path, receipt, "--copy", "tiny.py", command=TINY_COMMAND, out=out, env_extra=env)
 
 
+@pytest.mark.process
 def test_more_updates_other_inputs_or_an_extra_output_are_differences(tiny, tmp_path):
     proc, result = tiny_reproduce(tmp_path, tiny, "same")
     assert proc.returncode == 0 and result["verdict"] == "bit-identical", proc.stdout + proc.stderr
@@ -239,6 +247,7 @@ def test_more_updates_other_inputs_or_an_extra_output_are_differences(tiny, tmp_
     assert proc.returncode == 6 and "B's inputs are not A's (tiny.py)" in result["summary"], result["summary"]
 
 
+@pytest.mark.process
 def test_a_linked_or_special_output_is_not_checked_and_never_hangs(tmp_path):
     linked = tiny_receipt(tmp_path / "a", LINK="1")
     assert read_script_receipt(linked).unrecorded_outputs == ["out.bin"]
@@ -274,6 +283,7 @@ def test_a_metadata_file_that_is_not_orbax_s_is_digested_file_by_file_never_a_tr
     assert note.startswith("results: could not be read as an Orbax checkpoint (") and "recorded one by one" in note
 
 
+@pytest.mark.process
 def test_forged_positions_environments_and_names_are_refused_or_shown_escaped(tiny, tmp_path):
     value = json.loads((tiny / "receipt.json").read_text())
     for name, change, message in (
@@ -297,6 +307,7 @@ def test_forged_positions_environments_and_names_are_refused_or_shown_escaped(ti
     assert "\x1b" not in proc.stdout and proc.returncode == 6
 
 
+@pytest.mark.process
 def test_a_malformed_trace_of_b_is_not_checked_and_the_result_is_written(tiny, tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)
     command = ["sh", "-c", f'{sys.executable} tiny.py; echo junk >> "$REPROCUBE_PROBE"']
@@ -305,6 +316,7 @@ def test_a_malformed_trace_of_b_is_not_checked_and_the_result_is_written(tiny, t
     assert any(line.startswith("every update: B's probe trace") for line in result["not_checked"])
 
 
+@pytest.mark.process
 def test_the_wrong_kind_of_receipt_and_a_used_out_are_usage_errors(tiny, tmp_path):
     trainer = Path(__file__).parent / "receipts" / "avx512" / "pytorch" / "receipt.json"
     proc, _ = reproduce(tmp_path, trainer, out="t")
@@ -397,6 +409,7 @@ def test_a_receipt_whose_seed_variable_others_read_is_refused_when_read(tmp_path
     assert "reads it" in message and "\n" not in message
 
 
+@pytest.mark.process
 def test_reproduce_and_check_refuse_such_a_seed_variable_before_anything_runs(tmp_path):
     receipt = _seeded_receipt(tmp_path / "forged", "PYTHONINSPECT")
     proc, _ = reproduce(tmp_path, receipt, out="rep", command=[sys.executable, "-c", "open('ran', 'w')"])
@@ -472,6 +485,7 @@ def orbax_receipt(tmp_path_factory) -> Path:
     return where / "chk" / "receipt"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "kind, summary",
     [

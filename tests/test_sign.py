@@ -329,6 +329,7 @@ def script_receipt(directory: Path) -> Path:
     )
 
 
+@pytest.mark.process
 def test_cli_signs_a_run_and_writes_only_receipt_sig(run, keys, capsys):
     before = tree_digest(run)
     assert main(["sign", str(run), "--key", str(keys[0])]) == EXIT_OK
@@ -360,6 +361,7 @@ def test_cli_signs_a_receipt_given_as_such_a_runs_or_a_scripts(tmp_path, keys):
         assert verify_receipt_signature(receipt.read_bytes(), receipt, keys[1])["key_id"] == public_id(keys[1])
 
 
+@pytest.mark.process
 def test_cli_new_key(tmp_path, run, capsys):
     key = tmp_path / "new.pem"
     assert main(["sign", str(run), "--key", str(key), "--new-key"]) == EXIT_OK
@@ -375,6 +377,7 @@ def test_cli_new_key(tmp_path, run, capsys):
     assert key.read_bytes() == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "setup, status, message",
     [
@@ -502,6 +505,7 @@ def _directory_without_receipt(run: Path, older: bytes) -> tuple[Path, str]:
     return run.parent / "empty", f"{run.parent / 'empty'} holds no receipt.json"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "spoil",
     [
@@ -592,6 +596,7 @@ def test_cli_never_replaces_the_signature_of_other_bytes(tmp_path, keys, capsys)
     verify_receipt_signature(receipt.read_bytes(), receipt, keys[1])
 
 
+@pytest.mark.process
 def test_cli_new_key_is_never_written_where_it_does_damage(tmp_path, run, capsys):
     """--new-key writes no key inside the receipt's directory (the signature's own path included) nor inside
     any checkpoint, and nothing at all before every check passed: one line, exit 2, nothing written."""

@@ -19,6 +19,8 @@ import pytest
 
 from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube, wait_until
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 JOB_EPOCHS = 30  # the SLURM job's: enough to outlast the warning on a fast machine (see `dataset`)
 

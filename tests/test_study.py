@@ -15,6 +15,8 @@ import pytest
 
 from helpers import epoch_digests, error_lines, reprocube, slow_steps_pythonpath, wait_for_global_step
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 PREEMPTIBLE = REPO / "hpc" / "preemptible.sh"
 SMALL = ["epochs=1", "threads=1", "data.train_limit=320", "data.test_limit=100"]

@@ -13,6 +13,8 @@ import pytest
 
 from helpers import GeneratedDataset, epoch_digests, make_payloads, manifest, reprocube
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 DEFAULT_INTER_OP = 2  # conf/framework/tensorflow.yaml
 OTHER_INTER_OP = 1
 

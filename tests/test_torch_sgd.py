@@ -101,6 +101,7 @@ def test_step_hooks_run_around_the_update_and_are_removable():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.process
 def test_a_pytorch_training_step_imports_neither_dynamo_nor_inductor(generated):
     """torch.optim.SGD imports torch._dynamo (1-1.5 s a process here); torch.use_deterministic_algorithms
     imports torch._inductor. A trainer's whole step, deterministic, loads neither."""

@@ -147,6 +147,7 @@ def in_layout(framework: str, weights: dict[str, np.ndarray]) -> dict[str, np.nd
     return converted
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_trainer_computes_the_reference_on_its_device(framework, generated, tmp_path):
     """Equal weights (the same values in each framework's layout) give every framework the same
@@ -347,6 +348,7 @@ def test_a_receipt_with_fingerprints_stays_under_32_kb_per_fashion_mnist_epoch()
         assert size < epochs * 32_768 - 8_000, (epochs, size)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_an_interrupted_run_has_the_uninterrupted_fingerprints(framework, generated, tmp_path):
     """SIGTERM mid-epoch (after global step 32, not a trace boundary) and a resume in a fresh process: every

@@ -29,6 +29,8 @@ from helpers import (
     wait_for_global_step,
 )
 
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
 EPOCHS = 3
 # What env.json must say about determinism and threads (threads=2 by default).
 EXPECTED_INFO = {

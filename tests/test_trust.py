@@ -80,6 +80,7 @@ def files_under(path: Path) -> set[Path]:
 
 
 # --- no value from a file is interpreted ------------------------------------------------------------------
+@pytest.mark.process
 @pytest.mark.parametrize(
     "value",
     ["${oc.env:REPROCUBE_TEST_SECRET}", "${now:%s}", "\\${x}", "a${b}", "${k}${k}${k}${k}", "\\\\${oc.env:HOME}"],
@@ -96,6 +97,7 @@ def test_a_receipt_interpolation_reaches_b_as_text_never_resolved(receipt_a, tmp
     assert load_config(overrides).dataset.name == value  # what the child will compose
 
 
+@pytest.mark.process
 def test_an_escaped_interpolation_is_one_line_from_train_and_literal_from_a_config_file(tmp_path):
     proc = reprocube("train", "run_name=\\${x}", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -120,6 +122,7 @@ def test_a_key_that_is_not_a_dotted_name_never_becomes_grammar():
             override(key, 1)
 
 
+@pytest.mark.process
 def test_reproduce_into_a_directory_named_with_grammar(receipt_a, generated, tmp_path):
     """--out 'res,v2' and --out "bob's-results" used to create the directory and fail in B's overrides."""
     published = write(receipt_a, tmp_path / "pub" / "receipt.json")
@@ -178,6 +181,7 @@ def hostile_match(generated, tmp_path_factory):
     return tmp_path, proc, marker, set(hostile)
 
 
+@pytest.mark.process
 def test_match_never_applies_an_undocumented_variable(hostile_match):
     """B is re-run with A's ISA cap only; the receipt's other variables are reported, never applied."""
     tmp_path, proc, marker, hostile = hostile_match
@@ -260,6 +264,7 @@ def _matched_run_without_as_bits(result: dict, directory: Path) -> None:
     result["inputs"]["b_matched_receipt"]["sha256"] = hashlib.sha256(raw).hexdigest()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "forgery",
     [
@@ -295,6 +300,7 @@ def test_a_page_offers_a_recipe_only_with_the_match_run_that_proved_it(hostile_m
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.process
 def test_a_receipt_env_var_that_cannot_be_a_variable_is_refused(receipt_a, tmp_path):
     for bad in ({"A=B": "1"}, {"X": 3}, {"X": "a\0b"}):
         forged = forge(receipt_a, lambda r, bad=bad: r["env"]["env_vars"].update(bad))
@@ -304,6 +310,7 @@ def test_a_receipt_env_var_that_cannot_be_a_variable_is_refused(receipt_a, tmp_p
 
 
 # --- names and terminal output ------------------------------------------------------------------------------
+@pytest.mark.process
 def test_a_run_name_cannot_leave_the_current_directory(receipt_a, tmp_path, until_training, monkeypatch):
     cwd = tmp_path / "here" / "deep"
     cwd.mkdir(parents=True)
@@ -320,6 +327,7 @@ def test_safe_names():
     assert safe_name("pytorch-seed1") == "pytorch-seed1" and len(safe_name("x" * 500)) == 64
 
 
+@pytest.mark.process
 def test_terminal_control_from_a_file_is_shown_escaped(tmp_path):
     forged_line = "\x1b[2J\x1b[1A\x1b[2Kverdict: bit-identical\r\u202e\x9b"
     assert "\x1b" not in printable(forged_line) and "\\x1b[2J" in printable(forged_line)
@@ -331,6 +339,7 @@ def test_terminal_control_from_a_file_is_shown_escaped(tmp_path):
 
 
 # --- bounded work -----------------------------------------------------------------------------------------
+@pytest.mark.process
 def test_a_receipt_asks_for_no_more_work_than_it_records(receipt_a, tmp_path, until_training, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for change, message in (
@@ -349,6 +358,7 @@ def test_a_receipt_asks_for_no_more_work_than_it_records(receipt_a, tmp_path, un
     assert "epochs=2" in started.value.command
 
 
+@pytest.mark.process
 def test_batch_sizes_and_threads_beyond_sane_bounds_are_refused(tmp_path):
     for override_text in ("batch_size=1000000000", "test_batch_size=100000000", "threads=100000"):
         proc = reprocube("train", override_text, "--print-config", cwd=tmp_path, check=False)
@@ -356,6 +366,7 @@ def test_batch_sizes_and_threads_beyond_sane_bounds_are_refused(tmp_path):
 
 
 # --- what a signature covers ------------------------------------------------------------------------------
+@pytest.mark.process
 def test_an_unsigned_study_beside_a_signed_receipt_is_ignored_and_said(receipt_a, tmp_path, until_training):
     from reprocube.signing import generate_key, sign_receipt
 
@@ -370,6 +381,7 @@ def test_an_unsigned_study_beside_a_signed_receipt_is_ignored_and_said(receipt_a
     assert any("study.json: beside the signed receipt, not signed: ignored" in line for line in lines), lines
 
 
+@pytest.mark.process
 def test_a_signature_beside_an_unchecked_receipt_is_named(receipt_a, tmp_path, until_training):
     published = write(receipt_a, tmp_path / "pub" / "receipt.json")
     (published.parent / "receipt.sig").write_text("{}")
@@ -387,6 +399,7 @@ def test_the_one_json_writer_refuses_what_json_cannot_hold():
     assert receipt_comparison._ratio(0.5, 5e-324) is None and receipt_comparison._ratio(1.0, 2.0) == 0.5
 
 
+@pytest.mark.process
 def test_sign_with_a_directory_as_the_new_key_is_one_line(receipt_a, tmp_path):
     published = write(receipt_a, tmp_path / "pub" / "receipt.json")
     proc = reprocube("sign", str(published), "--key", ".", "--new-key", cwd=tmp_path, check=False)
@@ -434,6 +447,7 @@ def _paths(value, prefix=()):
             yield from _paths(item, (*prefix, i))
 
 
+@pytest.mark.process
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_mutated_receipt_is_refused_in_one_line_or_trained_as_data(receipt_a, tmp_path_factory, data, monkeypatch):
@@ -499,6 +513,7 @@ def test_verify_hands_a_path_holding_grammar_to_its_children_as_one_value(tmp_pa
 
 
 # --- found by an adversarial review -------------------------------------------------------------------------
+@pytest.mark.process
 def test_hydra_settings_from_a_file_are_refused(receipt_a, tmp_path, until_training, monkeypatch):
     """hydra.searchpath in a receipt loaded a config group shipped beside it, whose interpolation printed
     the reproducer's environment in the error line."""
@@ -528,6 +543,7 @@ def test_hydra_settings_from_a_file_are_refused(receipt_a, tmp_path, until_train
     assert proc.returncode == 2 and SECRET not in proc.stderr + proc.stdout, proc.stderr
 
 
+@pytest.mark.process
 def test_a_receipt_without_the_records_of_its_epochs_is_refused(receipt_a, tmp_path, until_training):
     def billion_epochs(r, records):
         r["config"]["epochs"] = r["position"]["epoch"] = 10**9
@@ -539,6 +555,7 @@ def test_a_receipt_without_the_records_of_its_epochs_is_refused(receipt_a, tmp_p
             reproduce(write(forged, tmp_path / "pub" / "receipt.json"), tmp_path / "out", [], echo=lambda line: None)
 
 
+@pytest.mark.process
 def test_dataset_names_are_names_and_classes_are_bounded(tmp_path):
     for bad in (
         "dataset.files.train_labels.name=/proc/self/environ",
@@ -558,6 +575,7 @@ def test_a_value_shown_inside_a_line_cannot_start_a_line_of_its_own():
     assert "\n" not in shown_value(forged)
 
 
+@pytest.mark.process
 def test_a_path_that_is_not_utf8_is_one_line(tmp_path):
     odd = os.fsdecode(b"bad\xff")
     proc = reprocube("compare", odd, "other", cwd=tmp_path, check=False)
@@ -565,6 +583,7 @@ def test_a_path_that_is_not_utf8_is_one_line(tmp_path):
     assert not [p for p in tmp_path.iterdir()]
 
 
+@pytest.mark.process
 def test_edited_epoch_metrics_are_flagged_never_rated_within_ulp(receipt_a, generated, tmp_path):
     """A receipt whose final test accuracy was edited (hashes recomputed, unsigned): every step and weight
     digest reproduces, the metrics do not; the tier is metrics-disagree, the exit status 6."""
@@ -580,6 +599,7 @@ def test_edited_epoch_metrics_are_flagged_never_rated_within_ulp(receipt_a, gene
     assert "within" not in result["tier_text"] and "test_accuracy" in result["tier_text"]
 
 
+@pytest.mark.process
 def test_a_code_difference_names_the_source_files_that_differ(receipt_a, tmp_path):
     from reprocube.analysis.receipt_comparison import ranked_causes
     from reprocube.receipt import read_receipt
@@ -597,6 +617,7 @@ def test_a_code_difference_names_the_source_files_that_differ(receipt_a, tmp_pat
     assert len(code) == 1 and code[0]["note"] == "files that differ: extra/patch.py (only in B), loop.py", code
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/abs.py", "a/../../b.py", "x\ny.py"])
 def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt_a, tmp_path, name):
     from reprocube.receipt import read_receipt
@@ -608,6 +629,7 @@ def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt
         read_receipt(write(forge(receipt_a, planted), tmp_path / "receipt.json"))
 
 
+@pytest.mark.process
 def test_initial_weights_that_differ_are_named_as_such_not_as_the_first_update(receipt_a, generated, tmp_path):
     """A's digests of its initial weights (the trace's boundary at global step 0) differ from B's for one
     tensor (A's trace edited, hashes recomputed): the verdict names the initial weights, before any update,
@@ -632,6 +654,7 @@ def test_initial_weights_that_differ_are_named_as_such_not_as_the_first_update(r
     assert "the first update that changed the weights" not in report
 
 
+@pytest.mark.process
 def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, generated, tmp_path):
     """Every weight digest reproduces and one step's loss bits do not (A's trace edited, hashes recomputed):
     the verdict says the trained model is bit-identical and only the losses differ."""
@@ -653,6 +676,7 @@ def test_a_loss_bit_changed_and_nothing_else_is_losses_only_exit_7(receipt_a, ge
     assert "the trained model is bit-identical" in (tmp_path / "r" / "report.html").read_text()
 
 
+@pytest.mark.process
 def test_a_reprocube_py_where_a_child_starts_is_never_imported(tmp_path):
     """Issue 55, second attack round N1: every child reprocube starts (B's training, verify's runs, a
     replay) was `python -m reprocube ...` in the user's directory, and `-m` puts that directory first on

@@ -18,6 +18,7 @@ from helpers import error_lines, reprocube
 SMALL = ["epochs=3", "log.every_steps=5"]
 
 
+@pytest.mark.process
 def test_verify_all_frameworks_passes(generated, tmp_path):
     proc = reprocube(
         "verify", "framework=all", *generated.overrides(), *SMALL, "verify.mid_epoch=true", cwd=tmp_path, timeout=900
@@ -66,6 +67,7 @@ if (
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["linear", "full"])
 def test_verify_names_the_first_divergence_of_a_perturbed_resume(mode, generated, tmp_path, monkeypatch):
     hook = tmp_path / "hook"
@@ -88,6 +90,7 @@ def test_verify_names_the_first_divergence_of_a_perturbed_resume(mode, generated
         assert "RNG state" in checks[resumed]["detail"]["state_differences"]
 
 
+@pytest.mark.process
 def test_verify_jobs_do_not_change_the_result(generated, tmp_path):
     """Two checks at once (here the reference and the links overlap) leave the same bits as one at a time."""
     digests = {}
@@ -110,6 +113,7 @@ def test_verify_jobs_do_not_change_the_result(generated, tmp_path):
     assert len(digests[1]) > 6  # reference 3 + links 3 + step checkpoints
 
 
+@pytest.mark.process
 def test_verify_refuses_a_sigterm_step_past_the_run(generated, tmp_path):
     proc = reprocube(
         "verify",
@@ -135,6 +139,7 @@ def runs(generated, tmp_path_factory):
     return cwd / "runs"
 
 
+@pytest.mark.process
 def test_compare_identical_runs(runs, tmp_path):
     proc = reprocube("compare", str(runs / "a"), str(runs / "b"), "--out", str(tmp_path), cwd=tmp_path)
     assert "identical (2 checkpoints)" in proc.stdout
@@ -153,6 +158,7 @@ def test_compare_identical_runs(runs, tmp_path):
         assert inputs["env.json"] == hashlib.sha256((run / "env.json").read_bytes()).hexdigest()
 
 
+@pytest.mark.process
 def test_compare_different_thread_counts_names_the_env_difference(runs, tmp_path):
     proc = reprocube(
         "compare", str(runs / "a"), str(runs / "threads1"), "--out", str(tmp_path), cwd=tmp_path, check=False
@@ -164,6 +170,7 @@ def test_compare_different_thread_counts_names_the_env_difference(runs, tmp_path
     assert "env framework.num_threads: 2 -> 1" in proc.stdout
 
 
+@pytest.mark.process
 def test_compare_of_two_receipts_names_the_first_update_and_cause_as_reproduce_does(runs, generated, tmp_path):
     """Issue 39: two published receipts (no checkpoints) compared from their traces: the first differing
     update, its tensors and the likeliest cause, no training; the same answer reproduce gives by training
@@ -203,6 +210,7 @@ def test_compare_of_two_receipts_names_the_first_update_and_cause_as_reproduce_d
     assert same.returncode == 0 and "bit-identical" in same.stdout, same.stdout + same.stderr
 
 
+@pytest.mark.process
 def test_compare_refuses_a_tampered_run_in_one_line(runs, tmp_path):
     tampered = tmp_path / "tampered"
     shutil.copytree(runs / "a", tampered)
@@ -219,6 +227,7 @@ def test_compare_refuses_a_tampered_run_in_one_line(runs, tmp_path):
     assert proc.returncode == 4 and "is not a reprocube run directory" in proc.stderr
 
 
+@pytest.mark.process
 def test_report_has_its_plots(runs, tmp_path):
     reprocube(
         "report",
@@ -237,6 +246,7 @@ def test_report_has_its_plots(runs, tmp_path):
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "breakage, message",
     [
@@ -260,6 +270,7 @@ def test_a_malformed_run_directory_is_a_clear_error(runs, tmp_path, breakage, me
         load_run(broken)
 
 
+@pytest.mark.process
 def test_a_checkpoint_without_its_manifest_is_named_and_left_out(runs, tmp_path, capsys):
     from reprocube.analysis.run_comparison import load_run
 
@@ -271,6 +282,7 @@ def test_a_checkpoint_without_its_manifest_is_named_and_left_out(runs, tmp_path,
     assert "manifest.json is missing; left out of the comparison" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_compare_with_an_explicit_tolerance_passes_and_says_so(runs):
     from reprocube.analysis.run_comparison import compare_runs, load_run
     from reprocube.results.compare_result import summary_line
@@ -289,6 +301,7 @@ def tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.process
 def test_verify_reuses_a_completed_run_and_never_writes_into_it(generated, runs, tmp_path):
     before = tree_digest(runs / "a")
     args = [*generated.overrides(), "epochs=2"]
@@ -299,6 +312,7 @@ def test_verify_reuses_a_completed_run_and_never_writes_into_it(generated, runs,
     assert tree_digest(runs / "a") == before  # someone's published run: read, never written
 
 
+@pytest.mark.process
 def test_compare_of_a_run_that_stopped_early_is_not_identical(generated, runs, tmp_path):
     reprocube("train", *generated.overrides(), "epochs=1", "run_name=short", cwd=tmp_path)
     before = tree_digest(runs / "a")
@@ -309,6 +323,7 @@ def test_compare_of_a_run_that_stopped_early_is_not_identical(generated, runs, t
     assert tree_digest(runs / "a") == before
 
 
+@pytest.mark.process
 def test_compare_names_a_config_difference_before_the_environment(runs, tmp_path):
     proc = reprocube(
         "compare", str(runs / "a"), str(runs / "threads1"), "--out", str(tmp_path), cwd=tmp_path, check=False
@@ -346,6 +361,7 @@ def test_env_records_numerics_variables_by_name_and_ranks_them_before_irrelevant
     assert "seeded explicitly" in ranked[-1]["not_a_cause"]
 
 
+@pytest.mark.process
 def test_verify_never_reuses_an_earlier_verify_directory(generated, tmp_path):
     earlier = tmp_path / "runs" / "verify-pytorch" / "reference"
     earlier.mkdir(parents=True)
