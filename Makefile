@@ -2,7 +2,7 @@
 #   make train   set up, fetch Fashion-MNIST (Debian's package or the mirrors), train PyTorch on the CPU
 #   make test    set up (Docker and the CPU image included), lint, and run every test
 #   make lint    ruff format --check and ruff check
-#   make test-quick  the tests not marked `process` (pyproject.toml): none starts a process (the inner loop, about 2 min)
+#   make test-quick  the tests not marked `process` (pyproject.toml): none starts a process (the inner loop, a minute or two)
 #   make test CONTAINERS=0   the same without Docker: the container tests are skipped
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
 #   make test APPTAINER=0    the same without Apptainer: the Singularity tests are skipped (CONTAINERS=0 too:
