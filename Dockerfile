@@ -12,7 +12,7 @@ ARG BASE_IMAGE=debian:bookworm-slim@sha256:96e378d7e6531ac9a15ad505478fcc2e69f37
 
 FROM ${BASE_IMAGE} AS python
 # Debian bookworm's Python 3.11, the version the locks are resolved for; qemu-user so that reproduce --match
-# emulates an AVX2 receipt's CPU in the image as it does natively (reprocube.cpu_emulation; ~100 MB).
+# emulates an AVX2 receipt's CPU in the image as it does natively (reprocube.runtime.cpu_emulation; ~100 MB).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv ca-certificates tini qemu-user \
  && rm -rf /var/lib/apt/lists/*

@@ -46,7 +46,7 @@ $(MLCUBE_VENV)/.installed: requirements-mlcube.txt scripts/reprocube_mlcube_nosh
 
 # Fashion-MNIST from Debian (offline): all `make train` installs from apt. Chromium and QEMU (test-packages)
 # only for `make test` (tests/test_report_browser.py renders report.html; the golden and cross-machine tests
-# train on QEMU's model of the AVX2 machine's CPU, reprocube.cpu_emulation). Both without apt's recommends (a
+# train on QEMU's model of the AVX2 machine's CPU, reprocube.runtime.cpu_emulation). Both without apt's recommends (a
 # browser's recommends are a desktop); need root or sudo; each is skipped where it is already there.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from reprocube import compilation_cache
-from reprocube.checkpoint import FILE_NAMES, MANIFEST
+from reprocube.runtime import compilation_cache
+from reprocube.training.checkpoint import FILE_NAMES, MANIFEST
 
 from fuzz_helpers import Baseline
 from helpers import GeneratedDataset, make_payloads, reprocube

@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from reprocube.checkpoint import MANIFEST, manifest_self_digest, weights_digest
 from reprocube.errors import ReprocubeError
+from reprocube.training.checkpoint import MANIFEST, manifest_self_digest, weights_digest
 from reprocube.untrusted import MAX_INT_DIGITS
 
 SCALE = int(os.environ.get("REPROCUBE_FUZZ_EXAMPLES", "1"))

@@ -41,12 +41,12 @@ def reprocube(
 ) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh Python process (what bit-exact resume must survive); `env_extra` is added to
     its environment (a None value removes the variable); `cpu`: on that emulated CPU model
-    (reprocube.cpu_emulation)."""
+    (reprocube.runtime.cpu_emulation)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", **(env_extra or {})}
     env = {name: value for name, value in env.items() if value is not None}
     command = [sys.executable, "-m", "reprocube", *args]
     if cpu is not None:
-        from reprocube.cpu_emulation import emulated_command
+        from reprocube.runtime.cpu_emulation import emulated_command
 
         command = emulated_command(command, cpu)
     proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -157,7 +157,7 @@ def manifest(checkpoint_dir: Path) -> dict:
 def rewrite_checkpoint_file(checkpoint_dir: Path, name: str, blob: bytes, **manifest_changes) -> None:
     """Replace one file of a checkpoint with `blob` and reseal its manifest (the file's sha256 and size,
     `manifest_changes`, the manifest's own digest): the checkpoint then reads as whole and consistent."""
-    from reprocube.checkpoint import manifest_self_digest
+    from reprocube.training.checkpoint import manifest_self_digest
 
     (checkpoint_dir / name).write_bytes(blob)
     edited = {**manifest(checkpoint_dir), **manifest_changes}
@@ -199,7 +199,7 @@ def slow_steps_pythonpath(
     hook = where / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import sys, time, reprocube.loop as loop\n"
+        "import sys, time, reprocube.training.loop as loop\n"
         "original = loop.Schedule.group_end\n"
         "calls = []\n"
         "def slow(self, *args, **kwargs):\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprocube.backend import FRAMEWORKS
+from reprocube.training.backend import FRAMEWORKS
 from test_container import CPU, FASHION_MNIST, IMAGE, MLCUBE, TRAIN, final_digests
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick

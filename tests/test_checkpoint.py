@@ -7,10 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from reprocube.checkpoint import CheckpointContent, latest_checkpoint, read_checkpoint, weights_digest, write_checkpoint
 from reprocube.errors import CheckpointError
+from reprocube.training.checkpoint import (
+    CheckpointContent,
+    latest_checkpoint,
+    read_checkpoint,
+    weights_digest,
+    write_checkpoint,
+)
 
-# What every manifest carries besides the files (reprocube.state writes them; read_manifest checks them).
+# What every manifest carries besides the files (reprocube.training.state writes them; read_manifest checks them).
 MANIFEST_FIELDS = {
     "epoch": 1,
     "step_in_epoch": 0,
@@ -126,7 +132,7 @@ def test_a_manifest_key_outside_the_schema_is_refused_before_anything_is_written
 
 
 def test_every_manifest_key_written_is_in_the_schema(tmp_path):
-    from reprocube.checkpoint import MANIFEST_FIELD_KEYS, MANIFEST_OWN_KEYS
+    from reprocube.training.checkpoint import MANIFEST_FIELD_KEYS, MANIFEST_OWN_KEYS
 
     path = write_checkpoint(tmp_path / "checkpoints", "epoch-0001", _content(), MANIFEST_FIELDS)
     written = json.loads((path / "manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""Issue 53 item 5: every checkpoint format read without running or trusting it (reprocube.tensor_readers).
+"""Issue 53 item 5: every checkpoint format read without running or trusting it (reprocube.formats.tensor_readers).
 `torch.save` files are read by a restricted unpickler (NumPy RNG states, argparse.Namespace, OrderedDict,
 torch.Size and tensor views included) that imports and calls nothing a pickle names; every size a file
 declares is checked against the file and a memory budget before anything is allocated. The hostile
@@ -26,7 +26,7 @@ import pytest
 
 from reprocube.analysis.outputs import compare_outputs, content_difference
 from reprocube.errors import CheckpointError
-from reprocube.tensor_readers import MAX_DECODED_BYTES, read_npy, read_safetensors, read_torch
+from reprocube.formats.tensor_readers import MAX_DECODED_BYTES, read_npy, read_safetensors, read_torch
 
 from helpers import reprocube
 
@@ -265,8 +265,8 @@ def test_an_orbax_checkpoint_is_checked_against_the_budget_by_its_metadata_befor
     """Orbax allocates what its array metadata declares (a shape edit cost 8 GiB): the shapes Orbax's
     metadata reports are charged to the budget first; past it, restore is never called."""
     ocp = pytest.importorskip("orbax.checkpoint")
-    from reprocube import output_files as outputs
-    from reprocube import tensor_readers as readers
+    from reprocube.formats import output_files as outputs
+    from reprocube.formats import tensor_readers as readers
 
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save((tmp_path / "ckpt").absolute(), {"w": np.ones((4, 3), np.float32), "b": np.zeros(5)})

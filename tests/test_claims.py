@@ -19,9 +19,9 @@ from reprocube.analysis.claims import BOUNDARY_DIGESTS, NOT_CHECKED
 from reprocube.analysis.match_plan import match_plan
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.commands.reproduce import reproduce
-from reprocube.env import threads_warning
 from reprocube.errors import CheckpointError
-from reprocube.receipt import RECEIPT, read_receipt
+from reprocube.formats.env import threads_warning
+from reprocube.formats.receipt import RECEIPT, read_receipt
 
 from helpers import error_lines, reprocube
 

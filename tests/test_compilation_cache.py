@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube import compilation_cache
+from reprocube.runtime import compilation_cache
 
 from helpers import epoch_digests, reprocube
 
@@ -407,7 +407,7 @@ def test_a_directory_swapped_while_jax_opens_it_is_not_used(monkeypatch, capsys,
 _COMPILE_AFTER_A_SWAP = """
     import sys
     import jax
-    from reprocube import compilation_cache
+    from reprocube.runtime import compilation_cache
     print(compilation_cache.enable(jax), flush=True)
     sys.stdin.readline()  # the link is swapped meanwhile
     jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(4.0)).block_until_ready()

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprocube.backend import FRAMEWORKS
-from reprocube.checkpoint import list_checkpoints, read_checkpoint
+from reprocube.training.backend import FRAMEWORKS
+from reprocube.training.checkpoint import list_checkpoints, read_checkpoint
 
 from helpers import reprocube, wait_until
 
@@ -278,10 +278,10 @@ def test_a_committed_reference_receipt_gets_the_same_answer_in_the_container_as_
 
 
 def test_an_avx2_run_gets_the_same_answer_in_the_container_as_natively(cube, tmp_path):
-    """A run made on QEMU's model of the AVX2 machine's CPU (reprocube.cpu_emulation), reproduced by the
+    """A run made on QEMU's model of the AVX2 machine's CPU (reprocube.runtime.cpu_emulation), reproduced by the
     reproduce task in the CPU image (which has QEMU) and natively: the same verdict, first divergence,
     claims and --match outcome (on an AVX-512 machine: B differs, and A's bits on the emulated CPU)."""
-    from reprocube.cpu_emulation import CHECKED_MODELS, emulator_path
+    from reprocube.runtime.cpu_emulation import CHECKED_MODELS, emulator_path
 
     if emulator_path() is None:
         pytest.fail("qemu-x86_64 is not installed (make test installs it)")

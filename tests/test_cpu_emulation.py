@@ -1,4 +1,4 @@
-"""The AVX2 machine's CPU, emulated (reprocube.cpu_emulation): QEMU's EPYC-Milan-v1 model, trained on any
+"""The AVX2 machine's CPU, emulated (reprocube.runtime.cpu_emulation): QEMU's EPYC-Milan-v1 model, trained on any
 x86 machine, against the digests the real AVX2 machine recorded (tests/golden_digests.json), and
 `reproduce --match` retraining an AVX2 run on that model where this machine has AVX-512.
 
@@ -16,10 +16,17 @@ from types import SimpleNamespace
 import pytest
 
 from reprocube.analysis.match_plan import AVX2_CAPS, match_plan, session_settings
-from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, emulator_path, model_for
-from reprocube.env import MASKED_NOTE, collect_env
+from reprocube.formats.env import MASKED_NOTE, collect_env
 from reprocube.orchestration.run_reproduction import match_recipe
 from reprocube.results.reproduce_result import what_to_do
+from reprocube.runtime.cpu_emulation import (
+    CHECKED_MODELS,
+    EMULATOR,
+    INSTALL_HINT,
+    NOT_INSTALLED,
+    emulator_path,
+    model_for,
+)
 from test_golden_digests import AWAITING_RECORD, GOLDEN, VARIANTS, machine_key, train_digest
 
 from helpers import reprocube

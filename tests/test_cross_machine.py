@@ -8,7 +8,7 @@ them), and every one is reproduced here, from the receipt alone, as a user would
 - a receipt of the other kind: on an AVX2 machine, an AVX-512 receipt cannot be emulated, and wherever
   it differs the answer names the ISA among the causes and says this CPU lacks A's instructions; on an
   AVX-512 machine, an AVX2 receipt is reproduced with --match, which retrains it on QEMU's model of the
-  AVX2 machine's CPU (reprocube.cpu_emulation) and must give A's bits: that model gives the AVX2 machine's
+  AVX2 machine's CPU (reprocube.runtime.cpu_emulation) and must give A's bits: that model gives the AVX2 machine's
   recorded digests for all three frameworks (tests/test_cpu_emulation.py). Without QEMU, --match sets
   the ISA caps, which give them for TensorFlow and PyTorch (contiguous), not for JAX
   (tests/test_golden_digests.py): then the answer is bit for bit or names the first differing update.
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.backend import FRAMEWORKS
-from reprocube.cpu_emulation import emulator_path
-from reprocube.env import collect_env
+from reprocube.formats.env import collect_env
+from reprocube.runtime.cpu_emulation import emulator_path
+from reprocube.training.backend import FRAMEWORKS
 
 from helpers import reprocube
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from reprocube.analysis.first_differing_operation import first_differing_operation, read_ops
-from reprocube.checkpoint import manifest_self_digest
 from reprocube.config import config_hash
 from reprocube.errors import CheckpointError
 from reprocube.orchestration.operation_replay import nondeterministic_operation
+from reprocube.training.checkpoint import manifest_self_digest
 
 from helpers import reprocube
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from reprocube.checkpoint import FILE_NAMES, MANIFEST, read_checkpoint, weights_digest
 from reprocube.errors import CheckpointError
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
-from reprocube.state import TrainState
+from reprocube.training.checkpoint import FILE_NAMES, MANIFEST, read_checkpoint, weights_digest
+from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS
+from reprocube.training.state import TrainState
 from reprocube.untrusted import parse_json
 
 from fuzz_helpers import (

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
+from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
 from reprocube.untrusted import iter_json_lines
 
 from fuzz_helpers import (

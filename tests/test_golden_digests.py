@@ -81,7 +81,7 @@ VERSIONED = {
 
 def machine_key(framework: str, isa: list[str] | None = None) -> str:
     """The record's key: the CPU's ISA flags (this machine's unless given) and the versions that pick kernels."""
-    from reprocube.env import collect_env
+    from reprocube.formats.env import collect_env
 
     isa = ",".join(collect_env({})["cpu"]["isa"] if isa is None else isa)
     versions = ",".join(f"{p}={_version(p)}" for p in ("numpy", *VERSIONED[framework]))
@@ -89,7 +89,7 @@ def machine_key(framework: str, isa: list[str] | None = None) -> str:
 
 
 def machine_kind() -> str:
-    from reprocube.env import collect_env
+    from reprocube.formats.env import collect_env
 
     return "avx512" if "avx512f" in collect_env({})["cpu"]["isa"] else "avx2"
 
@@ -149,7 +149,7 @@ def test_avx2_caps_give_the_avx2_machines_digest_as_established(fashion_data, va
     """The caps `reproduce --match` sets for an AVX2 receipt, tried against the real AVX2 machine's record."""
     if machine_kind() != "avx512":
         pytest.skip("the AVX2 caps emulate an AVX2 machine on an AVX-512 one; this is an AVX2 machine")
-    from reprocube.env import collect_env
+    from reprocube.formats.env import collect_env
 
     avx2_isa = [flag for flag in collect_env({})["cpu"]["isa"] if not flag.startswith("avx512")]
     key = machine_key(VARIANTS[variant][0], avx2_isa)

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import yaml
 
-from reprocube.backend import FRAMEWORKS
 from reprocube.data.idx import parse_idx
+from reprocube.training.backend import FRAMEWORKS
 
 from helpers import epoch_digests, reprocube
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as save_safetensors
 
-from reprocube.checkpoint import manifest_self_digest
+from reprocube.training.checkpoint import manifest_self_digest
 
 from helpers import GeneratedDataset, encode_idx, error_lines, make_payloads, reprocube
 
@@ -195,7 +195,7 @@ def _nan_weights(checkpoint: Path) -> None:
     weights = tensors(checkpoint, "weights.safetensors")
     weights["fc2.bias"] = np.full_like(weights["fc2.bias"], np.nan)
     resign(checkpoint, **{"weights.safetensors": save_safetensors(weights)})
-    from reprocube.checkpoint import weights_digest
+    from reprocube.training.checkpoint import weights_digest
 
     edit_manifest(checkpoint, lambda m: m.update(weights_digest=weights_digest(weights)))
 
@@ -247,9 +247,9 @@ def test_compare_names_an_unreadable_checkpoint_and_goes_on(case, run_copy, refe
 def test_a_version_2_state_without_its_later_keys_is_read_as_what_their_absence_meant(run_copy):
     """state.json version 2, as written before "trace", "loader" and "sessions" existed: upgraded in one
     place (state._upgraded) and read; the same object claiming version 3 is refused, naming the key."""
-    from reprocube.checkpoint import read_checkpoint
     from reprocube.errors import CheckpointError
-    from reprocube.state import TrainState
+    from reprocube.training.checkpoint import read_checkpoint
+    from reprocube.training.state import TrainState
 
     checkpoint = run_copy / "checkpoints" / "epoch-0001"
     steps_per_epoch = json.loads((checkpoint / "manifest.json").read_text())["steps_per_epoch"]
@@ -505,7 +505,7 @@ def test_compare_names_a_tensor_only_one_run_has(run_copy, reference, tmp_path):
     weights = tensors(checkpoint, "weights.safetensors")
     weights["extra.weight"] = np.zeros(2, np.float32)
     resign(checkpoint, **{"weights.safetensors": save_safetensors(weights)})
-    from reprocube.checkpoint import weights_digest
+    from reprocube.training.checkpoint import weights_digest
 
     edit_manifest(checkpoint, lambda m: m.update(weights_digest=weights_digest(weights)))
     proc = run_cli("compare", str(reference), str(run_copy), "--out", str(tmp_path / "o"), cwd=tmp_path)
@@ -518,7 +518,7 @@ def test_the_first_signal_names_the_stop(generated, tmp_path):
     """SLURM sends USR1 as its warning, then TERM at the deadline: the stop is a USR1 stop."""
     hook = (
         "import os, signal, sys\n"
-        "import reprocube.loop as loop\n"
+        "import reprocube.training.loop as loop\n"
         "original = loop.Schedule.group_end\n"
         "def twice(self, position):\n"
         "    if position.global_step == 3:\n"
@@ -595,7 +595,7 @@ def test_a_study_result_without_its_fields_is_a_failure_not_a_traceback(tmp_path
 
 
 def test_a_null_step_loss_of_a_diverging_run_is_a_valid_record(tmp_path):
-    from reprocube.metrics import read_epoch_records
+    from reprocube.training.metrics import read_epoch_records
 
     (tmp_path / "metrics.jsonl").write_text('{"kind": "step", "epoch": 1, "global_step": 5, "loss": null}\n')
     assert read_epoch_records(tmp_path / "metrics.jsonl") == []

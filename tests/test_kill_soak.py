@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
+from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS
 
 from helpers import ProcessEnded, manifest, reprocube, wait_until
 

@@ -128,14 +128,14 @@ def test_the_judged_checker_sees_a_trainer_importing_analysis():
     """The imports as they stood before issue 57 (the loop ranking environment changes with the engine's
     module, a trainer taking OPS.json's marker from its reader) are found."""
     graph = import_graph()
-    graph["reprocube.loop"] = graph["reprocube.loop"] | {"reprocube.analysis.receipt_comparison"}
+    graph["reprocube.training.loop"] = graph["reprocube.training.loop"] | {"reprocube.analysis.receipt_comparison"}
     graph["reprocube.frameworks.jax"] = graph["reprocube.frameworks.jax"] | {
         "reprocube.analysis.first_differing_operation"
     }
     assert judged_violations(graph) == [
         "reprocube.frameworks.jax -> reprocube.analysis.first_differing_operation "
         "(only the upper layers may import reprocube.analysis)",
-        "reprocube.loop -> reprocube.analysis.receipt_comparison (only the upper layers may import reprocube.analysis)",
+        "reprocube.training.loop -> reprocube.analysis.receipt_comparison (only the upper layers may import reprocube.analysis)",
     ]
 
 
@@ -151,11 +151,11 @@ def test_the_engine_checker_sees_results_importing_analysis():
 
 def test_the_layer_checker_sees_an_upward_import_and_a_command_importing_another():
     graph = import_graph()
-    graph["reprocube.trace"] = graph["reprocube.trace"] | {"reprocube.pages.html"}
+    graph["reprocube.formats.trace"] = graph["reprocube.formats.trace"] | {"reprocube.pages.html"}
     graph["reprocube.commands.report"] = graph["reprocube.commands.report"] | {"reprocube.commands.compare"}
     graph["reprocube.orchestration.children"] = graph["reprocube.orchestration.children"] | {"reprocube.pages.html"}
     found = "\n".join(layer_violations(graph))
-    assert "reprocube.trace -> reprocube.pages.html" in found
+    assert "reprocube.formats.trace -> reprocube.pages.html" in found
     assert "reprocube.commands.report -> reprocube.commands.compare (a command imports another)" in found
     assert "reprocube.orchestration.children -> reprocube.pages.html" in found
 
@@ -178,12 +178,12 @@ def test_commands_holds_commands_only():
 def test_the_checker_sees_a_cycle(tmp_path, monkeypatch):
     """The cycle test can fail: a two-module cycle planted in a copy of the graph is found."""
     graph = import_graph()
-    graph["reprocube.state"] = graph["reprocube.state"] | {"reprocube.loop"}
+    graph["reprocube.training.state"] = graph["reprocube.training.state"] | {"reprocube.training.loop"}
     monkeypatch.setattr(__import__(__name__), "import_graph", lambda: graph)
     try:
         test_no_import_cycles()
     except AssertionError as exc:
-        assert "reprocube.loop" in str(exc) and "reprocube.state" in str(exc)
+        assert "reprocube.training.loop" in str(exc) and "reprocube.training.state" in str(exc)
     else:
         raise AssertionError("a planted cycle went unnoticed")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprocube.backend import FRAMEWORKS
 from reprocube.data import augment
 from reprocube.data.pipeline import ExampleSource
 from reprocube.data.store import Split
+from reprocube.training.backend import FRAMEWORKS
 
 from helpers import epoch_digests, reprocube
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprocube.checkpoint import manifest_self_digest
 from reprocube.data.pipeline import ExampleSource, check_position
 from reprocube.data.store import Split
 from reprocube.errors import CheckpointError
+from reprocube.training.checkpoint import manifest_self_digest
 
 from helpers import epoch_digests, error_lines, reprocube
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprocube.backend import FRAMEWORKS
+from reprocube.training.backend import FRAMEWORKS
 
 from helpers import error_lines
 
@@ -286,7 +286,7 @@ def test_mlcube_singularity_runner_builds_once_and_runs_the_task_with_binds_and_
     ]
 
     # The emulated runscript really trained: the run and its manifest are in the workspace.
-    from reprocube.checkpoint import latest_checkpoint, read_checkpoint
+    from reprocube.training.checkpoint import latest_checkpoint, read_checkpoint
 
     final = latest_checkpoint(workspace / "runs" / "pytorch-seed0" / "checkpoints")
     assert final is not None and final.name == "epoch-0001"

@@ -16,7 +16,7 @@ import pytest
 from reprocube import probe
 from reprocube.analysis.probe_trace import compare_stopped, read_trace
 from reprocube.errors import CheckpointError
-from reprocube.trace import fingerprint
+from reprocube.formats.trace import fingerprint
 
 WEIGHTS = {
     "dense.kernel": np.random.default_rng(0).normal(size=(33, 7)).astype(np.float32),

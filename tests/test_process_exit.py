@@ -1,4 +1,4 @@
-"""reprocube.process_exit ends the process without Python's teardown of its modules, but only after
+"""reprocube.runtime.process_exit ends the process without Python's teardown of its modules, but only after
 everything of Python's own exit that reaches outside the process: threads that are not daemons finish,
 atexit handlers and concurrent.futures' workers run, Python's and C's buffered stdout is written, and the
 status is the command's (120 where stdout cannot be written, as Python's). Its atexit handler, armed first
@@ -34,7 +34,7 @@ def test_what_reaches_outside_the_process_is_done_before_it_ends(tmp_path, armed
     out.mkdir()
     done = run_code(
         f"""
-        from reprocube.process_exit import arm, exit_process
+        from reprocube.runtime.process_exit import arm, exit_process
         if {armed}:
             arm()  # first: every handler registered after it runs before it
         import atexit, ctypes, threading, time
@@ -79,7 +79,7 @@ def test_stdout_that_cannot_be_written_gives_pythons_status(tmp_path):
     try:
         done = run_code(
             """
-            from reprocube.process_exit import arm, exit_process
+            from reprocube.runtime.process_exit import arm, exit_process
             arm()
             print("lost")
             exit_process(0)
@@ -152,13 +152,13 @@ def test_the_program_ends_last_with_its_commands_status_and_message(tmp_path, en
     logged = log.read_text().splitlines()
     registered = [line.removeprefix("registered ") for line in logged if line.startswith("registered ")]
     ran = [line for line in logged if not line.startswith("registered ")]
-    assert registered[:1] == ["reprocube.process_exit._end"], (
+    assert registered[:1] == ["reprocube.runtime.process_exit._end"], (
         f"{entry}: not armed first (the script: installed before pyproject.toml named reprocube.__main__:run? "
         f"pip install -e . again): {registered}"
     )
     # logging's flush (registered on logging's import, by the command's modules) ran, before the end
     assert "logging.shutdown" in ran, ran
-    assert ran[-1] == "reprocube.process_exit._end", (
-        f"{entry}: reprocube.process_exit's handler must run last (armed before anything registers one), "
+    assert ran[-1] == "reprocube.runtime.process_exit._end", (
+        f"{entry}: reprocube.runtime.process_exit's handler must run last (armed before anything registers one), "
         f"and end the process before Python's teardown: {ran}"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.backend import FRAMEWORKS
+from reprocube.training.backend import FRAMEWORKS
 
 from helpers import reprocube
 

@@ -2,7 +2,7 @@ import random
 
 import numpy as np
 
-from reprocube.rng import HostRng, seed_host_rng
+from reprocube.training.rng import HostRng, seed_host_rng
 
 
 def test_host_rng_round_trip_without_pickle():

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from reprocube.errors import CheckpointError, ConfigError
+from reprocube.formats.script_receipt import _self_digest, read_script_receipt
+from reprocube.formats.signing import generate_key
 from reprocube.results.script_reproduce_result import read_script_reproduce
-from reprocube.script_receipt import _self_digest, read_script_receipt
-from reprocube.signing import generate_key
 
 from helpers import error_lines, reprocube
 
@@ -266,7 +266,7 @@ def test_a_metadata_file_that_is_not_orbax_s_is_digested_file_by_file_never_a_tr
     on it and check ended in a KeyError traceback. Now such a directory is walked file by file, and one
     that looks like Orbax's but that Orbax cannot read is recorded file by file, with one line of why."""
     from reprocube.analysis.outputs import collect
-    from reprocube.script_receipt import output_digests
+    from reprocube.formats.script_receipt import output_digests
 
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "_METADATA").write_text('{"format": "samples-v1"}')
@@ -335,7 +335,7 @@ def test_the_wrong_kind_of_receipt_and_a_used_out_are_usage_errors(tiny, tmp_pat
 def test_a_large_file_or_a_proc_path_in_the_command_is_not_hashed(tmp_path, monkeypatch):
     """A dataset passed by its absolute path is data, not the command's source: hashing /proc/self/pagemap
     never ended (an adversary's F25), and a 150 GB archive would be read whole."""
-    import reprocube.script_receipt as script_receipt
+    import reprocube.formats.script_receipt as script_receipt
 
     source, data = tmp_path / "train.py", tmp_path / "data.bin"
     source.write_text("print(1)\n")
@@ -371,7 +371,7 @@ READ_BY_OTHERS = (
 
 
 def test_the_seed_variable_rule():
-    from reprocube.script_receipt import refused_seed_variable
+    from reprocube.formats.script_receipt import refused_seed_variable
 
     for name in ("SEED", "RANDOM_SEED", "seed_2", "_SEED"):
         assert refused_seed_variable(name) is None, name
@@ -389,7 +389,7 @@ def test_the_seed_variable_rule():
 
 def _seeded_receipt(where: Path, variable: str) -> Path:
     """A script receipt whose seed variable is `variable`, as a forger writes it (self-digest recomputed)."""
-    from reprocube.script_receipt import write_script_receipt
+    from reprocube.formats.script_receipt import write_script_receipt
 
     path = write_script_receipt(where, TINY_COMMAND, {}, [], {}, None, 1.0, {}, {"variable": "SEED", "value": "1"})
     value = json.loads(path.read_text())
@@ -435,7 +435,7 @@ def test_reproduce_and_check_refuse_such_a_seed_variable_before_anything_runs(tm
         [line] = error_lines(proc)
         assert proc.returncode == 2 and f"--seed-env '{variable}' is refused: " in line, proc.stderr
     assert not (tmp_path / "chk").exists() and not (tmp_path / "ran").exists()
-    from reprocube.script_receipt import write_script_receipt
+    from reprocube.formats.script_receipt import write_script_receipt
 
     with pytest.raises(ConfigError, match="seed variable 'BASH_ENV' is refused: a shell reads it"):
         write_script_receipt(tmp_path / "w", ["x"], {}, [], {}, None, 1.0, {}, {"variable": "BASH_ENV", "value": "1"})
@@ -523,9 +523,9 @@ def test_each_kind_of_output_a_and_b_can_have(tmp_path, monkeypatch):
     more outputs than a receipt may list is a difference too (it was a CheckpointError: exit 4, no result)."""
     import os
 
-    import reprocube.script_receipt as script_receipt
+    import reprocube.formats.script_receipt as script_receipt
+    from reprocube.formats.script_receipt import write_script_receipt
     from reprocube.orchestration.script_reproduction import _outputs
-    from reprocube.script_receipt import write_script_receipt
 
     names = ["file", "to-link", "gone", "link-to-file", "link-both", "fifo-gone", "same"]
     digest = hashlib.sha256(b"same").hexdigest()

@@ -1,4 +1,4 @@
-"""Receipt signatures: `reprocube sign` and reprocube.signing, with real Ed25519 keys and a fake receipt."""
+"""Receipt signatures: `reprocube sign` and reprocube.formats.signing, with real Ed25519 keys and a fake receipt."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from reprocube import signing
 from reprocube.cli import main
 from reprocube.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK, ConfigError, SignatureError
-from reprocube.receipt import self_digest
-from reprocube.script_receipt import write_script_receipt
-from reprocube.signing import SIGNATURE_FILE, generate_key, sign_receipt, verify_receipt_signature
+from reprocube.formats import signing
+from reprocube.formats.receipt import self_digest
+from reprocube.formats.script_receipt import write_script_receipt
+from reprocube.formats.signing import SIGNATURE_FILE, generate_key, sign_receipt, verify_receipt_signature
 
 from helpers import reprocube, rewrite_checkpoint_file
 
@@ -443,7 +443,7 @@ def _checkpoint_resealed(run: Path, older: bytes) -> tuple[Path, str]:
     """Other weights in a checkpoint whose manifest was resealed to them: whole, but not the receipt's."""
     from safetensors.numpy import load, save
 
-    from reprocube.checkpoint import weights_digest
+    from reprocube.training.checkpoint import weights_digest
 
     checkpoint = run / "checkpoints" / "epoch-0002"
     weights = load((checkpoint / "weights.safetensors").read_bytes())

@@ -1,6 +1,6 @@
-"""reprocube.stderr_filter drops exactly the lines it is given from what C code and Python write to fd 2,
+"""reprocube.runtime.stderr_filter drops exactly the lines it is given from what C code and Python write to fd 2,
 passes everything else on in order (a last line without its newline included), and leaves fd 2 as it was;
-TensorFlow's start-up chatter is exactly such lines (reprocube.tensorflow_import, which also keeps
+TensorFlow's start-up chatter is exactly such lines (reprocube.runtime.tensorflow_import, which also keeps
 TensorFlow's import from importing JAX). Each case runs in a fresh process, its stderr captured by the
 test."""
 
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from reprocube.tensorflow_import import START_UP_CHATTER
+from reprocube.runtime.tensorflow_import import START_UP_CHATTER
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
@@ -28,7 +28,7 @@ def test_matching_lines_are_dropped_and_everything_else_passes_in_order():
     stderr = stderr_of(
         r"""
         import os, sys
-        from reprocube.stderr_filter import lines_dropped
+        from reprocube.runtime.stderr_filter import lines_dropped
         print("before", file=sys.stderr)
         with lines_dropped((r"noise \d+\n", r"WARNING: chatter\n")):
             os.write(2, b"noise 1\nkept from C\nnoise 22\n")
@@ -45,7 +45,7 @@ def test_fd_2_is_restored_and_the_filter_process_is_gone_after_the_block():
     stderr = stderr_of(
         r"""
         import os
-        from reprocube.stderr_filter import lines_dropped
+        from reprocube.runtime.stderr_filter import lines_dropped
         before = os.fstat(2)
         with lines_dropped((r"x\n",)):
             os.write(2, b"x\n")
@@ -71,7 +71,7 @@ def test_tensorflow_prints_exactly_the_chatter_and_reprocube_imports_it_quietly(
     plain = stderr_of(env + "import keras, tensorflow")
     chatter = re.compile("|".join(START_UP_CHATTER))
     assert plain and [line for line in plain.splitlines(keepends=True) if not chatter.fullmatch(line)] == []
-    assert stderr_of("import reprocube.tensorflow_import") == ""
+    assert stderr_of("import reprocube.runtime.tensorflow_import") == ""
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,9 @@ def test_tensorflow_prints_exactly_the_chatter_and_reprocube_imports_it_quietly(
     ids=["closed-later", "started-without"],
 )
 def test_without_a_stderr_the_block_runs_unfiltered(shell):
-    code = "from reprocube.stderr_filter import lines_dropped\nwith lines_dropped((r'x\\n',)):\n    print('ran')\n"
+    code = (
+        "from reprocube.runtime.stderr_filter import lines_dropped\nwith lines_dropped((r'x\\n',)):\n    print('ran')\n"
+    )
     done = subprocess.run(["sh", "-c", shell, sys.executable, code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "ran\n")
 
@@ -94,7 +96,7 @@ def test_a_stop_signal_to_every_process_leaves_the_filter_running():
     stderr = stderr_of(
         r"""
         import os, signal, time
-        from reprocube.stderr_filter import lines_dropped
+        from reprocube.runtime.stderr_filter import lines_dropped
         os.setpgid(0, 0)  # a group of our own, the filter in it
         got = []
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
@@ -113,11 +115,11 @@ def test_a_stop_signal_to_every_process_leaves_the_filter_running():
 
 def test_tensorflows_import_does_not_import_jax_and_jax_imports_after_it():
     """TensorFlow's import would import JAX (tensorflow/lite/python/util.py): 0.4-0.5 s of every TensorFlow
-    process. reprocube.tensorflow_import hides it for that import only."""
+    process. reprocube.runtime.tensorflow_import hides it for that import only."""
     stderr_of(
         """
         import sys
-        from reprocube.tensorflow_import import tf
+        from reprocube.runtime.tensorflow_import import tf
         assert "jax" not in sys.modules and "jaxlib" not in sys.modules, "TensorFlow's import imported JAX"
         import jax.numpy as jnp
         assert float(jnp.ones(2).sum()) == 2.0 and float(tf.constant(1.0) + 1) == 2.0
@@ -126,7 +128,7 @@ def test_tensorflows_import_does_not_import_jax_and_jax_imports_after_it():
 
 
 def test_tensorflows_import_still_imports_jax_without_the_guard():
-    """The guard (reprocube.tensorflow_import's _jax_not_found) is needed only while TensorFlow's import
+    """The guard (reprocube.runtime.tensorflow_import's _jax_not_found) is needed only while TensorFlow's import
     imports JAX (tensorflow/lite/python/util.py's `from jax import jit`). Here is the trainer's import
     without it: when this fails, TensorFlow no longer imports JAX and the guard can be removed (with this
     test and the one above)."""
@@ -137,7 +139,7 @@ def test_tensorflows_import_still_imports_jax_without_the_guard():
             textwrap.dedent(
                 """
                 import os, sys
-                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as reprocube.tensorflow_import
+                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as reprocube.runtime.tensorflow_import
                 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
                 import keras
                 import tensorflow as tf
@@ -151,6 +153,6 @@ def test_tensorflows_import_still_imports_jax_without_the_guard():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "True\n", (
-        "TensorFlow's import (import keras, import tensorflow, as reprocube.tensorflow_import) no longer "
+        "TensorFlow's import (import keras, import tensorflow, as reprocube.runtime.tensorflow_import) no longer "
         "imports JAX: the guard that hides JAX from it (_jax_not_found) can be removed"
     )

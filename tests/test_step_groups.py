@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from reprocube.backend import STEPS_PER_CALL
-from reprocube.loop import Schedule
-from reprocube.state import Position
+from reprocube.training.backend import STEPS_PER_CALL
+from reprocube.training.loop import Schedule
+from reprocube.training.state import Position
 
 STEPS = 1875  # 60000 examples, batch 32
 

@@ -67,8 +67,8 @@ def test_a_run_resumes_mid_epoch_with_another_inter_op_pool_bit_exactly(default_
 def test_a_checkpoint_hashed_with_the_inter_op_pool_as_a_result_key_still_resumes(default_run, train, tmp_path):
     """Checkpoints written before framework.inter_op_threads left the result keys hold a config_hash
     that includes it: make one (recompute the hash that way, re-sign the manifest) and resume from it."""
-    from reprocube.checkpoint import manifest_self_digest
     from reprocube.config import FORMER_RESULT_KEYS, config_hash
+    from reprocube.training.checkpoint import manifest_self_digest
 
     checkpoint = shutil.copytree(default_run / "checkpoints" / "epoch-0001", tmp_path / "epoch-0001")
     edited = manifest(checkpoint)
@@ -84,7 +84,7 @@ def test_a_checkpoint_hashed_with_the_inter_op_pool_as_a_result_key_still_resume
 def test_a_batch_smaller_than_the_towers_is_refused_in_one_line(train):
     """oneDNN's convolution refuses an empty batch: 7 examples at batch 3 leave a last batch of 1, which 2
     towers cannot share; it is refused before training, naming the key and the ways out, in the only line on
-    stderr (TensorFlow's start-up chatter dropped: reprocube.tensorflow_import)."""
+    stderr (TensorFlow's start-up chatter dropped: reprocube.runtime.tensorflow_import)."""
     refused = train("one-example-batch", "data.train_limit=7", "batch_size=3", check=False)
     assert refused.returncode == 2
     [line] = refused.stderr.splitlines()

@@ -109,7 +109,7 @@ def test_a_pytorch_training_step_imports_neither_dynamo_nor_inductor(generated):
     script = (
         "import sys\n"
         "import numpy as np\n"
-        "from reprocube.backend import create_backend\n"
+        "from reprocube.training.backend import create_backend\n"
         "from reprocube.config import load_config\n"
         "from reprocube.data.store import load_dataset\n"
         f"cfg = load_config({overrides!r})\n"

@@ -1,4 +1,4 @@
-"""The trace's per-step weight fingerprint (reprocube.trace.fingerprint): exact and independent of the order
+"""The trace's per-step weight fingerprint (reprocube.formats.trace.fingerprint): exact and independent of the order
 of the additions, computed by each trainer on its device in the step and equal to the NumPy reference (so
 equal across frameworks for equal weights), stored compactly and read strictly, compared step by step, and
 the same for a run stopped by SIGTERM mid-epoch and resumed as for the uninterrupted run."""
@@ -16,11 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprocube.backend import FRAMEWORKS
-from reprocube.checkpoint import read_checkpoint
 from reprocube.errors import CheckpointError
-from reprocube.receipt import read_receipt
-from reprocube.trace import (
+from reprocube.formats.receipt import read_receipt
+from reprocube.formats.trace import (
     TENSOR_FINGERPRINT_STEPS,
     StepTrace,
     compare_traces,
@@ -28,6 +26,8 @@ from reprocube.trace import (
     first_weight_difference,
     model_fingerprint,
 )
+from reprocube.training.backend import FRAMEWORKS
+from reprocube.training.checkpoint import read_checkpoint
 
 from helpers import reprocube
 
@@ -104,11 +104,11 @@ DEVICE_PROBE = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from reprocube.backend import create_backend
+    from reprocube.training.backend import create_backend
     from reprocube.config import load_config
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
-    from reprocube.state import FrameworkState
+    from reprocube.training.state import FrameworkState
     from test_trace_fingerprint import in_layout, torch_layout_weights
 
     framework, overrides = sys.argv[1], sys.argv[2:]

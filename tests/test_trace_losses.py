@@ -1,4 +1,4 @@
-"""The trace's loss bits as stored (reprocube.trace): version 2 deflates their byte planes, version 1 (the
+"""The trace's loss bits as stored (reprocube.formats.trace): version 2 deflates their byte planes, version 1 (the
 plain bytes) is still read, and a damaged or hostile encoding is one line naming the key, never a loss
 trace other than the one written and never an expansion to hundreds of MB."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reprocube.errors import CheckpointError
-from reprocube.trace import LOSS_KEYS, TRACE_VERSION, StepTrace, decode_losses, encode_losses
+from reprocube.formats.trace import LOSS_KEYS, TRACE_VERSION, StepTrace, decode_losses, encode_losses
 
 KEY = LOSS_KEYS[TRACE_VERSION]
 

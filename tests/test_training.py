@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.backend import BACKENDS as BACKEND_CLASS
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS
+from reprocube.training.backend import BACKENDS as BACKEND_CLASS
+from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS
 
 from helpers import (
     GeneratedDataset,
@@ -152,8 +152,8 @@ def test_a_checkpoint_written_before_the_state_version_resumes_bit_exactly(
 ):
     """state.json version 1 (before issue 14: no "version", and a "framework" mapping of scalars) is still
     read: rewrite a checkpoint into that layout, re-sign it, resume from it."""
-    from reprocube.checkpoint import manifest_self_digest
-    from reprocube.state import STATE_VERSION
+    from reprocube.training.checkpoint import manifest_self_digest
+    from reprocube.training.state import STATE_VERSION
 
     checkpoint = copy_of_reference / "checkpoints" / "epoch-0001"
     state = json.loads((checkpoint / "state.json").read_text())
@@ -405,7 +405,7 @@ def _hooked_train(action, target, call, framework, generated, cwd, *overrides):
         # evaluation and checkpoint), never a step checkpoint at the epoch's end, which no reader accepts
         (".train_steps", 5, "epoch-0001"),
         (".evaluate", 1, "epoch-0001"),  # during evaluation
-        ("reprocube.loop:write_checkpoint", 1, "epoch-0002"),  # while writing the epoch-0002 checkpoint
+        ("reprocube.training.loop:write_checkpoint", 1, "epoch-0002"),  # while writing the epoch-0002 checkpoint
     ],
 )
 def test_a_signal_at_any_point_ends_in_a_checkpoint_and_a_bit_exact_resume(
@@ -499,7 +499,7 @@ def test_a_run_directory_in_use_is_refused(reference, train):
 
 
 def test_resuming_in_another_environment_is_reported(copy_of_reference, train, tmp_path, framework):
-    from reprocube.checkpoint import manifest_self_digest
+    from reprocube.training.checkpoint import manifest_self_digest
 
     path = copy_of_reference / "checkpoints" / "epoch-0002" / "manifest.json"
     edited = json.loads(path.read_text())

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reprocube.backend import FRAMEWORKS
 from reprocube.commands.reproduce import reproduce
+from reprocube.training.backend import FRAMEWORKS
 
 from helpers import error_lines, reprocube
 
@@ -347,8 +347,8 @@ def test_ulp_statistics_count_sign_flips_apart():
 
 
 def test_env_records_numerics_variables_by_name_and_ranks_them_before_irrelevant_ones(monkeypatch):
-    from reprocube.env import collect_env
-    from reprocube.env_comparison import env_differences
+    from reprocube.formats.env import collect_env
+    from reprocube.formats.env_comparison import env_differences
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")
     monkeypatch.setenv("TF_CLI_CONFIG_FILE", "/terraform.rc")  # Terraform's, not TensorFlow's

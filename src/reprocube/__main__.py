@@ -1,10 +1,10 @@
 """The program: `python -m reprocube` and the `reprocube` script (pyproject.toml's [project.scripts]) both
-run `run`. Its first act arms reprocube.process_exit's end, before any other module is imported and can
-register an atexit handler, so that the end runs after every other (reprocube.process_exit)."""
+run `run`. Its first act arms reprocube.runtime.process_exit's end, before any other module is imported and can
+register an atexit handler, so that the end runs after every other (reprocube.runtime.process_exit)."""
 
 from typing import NoReturn
 
-from reprocube.process_exit import arm
+from reprocube.runtime.process_exit import arm
 
 
 def run() -> NoReturn:

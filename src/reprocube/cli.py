@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from reprocube.commands import COMMANDS
 from reprocube.errors import EXIT_CONFIG, EXIT_OK, EXIT_OUTPUT_LOST, EXIT_UNEXPECTED, ConfigError, exit_status_of
-from reprocube.process_exit import exit_process
+from reprocube.runtime.process_exit import exit_process
 from reprocube.terminal import escaped_output, standard_streams_opened
 
 
@@ -114,7 +114,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def run() -> NoReturn:
     """The program (`python -m reprocube`, the `reprocube` script: reprocube.__main__.run, which arms the
     end first): main, then the process ends through Python's exit but without its teardown of the modules
-    it imported (reprocube.process_exit), argparse's exits (--help, a bad command line) too, so that a
+    it imported (reprocube.runtime.process_exit), argparse's exits (--help, a bad command line) too, so that a
     stdout that cannot be written gives the same status everywhere."""
     standard_streams_opened()  # started with stdout or stderr closed: /dev/null, not the next file opened
     try:

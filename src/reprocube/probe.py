@@ -12,11 +12,11 @@ which a resumed run departs from an uninterrupted one, and after which stop.
 It does nothing unless `reprocube check` runs the script: check sets REPROCUBE_PROBE to the file this
 attempt's trace goes to (the only variable the probe reads). Each step records the loss's exact bits and
 the weight fingerprint of reprocube's own trainers (per tensor, the sum modulo 2**32 of its mixed bit
-patterns: reprocube.trace.mix), computed with the framework's own operations where the weights live (no
+patterns: reprocube.formats.trace.mix), computed with the framework's own operations where the weights live (no
 host sync per step): records are fetched in groups of GROUP steps, at each checkpoint and at exit.
 PyTorch (a Module, a state_dict or tensors), JAX (any pytree of arrays), TensorFlow/Keras (a Model or
 variables) and NumPy (a dict or list of arrays) are understood; a float32 tensor's fingerprint equals
-reprocube.trace.fingerprint's, other dtypes are fingerprinted by their bits as well.
+reprocube.formats.trace.fingerprint's, other dtypes are fingerprinted by their bits as well.
 
 Several processes (torchrun, Accelerate, DeepSpeed): one trace per rank. The rank is read from RANK,
 else LOCAL_RANK (a single-node launcher's), else it is 0; it must be a decimal integer 0..65535 (ASCII

@@ -1,5 +1,5 @@
 """The first operation that computes differently: two recordings of one step (OPS.json, written by
-`python -m reprocube.orchestration.replay_step`, reprocube.replay) compared operation by operation.
+`python -m reprocube.orchestration.replay_step`, reprocube.training.replay) compared operation by operation.
 
 Pure: no framework is imported. An operation is compared by its name, its non-tensor arguments
 ("params", a digest), the digest of each input tensor before it ran and of each output after. The first
@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
-from reprocube.ops_format import OPS_VERSION, STEP_INPUT
+from reprocube.formats.ops_format import OPS_VERSION, STEP_INPUT
 from reprocube.untrusted import Fields, read_json
 
 MAX_OPS_BYTES = 64 << 20

@@ -1,7 +1,7 @@
 """`reprocube reproduce --match`: what to set on this machine (B) to emulate the environment A's receipt
 records, session by session; what cannot be emulated and why; and, once B has been retrained under those
 settings, what the retraining showed. Only documented variables with checked values are ever set
-(reprocube.env.refused_match_setting)."""
+(reprocube.formats.env.refused_match_setting)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
-from reprocube.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
-from reprocube.env import refused_match_setting
-from reprocube.env_comparison import NOT_NUMERIC
-from reprocube.receipt import Receipt
+from reprocube.formats.env import refused_match_setting
+from reprocube.formats.env_comparison import NOT_NUMERIC
+from reprocube.formats.receipt import Receipt
 from reprocube.results.reproduce_result import TOO_MANY_SESSIONS
+from reprocube.runtime.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.terminal import pasteable
 
 # CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine. Not
@@ -38,9 +38,9 @@ MAX_MATCH_PROCESSES = 4
 def match_plan(a: Receipt, b: Receipt, causes: list[dict], emulator: bool = False) -> dict:
     """What --match would set to emulate A here, session by session: A's documented numeric variables
     where B's differ (None: unset it); for an AVX2 A on an AVX-512 B, A's CPU emulated where `emulator`
-    (qemu-x86_64) is installed and a checked model presents it (`cpu`: reprocube.cpu_emulation), the AVX2
+    (qemu-x86_64) is installed and a checked model presents it (`cpu`: reprocube.runtime.cpu_emulation), the AVX2
     caps otherwise; what cannot be emulated and why; the variables refused (only documented ones with
-    checked values are ever set: reprocube.env). Where A's sessions ran under different settings,
+    checked values are ever set: reprocube.formats.env). Where A's sessions ran under different settings,
     `segments` says which settings train which steps."""
     segments, cannot, not_applied = [], [], []
     for session in a.sessions:

@@ -30,7 +30,7 @@ import yaml
 
 from reprocube.analysis.tensors import tensor_differences
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.output_files import (
+from reprocube.formats.output_files import (
     MAX_OUTPUT_BYTES,
     ORBAX_TIMES,
     ORBAX_TIMESTAMP,
@@ -38,8 +38,7 @@ from reprocube.output_files import (
     load_orbax,
     walk_outputs,
 )
-from reprocube.results.wording import difference_size
-from reprocube.tensor_readers import (
+from reprocube.formats.tensor_readers import (
     KERAS_VOLATILE,
     read_hdf5,
     read_keras,
@@ -48,6 +47,7 @@ from reprocube.tensor_readers import (
     read_safetensors,
     read_torch,
 )
+from reprocube.results.wording import difference_size
 from reprocube.terminal import one_line
 from reprocube.untrusted import compose_yaml, parse_json, read_bytes
 
@@ -515,7 +515,7 @@ def _rows_without(data: bytes, columns: list[str], found: set[str], suffix: str,
 
 
 def load_tensors(suffix: str, data: bytes, where: str = "the file") -> dict[str, np.ndarray]:
-    """name -> array of a tensor file, through reprocube.tensor_readers: nothing in the file is run,
+    """name -> array of a tensor file, through reprocube.formats.tensor_readers: nothing in the file is run,
     every size it declares checked before anything is allocated."""
     if suffix == ".safetensors":
         return read_safetensors(data, where)

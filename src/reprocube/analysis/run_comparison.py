@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from reprocube.analysis.tensors import tensor_differences
-from reprocube.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
 from reprocube.config import config_differences
-from reprocube.env_comparison import env_differences
 from reprocube.errors import CheckpointError
 from reprocube.files import sha256_file
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
+from reprocube.formats.env_comparison import env_differences
 from reprocube.results.wording import worst_tensor
+from reprocube.training.checkpoint import Checkpoint, epoch_name, read_checkpoint, scan_checkpoints, step_name
+from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS, read_epoch_records
 from reprocube.untrusted import Fields, read_json
 
 MAX_ENV_BYTES = 16 << 20

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from reprocube.config import override, to_plain
-from reprocube.env import collect_env
 from reprocube.errors import EXIT_OK, ConfigError, ReprocubeError
 from reprocube.files import portable_path
+from reprocube.formats.env import collect_env
 from reprocube.orchestration.children import (
     child_args,
     last_error_line,

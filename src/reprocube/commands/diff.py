@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reprocube.analysis.outputs import compare_files, compare_outputs, parse_ignore
 from reprocube.errors import EXIT_CHECKPOINT, EXIT_DIFFERENT, EXIT_OK, ConfigError
-from reprocube.output_files import is_orbax
+from reprocube.formats.output_files import is_orbax
 from reprocube.terminal import one_line
 
 HELP = "two checkpoint files or directories of any common format, tensor by tensor: reprocube diff A B"

@@ -15,14 +15,14 @@ from pathlib import Path
 
 from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import safe_name
+from reprocube.formats.receipt import RECEIPT_FORMAT
+from reprocube.formats.script_receipt import is_script_receipt, read_script_receipt, receipt_format
 from reprocube.orchestration.children import print_now
 from reprocube.orchestration.options import add_options
 from reprocube.orchestration.reproduce_options import OPTIONS, SCRIPT_OPTIONS, ReproduceOptions
 from reprocube.orchestration.run_reproduction import reproduce_run
 from reprocube.orchestration.script_reproduction import reproduce_script
-from reprocube.receipt import RECEIPT_FORMAT
 from reprocube.results.script_reproduce_result import VERDICTS as SCRIPT_VERDICTS
-from reprocube.script_receipt import is_script_receipt, read_script_receipt, receipt_format
 
 HELP = "retrain a published run here from its receipt; verdict, first diverging step, causes: reprocube reproduce RUN"
 
@@ -68,7 +68,7 @@ def _run_script(args, options: ReproduceOptions) -> int:
         )
     receipt = read_script_receipt(args.source)
     if args.public_key is not None:
-        from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
+        from reprocube.formats.signing import verify_receipt_signature  # cryptography: only when asked
 
         verify_receipt_signature(receipt.raw, receipt.directory / "receipt.json", args.public_key)
         print(f"  signature: verified by {args.public_key}")

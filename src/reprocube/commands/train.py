@@ -1,9 +1,9 @@
-"""`reprocube train`: train (or resume) one run (reprocube.loop)."""
+"""`reprocube train`: train (or resume) one run (reprocube.training.loop)."""
 
 from __future__ import annotations
 
-from reprocube.loop import train
 from reprocube.orchestration.invocation import add_config_arguments
+from reprocube.training.loop import train
 
 HELP = "train (or resume) a model: reprocube train framework=pytorch epochs=4 seed=1"
 

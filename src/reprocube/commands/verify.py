@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from reprocube.analysis.run_comparison import subject_of
-from reprocube.checkpoint import read_checkpoint, scan_checkpoints
 from reprocube.config import config_differences, to_plain
 from reprocube.errors import EXIT_DIFFERENT, EXIT_OK, ConfigError
 from reprocube.orchestration.children import Watchdog, child_args, print_now
@@ -31,6 +30,7 @@ from reprocube.orchestration.verify_plan import (
 )
 from reprocube.orchestration.verify_runner import child_commands, describe, run_local, run_slurm
 from reprocube.results.verify_result import VERIFY_RESULT, write_verify
+from reprocube.training.checkpoint import read_checkpoint, scan_checkpoints
 
 SET_ON_CHILDREN = (
     "framework=",

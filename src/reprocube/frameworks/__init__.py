@@ -1,1 +1,1 @@
-"""Framework trainers: one module each, holding only framework-specific code (see reprocube.backend)."""
+"""Framework trainers: one module each, holding only framework-specific code (see reprocube.training.backend)."""

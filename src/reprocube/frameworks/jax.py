@@ -25,12 +25,12 @@ from flax import linen as nn
 from flax import traverse_util
 from jax.extend import core as jax_core
 
-from reprocube import compilation_cache
-from reprocube.backend import check_arrays
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.ops_format import STEP_INPUT
-from reprocube.state import EpochTotals, FrameworkState
-from reprocube.trace import tensor_digest, text_digest
+from reprocube.formats.ops_format import STEP_INPUT
+from reprocube.formats.trace import tensor_digest, text_digest
+from reprocube.runtime import compilation_cache
+from reprocube.training.backend import check_arrays
+from reprocube.training.state import EpochTotals, FrameworkState
 
 RUN_KEY = "jax.run_key"
 # The position of the static (shape-setting) batch_size argument of _train_step_fn and of _eval_step_fn.
@@ -110,14 +110,14 @@ def _max_pool_2x2(x):
 
 def _fingerprint(params):
     """Each weight's float32 bits summed as uint32 (wrapping: modulo 2**32), in sorted name order, inside
-    the jitted step (reprocube.trace.fingerprint)."""
+    the jitted step (reprocube.formats.trace.fingerprint)."""
     flat = _flat_params(params)
     leaves = [flat[path] for path in sorted(flat, key=".".join)]
     return jnp.stack([_mix(jax.lax.bitcast_convert_type(leaf, jnp.uint32)).sum(dtype=jnp.uint32) for leaf in leaves])
 
 
 def _mix(x):
-    """reprocube.trace.mix on uint32 (the product wraps modulo 2**32)."""
+    """reprocube.formats.trace.mix on uint32 (the product wraps modulo 2**32)."""
     return x ^ (x * x)
 
 
@@ -303,7 +303,7 @@ class JaxBackend:
 
     def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
         """Run `run_step` (one optimizer step through train_steps or train_batches) with its inputs and
-        its kernels recorded (reprocube.replay): first each of the step's inputs (weights, optimizer state,
+        its kernels recorded (reprocube.training.replay): first each of the step's inputs (weights, optimizer state,
         totals, batch, step number) as an entry named after it, then each convolution and matrix product
         of the step's jaxpr, forward and backward, with where it ran and a digest of each input and output.
         The step stays one compiled XLA program that also returns those values. Only the kernels:
@@ -322,7 +322,7 @@ class JaxBackend:
         return recorder.ops
 
 
-# --- recording one step's operations (reprocube.replay) -------------------------------------------------
+# --- recording one step's operations (reprocube.training.replay) -------------------------------------------------
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # a function's repr: not the same in two processes
 

@@ -21,11 +21,11 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from reprocube.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
 from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
+from reprocube.formats.trace import tensor_digest, text_digest  # noqa: E402
 from reprocube.frameworks.torch_sgd import MomentumSGD  # noqa: E402
-from reprocube.state import EpochTotals, FrameworkState  # noqa: E402
-from reprocube.trace import tensor_digest, text_digest  # noqa: E402
+from reprocube.training.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
+from reprocube.training.state import EpochTotals, FrameworkState  # noqa: E402
 
 MOMENTUM_PREFIX = "momentum_buffer."
 CPU_GENERATOR = "torch.cpu"
@@ -103,7 +103,7 @@ class PytorchBackend:
         self.set_epoch_totals(EpochTotals())
 
     def _init_fingerprints(self) -> None:
-        """The weight fingerprint (reprocube.trace.fingerprint) of every step, on the device: each step copies
+        """The weight fingerprint (reprocube.formats.trace.fingerprint) of every step, on the device: each step copies
         the weights (flat views of the parameters, which the optimizer updates in place) into one row of a
         group buffer with a single cat; group_fingerprints sums each tensor's columns as int32 once per
         group. Summing each tensor after each step (8 reductions) cost 3.5% of a CPU epoch, int64 sums
@@ -262,7 +262,7 @@ class PytorchBackend:
 
     def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
         """Run `run_step` (one optimizer step through train_steps or train_batches) with every ATen
-        operation recorded in order (reprocube.replay): its name, where it ran, and a digest of each input
+        operation recorded in order (reprocube.training.replay): its name, where it ran, and a digest of each input
         before and each output after it. Nothing is changed: the hooks only read, and each operation runs
         as it would unrecorded (the replay checks the step's loss and state against an unrecorded run)."""
         recorder = _OpRecorder(self.model, self.optimizer)
@@ -280,7 +280,7 @@ def _memory_order_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _mix(bits: torch.Tensor) -> torch.Tensor:
-    """reprocube.trace.mix on int32 (two's complement: the product wraps modulo 2**32 as a uint32 one)."""
+    """reprocube.formats.trace.mix on int32 (two's complement: the product wraps modulo 2**32 as a uint32 one)."""
     return bits ^ (bits * bits)
 
 
@@ -327,7 +327,7 @@ def _cublas_version() -> str | None:
         return None
 
 
-# --- recording one step's operations (reprocube.replay) -------------------------------------------------
+# --- recording one step's operations (reprocube.training.replay) -------------------------------------------------
 class _OpRecorder(TorchDispatchMode):
     """Every ATen operation below autograd (forward, backward and optimizer alike), with where it ran:
     the phase of the step (batch, forward, loss, backward, optimizer, totals), the model's submodule for

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reprocube.backend import STEPS_PER_CALL, check_arrays
 from reprocube.data.store import ALIGNMENT
 from reprocube.errors import ConfigError
-from reprocube.ops_format import STEP_INPUT
-from reprocube.state import EpochTotals, FrameworkState
-from reprocube.tensorflow_import import keras, tf  # TensorFlow's environment set, its start-up quiet
-from reprocube.trace import tensor_digest, text_digest
+from reprocube.formats.ops_format import STEP_INPUT
+from reprocube.formats.trace import tensor_digest, text_digest
+from reprocube.runtime.tensorflow_import import keras, tf  # TensorFlow's environment set, its start-up quiet
+from reprocube.training.backend import STEPS_PER_CALL, check_arrays
+from reprocube.training.state import EpochTotals, FrameworkState
 
 layers = keras.layers
 
@@ -109,7 +109,7 @@ class TensorflowBackend:
         # Each step of a group writes its loss here, as the step used to write the last loss into a variable:
         # returning them from the graph's loop (a TensorArray) cost ~30% of an epoch on this CPU.
         self._losses = tf.Variable(tf.zeros([STEPS_PER_CALL], tf.float32), trainable=False)
-        # ... and its weight fingerprint (reprocube.trace.fingerprint), computed in the graph after the update.
+        # ... and its weight fingerprint (reprocube.formats.trace.fingerprint), computed in the graph after the update.
         self._fingerprint_variables = [v for _, v in sorted((_name(v), v) for v in self.model.weights)]
         self._fingerprints = tf.Variable(
             tf.zeros([STEPS_PER_CALL, len(self._fingerprint_variables)], tf.uint32), trainable=False
@@ -206,7 +206,7 @@ class TensorflowBackend:
         return [(images[lo:hi], one_hot[lo:hi]) for lo, hi in zip(edges, edges[1:], strict=False)]
 
     def _fingerprint_graph(self):
-        """Each weight's float32 bits, mixed (reprocube.trace.mix), summed modulo 2**32, in sorted name order:
+        """Each weight's float32 bits, mixed (reprocube.formats.trace.mix), summed modulo 2**32, in sorted name order:
         read after the update (tf.function orders the reads of a variable after its writes). uint32
         throughout: its products and sums wrap modulo 2**32 by definition, and a sum in uint32 costs a third
         less than the int64 cast and sum it replaced (benchmarks/README.md). One sum per variable: a concat
@@ -290,7 +290,7 @@ class TensorflowBackend:
 
     def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
         """Run `run_step` (one optimizer step through train_steps or train_batches) with its inputs and
-        its kernels recorded (reprocube.replay), as the JAX trainer does: first each variable the step
+        its kernels recorded (reprocube.training.replay), as the JAX trainer does: first each variable the step
         reads (weights, optimizer slots, dropout seed states) as an entry named after it, then each
         convolution and matrix product of the step's graph, forward and backward (gradient_tape/...),
         with a digest of each input and output, returned by the traced step as extra outputs. Whether
@@ -317,7 +317,7 @@ class TensorflowBackend:
         return dict(sorted(variables.items()))
 
 
-# --- recording one step's operations (reprocube.replay) -------------------------------------------------
+# --- recording one step's operations (reprocube.training.replay) -------------------------------------------------
 RECORDED_KERNELS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul")
 
 
@@ -374,7 +374,7 @@ def _where(op_name: str, layers: set[str]) -> str:
 
 
 def _mix(bits):
-    """reprocube.trace.mix on int32 bit patterns (two's complement: the product wraps modulo 2**32)."""
+    """reprocube.formats.trace.mix on int32 bit patterns (two's complement: the product wraps modulo 2**32)."""
     return tf.bitwise.bitwise_xor(bits, bits * bits)
 
 

@@ -7,7 +7,7 @@ process on this project's CPU, for a compiler reprocube never runs.
 What is computed is torch 2.13's `_single_tensor_sgd` and `_multi_tensor_sgd` for what the trainer
 configures (momentum, no dampening, weight decay, Nesterov or maximize): the same ATen kernels in the same
 order, so the same bits. Like torch, the foreach kernels on CUDA (its default there), one tensor at a time
-elsewhere; the op recorder (reprocube.replay) then names each parameter's update. tests/test_torch_sgd.py
+elsewhere; the op recorder (reprocube.training.replay) then names each parameter's update. tests/test_torch_sgd.py
 compares both paths with torch's own SGD, bytes-equal.
 
 The state has torch's layout (`state[param]["momentum_buffer"]`), and the two step hooks the op recorder

@@ -14,19 +14,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from reprocube.backend import create_backend
-from reprocube.checkpoint import read_checkpoint, run_fields, write_checkpoint
 from reprocube.config import load_config
 from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
 from reprocube.errors import TrainingError, exit_status_of
 from reprocube.files import write_json_atomic
-from reprocube.loop import Schedule
-from reprocube.metrics import MetricsHistory
-from reprocube.rng import seed_host_rng
-from reprocube.state import EpochTotals, Position, TrainState
-from reprocube.trace import StepTrace
+from reprocube.formats.trace import StepTrace
+from reprocube.training.backend import create_backend
+from reprocube.training.checkpoint import read_checkpoint, run_fields, write_checkpoint
+from reprocube.training.loop import Schedule
+from reprocube.training.metrics import MetricsHistory
+from reprocube.training.rng import seed_host_rng
+from reprocube.training.state import EpochTotals, Position, TrainState
 
 WARM_STEPS = 20  # after the first (compiling) step, before the timed epoch
 

@@ -21,9 +21,11 @@ from reprocube.analysis.probe_trace import (
     read_rank_traces,
     steps_of,
 )
-from reprocube.env import collect_env
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
+from reprocube.formats.env import collect_env
+from reprocube.formats.output_files import link_above
+from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
@@ -31,9 +33,7 @@ from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.file_activity import FileActivity, state_key
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
-from reprocube.output_files import link_above
 from reprocube.results.check_result import write_check
-from reprocube.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.terminal import counted, one_line
 
 # A last attempt that resumed at least RESUMED_LATE of the way into the training yet took SLOW_RESTART of an
@@ -573,7 +573,7 @@ def _write_receipt(
     seed_env: str | None,
     notes: list[str],
 ) -> Path:
-    """The uninterrupted run's receipt (reprocube.script_receipt), once two such runs agreed: what
+    """The uninterrupted run's receipt (reprocube.formats.script_receipt), once two such runs agreed: what
     `reprocube reproduce` retrains on another machine; what it records otherwise than asked, in notes."""
     return write_script_receipt(
         out / "receipt",

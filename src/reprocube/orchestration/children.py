@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube.errors import TrainingError
-from reprocube.metrics import last_logged_step
+from reprocube.training.metrics import last_logged_step
 
 MAX_ERROR_LINE = 300
 PROGRESS_EVERY_S = 30.0  # a line while a child runs: never more than this long without a word

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from reprocube.backend import FRAMEWORKS
 from reprocube.config import config_files_overrides, load_config
 from reprocube.errors import ConfigError
+from reprocube.training.backend import FRAMEWORKS
 
 
 @dataclass(frozen=True)

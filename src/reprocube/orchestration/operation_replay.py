@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from reprocube.analysis.first_differing_operation import KERNELS_ONLY, first_differing_operation, read_ops
-from reprocube.backend import FRAMEWORKS
 from reprocube.errors import ReprocubeError
 from reprocube.orchestration.children import last_error_line, python_module_command
+from reprocube.training.backend import FRAMEWORKS
 
 # run_replay(command, log, env) -> exit status: a child run watched like reproduce's training children
 RunChild = Callable[[list[str], Path, dict | None], int]
@@ -94,7 +94,7 @@ def first_operation(
     differs (with its inputs' agreement). One entry of reproduce.json: status in STATUSES, step, text.
     `weights_identical`: the runs' weights are proven equal after every step (losses-only), so an
     unrecorded operation that differs can only be the loss's reduction, never the update. `a_command`:
-    how the replay under A's settings is run (on A's emulated CPU: reprocube.cpu_emulation)."""
+    how the replay under A's settings is run (on A's emulated CPU: reprocube.runtime.cpu_emulation)."""
     replays = (("b", b_run, None, None), ("a-settings", matched_run, a_settings, a_command))
     recordings = _record(framework, step, replays, out, logs, place_overrides, run_child, "first differing operation")
     if "status" in recordings:  # unavailable or failed

@@ -1,6 +1,6 @@
 """`python -m reprocube.orchestration.replay_step --run RUN_DIR --step N --out OPS.json [--config-file F]
 [KEY=VALUE ...]`: replay global step N of a run in this process and environment with every operation
-recorded (reprocube.replay), and write OPS.json (read and compared by reprocube.analysis.first_differing_operation).
+recorded (reprocube.training.replay), and write OPS.json (read and compared by reprocube.analysis.first_differing_operation).
 The overrides may only change places (data_dir=...): the run's own config is replayed. Exit 0 when
 written; 2 for a framework whose operations cannot be recorded yet (TensorFlow, JAX) or a bad argument;
 3 data, 4 checkpoint, as `reprocube train`. Run it in a fresh process under the environment to test
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
 
     def run() -> int:
         from reprocube.analysis.first_differing_operation import read_ops
-        from reprocube.replay import plan_replay, replay
+        from reprocube.training.replay import plan_replay, replay
 
         plan = plan_replay(args.run, args.step, args.overrides, args.config_file)
         ops = replay(plan)

@@ -33,13 +33,12 @@ from reprocube.analysis.receipt_comparison import (
     summary,
     tier,
 )
-from reprocube.checkpoint import epoch_name
 from reprocube.config import MAX_TRACE_AT_STEPS, flatten_keys, load_config, override, result_config
-from reprocube.cpu_emulation import EMULATOR, emulated_command, emulator_path
-from reprocube.env import known_hang, threads_warning, usable_cpus
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic
-from reprocube.metrics import last_logged_step
+from reprocube.formats.env import known_hang, threads_warning, usable_cpus
+from reprocube.formats.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
+from reprocube.formats.trace import compare_traces
 from reprocube.orchestration.children import (
     PROGRESS_EVERY_S,
     Watchdog,
@@ -51,7 +50,6 @@ from reprocube.orchestration.children import (
 )
 from reprocube.orchestration.operation_replay import first_operation, nondeterministic_operation, unavailable
 from reprocube.orchestration.reproduce_options import ReproduceOptions
-from reprocube.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
     B_MATCHED_RUN,
@@ -65,9 +63,11 @@ from reprocube.results.reproduce_result import (
     write_reproduce,
 )
 from reprocube.results.study_result import STUDY_RESULT, read_study
-from reprocube.runs import RunDirectory
+from reprocube.runtime.cpu_emulation import EMULATOR, emulated_command, emulator_path
 from reprocube.terminal import counted, one_line
-from reprocube.trace import compare_traces
+from reprocube.training.checkpoint import epoch_name
+from reprocube.training.metrics import last_logged_step
+from reprocube.training.runs import RunDirectory
 
 # Keys that say where things are or how they are shown here: B may set them freely.
 PLACE_KEYS = ("data_dir", "data.source_dir", "device", "log.progress", "log.every_steps", "dataset.mirrors")
@@ -209,7 +209,7 @@ def _signature_and_study(receipt: Receipt, public_key: Path | None, study: Path 
     beside an unsigned receipt), and what lies beside the receipt unsigned or unchecked."""
     signature = None
     if public_key is not None:
-        from reprocube.signing import verify_receipt_signature  # cryptography: only when asked
+        from reprocube.formats.signing import verify_receipt_signature  # cryptography: only when asked
 
         signature = verify_receipt_signature(receipt.raw, receipt.path, public_key)
     study_path, unsigned = study, []

@@ -1,5 +1,5 @@
 """`reprocube reproduce SCRIPT_RECEIPT [--copy PATH] [--match] -- CMD`: a script that is not ours, run
-again here and compared with its receipt (reprocube.script_receipt, written by `reprocube check`).
+again here and compared with its receipt (reprocube.formats.script_receipt, written by `reprocube check`).
 
 The command is the one its user gives, never one read from the receipt (a receipt travels: running its
 command would run whatever it says); where the two differ, that is a difference named first. CMD runs in
@@ -20,15 +20,11 @@ from pathlib import Path
 
 from reprocube.analysis.match_plan import session_settings, settings_text
 from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
-from reprocube.env import collect_env
-from reprocube.env_comparison import env_differences
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty
-from reprocube.orchestration.check_runs import Run, execute, failure_line
-from reprocube.orchestration.children import environment_with
-from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
-from reprocube.results.script_reproduce_result import write_script_reproduce
-from reprocube.script_receipt import (
+from reprocube.formats.env import collect_env
+from reprocube.formats.env_comparison import env_differences
+from reprocube.formats.script_receipt import (
     DIGESTED,
     NOT_REGULAR,
     ScriptReceipt,
@@ -36,6 +32,10 @@ from reprocube.script_receipt import (
     input_digests,
     outputs_named,
 )
+from reprocube.orchestration.check_runs import Run, execute, failure_line
+from reprocube.orchestration.children import environment_with
+from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
+from reprocube.results.script_reproduce_result import write_script_reproduce
 from reprocube.terminal import counted, one_line
 
 TIMEOUT_FACTOR = 10  # B's watchdog: this many times A's run, at least MIN_TIMEOUT_S
@@ -214,7 +214,7 @@ def _outputs(receipt: ScriptReceipt, work: Path) -> dict:
 
 def _causes(result: dict, receipt: ScriptReceipt) -> list[dict]:
     """What differs between A and B besides the bits, the likeliest first: the command, the inputs (the
-    source), then the environment (reprocube.env_comparison's order)."""
+    source), then the environment (reprocube.formats.env_comparison's order)."""
     causes = []
     if not result["command"]["same"]:
         causes.append({"key": "command", "a": " ".join(receipt.command), "b": " ".join(result["command"]["b"])})

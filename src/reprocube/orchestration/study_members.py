@@ -12,7 +12,6 @@ from pathlib import Path
 from reprocube.config import override
 from reprocube.errors import EXIT_TRAINING, ReprocubeError
 from reprocube.files import write_json_atomic
-from reprocube.metrics import read_epoch_records
 from reprocube.orchestration.children import (
     DEFAULT_WATCHDOG,
     StalledChild,
@@ -22,6 +21,7 @@ from reprocube.orchestration.children import (
     run_watched,
 )
 from reprocube.results.study_result import GROUPS, MEMBER_OK_KEYS, read_member
+from reprocube.training.metrics import read_epoch_records
 
 
 @dataclass(frozen=True)

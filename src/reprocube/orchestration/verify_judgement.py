@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from reprocube.analysis.run_comparison import compare_runs, load_run
-from reprocube.checkpoint import weights_digest
 from reprocube.errors import CheckpointError
+from reprocube.formats.trace import compare_traces
 from reprocube.orchestration.verify_runner import Check
 from reprocube.results.compare_result import summary_line
-from reprocube.state import TrainState
-from reprocube.trace import compare_traces
+from reprocube.training.checkpoint import weights_digest
+from reprocube.training.state import TrainState
 
 
 def _row(check: Check, passed: bool, summary: str, detail: dict | None = None) -> dict:

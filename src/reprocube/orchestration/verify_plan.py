@@ -10,18 +10,18 @@ import os
 import shutil
 from pathlib import Path
 
-from reprocube import compilation_cache
-from reprocube.backend import STEPS_PER_CALL
-from reprocube.checkpoint import epoch_name, scan_checkpoints
 from reprocube.config import override
 from reprocube.data.sampler import EpochSampler
-from reprocube.env import usable_cpus
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
+from reprocube.formats.env import usable_cpus
 from reprocube.orchestration.verify_runner import Check, Stage
+from reprocube.runtime import compilation_cache
+from reprocube.training.backend import STEPS_PER_CALL
+from reprocube.training.checkpoint import epoch_name, scan_checkpoints
 
 # JAX compiles its steps in every process (about 3 s of each check's start-up here). Every check but the
 # fresh process from scratch loads the compiled code from a cache the first process writes (verify's own,
-# not the user's: reprocube.compilation_cache); that one compiles anew, so a compilation that gave other
+# not the user's: reprocube.runtime.compilation_cache); that one compiles anew, so a compilation that gave other
 # bits is still caught. Only on the CPU: on a GPU, autotuning may choose other kernels in each
 # compilation, which a cache would hide from the resumes, so there every check compiles anew.
 FRESH_CHECKS = ("link-epoch-1", "restart")  # the checks that compile anew

@@ -16,7 +16,7 @@ from reprocube.analysis.probe_trace import loss_value, read_trace, steps_of
 from reprocube.errors import CheckpointError
 from reprocube.files import write_file_atomic
 from reprocube.pages.html import STYLE, img, png
-from reprocube.plots import plt
+from reprocube.pages.plots import plt
 from reprocube.results.check_result import CHECK_RESULT, VERDICTS, read_check_page
 
 MAX_ATTEMPTS = 21  # --stops is at most 20

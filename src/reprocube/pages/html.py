@@ -8,7 +8,7 @@ import html
 import io
 import json
 
-from reprocube.plots import plt  # Agg and no mathtext, for every figure
+from reprocube.pages.plots import plt  # Agg and no mathtext, for every figure
 
 STYLE_RUNS = (
     "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;font-size:13px}"

@@ -19,9 +19,9 @@ from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import flatten_keys
 from reprocube.errors import CheckpointError
 from reprocube.files import write_file_atomic
+from reprocube.formats.receipt import Receipt, read_receipt
 from reprocube.pages.html import ENV_ROWS, STYLE, cell, img, number, png
-from reprocube.plots import plt
-from reprocube.receipt import Receipt, read_receipt
+from reprocube.pages.plots import plt
 from reprocube.results.reproduce_result import (
     A_RECEIPT_COPY,
     DIFFERENCE_FIGURE,

@@ -4,7 +4,7 @@ the report's study section)."""
 from __future__ import annotations
 
 from reprocube.pages.html import png
-from reprocube.plots import plt
+from reprocube.pages.plots import plt
 from reprocube.results.study_result import GROUPS
 
 

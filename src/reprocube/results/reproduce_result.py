@@ -9,12 +9,12 @@ import re
 import shlex
 from pathlib import Path
 
-from reprocube.cpu_emulation import INSTALL_HINT, NOT_INSTALLED
 from reprocube.errors import CheckpointError
-from reprocube.receipt import RECEIPT, Receipt
+from reprocube.formats.receipt import RECEIPT, Receipt
 from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 from reprocube.results.wording import first_update_text
+from reprocube.runtime.cpu_emulation import INSTALL_HINT, NOT_INSTALLED
 from reprocube.terminal import counted, pasteable, shown_value
 from reprocube.untrusted import Fields
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from reprocube.data.pipeline import EPOCH, STEP_IN_EPOCH, Batch, ExampleSource, StateSchema, run_context
 from reprocube.data.sampler import steps_per_epoch
-from reprocube.tensorflow_import import tf
+from reprocube.runtime.tensorflow_import import tf
 
 PREFETCH_BATCHES = 2
 

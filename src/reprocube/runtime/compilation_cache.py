@@ -19,7 +19,7 @@ import stat
 import sys
 from pathlib import Path
 
-from reprocube.env import cpu_signature
+from reprocube.formats.env import cpu_signature
 
 VARIABLE = "REPROCUBE_JAX_CACHE"
 OFF = "off"

@@ -10,7 +10,7 @@ A run's state between two optimizer steps (TrainState) is:
                 (torch CPU/CUDA, Keras seed generators, the JAX run key)         rng.safetensors (other names)
   history       every epoch record and logged step so far                       manifest.json "metrics"
   trace         every step's loss bits and weight digests at fixed steps        state.json "trace"
-                (reprocube.trace; absent in checkpoints made before it existed)
+                (reprocube.formats.trace; absent in checkpoints made before it existed)
   loader        data.pipeline=loader, mid-epoch: the framework loader's state   state.json "loader"
                 (reprocube.data.pipeline; absent otherwise)
   sessions      each process that trained the run: the global step it started   state.json "sessions"
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprocube.checkpoint import Checkpoint, CheckpointContent
 from reprocube.errors import CheckpointError
-from reprocube.metrics import MetricsHistory
-from reprocube.rng import HostRng
-from reprocube.trace import StepTrace
+from reprocube.formats.trace import StepTrace
+from reprocube.training.checkpoint import Checkpoint, CheckpointContent
+from reprocube.training.metrics import MetricsHistory
+from reprocube.training.rng import HostRng
 
 STATE_VERSION = 3
 READABLE_STATE_VERSIONS = (1, 2, 3)
@@ -95,7 +95,7 @@ class EpochTotals:
 
 @dataclass
 class FrameworkState:
-    """What a trainer exports and imports (reprocube.backend): arrays only, under canonical names."""
+    """What a trainer exports and imports (reprocube.training.backend): arrays only, under canonical names."""
 
     weights: dict[str, np.ndarray]  # parameter name -> array
     optimizer: dict[str, np.ndarray]  # e.g. momentum buffers

@@ -209,7 +209,7 @@ _CPUID_NAMES = {
 def cpuid_features() -> frozenset[str] | None:
     """The features the CPUID instruction offers this process, as numpy detected them (None: unknown).
     Every kernel library dispatches on CPUID, not on /proc/cpuinfo, and under a CPU emulator
-    (reprocube.cpu_emulation) the two differ: /proc/cpuinfo still describes the real CPU."""
+    (reprocube.runtime.cpu_emulation) the two differ: /proc/cpuinfo still describes the real CPU."""
     try:
         from numpy._core._multiarray_umath import __cpu_features__
     except ImportError:

@@ -28,10 +28,9 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from reprocube.checkpoint import MANIFEST, NAME_PATTERN
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError, SignatureError
 from reprocube.files import fsync_dir, write_json_atomic
-from reprocube.receipt import (
+from reprocube.formats.receipt import (
     RECEIPT,
     RECEIPT_FORMAT,
     SIGNATURE_FILE,
@@ -39,9 +38,10 @@ from reprocube.receipt import (
     is_run_directory,
     parse_receipt,
 )
-from reprocube.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
-from reprocube.script_receipt import parse_script_receipt
+from reprocube.formats.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
+from reprocube.formats.script_receipt import parse_script_receipt
 from reprocube.terminal import one_line
+from reprocube.training.checkpoint import MANIFEST, NAME_PATTERN
 from reprocube.untrusted import MAX_JSON_BYTES, Fields, parse_json, read_bytes
 
 SIGNATURE_FORMAT = "reprocube-signature"

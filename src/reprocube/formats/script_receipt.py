@@ -4,7 +4,7 @@ uninterrupted run's every update: loss bits and weight fingerprints, reprocube.p
 
 receipt.json records what is needed to run the script again and to tell where another run departs: the
 command (argv), every input copied into its work directory by sha256, its declared outputs by sha256,
-the probe trace by sha256, how long the run took, and the environment (reprocube.env). The command is
+the probe trace by sha256, how long the run took, and the environment (reprocube.formats.env). The command is
 never run from the receipt: `reproduce` runs the command its user gives and compares it with this one.
 
 It travels between machines and people: read strictly (reprocube.untrusted), bounded, every value typed,
@@ -20,10 +20,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube.env import MATCHABLE_ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import names_regular_file, sha256_file, sha256_regular, write_file_atomic
-from reprocube.output_files import files_below, is_orbax, load_orbax  # JAX and Orbax: imported in load_orbax only
+from reprocube.formats.env import MATCHABLE_ENV_VARS
+from reprocube.formats.output_files import (  # JAX and Orbax: imported in load_orbax only
+    files_below,
+    is_orbax,
+    load_orbax,
+)
 from reprocube.terminal import one_line
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
@@ -187,7 +191,7 @@ def command_file_digests(command: list[str]) -> dict[int, str]:
 
 
 def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> dict[str, str | None]:
-    """The declared outputs as reprocube.output_files lists them: each regular file's sha256;
+    """The declared outputs as reprocube.formats.output_files lists them: each regular file's sha256;
     an Orbax checkpoint directory (its bytes hold timestamps and random names) by its tensors: the sha256
     of each tensor's digest, by name; None for a link or a special file (not compared: not checked). An
     Orbax checkpoint that Orbax cannot read is recorded file by file (NAME/FILE: its sha256), and why is
@@ -297,7 +301,7 @@ def _kind(path: Path) -> str:
 
 
 def _tensors_digest(path: Path) -> str:
-    from reprocube.trace import tensor_digest
+    from reprocube.formats.trace import tensor_digest
 
     tensors = {name: tensor_digest(array) for name, array in load_orbax(path).items()}
     return hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()

@@ -4,7 +4,7 @@ their start-up chatter kept off stderr.
 TensorFlow 2.21 logs through absl before anything can initialise absl's logging, so TF_CPP_MIN_LOG_LEVEL
 does not reach its start-up lines: each of its two libraries prints "WARNING: All log messages before
 absl::InitializeLog() is called are written to STDERR" and an INFO line that oneDNN is on. A refusal of
-ours must be the only line on stderr, so exactly those lines are dropped (reprocube.stderr_filter).
+ours must be the only line on stderr, so exactly those lines are dropped (reprocube.runtime.stderr_filter).
 
 Nor does it import JAX on the way: TensorFlow's import runs tensorflow/lite/python/util.py, whose
 `from jax import jit` (for TFLite's JAX converter, which reprocube never uses) imports JAX wherever it is
@@ -19,7 +19,7 @@ import importlib.abc
 import os
 import sys
 
-from reprocube.stderr_filter import lines_dropped
+from reprocube.runtime.stderr_filter import lines_dropped
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ chatter that does honour it, not errors
 # TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX512_VNNI/BF16 or AMX; on an AVX2 CPU
@@ -37,7 +37,7 @@ START_UP_CHATTER = (
 class _NoJax(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "jax" or name.startswith("jax."):
-            raise ImportError(f"{name} is not imported while TensorFlow is (reprocube.tensorflow_import)")
+            raise ImportError(f"{name} is not imported while TensorFlow is (reprocube.runtime.tensorflow_import)")
         return None
 
 

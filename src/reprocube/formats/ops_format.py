@@ -1,4 +1,4 @@
-"""OPS.json, the recording of one replayed step's operations (written by reprocube.replay, compared by
+"""OPS.json, the recording of one replayed step's operations (written by reprocube.training.replay, compared by
 reprocube.analysis.first_differing_operation): the format's version and the marker of a step's input, here
 beside the writer and below the engine that judges it, so that no trainer imports that engine."""
 

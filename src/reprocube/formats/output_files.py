@@ -1,6 +1,6 @@
 """The files a run's declared outputs are (a file, every file under a directory, an Orbax checkpoint as one
 output), listed without following a link, and an Orbax (PyTree) checkpoint read into arrays: below the
-comparison engine (reprocube.analysis.outputs), so that a script receipt's writer (reprocube.script_receipt)
+comparison engine (reprocube.analysis.outputs), so that a script receipt's writer (reprocube.formats.script_receipt)
 lists and digests outputs as the engine compares them without importing it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from reprocube.errors import CheckpointError
-from reprocube.tensor_readers import Budget, element_count
+from reprocube.formats.tensor_readers import Budget, element_count
 from reprocube.terminal import one_line
 from reprocube.untrusted import MAX_JSON_BYTES, parse_json, read_bytes
 

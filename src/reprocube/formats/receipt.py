@@ -4,9 +4,9 @@ that it computes the same numbers, in a few tens of KB instead of the checkpoint
 It holds the resolved config, the environment fingerprint (env.json's), reprocube's version and the
 sha256 of its installed source, the dataset's payload sha256s (verified when the data was loaded), every
 epoch's record (metrics and weights digest), the checkpoints present, and the step trace
-(reprocube.trace). It is rewritten after each checkpoint, so it never describes a state no checkpoint
+(reprocube.formats.trace). It is rewritten after each checkpoint, so it never describes a state no checkpoint
 holds, and carries the sha256 of itself like a manifest: that detects accidents, not forgery (a
-signature does: reprocube.signing)."""
+signature does: reprocube.formats.signing)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube import __version__
-from reprocube.backend import WEIGHT_NAMES
-from reprocube.checkpoint import HEX_DIGEST, NAME_PATTERN, epoch_name, read_checkpoint, step_name
 from reprocube.config import NON_RESULT_KEYS, config_hash, config_hash_matches
 from reprocube.errors import CheckpointError, ReprocubeError
 from reprocube.files import write_json_atomic
-from reprocube.metrics import DETERMINISTIC_EPOCH_FIELDS, MetricsHistory, check_epoch_record, read_epoch_records
-from reprocube.trace import FINGERPRINT_KEYS, LOSS_KEYS, TENSOR_DIGEST, StepTrace, tensor_digest
+from reprocube.formats.trace import FINGERPRINT_KEYS, LOSS_KEYS, TENSOR_DIGEST, StepTrace, tensor_digest
+from reprocube.training.backend import WEIGHT_NAMES
+from reprocube.training.checkpoint import HEX_DIGEST, NAME_PATTERN, epoch_name, read_checkpoint, step_name
+from reprocube.training.metrics import (
+    DETERMINISTIC_EPOCH_FIELDS,
+    MetricsHistory,
+    check_epoch_record,
+    read_epoch_records,
+)
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
 RECEIPT = "receipt.json"
@@ -37,7 +42,7 @@ RECEIPT_VERSION = 2
 READ_VERSIONS = (1, RECEIPT_VERSION)
 MAX_RECEIPT_BYTES = 64 << 20  # a long run's trace: 4 bytes a step
 SELF_DIGEST = "receipt_sha256"
-SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.signing)
+SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.formats.signing)
 
 
 # What a receipt holds that is NOT a claim about A's computation, with the reason: every other leaf is
@@ -78,7 +83,7 @@ def not_evidence(path: tuple) -> str | None:
 def _source_file_digests() -> dict[str, bytes]:
     """sha256 of each of reprocube's installed source files (every .py and .yaml under the package), by
     relative path."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the package, above this room
     files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file())
     return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).digest() for path in files}
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from reprocube.checkpoint import MANIFEST, Checkpoint, read_checkpoint, scan_checkpoints
 from reprocube.config import config_differences, run_name
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import append_line, json_text, write_file_atomic, write_json_atomic
-from reprocube.metrics import MetricsFile, MetricsHistory
+from reprocube.training.checkpoint import MANIFEST, Checkpoint, read_checkpoint, scan_checkpoints
+from reprocube.training.metrics import MetricsFile, MetricsHistory
 
 RUN_MARKER = ".reprocube-run"
 RUN_FILES = (RUN_MARKER, "config.yaml", "env.json", "sessions.jsonl", "metrics.jsonl", "receipt.json", "checkpoints")

@@ -22,20 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
-from reprocube.backend import FRAMEWORKS, STEPS_PER_CALL, create_backend
-from reprocube.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
 from reprocube.config import config_differences, flatten_keys, load_config, override, result_config, to_plain
 from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
-from reprocube.env import ENV_PREFIXES, ENV_VARS
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.metrics import MetricsHistory
-from reprocube.ops_format import OPS_VERSION
-from reprocube.rng import seed_host_rng
-from reprocube.state import FrameworkState, Position, TrainState
-from reprocube.steps import StepWalk
-from reprocube.trace import StepTrace, tensor_digest
+from reprocube.formats.env import ENV_PREFIXES, ENV_VARS
+from reprocube.formats.ops_format import OPS_VERSION
+from reprocube.formats.trace import StepTrace, tensor_digest
+from reprocube.training.backend import FRAMEWORKS, STEPS_PER_CALL, create_backend
+from reprocube.training.checkpoint import Checkpoint, read_checkpoint, read_manifest, scan_checkpoints
+from reprocube.training.metrics import MetricsHistory
+from reprocube.training.rng import seed_host_rng
+from reprocube.training.state import FrameworkState, Position, TrainState
+from reprocube.training.steps import StepWalk
 
 # Besides the run's result keys: the places and counts a replay of it needs (where its data is).
 REPLAY_PLACE_KEYS = ("epochs", "data_dir", "data.source_dir", "data.workers", "framework.inter_op_threads")
@@ -179,7 +179,7 @@ def _run_reference(
 
 
 class _Steps:
-    """The replay's way to step N: the training loop's walk (reprocube.steps.StepWalk), from a checkpoint
+    """The replay's way to step N: the training loop's walk (reprocube.training.steps.StepWalk), from a checkpoint
     or a fresh start, in groups of at most STEPS_PER_CALL steps (grouping never changes what is computed),
     each epoch's end moving on to the next (the replay keeps no records)."""
 

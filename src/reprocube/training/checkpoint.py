@@ -4,7 +4,7 @@ A checkpoint is a directory (checkpoints/epoch-0003/, checkpoints/step-000450/) 
   weights.safetensors    model parameters, canonical names (framework-neutral format)
   optimizer.safetensors  optimizer tensors (e.g. momentum buffers)
   rng.safetensors        every generator's state as arrays
-  state.json             position, epoch accumulators, host RNG scalars (reprocube.state)
+  state.json             position, epoch accumulators, host RNG scalars (reprocube.training.state)
   config.json            the resolved config of the run
   manifest.json          format, position, config hash, seed, sha256 and size of every file, weights
                          digest, metrics so far, and the sha256 of the manifest itself
@@ -12,7 +12,7 @@ Only safetensors and JSON are read back, through reprocube.untrusted (regular fi
 strict JSON, safetensors headers checked before loading): nothing in a checkpoint can execute code, hang
 or exhaust memory. The sha256s detect accidents (a truncated copy, a flipped bit, a careless edit), not
 forgery: anyone can recompute them. This module knows files and digests; what the content means is
-reprocube.state's.
+reprocube.training.state's.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ TENSOR_DTYPES = {
 }
 HEX_DIGEST = re.compile(r"^[0-9a-f]{64}\Z")  # \Z: "$" would also match before a final newline
 # The manifest's schema (format_version above): the keys its caller gives (the position and metrics from
-# reprocube.state's TrainState.to_checkpoint, the run's identity from the loop), then the keys
+# reprocube.training.state's TrainState.to_checkpoint, the run's identity from the loop), then the keys
 # write_checkpoint adds. read_manifest types each one.
 MANIFEST_FIELD_KEYS = (
     "epoch",
@@ -100,7 +100,7 @@ class CheckpointContent:
 @dataclass(frozen=True)
 class Manifest:
     """A checkpoint's manifest.json as read_manifest checked it, its keys read by name here only. `fields`
-    is the file's whole content (reprocube.state and reprocube.metrics read their own keys from it)."""
+    is the file's whole content (reprocube.training.state and reprocube.training.metrics read their own keys from it)."""
 
     fields: dict
 

@@ -1,4 +1,4 @@
-"""Tensor files read without running or trusting them, for reprocube.analysis.outputs and reprocube.output_files: NumPy `.npy`/`.npz`,
+"""Tensor files read without running or trusting them, for reprocube.analysis.outputs and reprocube.formats.output_files: NumPy `.npy`/`.npz`,
 safetensors, HDF5 (Keras `.h5`/`.weights.h5`), Keras 3 `.keras` archives and `torch.save` checkpoints
 (the zip format), each into {name: numpy array}.
 

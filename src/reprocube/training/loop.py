@@ -1,6 +1,6 @@
 """The shared training loop: data order, epoch and mid-epoch checkpoints, metrics, progress,
-signals and resume. Framework code stays behind the Backend contract (reprocube.backend); what a
-checkpoint holds, and how it is read back, is reprocube.state."""
+signals and resume. Framework code stays behind the Backend contract (reprocube.training.backend); what a
+checkpoint holds, and how it is read back, is reprocube.training.state."""
 
 from __future__ import annotations
 
@@ -13,24 +13,31 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from reprocube.backend import STEPS_PER_CALL, Backend, create_backend
-from reprocube.checkpoint import Checkpoint, epoch_name, run_fields, step_name, weights_digest, write_checkpoint
 from reprocube.config import config_hash, to_plain
 from reprocube.data.pipeline import create_pipeline
 from reprocube.data.sampler import EpochSampler
 from reprocube.data.store import load_dataset
-from reprocube.env import collect_env, threads_warning, usable_cpus
-from reprocube.env_comparison import NUMERIC_SETTINGS, env_differences, not_a_cause
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError, TrainingError
-from reprocube.metrics import MetricsHistory
-from reprocube.preemption import StopRequest
-from reprocube.receipt import build_receipt, write_receipt
-from reprocube.rng import seed_host_rng
-from reprocube.runs import RunDirectory, open_run
-from reprocube.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState
-from reprocube.steps import StepWalk
+from reprocube.formats.env import collect_env, threads_warning, usable_cpus
+from reprocube.formats.env_comparison import NUMERIC_SETTINGS, env_differences, not_a_cause
+from reprocube.formats.receipt import build_receipt, write_receipt
+from reprocube.formats.trace import StepTrace
 from reprocube.terminal import counted, raw_stderr, shown_value
-from reprocube.trace import StepTrace
+from reprocube.training.backend import STEPS_PER_CALL, Backend, create_backend
+from reprocube.training.checkpoint import (
+    Checkpoint,
+    epoch_name,
+    run_fields,
+    step_name,
+    weights_digest,
+    write_checkpoint,
+)
+from reprocube.training.metrics import MetricsHistory
+from reprocube.training.preemption import StopRequest
+from reprocube.training.rng import seed_host_rng
+from reprocube.training.runs import RunDirectory, open_run
+from reprocube.training.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState
+from reprocube.training.steps import StepWalk
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ class TrainingLoop:
         self.env: dict = {}  # env.json's fingerprint of this process, for the receipt
         self.trace = StepTrace(cfg.trace.every_steps, first_step=0)
         self.sessions: list[dict] = []  # [{from_step, env}] of every process that trained this run
-        # The way through the steps (reprocube.steps), the replay's too; pipeline: data.pipeline=loader.
+        # The way through the steps (reprocube.training.steps), the replay's too; pipeline: data.pipeline=loader.
         self.walk = StepWalk(backend, sampler, pipeline)
 
     # --- save and resume: mirror images through TrainState ----------------------------------------

@@ -1,8 +1,8 @@
 """The trainer contract: what a framework trainer provides to the shared training loop.
 
 A backend holds only framework code: the model, the optimizer, the framework's generators and device
-placement. The loop (reprocube.loop) owns data order, checkpoints, metrics, signals and resume; what a
-checkpoint holds is defined in reprocube.state. In each trainer the one-batch optimizer update is named
+placement. The loop (reprocube.training.loop) owns data order, checkpoints, metrics, signals and resume; what a
+checkpoint holds is defined in reprocube.training.state. In each trainer the one-batch optimizer update is named
 `_batch_step`, whatever its framework makes of it (a PyTorch method, a tf.function, a jitted function)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from reprocube.data.store import Dataset
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.registry import import_registered
-from reprocube.state import EpochTotals, FrameworkState
+from reprocube.training.registry import import_registered
+from reprocube.training.state import EpochTotals, FrameworkState
 
 
 class Backend(Protocol):
@@ -44,10 +44,10 @@ class Backend(Protocol):
 
     def group_losses(self) -> np.ndarray:
         """The float32 mean loss of each step of the last train_steps call, in order: one host sync per
-        group (the loop's trace records every step's loss bits; reprocube.trace)."""
+        group (the loop's trace records every step's loss bits; reprocube.formats.trace)."""
 
     def group_fingerprints(self) -> np.ndarray:
-        """uint32 (steps, tensors): the weight fingerprint (reprocube.trace.fingerprint) after each step of
+        """uint32 (steps, tensors): the weight fingerprint (reprocube.formats.trace.fingerprint) after each step of
         the last group, one column per weight tensor in sorted name order; computed on the device in the
         step and fetched with the losses (no host sync of its own)."""
 
@@ -68,7 +68,7 @@ class Backend(Protocol):
     def record_ops(self, run_step: Callable[[], None]) -> list[dict]:
         """Run `run_step` (one optimizer step through train_steps or train_batches) with each of its
         operations recorded in order: name, where it ran, a digest of each input before and each output
-        after it (reprocube.replay writes them to OPS.json). Recording changes nothing the step computes."""
+        after it (reprocube.training.replay writes them to OPS.json). Recording changes nothing the step computes."""
 
 
 # The most steps the loop hands to a trainer at once; also how many steps a signal may wait (well under

@@ -1,5 +1,5 @@
-"""The walk through a run's steps, written once: the training loop (reprocube.loop) and the replay of one
-step (reprocube.replay) both go this way, so the step a replay records is the step training ran.
+"""The walk through a run's steps, written once: the training loop (reprocube.training.loop) and the replay of one
+step (reprocube.training.replay) both go this way, so the step a replay records is the step training ran.
 
 An epoch begins by handing its example order to the data feed (and, at its first step, by resetting the
 epoch totals); then steps run in groups that never cross the epoch's end, each group's data taken from
@@ -17,10 +17,10 @@ from typing import Protocol
 
 import numpy as np
 
-from reprocube.checkpoint import Checkpoint
 from reprocube.data.pipeline import BatchPipeline, check_position
 from reprocube.data.sampler import EpochSampler
-from reprocube.state import EpochTotals, Position, TrainState
+from reprocube.training.checkpoint import Checkpoint
+from reprocube.training.state import EpochTotals, Position, TrainState
 
 
 class Feed(Protocol):
