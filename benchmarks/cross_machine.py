@@ -7,7 +7,7 @@ differing operation, and reproduce's wall time against one run.
     .venv/bin/python benchmarks/cross_machine.py --data-dir DATA [--rounds 3] [--out benchmarks/cpu/cross-machine.json]
 
 With --a-on-emulated-cpu EPYC-Milan-v1, A is not a committed receipt but a run of the reference config
-trained here on QEMU's model of the AVX2 machine's CPU (reprocube.cpu_emulation): the AVX2 -> AVX-512 row
+trained here on QEMU's model of the AVX2 machine's CPU (reprocube.runtime.cpu_emulation): the AVX2 -> AVX-512 row
 as emulated, until an AVX2 machine commits its receipts.
 
 DATA holds fashion_mnist (`reprocube download dataset=fashion_mnist data_dir=DATA ...`)."""
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reprocube.cpu_emulation import EMULATOR, emulated_command
+from reprocube.runtime.cpu_emulation import EMULATOR, emulated_command
 
 REPO = Path(__file__).resolve().parents[1]
 RECEIPTS = REPO / "tests" / "receipts"

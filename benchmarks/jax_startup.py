@@ -19,7 +19,7 @@ from pathlib import Path
 
 from startup_rounds import final_weights_digest, write_result
 
-from reprocube import compilation_cache
+from reprocube.runtime import compilation_cache
 
 SETTINGS = ("off", "cold", "warm")
 WORKLOADS = {

@@ -1,6 +1,6 @@
 """What Python's teardown of the imported modules costs a process, per framework: a process that imports
 the framework (and runs one operation) and then ends as Python ends it, against the same process ended by
-reprocube.process_exit (the program's end since 2026-11-27). Alternating rounds; wall time of each process.
+reprocube.runtime.process_exit (the program's end since 2026-11-27). Alternating rounds; wall time of each process.
 
     python benchmarks/process_exit.py [--rounds 5] [--out benchmarks/cpu/process-exit.json]
 """
@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from reprocube.env import _cpu_info
+from reprocube.formats.env import _cpu_info
 
 WORK = {
-    "tensorflow": "import reprocube.tensorflow_import as t; t.tf.constant(1.0) + 1",
+    "tensorflow": "import reprocube.runtime.tensorflow_import as t; t.tf.constant(1.0) + 1",
     "pytorch": "import torch; torch.ones(3) + 1",
     "jax": "import jax.numpy as jnp; (jnp.ones(3) + 1).block_until_ready()",
 }
@@ -29,7 +29,7 @@ PYTHONS_EXIT = "python's exit"
 ENDS = {
     PYTHONS_EXIT: ("", ""),
     "process_exit": (
-        "from reprocube.process_exit import arm, exit_process; arm(); ",
+        "from reprocube.runtime.process_exit import arm, exit_process; arm(); ",
         "; exit_process(0)",
     ),
 }

@@ -126,7 +126,7 @@ def main() -> int:
     if args.out:
         machine = {"platform": platform.platform(), "cpus": os.cpu_count()}
         try:
-            from reprocube.env import _cpu_info
+            from reprocube.formats.env import _cpu_info
 
             machine["cpu"] = _cpu_info()
         except ImportError:

@@ -8,7 +8,7 @@ import os
 import platform
 from pathlib import Path
 
-from reprocube.env import _cpu_info
+from reprocube.formats.env import _cpu_info
 
 
 def final_weights_digest(runs: Path, run: str) -> str:

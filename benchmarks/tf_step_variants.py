@@ -89,12 +89,12 @@ def _install(variant: str, backend_class) -> None:
 
 
 def _child(variant: str, data_dir: str, windows: int) -> None:
-    from reprocube.backend import create_backend
     from reprocube.config import load_config
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
     from reprocube.frameworks.tensorflow import TensorflowBackend
-    from reprocube.state import EpochTotals
+    from reprocube.training.backend import create_backend
+    from reprocube.training.state import EpochTotals
 
     cfg = load_config(["framework=tensorflow", f"data_dir={data_dir}"])
     _install(variant, TensorflowBackend)

@@ -37,12 +37,12 @@ CHILD = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np
-    from reprocube.backend import STEPS_PER_CALL, create_backend
+    from reprocube.training.backend import STEPS_PER_CALL, create_backend
     from reprocube.config import load_config
     from reprocube.data.sampler import EpochSampler
     from reprocube.data.store import load_dataset
-    from reprocube.loop import seed_host_rng
-    from reprocube.trace import StepTrace
+    from reprocube.training.loop import seed_host_rng
+    from reprocube.formats.trace import StepTrace
 
     framework, data_dir, threads, epochs, tf_variant = sys.argv[1:6]
     epochs = int(epochs)

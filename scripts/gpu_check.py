@@ -6,7 +6,7 @@ through reprocube's own commands, for every framework installed here (PyTorch, J
   resume-sigterm  a training stopped by SIGTERM mid-epoch (preempt_at_step) and resumed: identical
   verify       `reprocube verify` (linear: one fresh-process link per epoch, a SIGTERM link, a control)
   fingerprint  the weight fingerprint the device computed after each checkpoint's step equals the NumPy
-               reference's of that checkpoint's weights (reprocube.trace.fingerprint)
+               reference's of that checkpoint's weights (reprocube.formats.trace.fingerprint)
   reproduce    `reprocube reproduce` of the first run's receipt on this host: bit-identical
   nondeterministic  deterministic=false trained twice: identical or not, recorded (a finding, not a check)
   replay-nondeterministic  the receipt reproduced with deterministic=false: the verdict, first differing
@@ -235,10 +235,10 @@ def check_framework(check: Check, framework: str, args) -> dict:
 def fingerprints_match_reference(run: Path) -> tuple[bool, str]:
     """Each checkpoint's weights through the NumPy reference against the model fingerprint the trainer
     computed on its device after that checkpoint's step (the receipt's trace)."""
-    from reprocube.checkpoint import list_checkpoints, read_checkpoint
     from reprocube.errors import ReprocubeError
-    from reprocube.receipt import read_receipt
-    from reprocube.trace import fingerprint, model_fingerprint
+    from reprocube.formats.receipt import read_receipt
+    from reprocube.formats.trace import fingerprint, model_fingerprint
+    from reprocube.training.checkpoint import list_checkpoints, read_checkpoint
 
     try:
         trace = read_receipt(run).trace
