@@ -28,13 +28,15 @@ from reprocube.orchestration.children import (
     last_error_line,
     watch_child,
 )
+from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs
 from reprocube.orchestration.file_activity import FileActivity
 from reprocube.orchestration.process_guard import GuardedCommand, start_guarded
 from reprocube.probe import ENV as PROBE_ENV
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
-EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit
+EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit (at most
+# what the attempt's watchdog leaves)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,15 @@ class Run:
     clean_saves: int = 0
     # an attempt's start -> its first checkpoint save (what a default stop waits on), once seen
     first_saves: dict[float, float | None] = field(default_factory=dict, repr=False, compare=False)
+    # check's directories under --out (verified before each attempt writes into them), if recorded
+    dirs: EvidenceDirs | None = field(default=None, repr=False, compare=False)
+    # clean-1's declared outputs' sha256 when the clean runs ended (what later runs are compared against)
+    output_digests: dict[str, str | None] | None = field(default=None, repr=False, compare=False)
+
+    def own_dirs(self) -> list[Path]:
+        """The directories of check's that an attempt of this run writes into or runs in."""
+        places = [Path(self.env[k]) for k in ("HOME", "TMPDIR") if k in self.env]
+        return [self.log.parent, self.probe, self.work, *places]
 
     def probe_trace(self, attempt: int) -> Path:
         return self.probe / f"attempt-{attempt}.jsonl"
@@ -165,7 +176,10 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
     run.began = began = time.perf_counter()
     seen = entries_below(run.work)
     for stop in [*stops, None]:
-        attempt = _attempt(run, stop, signum, timeout_s, seen, began)
+        try:
+            attempt = _attempt(run, stop, signum, timeout_s, seen, began)
+        except DirectoryReplaced:  # recorded in run.dirs: the check's verdict names it; nothing more runs
+            break
         run.attempts.append(attempt)
         seen |= entries_below(run.work)
         if stop is None or attempt.stopped_early or attempt.exit is None:
@@ -173,27 +187,38 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
     return run
 
 
-def _open_log(path: Path):
+def _open_log(path: Path, directory: int | None = None):
     """The run's log, appended to and never written through a link: the checked command can reach check's
-    directory (a link it planted in place of a log is removed, never followed, and said in the new log)."""
+    directory (a link it planted in place of a log is removed, never followed, and said in the new log).
+    directory: a descriptor of the log's directory (EvidenceDirs.open_dir), which the name is opened in."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    name = path.name if directory is not None else path
     try:
-        return os.fdopen(os.open(path, flags, 0o644), "a")
+        return os.fdopen(os.open(name, flags, 0o644, dir_fd=directory), "a")
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
-    path.unlink()  # the link itself, not what it names
-    log = os.fdopen(os.open(path, flags | os.O_EXCL, 0o644), "a")
+    os.unlink(name, dir_fd=directory)  # the link itself, not what it names
+    log = os.fdopen(os.open(name, flags | os.O_EXCL, 0o644, dir_fd=directory), "a")
     log.write(f"[reprocube check: {path.name} was a symbolic link (planted by the command?): removed, not followed]\n")
     return log
 
 
 def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: set[str], began: float) -> Attempt:
-    run.log.parent.mkdir(parents=True, exist_ok=True)
-    with _open_log(run.log) as log:
+    if run.dirs is None:
+        run.log.parent.mkdir(parents=True, exist_ok=True)
+        run.probe.mkdir(parents=True, exist_ok=True)
+        log = _open_log(run.log)
+    else:  # right before: another run's command (--jobs) may have replaced one meanwhile
+        run.dirs.verify(*run.own_dirs())
+        directory = run.dirs.open_dir(run.log.parent)
+        try:
+            log = _open_log(run.log, directory)
+        finally:
+            os.close(directory)
+    with log:
         log.write(f"$ {shlex.join(run.command)}\n")
         log.flush()
-        run.probe.mkdir(parents=True, exist_ok=True)
         env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1).absolute())}  # it runs elsewhere
         start = time.perf_counter()
         try:
@@ -218,15 +243,23 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
                 signalled.append(time.perf_counter())
                 _signal_group(child, signum)
             given = given or matched.is_set()  # the reader's signal may have ended it before the loop looked
-            status = _wait_exit(child, EXIT_WAIT_S if given else max(0.0, timeout_s - (time.perf_counter() - start)))
+            left = max(0.0, timeout_s - (time.perf_counter() - start))  # the watchdog bounds the exit too
+            status = _wait_exit(child, min(EXIT_WAIT_S, left) if given else left)
+            waited = time.perf_counter() - start  # its end, or the watchdog's moment (then ended: GRACE_S more)
         finally:
             _end_group(child)
             reader.join(5)
         seconds = time.perf_counter() - start
         note = f"{signal.Signals(signum).name} {stop.describe()}" if stop is not None else None
-        if note and given:
-            log.write(f"[reprocube check: {note}, after {seconds:.2f} s]\n")
         signal_s = signalled[0] - start if given and signalled else None
+        if note and given:
+            sent = f"sent at {signal_s:.2f} s" if signal_s is not None else "sent"
+            if status is not None:
+                ended = f"the attempt ended at {seconds:.2f} s"
+            else:
+                by = "the watchdog" if left <= EXIT_WAIT_S else f"check ({EXIT_WAIT_S:.0f} s after the signal)"
+                ended = f"the attempt ended at {waited:.2f} s (by {by}; its last process gone at {seconds:.2f} s)"
+            log.write(f"[reprocube check: {note}, {sent}; {ended}]\n")
         return Attempt(start - began, seconds, status, note, stop is not None and not given, signal_s)
 
 

@@ -1,0 +1,117 @@
+"""Regression tests for the fourth adversarial round against `reprocube check`: each finding's script
+(tests/check_round4/, NumPy only) checked by a real `reprocube check`.
+
+- F4: a command that replaced check's own directories (logs, probe, home, tmp) with symbolic links to a
+  directory outside --out, or planted a link where check makes one (receipt, work/stopped, --out itself),
+  made check write outside --out or stop with a traceback: never; the verdict is command-failed (exit 10),
+  naming the directory, and nothing is written through the link.
+- F6: after a stop's signal, a command that ignored it ran 60 s past --timeout: the watchdog bounds the wait,
+  and the log says when the signal went and when the attempt ended.
+- F3: a run that removed clean-1's outputs after the clean runs ended (the resumed run), or while they ran
+  (clean-2 beside it), made check blame resume or a typo in --output: state-leaked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import reprocube
+
+pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
+
+SCRIPTS = Path(__file__).parent / "check_round4"
+EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "state-leaked": 9, "command-failed": 10}
+
+
+def check(tmp_path: Path, script: str, *options: str, env_extra=None):
+    """`reprocube check --out out --copy train.py --output final.npz --seed-env SEED OPTIONS -- python
+    train.py`: (the process, check.json's content or None where there is none)."""
+    (tmp_path / "train.py").write_text((SCRIPTS / script).read_text())
+    command = ["check", "--out", "out", "--copy", "train.py", "--output", "final.npz", "--seed-env", "SEED", *options]
+    proc = reprocube(*command, "--", sys.executable, "train.py", cwd=tmp_path, check=False, env_extra=env_extra)
+    assert "Traceback" not in proc.stderr and "error:" not in proc.stderr, proc.stderr
+    path = tmp_path / "out" / "check.json"
+    result = json.loads(path.read_text()) if path.is_file() and not (tmp_path / "out").is_symlink() else None
+    if result is not None:
+        assert EXIT[result["verdict"]] == proc.returncode, (result["verdict"], proc.returncode, proc.stdout)
+    return proc, result
+
+
+def victim(tmp_path: Path) -> Path:
+    place = tmp_path / "victim"
+    for name in ("logs", "probe", "home", "tmp", "receipt", "work"):
+        (place / name).mkdir(parents=True)
+    return place
+
+
+def untouched(place: Path) -> list[str]:
+    """What check (or a run it started) left in the victim's directories: nothing, if it never wrote there."""
+    return sorted(str(p.relative_to(place)) for p in place.rglob("*") if p.parent != place)
+
+
+def said(result: dict) -> str:
+    return f"{result['verdict']}: {result['summary']}"
+
+
+def test_f4_directories_replaced_by_links_are_never_written_through(tmp_path):
+    place = victim(tmp_path)
+    proc, result = check(tmp_path, "plant_dirs.py", env_extra={"VICTIM": str(place), "PLANT": "dirs"})
+    assert result is not None and result["verdict"] == "command-failed", proc.stdout
+    assert "replaced check's directory" in result["summary"] and "symbolic link" in result["summary"], said(result)
+    assert untouched(place) == [], untouched(place)
+    assert proc.returncode == 10
+
+
+@pytest.mark.parametrize("plant", ["receipt", "stopped"])
+def test_f4_a_link_planted_where_check_makes_a_directory_is_command_failed(tmp_path, plant):
+    place = victim(tmp_path)
+    proc, result = check(tmp_path, "plant_dirs.py", env_extra={"VICTIM": str(place), "PLANT": plant})
+    assert result is not None and result["verdict"] == "command-failed", (proc.stdout, proc.stderr)
+    assert plant in result["summary"] and "nothing is written through it" in result["summary"], said(result)
+    assert untouched(place) == [], untouched(place)
+    assert proc.returncode == 10
+
+
+def test_f4_out_itself_replaced_is_command_failed_and_nothing_is_written(tmp_path):
+    place = victim(tmp_path)
+    proc, result = check(tmp_path, "plant_dirs.py", env_extra={"VICTIM": str(place), "PLANT": "out"})
+    assert proc.returncode == 10, (proc.stdout, proc.stderr)
+    assert result is None  # out is the link: nothing written through it
+    assert "verdict: command-failed" in proc.stdout and "replaced check's directory" in proc.stdout, proc.stdout
+    assert untouched(place) == [] and not (place / "check.json").exists(), untouched(place)
+
+
+def test_f6_the_wait_after_a_stops_signal_is_bounded_by_the_timeout(tmp_path):
+    began = time.monotonic()
+    proc, result = check(tmp_path, "hang_on_term.py", "--timeout", "4", "--at-line", "saved 2", "--stops", "1")
+    took = time.monotonic() - began
+    assert result is not None and result["verdict"] == "command-failed", (proc.stdout, proc.stderr)
+    assert took < 30, took
+    stopped = next(run for run in result["runs"] if run["name"] == "stopped")
+    assert stopped["attempts"][0]["seconds"] < 15, stopped  # 4 s, then the watchdog's SIGTERM, SIGKILL after 5 s
+    log = (tmp_path / "out" / "logs" / "stopped.log").read_text()
+    line = next(x for x in log.splitlines() if x.startswith("[reprocube check: SIGTERM"))
+    assert "sent at 0." in line or "sent at 1." in line, line
+    assert "the attempt ended at 4.0" in line and "(by the watchdog;" in line, line
+
+
+def test_f3_a_resumed_run_that_removes_clean_1s_outputs_is_state_leaked(tmp_path):
+    proc, result = check(
+        tmp_path, "remove_others.py", "--at-line", "saved 16", "--stops", "1", env_extra={"REMOVER": "resumed"}
+    )
+    assert result is not None and result["verdict"] == "state-leaked", said(result)
+    assert "clean-1's outputs changed after it ended" in result["summary"], said(result)
+    assert "final.npz was removed" in result["summary"], said(result)
+
+
+def test_f3_clean_2_removing_clean_1s_outputs_is_no_typo_in_output(tmp_path):
+    proc, result = check(tmp_path, "remove_others.py", "--jobs", "2", env_extra={"REMOVER": "clean-2"})
+    assert result is not None and result["verdict"] == "state-leaked", said(result)
+    assert "typo" not in result["summary"] and "removed or replaced by another process" in result["summary"], said(
+        result
+    )
