@@ -25,7 +25,14 @@ from helpers import reprocube
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
 SCRIPTS = Path(__file__).parent / "check_round4"
-EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "state-leaked": 9, "command-failed": 10}
+EXIT = {
+    "resume-exact": 0,
+    "resume-differs": 6,
+    "not-resumed": 9,
+    "not-proven": 9,
+    "state-leaked": 9,
+    "command-failed": 10,
+}
 
 
 def check(tmp_path: Path, script: str, *options: str, env_extra=None):
@@ -115,3 +122,103 @@ def test_f3_clean_2_removing_clean_1s_outputs_is_no_typo_in_output(tmp_path):
     assert "typo" not in result["summary"] and "removed or replaced by another process" in result["summary"], said(
         result
     )
+
+
+# --- round 4, the lead's findings: a restart that discards its state, an update made as the script stopped
+
+
+def truth_run(cwd: Path, script: str, stop_at: str | None = None, env_extra=None, args=()) -> int:
+    """The script run in cwd without reprocube (SEED=0), SIGTERMed (its process group) at the first output
+    line holding stop_at if given; its exit status."""
+    import os
+    import signal
+    import subprocess
+
+    env = {**os.environ, "SEED": "0", "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env.pop("REPROCUBE_PROBE", None)
+    child = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / script), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    for line in child.stdout:
+        if stop_at is not None and stop_at in line:
+            os.killpg(child.pid, signal.SIGTERM)
+            stop_at = None
+    return child.wait(60)
+
+
+def final_digest(cwd: Path) -> str:
+    import hashlib
+
+    with np_load(cwd / "final.npz") as arrays:
+        return hashlib.sha256(b"".join(arrays[k].tobytes() for k in sorted(arrays.files))).hexdigest()
+
+
+def np_load(path: Path):
+    import numpy as np
+
+    return np.load(path)
+
+
+def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never_passes(tmp_path):
+    """Truth without reprocube: uninterrupted and stopped-and-rerun end the same, and so does a rerun whose
+    checkpoint was poisoned (NaN weights): the restart never uses the state it reads. Its probe and its
+    reads looked like a resume. With a start-up of 1.5 s (a framework's import) its restarts take no longer
+    than a resumed run would, so only the swapped restart (given the control's state) tells: not-proven."""
+    import numpy as np
+
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "discards_state.py") == 0
+    truth_run(stopped, "discards_state.py", stop_at="epoch 2 saved")
+    with np.load(stopped / "ckpt.npz") as checkpoint:
+        poisoned = {k: checkpoint[k] for k in checkpoint.files}
+    poisoned["w"] = np.full_like(poisoned["w"], np.nan)
+    np.savez(stopped / "ckpt.npz", **poisoned)
+    assert truth_run(stopped, "discards_state.py") == 0
+    assert final_digest(stopped) == final_digest(clean)  # the truth: the checkpoint's state is never used
+
+    proc, result = check(tmp_path, "discards_state.py", env_extra={"START_S": "1.5"})
+    assert result is not None and result["verdict"] == "not-proven", said(result)
+    assert "did not continue from the state it found" in result["summary"], said(result)
+    assert [r["name"] for r in result["runs"]][-1] == "swapped"
+
+
+def test_a_correct_resume_whose_checkpoint_path_holds_the_seed_passes(tmp_path):
+    """Truth: stopped and rerun, it ends as the uninterrupted run does. The swapped restart finds the
+    control's runs/seed1/ckpt.npz under runs/seed0/ (the uninterrupted run's name), continues from it and
+    writes other outputs: resume-exact."""
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "seed_in_names.py") == 0
+    truth_run(stopped, "seed_in_names.py", stop_at="saved 16")
+    assert truth_run(stopped, "seed_in_names.py") == 0
+    assert final_digest(stopped) == final_digest(clean)
+
+    proc, result = check(tmp_path, "seed_in_names.py")
+    assert result is not None and result["verdict"] == "resume-exact", said(result)
+    assert "a restart given another seed's state continued from it" in result["summary"], said(result)
+    assert (tmp_path / "out" / "work" / "swapped" / "runs" / "seed0" / "ckpt.npz").is_file()
+
+
+def test_an_update_the_script_made_as_it_stopped_is_resume_not_non_determinism(tmp_path):
+    """Truth: two uninterrupted runs agree; SIGTERMed at a micro-batch and rerun, it differs (its partial
+    update). The differing update is in the stopped attempt's trace, recorded after the signal: check
+    blamed non-determinism before any stop; now resume-differs, naming the update made after the signal."""
+    first, second, stopped = tmp_path / "truth-1", tmp_path / "truth-2", tmp_path / "truth-stopped"
+    for place in (first, second, stopped):
+        place.mkdir()
+    assert truth_run(first, "partial_update_on_signal.py") == 0
+    assert truth_run(second, "partial_update_on_signal.py") == 0
+    assert final_digest(first) == final_digest(second)
+    truth_run(stopped, "partial_update_on_signal.py", stop_at="micro 2 of step 7")
+    assert truth_run(stopped, "partial_update_on_signal.py") == 0
+    assert final_digest(stopped) != final_digest(first)
+
+    proc, result = check(tmp_path, "partial_update_on_signal.py", "--at-line", "micro 2 of step (7|19)$")
+    assert result is not None and result["verdict"] == "resume-differs", said(result)
+    assert "recorded after stop 1's signal" in result["summary"], said(result)

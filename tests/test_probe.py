@@ -97,9 +97,9 @@ def test_the_probe_never_writes_through_a_link_or_over_a_file(tmp_path):
 
 
 GOOD = [
-    {"probe": 1},
+    {"probe": 2},
     {"names": ["a", "b"]},
-    {"index": 1, "step": None, "loss": "0000803f", "loss_dtype": "float32", "fingerprints": [1, 2]},
+    {"index": 1, "step": None, "loss": "0000803f", "loss_dtype": "float32", "fingerprints": [1, 2], "at": 12.5},
     {"checkpoint": 1, "after_index": 1},
 ]
 
@@ -107,7 +107,8 @@ GOOD = [
 @pytest.mark.parametrize(
     "line, change, message",
     [
-        (0, {"probe": 2}, "probe must be an integer from 1 to 1"),
+        (0, {"probe": 3}, "probe must be an integer from 1 to 2"),
+        (2, {"at": "x"}, "at must be a finite number"),
         (0, {"extra": 1}, "unknown key 'extra'"),
         (1, {"names": ["a", "a"]}, "distinct names"),
         (2, {"index": 2}, "index must be an integer from 1 to 1"),
@@ -129,6 +130,21 @@ def test_a_malformed_trace_is_one_error_naming_the_file_and_line(tmp_path, line,
     with pytest.raises(CheckpointError, match=f"{path}:{line + 1}") as error:
         read_trace(path)
     assert message in str(error.value)
+
+
+def test_a_version_1_trace_has_no_times_and_one_with_a_time_is_refused(tmp_path):
+    """Version 1 (before each update had "at") still reads, its times unknown; "at" in it is refused."""
+    records = [dict(r) for r in GOOD]
+    records[0] = {"probe": 1}
+    del records[2]["at"]
+    path = tmp_path / "attempt-1.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    trace = read_trace(path)
+    assert trace.version == 1 and trace.times == [None] and len(trace.updates) == 1
+    records[2]["at"] = 1.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(CheckpointError, match=f"{path}:3: unknown key 'at'"):
+        read_trace(path)
 
 
 def test_where_each_restart_resumed_is_found_by_its_first_update(tmp_path):

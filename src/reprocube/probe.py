@@ -29,10 +29,12 @@ A script that restores a checkpoint may say where it resumed, before its first s
 `probe.resumed(step)` (the steps the checkpoint holds); check then places the attempt's updates from there
 instead of finding the place by the first update's bits.
 
-The trace is JSON lines: one header (`{"probe": 1}`, with `"rank": r, "world_size": w|null` where a rank
+The trace is JSON lines: one header (`{"probe": 2}`; version 1 had no `at`, with `"rank": r, "world_size": w|null` where a rank
 variable is set), `{"names": [...]}`, an optional `{"resumed": s}` before the first step, then
-`{"index": i, "step": s|null, "loss": hex, "loss_dtype": ..., "fingerprints": [...]}` per step (index counts
-this attempt's steps from 1; step is what the script passed, if anything) and
+`{"index": i, "step": s|null, "loss": hex, "loss_dtype": ..., "fingerprints": [...], "at": t}` per step (index
+counts this attempt's steps from 1; step is what the script passed, if anything; at: when the step was
+recorded, time.monotonic()'s seconds, the system's CLOCK_MONOTONIC that check's signal times are on, so
+check tells an update made after its stop's signal from one made before) and
 `{"checkpoint": s, "after_index": i}` per checkpoint. reprocube.analysis.probe_trace reads it, strictly."""
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ import json
 import os
 import re
 import sys
+import time
 
 ENV = "REPROCUBE_PROBE"  # the attempt's trace file; set only by `reprocube check`
-VERSION = 1
+VERSION = 2  # 2: each update has "at" (reprocube.analysis.probe_trace reads 1 and 2)
 GROUP = 64  # steps whose fingerprints stay on the device before one fetch
 RANK_ENVS = ("RANK", "LOCAL_RANK")  # the global rank (torchrun, Accelerate, DeepSpeed), else the node-local one
 MAX_RANK = 65535
@@ -89,8 +92,8 @@ class _Recorder:
         self.file = os.fdopen(fd, "w")
         self._write({"probe": VERSION, **({"rank": rank, "world_size": world_size} if ranked else {})})
         self.names: list[str] | None = None
-        # index, step, loss, (the adapter of the weights' framework, their fingerprints on the device)
-        self.pending: list[tuple[int, int | None, object, tuple[type, object]]] = []
+        # index, step, loss, (the adapter of the weights' framework, their fingerprints on the device), when
+        self.pending: list[tuple[int, int | None, object, tuple[type, object], float]] = []
         self.index, self.last_step, self.resumed_at = 0, 0, None
 
     def resumed(self, step: int) -> None:
@@ -116,7 +119,7 @@ class _Recorder:
         elif names != self.names:
             raise ValueError(f"reprocube probe: the weights' names changed ({len(names)} tensors now)")
         self.index += 1
-        self.pending.append((self.index, step, _snapshot(loss), _fingerprints(tensors)))
+        self.pending.append((self.index, step, _snapshot(loss), _fingerprints(tensors), time.monotonic()))
         if len(self.pending) >= GROUP:
             self.flush()
 
@@ -127,7 +130,7 @@ class _Recorder:
         self._write({"checkpoint": step, "after_index": self.index})
 
     def flush(self) -> None:
-        for index, step, loss, (adapter, fingerprints) in self.pending:
+        for index, step, loss, (adapter, fingerprints), at in self.pending:
             value, dtype = _loss_bits(loss)
             self._write(
                 {
@@ -136,6 +139,7 @@ class _Recorder:
                     "loss": value,
                     "loss_dtype": dtype,
                     "fingerprints": [int(f) & 0xFFFFFFFF for f in adapter.to_host(fingerprints)],
+                    "at": round(at, 6),
                 }
             )
         self.pending.clear()

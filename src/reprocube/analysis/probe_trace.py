@@ -29,7 +29,7 @@ from pathlib import Path
 from reprocube.errors import CheckpointError
 from reprocube.untrusted import Fields, iter_json_lines
 
-PROBE_VERSION = 1
+PROBE_VERSIONS = (1, 2)  # 2: each update has "at", when it was recorded (CLOCK_MONOTONIC seconds)
 MAX_TRACE_BYTES = 512 << 20  # about 5 million steps of an 8-tensor model
 MAX_TENSORS = 100_000
 LOSS_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -53,6 +53,8 @@ class AttemptTrace:
     path: Path
     names: list[str] = field(default_factory=list)
     updates: list[tuple[int | None, Update]] = field(default_factory=list)  # (the step the script gave, update)
+    times: list[float | None] = field(default_factory=list)  # when each update was recorded (None: version 1)
+    version: int = 2
     checkpoints: list[int] = field(default_factory=list)  # global steps announced, in order
     rank: int = 0  # the header's rank (0 where none is given: a single process)
     world_size: int | None = None
@@ -87,11 +89,12 @@ def read_trace(path: Path, expect_sha256: str | None = None) -> AttemptTrace | N
         else:
             if not trace.names:
                 raise CheckpointError(f"{fields.where}: an update before the names record")
-            given, update = _update(fields, len(trace.updates) + 1, len(trace.names))
+            given, update, at = _update(fields, len(trace.updates) + 1, len(trace.names), trace.version)
             if given is not None:  # the script's own steps only increase (the probe refuses others)
                 fields.integer("step", last_given + 1, 2**62)
                 last_given = given
             trace.updates.append((given, update))
+            trace.times.append(at)
     if digest is not None and digest.hexdigest() != expect_sha256:
         raise CheckpointError(f"{path}: its sha256 is not the one its receipt records (the trace was changed)")
     return trace
@@ -153,10 +156,10 @@ def read_rank_traces(path: Path) -> dict[int, AttemptTrace]:
 
 
 def _header(fields: Fields, trace: AttemptTrace) -> None:
-    """{"probe": 1}, and from a process with a rank variable "rank" and "world_size" (or null) too."""
+    """{"probe": 1 or 2}, and from a process with a rank variable "rank" and "world_size" (or null) too."""
     ranked = fields.has("rank") or fields.has("world_size")
     _keys(fields, ("probe", "rank", "world_size") if ranked else ("probe",))
-    fields.integer("probe", PROBE_VERSION, PROBE_VERSION)
+    trace.version = fields.integer("probe", PROBE_VERSIONS[0], PROBE_VERSIONS[-1])
     if ranked:
         trace.world_size = fields.nullable("world_size", lambda key: fields.integer(key, 1, MAX_RANK + 1))
         trace.rank = fields.integer("rank", 0, (trace.world_size or MAX_RANK + 1) - 1)
@@ -169,8 +172,8 @@ def _names(fields: Fields, trace: AttemptTrace) -> None:
         raise CheckpointError(f"{fields.where}: names must be 1 to {MAX_TENSORS} distinct names")
 
 
-def _update(fields: Fields, index: int, tensors: int) -> tuple[int | None, Update]:
-    _keys(fields, ("index", "step", "loss", "loss_dtype", "fingerprints"))
+def _update(fields: Fields, index: int, tensors: int, version: int) -> tuple[int | None, Update, float | None]:
+    _keys(fields, ("index", "step", "loss", "loss_dtype", "fingerprints", *(("at",) if version >= 2 else ())))
     fields.integer("index", index, index)
     step = fields.nullable("step", lambda key: fields.integer(key, 1, 2**62))
     dtype = fields.one_of("loss_dtype", tuple(LOSS_DTYPES))
@@ -184,7 +187,8 @@ def _update(fields: Fields, index: int, tensors: int) -> tuple[int | None, Updat
         and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 2**32 for p in prints)
     ):
         raise CheckpointError(f"{fields.where}: fingerprints must be a list of {tensors} integers from 0 to 2**32-1")
-    return step, Update(loss, dtype, tuple(prints))
+    at = fields.number("at") if version >= 2 else None
+    return step, Update(loss, dtype, tuple(prints)), at
 
 
 def _keys(fields: Fields, keys: tuple[str, ...]) -> None:
@@ -202,6 +206,15 @@ def steps_of(trace: AttemptTrace, start: int) -> dict[int, Update]:
         step = given if given is not None else step + 1
         steps[step] = update
     return steps
+
+
+def step_times(trace: AttemptTrace, start: int) -> dict[int, float | None]:
+    """When the attempt recorded each update, by global step as steps_of numbers them."""
+    times, step = {}, start
+    for (given, _), at in zip(trace.updates, trace.times, strict=True):
+        step = given if given is not None else step + 1
+        times[step] = at
+    return times
 
 
 def first_difference(a: dict[int, Update], b: dict[int, Update], names: list[str]) -> dict | None:
@@ -238,12 +251,18 @@ def loss_value(update: Update) -> str:
     return repr(float(np.frombuffer(raw, dtype=dtype)[0]))
 
 
-def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) -> dict:
+def compare_stopped(
+    clean: AttemptTrace, attempts: list[AttemptTrace | None], signals: list[float | None] | None = None
+) -> dict:
     """The stopped run's attempts against the uninterrupted run's trace: where each attempt resumed
     (given, matched or assumed), whether a restart started again from step 1, the first differing update
     and after which stop, and the uninterrupted run's steps no attempt recorded (a stop ends an attempt
     before the probe writes its last steps: those after the last checkpoint it announced are lost, and
-    retrained by the restart only if it resumes from that checkpoint; they are not compared)."""
+    retrained by the restart only if it resumes from that checkpoint; they are not compared).
+    signals: when each attempt's stop signal was sent (CLOCK_MONOTONIC seconds, None where it got none or
+    the clocks are not one machine's): an update an attempt recorded after its signal (the script's own
+    doing as it stopped: a last partial update, say) that differs first is after that stop, not before it
+    ("after_signal")."""
     reference = steps_of(clean, 0)
     # A record that the uninterrupted run made at several steps (an update that changes nothing) places
     # no restart: only records it made once are matched.
@@ -306,6 +325,10 @@ def compare_stopped(clean: AttemptTrace, attempts: list[AttemptTrace | None]) ->
         difference = first_difference(reference, steps, clean.names)
         if difference is not None and first is None:
             first = {**difference, "attempt": number, "after_stop": number - 1}
+            made = step_times(trace, start + offset).get(difference["step"] + offset)
+            signal = signals[number - 1] if signals and number <= len(signals) else None
+            if signal is not None and made is not None and made > signal:
+                first.update(after_stop=number, after_signal=True)
         trained.update(steps)
         announced += trace.checkpoints
     missing = sorted(set(reference) - set(trained))
@@ -415,7 +438,9 @@ def compare_ranks(a: dict[int, AttemptTrace], b: dict[int, AttemptTrace]) -> dic
     return result
 
 
-def compare_stopped_ranks(clean: dict[int, AttemptTrace], attempts: list[dict[int, AttemptTrace]]) -> dict | None:
+def compare_stopped_ranks(
+    clean: dict[int, AttemptTrace], attempts: list[dict[int, AttemptTrace]], signals: list[float | None] | None = None
+) -> dict | None:
     """The stopped run's attempts (read_rank_traces of each) against the uninterrupted run's traces, rank
     by rank with compare_stopped. None where the uninterrupted run wrote no trace. The answer has
     compare_stopped's keys, from the rank whose first difference comes first (the earliest step, then the
@@ -428,7 +453,7 @@ def compare_stopped_ranks(clean: dict[int, AttemptTrace], attempts: list[dict[in
     ranks = sorted(set(clean).union(*attempts))
     one_sided = [r for r in ranks if r not in clean or not any(r in attempt for attempt in attempts)]
     compared = {
-        rank: compare_stopped(clean[rank], [attempt.get(rank) for attempt in attempts])
+        rank: compare_stopped(clean[rank], [attempt.get(rank) for attempt in attempts], signals)
         for rank in ranks
         if rank not in one_sided
     }

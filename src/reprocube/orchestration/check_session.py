@@ -30,8 +30,10 @@ from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
+from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.orchestration.file_activity import FileActivity, state_key
 from reprocube.orchestration.process_guard import end_all_guards
+from reprocube.orchestration.state_swap import place, plan_swap
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import write_check
 from reprocube.terminal import counted, one_line
@@ -93,6 +95,8 @@ class CheckSession:
         self.signum = SIGNALS[options.signal]
         self.how = "SLURM requeue" if self.slurm is not None else f"SIG{options.signal}"
         self.clean: list[Run] = []
+        self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
+        self.swap_note = "not run"  # why there is none
         self.limit = 0.0  # the watchdog of each attempt after the first clean run
         self.result: dict = {
             "command": self.command,
@@ -132,19 +136,27 @@ class CheckSession:
         """A run in fresh directories of its own: its work directory (the command's cwd), and a HOME and a
         TMPDIR beside it, so that no run finds what another left there."""
         work, home, tmp = self.out / "work" / name, self.out / "home" / name, self.out / "tmp" / name
-        work.mkdir(parents=True)
-        home.mkdir(parents=True)
-        tmp.mkdir(parents=True)
-        copy_inputs(self.options.copy, work)  # checked before any run (check_copies); links never followed
+        log, probe = self.out / "logs" / f"{name}.log", self.out / "probe" / name
+        dirs = EvidenceDirs.of(self.out)  # each made, and verified before each write, never through a link
+        try:
+            for directory in (work, home, tmp, log.parent, probe):
+                dirs.make(directory)
+            dirs.verify(work)
+            copy_inputs(self.options.copy, work)  # checked before any run (check_copies); links never followed
+        except DirectoryReplaced:
+            pass  # recorded (dirs.replaced): its first attempt finds it and never starts; the verdict names it
         env = {**isolated_environment(home, tmp), **({self.seed_env: str(seed)} if self.seed_env else {})}
         argv = [*self.command, *([self.seed_arg.replace("{seed}", str(seed))] if self.seed_arg else [])]
-        run = Run(name, work, self.out / "logs" / f"{name}.log", env, argv, self.out / "probe" / name)
+        run = Run(name, work, log, env, argv, probe)
+        run.dirs = dirs
         run.activity = FileActivity({"work": work, "HOME": home, "TMPDIR": tmp})
         run.on_progress = lambda seconds: self.echo(one_line(f"  {name}: {seconds:.0f} s, running; {_last_line(run)}"))
         return run
 
-    def ran_together(self, planned: list[tuple[Run, list[Stop], float]]) -> list[Run]:
-        """Each (run, its stops, its watchdog), up to self.jobs at once; recorded in the order given."""
+    def ran_together(self, planned: list[tuple[Run, list[Stop], float]], then: dict | None = None) -> list[Run]:
+        """Each (run, its stops, its watchdog), up to self.jobs at once; recorded in the order given.
+        then: {run name: called with the run once it ended, in its slot (the swapped restart after the
+        control, beside the stopped run)}."""
         for run, stop_list, _ in planned:
             stopping = f" ({counted(len(stop_list), 'stop')})" if stop_list else ""
             self.echo(f"  {run.name}: {' '.join(run.command)}" + stopping)
@@ -152,11 +164,9 @@ class CheckSession:
 
         def one(item: tuple[Run, list[Stop], float]) -> None:
             run, stop_list, limit = item
-            with run.activity:
-                if self.slurm is None:
-                    execute(run, stop_list, self.signum, limit)
-                else:
-                    jobs[run.name] = execute_slurm(run, stop_list, limit, self.slurm)
+            self.execute(run, stop_list, limit, jobs)
+            if then and run.name in then:
+                then[run.name](run)
 
         in_parallel(one, planned, self.jobs)
         for run, _, _ in planned:
@@ -164,6 +174,14 @@ class CheckSession:
             if run.name in jobs:
                 self.result["launcher"]["jobs"][run.name] = jobs[run.name]
         return [run for run, _, _ in planned]
+
+    def execute(self, run: Run, stops: list[Stop], limit: float, jobs: dict[str, str]) -> None:
+        """One run, its files watched: here, or as a SLURM job (its id into jobs)."""
+        with run.activity:
+            if self.slurm is None:
+                execute(run, stops, self.signum, limit)
+            else:
+                jobs[run.name] = execute_slurm(run, stops, limit, self.slurm)
 
     def compared(self, run: Run, against: Run, explain: bool = True) -> dict:
         comparison = compare_outputs(against.work, run.work, self.outputs, self.ignore, explain)
@@ -173,14 +191,24 @@ class CheckSession:
         return {"run": run.name, "against": against.name, **comparison}
 
     def finish(self, verdict: str, stage: str, summary: str) -> dict:
+        dirs = EvidenceDirs.of(self.out)
+        try:
+            dirs.verify(self.out)  # check.json and check.md go into --out itself, never through a link
+        except DirectoryReplaced:
+            pass
+        if dirs.replaced is not None and dirs.replaced.directory == dirs.out:
+            verdict, summary = "command-failed", dirs.message()
         self.result.update(
             verdict=verdict,
             stage=stage,
             summary=one_line(f"{verdict}: {summary}"),
             wall_s=round(time.perf_counter() - self.started, 1),
         )
-        write_check(self.result, self.out)
         self.echo(f"verdict: {self.result['summary']}")
+        if dirs.replaced is not None and dirs.replaced.directory == dirs.out:
+            self.echo(f"not written: check.json, check.md ({self.out} is no longer check's directory)")
+            return self.result
+        write_check(self.result, self.out)
         self.echo(f"written: {self.out / 'check.json'}, {self.out / 'check.md'}")
         return self.result
 
@@ -193,6 +221,15 @@ class CheckSession:
         clean += self.ran_together(
             [(self.new_run(f"clean-{i}"), [], timeout or 24 * 3600.0) for i in range(1, self.options.repeat + 1)]
         )
+        dirs = EvidenceDirs.of(self.out)
+        try:  # what check writes into next (the receipt, the next runs' logs and directories)
+            dirs.verify(*(self.out / d for d in ("work", "home", "tmp", "logs", "probe")))
+        except DirectoryReplaced:
+            pass
+        if dirs.replaced is not None:
+            return self.finish("command-failed", "repeat", dirs.message())
+        # clean-1's outputs as they are now: what every later run is compared against (unchanged, checked then)
+        clean[0].output_digests = reference_digests(clean[0].work, self.outputs)
         failed = next((run for run in clean if run.exit != 0), None)
         if failed is not None:
             return self.finish("command-failed", failed.name, failure_line(failed))
@@ -207,6 +244,20 @@ class CheckSession:
                 f"{linked.relative_to(clean[0].work)} is a symbolic link: the declared outputs under it are never "
                 "read through it (each run's would be one file elsewhere): declare files the run writes in its "
                 "work directory",
+            )
+        activity = clean[0].activity
+        gone = [
+            o
+            for o in unwritten
+            if activity is not None
+            and any(e.path == f"work/{o}" or e.path.startswith(f"work/{o.rstrip('/')}/") for e in activity.writes())
+        ]
+        if gone:  # clean-1 wrote it (inotify saw it): another process removed it before check read it
+            return self.finish(
+                "state-leaked",
+                "repeat",
+                f"clean-1 wrote the declared output {gone[0]}, and it was then removed or replaced by another "
+                "process (another run's command, beside it?) before check compared it; resume was not tested",
             )
         if unwritten:
             return self.finish(
@@ -255,16 +306,26 @@ class CheckSession:
         leaked = leaked_state(clean, first_updates)
         if leaked:
             return self.finish("state-leaked", "repeat", f"{leaked}; resume was not tested")
-        receipt = _write_receipt(
-            self.out,
-            clean[0],
-            self.options.copy,
-            self.outputs,
-            self.ignore,
-            self.result["environment"],
-            self.seed_env,
-            self.result["not_checked"],
-        )
+        try:  # a new directory in --out: never one the command planted there, nor through a link
+            dirs.absent(self.out / "receipt")
+            receipt = _write_receipt(
+                self.out,
+                clean[0],
+                self.options.copy,
+                self.outputs,
+                self.ignore,
+                self.result["environment"],
+                self.seed_env,
+                self.result["not_checked"],
+            )
+        except FileExistsError:  # planted between the look and the write
+            try:
+                dirs.absent(self.out / "receipt")
+            except DirectoryReplaced:
+                pass
+            return self.finish("command-failed", "receipt", dirs.message() or "receipt: planted by the command")
+        except DirectoryReplaced:
+            return self.finish("command-failed", "receipt", dirs.message())
         self.echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         return None
 
@@ -289,8 +350,59 @@ class CheckSession:
                 "no negative control (--seed-env or --seed-arg): whether the outputs depend "
                 "on the training was not checked"
             )
-        *control, stopped = self.ran_together(planned)
+            self.swap_note = "no control run's state to give a restart (--seed-env or --seed-arg)"
+        *control, stopped = self.ran_together(planned, then={"control": self.swapped_restart})
+        if self.swapped is not None:
+            self.result["runs"].append(self.swapped.as_dict())
         return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
+
+    def swapped_restart(self, control: Run) -> None:
+        """After the control, in its slot: the command restarted in a fresh directory holding what the control
+        left (its outputs apart), under the uninterrupted run's names, with the uninterrupted run's seed
+        (reprocube.orchestration.state_swap): whether a restart continues from the state it finds."""
+        clean = self.clean[0]
+        if control.exit != 0 or clean.activity is None or control.activity is None:
+            self.swap_note = "the control run did not end well"
+            return
+        copies = [Path(c).name for c in self.options.copy]
+        keys = clean.activity.state_keys()
+        plan, why_not = plan_swap(clean.activity.places, control.activity.places, keys, self.outputs, copies)
+        if not plan:
+            self.swap_note = why_not
+            return
+        swapped = self.new_run("swapped")
+        place(plan, swapped.activity.places)
+        self.echo(one_line(f"  swapped: {' '.join(swapped.command)} (in the control's {counted(len(plan), 'file')})"))
+        self.execute(swapped, [], self.limit, self.result.get("launcher", {}).get("jobs", {}))
+        self.swapped = swapped
+
+    def swap_evidence(self) -> dict | None:
+        """What the swapped restart showed: {"continues": True} where it wrote other outputs than the
+        uninterrupted run (it continued from the control's state), {"continues": False, ...} where every
+        output it wrote is the uninterrupted run's bits; None (said in not checked) where it tells nothing."""
+        not_shown = "whether a restart continues from the state it reads (a restart given another seed's state)"
+        swapped = self.swapped
+        if swapped is None:
+            self.result["not_checked"].append(f"{not_shown}: {self.swap_note}")
+            return None
+        if swapped.exit != 0:
+            self.result["not_checked"].append(f"{not_shown}: it failed ({failure_line(swapped)})")
+            return None
+        comparison = compare_outputs(self.clean[0].work, swapped.work, self.outputs, self.ignore, explain=False)
+        # Only what it wrote itself: an output placed with the control's files and left alone shows nothing.
+        wrote = {event.path.partition("/")[2] for event in swapped.activity.writes()} if swapped.activity else set()
+        written = [
+            f
+            for f in comparison["files"]
+            if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
+        ]
+        self.result["comparisons"]["swap"] = {"run": "swapped", "against": self.clean[0].name, **comparison}
+        if not written:
+            self.result["not_checked"].append(f"{not_shown}: it wrote no declared output")
+            return None
+        if any(not f["same"] for f in written):
+            return {"continues": True}
+        return {"continues": False, "files": [f["path"] for f in written]}
 
     def plan_stops(self, stop_seed: int) -> tuple[list[Stop] | None, str]:
         """The stops asked for, or the default ones: each a share of the time between two of an
@@ -327,6 +439,16 @@ class CheckSession:
 
     def control_verdict(self, control: Run) -> dict | None:
         """A run with another seed must write other outputs."""
+        if EvidenceDirs.of(self.out).replaced is not None:
+            return self.finish("command-failed", "control", EvidenceDirs.of(self.out).message())
+        changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
+        if changed and self.clean[0].output_digests is not None:
+            return self.finish(
+                "state-leaked",
+                "control",
+                f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
+                "can be compared with them; resume was not judged",
+            )
         if control.exit != 0:
             return self.finish("command-failed", "control", failure_line(control))
         self.result["comparisons"]["control"] = self.compared(
@@ -344,6 +466,16 @@ class CheckSession:
 
     def stopped_verdict(self, stopped: Run, plan: list[Stop]) -> dict:
         """The run stopped and restarted after each stop, against the first clean run: the verdict."""
+        if EvidenceDirs.of(self.out).replaced is not None:
+            return self.finish("command-failed", "stopped", EvidenceDirs.of(self.out).message())
+        changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
+        if changed and self.clean[0].output_digests is not None:
+            return self.finish(
+                "state-leaked",
+                "stopped",
+                f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
+                "can be compared with them; resume was not judged",
+            )
         landed = stopped.stops_landed
         if stopped.exit != 0:
             return self.finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {failure_line(stopped)}")
@@ -359,7 +491,7 @@ class CheckSession:
             )
         comparison = self.compared(stopped, self.clean[0])
         self.result["comparisons"]["resume"] = comparison
-        traced = _resume_trace(self.clean[0], stopped, self.result)
+        traced = _resume_trace(self.clean[0], stopped, self.result, same_clock=self.slurm is None)
         evidence = stop_evidence(
             stopped, self.result["probe"] and self.result["probe"].get("resume"), files_bind=self.slurm is None
         )
@@ -420,7 +552,21 @@ class CheckSession:
                 f"{restarts}, every declared output compared is bit-identical to an uninterrupted run's, but the "
                 f"resume is not proven: {'; '.join(unproven)}",
             )
+        swap = self.swap_evidence()
+        if swap is not None and not swap["continues"]:
+            return self.finish(
+                "not-proven",
+                "swap",
+                f"{restarts}, every declared output compared is bit-identical to an uninterrupted run's, but the "
+                f"resume is not proven: a restart given another seed's state (what the control left, in a "
+                f"fresh directory, under this run's names) wrote the uninterrupted run's "
+                f"{', '.join(swap['files'][:3])} bit for bit, so it did not continue from the state it found "
+                "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
+                "checkpoint); the restarts above may have done the same (logs/swapped.log)",
+            )
         caveat = "; no negative control" if not (self.seed_env or self.seed_arg) else ""
+        if swap is not None:
+            caveat += "; a restart given another seed's state continued from it (its outputs differ)"
         updates = (
             f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
         )
@@ -703,14 +849,20 @@ def _repeat_trace(first: Run, again: Run, result: dict, first_updates: dict[str,
     )
 
 
-def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
+def _resume_trace(clean: Run, stopped: Run, result: dict, same_clock: bool = True) -> dict:
     """The stopped run's probe traces against the uninterrupted run's: {"differs": the first differing
     update after a stop, or None; "before_stops": the first differing update where it came before any
-    stop, or None; "compared": updates compared; "difference": the first difference as recorded}."""
+    stop, or None; "compared": updates compared; "difference": the first difference as recorded}.
+    same_clock: the script ran on this machine, so its probe's times and check's signal times are one
+    clock's (an update recorded after a signal is the stop's doing)."""
     none = {"differs": None, "before_stops": None, "compared": 0, "difference": None}
     try:
         (reference,) = _traces(clean)
-        traced = compare_stopped_ranks(reference, _traces(stopped))
+        signals = [
+            stopped.began + a.started_s + a.signal_s if same_clock and a.signal_s is not None else None
+            for a in stopped.attempts
+        ]
+        traced = compare_stopped_ranks(reference, _traces(stopped), signals)
     except CheckpointError as exc:  # the script's process wrote the traces: a malformed one is not our crash
         result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
         return none
@@ -731,6 +883,11 @@ def _resume_trace(clean: Run, stopped: Run, result: dict) -> dict:
         attempt, stop = attempts[difference["attempt"] - 1], difference["after_stop"]
         if not stop:  # not resume's doing: no hint at what a checkpoint lacks
             before = f"step {step} differs ({describe_difference(difference, 'uninterrupted', 'stopped')})"
+        elif difference.get("after_signal"):
+            differs = (
+                f"step {step}, an update attempt {difference['attempt']} recorded after stop {stop}'s signal (what "
+                f"the script did as it stopped), is the first update that differs ({details})"
+            )
         elif attempt["how"] == "assumed":
             differs = (
                 f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "

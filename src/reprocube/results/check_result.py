@@ -84,6 +84,7 @@ RUN_NAMES = (
     "clean-10",
     "control",
     "stopped",
+    "swapped",  # the restart given the control's state (orchestration/state_swap.py)
 )
 HOW_RESUMED = ("first", "given", "matched", "assumed")
 

@@ -1,0 +1,38 @@
+"""Reads its checkpoint, then throws the state away and trains again from step 1; only the logger uses the
+checkpoint (steps already recorded are not recorded again, steps already saved not saved again). Its
+probe says each restart resumed where its checkpoint was, and each restart reads the checkpoint; its
+outputs are an uninterrupted run's because it is deterministic, not because it resumed (round 4's A3)."""
+
+import os
+import time
+
+import numpy as np
+
+from reprocube import probe
+
+time.sleep(float(os.environ.get("START_S", "0")))  # a slow start-up (a framework's import, the data)
+seed = int(os.environ.get("SEED", "0"))
+data = np.random.default_rng(1234)
+x = data.normal(size=(256, 8)).astype(np.float32)
+y = (x @ data.normal(size=8) > 0).astype(np.float32)
+logged = 0
+if os.path.exists("ckpt.npz"):
+    with np.load("ckpt.npz") as checkpoint:
+        state = {k: checkpoint[k] for k in checkpoint.files}
+    logged = int(state["step"])
+    print(f"resumed at step {logged}", flush=True)
+w, rng, step = np.zeros(8, np.float32), np.random.default_rng(seed), 0  # the bug: the state is not restored
+for epoch in range(6):
+    for batch in np.array_split(rng.permutation(256), 8):
+        p = 1 / (1 + np.exp(-x[batch] @ w))
+        w = w - np.float32(0.5) * (x[batch].T @ (p - y[batch]) / len(batch)).astype(np.float32)
+        step += 1
+        time.sleep(0.02)
+        if step > logged:
+            probe.step(np.float32(np.mean(np.abs(p - y[batch]))), {"w": w}, step=step)
+    if step > logged:
+        np.savez("tmp.npz", w=w, step=step)
+        os.replace("tmp.npz", "ckpt.npz")
+        probe.checkpoint(step)
+        print(f"epoch {epoch + 1} saved", flush=True)
+np.savez("final.npz", w=w)
