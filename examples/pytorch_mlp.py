@@ -5,8 +5,8 @@ the last one when present. Outputs: model.pt (the trained weights), metrics.csv.
 
     --save-rng   also save and restore torch's generators (without it, a resumed run shuffles and drops out
                  differently from the uninterrupted one: a resume bug that no loss curve shows at a glance)
-    --hidden N   the hidden layer's width (64: a step of microseconds, start-up is most of a run; 1024: a
-                 step of about a millisecond, what benchmarks/check_cost.py times as a training-bound script)
+    --hidden N   the hidden layer's width (64: a step of microseconds, start-up is most of a run; 4096: a
+                 step of a few milliseconds, what benchmarks/check_cost.py times as a training-bound script)
     --device cuda  train on the GPU (deterministic: cuBLAS needs CUBLAS_WORKSPACE_CONFIG before CUDA starts)"""
 
 import argparse
