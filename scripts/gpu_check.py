@@ -236,9 +236,9 @@ def fingerprints_match_reference(run: Path) -> tuple[bool, str]:
     """Each checkpoint's weights through the NumPy reference against the model fingerprint the trainer
     computed on its device after that checkpoint's step (the receipt's trace)."""
     from reprocube.errors import ReprocubeError
-    from reprocube.formats.receipt import read_receipt
     from reprocube.formats.trace import fingerprint, model_fingerprint
     from reprocube.training.checkpoint import list_checkpoints, read_checkpoint
+    from reprocube.training.receipt import read_receipt
 
     try:
         trace = read_receipt(run).trace

@@ -1,5 +1,5 @@
 """Forging receipts for the tests, with the project's own hashing: a changed receipt whose config_hash and
-receipt_sha256 are recomputed (reprocube.config.config_hash, reprocube.formats.receipt.self_digest), so that the
+receipt_sha256 are recomputed (reprocube.config.config_hash, reprocube.training.receipt.self_digest), so that the
 reader's integrity checks pass and only the comparison can tell. The attacks of tests/test_claims.py and
 the mutations of tests/test_receipt_mutations.py are built on it."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from reprocube.config import config_hash
-from reprocube.formats.receipt import RECEIPT, SELF_DIGEST, self_digest
 from reprocube.formats.trace import LOSS_KEYS, TRACE_VERSION, decode_losses, encode_losses
+from reprocube.training.receipt import RECEIPT, SELF_DIGEST, self_digest
 
 LOSS_KEY = LOSS_KEYS[TRACE_VERSION]
 

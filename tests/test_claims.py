@@ -21,7 +21,7 @@ from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError
 from reprocube.formats.env import threads_warning
-from reprocube.formats.receipt import RECEIPT, read_receipt
+from reprocube.training.receipt import RECEIPT, read_receipt
 
 from helpers import error_lines, reprocube
 

@@ -21,8 +21,8 @@ import pytest
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from reprocube.formats.receipt import self_digest
 from reprocube.training.checkpoint import weights_digest
+from reprocube.training.receipt import self_digest
 
 from helpers import error_lines, reprocube, rewrite_checkpoint_file
 

@@ -45,7 +45,7 @@ def receipt_document(real_run):
 
 
 def test_the_unmutated_receipt_reads_back(real_run):
-    from reprocube.formats.receipt import read_receipt
+    from reprocube.training.receipt import read_receipt
 
     receipt = read_receipt(real_run)
     assert receipt.global_step == receipt.trace.last_step == 21 and receipt.complete
@@ -64,8 +64,8 @@ def test_the_unmutated_receipt_reads_back(real_run):
     st.booleans(),
 )
 def test_mutated_receipts_read_or_raise_the_error(receipt_document, scratch, ops, rehash):
-    from reprocube.formats.receipt import read_receipt
-    from reprocube.formats.receipt import self_digest as receipt_digest
+    from reprocube.training.receipt import read_receipt
+    from reprocube.training.receipt import self_digest as receipt_digest
 
     document = json.loads(json.dumps(receipt_document))
     for op in ops:

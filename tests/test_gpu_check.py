@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.formats.receipt import read_receipt
+from reprocube.training.receipt import read_receipt
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 

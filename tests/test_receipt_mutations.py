@@ -4,7 +4,7 @@ every list's first and last element dropped and one added, and the trace's encod
 fingerprints changed by one bit, with the hashes recomputed (tests/forge.py). Each mutated receipt, as
 A, is judged by the analysis engine in-process against the genuine receipt as B (no training): it must
 be refused by the reader or found to differ, never `bit-identical` or `losses-only`, unless the leaf is
-declared not evidence in the receipt's schema (reprocube.formats.receipt.NOT_EVIDENCE, with its reason). A changed
+declared not evidence in the receipt's schema (reprocube.training.receipt.NOT_EVIDENCE, with its reason). A changed
 loss (a step's loss bits) may be found `losses-only`, which says exactly that: the trained model is
 bit-identical and only the reported losses differ; never `bit-identical`.
 
@@ -22,8 +22,8 @@ import pytest
 from forge import LOSS_KEY, losses, mutations, write_forged
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.errors import CheckpointError
-from reprocube.formats.receipt import RECEIPT, not_evidence, read_receipt
 from reprocube.training.backend import FRAMEWORKS
+from reprocube.training.receipt import RECEIPT, not_evidence, read_receipt
 
 RECEIPTS = Path(__file__).parent / "receipts"
 
@@ -75,7 +75,7 @@ def test_no_mutation_of_a_receipt_passes_unless_its_leaf_is_not_evidence(framewo
 
 
 def test_every_not_evidence_entry_names_its_reason():
-    from reprocube.formats.receipt import NOT_EVIDENCE
+    from reprocube.training.receipt import NOT_EVIDENCE
 
     assert all(isinstance(reason, str) and len(reason) > 20 for reason in NOT_EVIDENCE.values())
     assert not_evidence(("env", "cpu", "isa", 3)) and not_evidence(("config", "data_dir"))

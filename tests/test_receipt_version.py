@@ -15,7 +15,7 @@ import pytest
 from forge import write_forged
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.errors import CheckpointError
-from reprocube.formats.receipt import RECEIPT, RECEIPT_KEYS, RECEIPT_VERSION, SELF_DIGEST, read_receipt
+from reprocube.training.receipt import RECEIPT, RECEIPT_KEYS, RECEIPT_VERSION, SELF_DIGEST, read_receipt
 
 RECEIPTS = Path(__file__).parent / "receipts"
 

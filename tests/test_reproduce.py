@@ -19,9 +19,9 @@ import pytest
 from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.commands.reproduce import reproduce
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
-from reprocube.formats.receipt import read_receipt
 from reprocube.orchestration import run_reproduction as reproduce_command
 from reprocube.training.backend import FRAMEWORKS
+from reprocube.training.receipt import read_receipt
 
 from helpers import error_lines, manifest, read_metrics, reprocube, reproduce_receipt
 
@@ -261,7 +261,7 @@ def receipt_bytes(generated, tmp_path) -> tuple[Path, dict]:
 @pytest.mark.process
 def test_a_damaged_or_hostile_receipt_is_one_line_and_exit_4(generated, tmp_path):
     from reprocube.config import config_hash
-    from reprocube.formats.receipt import self_digest
+    from reprocube.training.receipt import self_digest
 
     a, receipt = receipt_bytes(generated, tmp_path)
     cases = {
@@ -352,7 +352,7 @@ def test_a_failed_reproduce_can_be_rerun_into_its_own_out_and_nothing_else_is_to
 
 @pytest.mark.process
 def test_a_signed_receipt_is_checked_before_anything_runs(generated, tmp_path):
-    from reprocube.formats.signing import generate_key, sign_receipt
+    from reprocube.training.signing import generate_key, sign_receipt
 
     a, _ = receipt_bytes(generated, tmp_path)
     good = generate_key(tmp_path / "keys" / "good.pem") if (tmp_path / "keys").mkdir() is None else None

@@ -15,8 +15,8 @@ import pytest
 
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.formats.script_receipt import _self_digest, read_script_receipt
-from reprocube.formats.signing import generate_key
 from reprocube.results.script_reproduce_result import read_script_reproduce
+from reprocube.training.signing import generate_key
 
 from helpers import error_lines, reprocube
 

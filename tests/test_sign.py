@@ -1,4 +1,4 @@
-"""Receipt signatures: `reprocube sign` and reprocube.formats.signing, with real Ed25519 keys and a fake receipt."""
+"""Receipt signatures: `reprocube sign` and reprocube.training.signing, with real Ed25519 keys and a fake receipt."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from reprocube.cli import main
 from reprocube.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK, ConfigError, SignatureError
-from reprocube.formats import signing
-from reprocube.formats.receipt import self_digest
 from reprocube.formats.script_receipt import write_script_receipt
-from reprocube.formats.signing import SIGNATURE_FILE, generate_key, sign_receipt, verify_receipt_signature
+from reprocube.training import signing
+from reprocube.training.receipt import self_digest
+from reprocube.training.signing import SIGNATURE_FILE, generate_key, sign_receipt, verify_receipt_signature
 
 from helpers import reprocube, rewrite_checkpoint_file
 

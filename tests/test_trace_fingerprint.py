@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from reprocube.errors import CheckpointError
-from reprocube.formats.receipt import read_receipt
 from reprocube.formats.trace import (
     TENSOR_FINGERPRINT_STEPS,
     StepTrace,
@@ -28,6 +27,7 @@ from reprocube.formats.trace import (
 )
 from reprocube.training.backend import FRAMEWORKS
 from reprocube.training.checkpoint import read_checkpoint
+from reprocube.training.receipt import read_receipt
 
 from helpers import reprocube
 

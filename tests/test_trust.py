@@ -20,9 +20,9 @@ from reprocube.commands.reproduce import reproduce
 from reprocube.config import config_hash, load_config, override
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import json_text, safe_name
-from reprocube.formats.receipt import self_digest
 from reprocube.formats.trace import LOSS_KEYS, TRACE_VERSION, decode_losses, encode_losses
 from reprocube.terminal import printable
+from reprocube.training.receipt import self_digest
 from reprocube.untrusted import iter_json_lines, read_json
 
 from helpers import error_lines, reprocube, reproduce_receipt
@@ -368,7 +368,7 @@ def test_batch_sizes_and_threads_beyond_sane_bounds_are_refused(tmp_path):
 # --- what a signature covers ------------------------------------------------------------------------------
 @pytest.mark.process
 def test_an_unsigned_study_beside_a_signed_receipt_is_ignored_and_said(receipt_a, tmp_path, until_training):
-    from reprocube.formats.signing import generate_key, sign_receipt
+    from reprocube.training.signing import generate_key, sign_receipt
 
     published = write(receipt_a, tmp_path / "pub" / "receipt.json")
     (published.parent / "study.json").write_text("{}")  # never read: it is not covered by the signature
@@ -602,7 +602,7 @@ def test_edited_epoch_metrics_are_flagged_never_rated_within_ulp(receipt_a, gene
 @pytest.mark.process
 def test_a_code_difference_names_the_source_files_that_differ(receipt_a, tmp_path):
     from reprocube.analysis.receipt_comparison import ranked_causes
-    from reprocube.formats.receipt import read_receipt
+    from reprocube.training.receipt import read_receipt
 
     assert "training/loop.py" in receipt_a["reprocube"]["source_files"]
 
@@ -620,7 +620,7 @@ def test_a_code_difference_names_the_source_files_that_differ(receipt_a, tmp_pat
 @pytest.mark.process
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/abs.py", "a/../../b.py", "x\ny.py"])
 def test_a_source_file_name_is_a_relative_path_or_the_receipt_is_refused(receipt_a, tmp_path, name):
-    from reprocube.formats.receipt import read_receipt
+    from reprocube.training.receipt import read_receipt
 
     def planted(receipt):
         receipt["reprocube"]["source_files"][name] = "0" * 16

@@ -7,7 +7,7 @@ fingerprint (the model's, and each tensor's for the first steps), each tensor's 
 boundary (the initial weights apart), each deterministic field of each epoch record (the trained
 weights' digest apart), each result-affecting config key, each dataset payload, and the weights at the
 end of each of A's sessions. What a receipt holds that is not a claim (A's machine, described; its
-code's digests; timings; cadences) is named with the reason in reprocube.formats.receipt.NOT_EVIDENCE."""
+code's digests; timings; cadences) is named with the reason in reprocube.training.receipt.NOT_EVIDENCE."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprocube.config import result_config
-from reprocube.formats.receipt import Receipt
 from reprocube.formats.trace import StepTrace
 from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS
+from reprocube.training.receipt import Receipt
 
 REPRODUCED, DIFFERS, NOT_CHECKED = "reproduced", "differs", "not_checked"
 

@@ -12,10 +12,10 @@ from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
 from reprocube.formats.env import refused_match_setting
 from reprocube.formats.env_comparison import NOT_NUMERIC
-from reprocube.formats.receipt import Receipt
 from reprocube.results.reproduce_result import TOO_MANY_SESSIONS
 from reprocube.runtime.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.terminal import pasteable
+from reprocube.training.receipt import Receipt
 
 # CPU ISA caps that make oneDNN, ATen, MKL and XLA dispatch to AVX2 kernels on an AVX-512 machine. Not
 # MKL_CBWR=AVX2: checked against the AVX2 machine's own digests (tests/test_golden_digests.py), it forces

@@ -1,7 +1,7 @@
 """A published run's receipt (A) against this machine's retraining of it (B): does every loss bit, weight
 digest and epoch record agree, where do they first differ, which differences in config, code and
 environment most likely explain it, and does the difference matter (ULP distance, the seed-to-seed
-spread). Pure functions of two checked receipts (reprocube.formats.receipt); what --match sets to emulate A is
+spread). Pure functions of two checked receipts (reprocube.training.receipt); what --match sets to emulate A is
 analysis.match_plan."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from reprocube.analysis.claims import (
 from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import config_differences
 from reprocube.formats.env_comparison import NUMERIC_SETTINGS, env_differences
-from reprocube.formats.receipt import Receipt
 from reprocube.formats.trace import StepTrace, compare_traces
 from reprocube.results.wording import first_update_text, tensor_list
 from reprocube.terminal import counted, one_line, shown_value
 from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS
+from reprocube.training.receipt import Receipt
 
 SEED_SPREAD_Z = 2.0  # within the seed spread: |B - A| <= 2 standard deviations of different-seed runs
 

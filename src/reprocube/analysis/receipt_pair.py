@@ -15,7 +15,7 @@ from reprocube.analysis.receipt_comparison import (
     summary,
     tier,
 )
-from reprocube.formats.receipt import Receipt
+from reprocube.training.receipt import Receipt
 
 DEFAULT_ULP = 16
 

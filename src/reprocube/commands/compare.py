@@ -14,11 +14,11 @@ from reprocube.analysis.receipt_pair import compare_published
 from reprocube.analysis.run_comparison import compare_runs, load_run
 from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import refuse_inside_checkpoints, safe_name
-from reprocube.formats.receipt import find_receipt, read_receipt
 from reprocube.formats.script_receipt import is_script_receipt
 from reprocube.results.compare_result import COMPARE_RESULT, receipts_line, summary_line, write_compare
 from reprocube.results.wording import difference_size, worst_tensor
 from reprocube.terminal import one_line, shown_value
+from reprocube.training.receipt import find_receipt, read_receipt
 
 HELP = "compare two runs checkpoint by checkpoint: reprocube compare RUN_A RUN_B"
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import safe_name
-from reprocube.formats.receipt import RECEIPT_FORMAT
 from reprocube.formats.script_receipt import is_script_receipt, read_script_receipt, receipt_format
 from reprocube.orchestration.children import print_now
 from reprocube.orchestration.options import add_options
@@ -23,6 +22,7 @@ from reprocube.orchestration.reproduce_options import OPTIONS, SCRIPT_OPTIONS, R
 from reprocube.orchestration.run_reproduction import reproduce_run
 from reprocube.orchestration.script_reproduction import reproduce_script
 from reprocube.results.script_reproduce_result import VERDICTS as SCRIPT_VERDICTS
+from reprocube.training.receipt import RECEIPT_FORMAT
 
 HELP = "retrain a published run here from its receipt; verdict, first diverging step, causes: reprocube reproduce RUN"
 
@@ -68,7 +68,7 @@ def _run_script(args, options: ReproduceOptions) -> int:
         )
     receipt = read_script_receipt(args.source)
     if args.public_key is not None:
-        from reprocube.formats.signing import verify_receipt_signature  # cryptography: only when asked
+        from reprocube.training.signing import verify_receipt_signature  # cryptography: only when asked
 
         verify_receipt_signature(receipt.raw, receipt.directory / "receipt.json", args.public_key)
         print(f"  signature: verified by {args.public_key}")

@@ -1,5 +1,5 @@
 """`reprocube sign SOURCE --key KEY.pem`: sign a receipt with an Ed25519 key, writing receipt.sig beside it
-(reprocube.formats.signing). SOURCE is a run directory whose receipt.json is that run's own (its checkpoints and
+(reprocube.training.signing). SOURCE is a run directory whose receipt.json is that run's own (its checkpoints and
 metrics.jsonl agree with it), or a receipt given as such (a run's or a script's, read strictly); anything
 else is one line and exit 2, with nothing written. Only a receipt named receipt.json is signed (the signature's
 name is fixed), and a receipt.sig already there is replaced only where it signs these very bytes. `--new-key`
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from reprocube.errors import EXIT_OK, ConfigError
-from reprocube.formats.signing import (
+from reprocube.training.signing import (
     check_new_key_place,
     check_signature_replaceable,
     generate_key,

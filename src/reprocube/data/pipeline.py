@@ -34,8 +34,8 @@ import numpy as np
 from reprocube.data import augment
 from reprocube.data.store import Split
 from reprocube.errors import CheckpointError
+from reprocube.runtime.registry import import_registered
 from reprocube.terminal import one_line
-from reprocube.training.registry import import_registered
 
 PIPELINES = {
     "pytorch": "reprocube.data.loaders.pytorch:TorchDataPipeline",

@@ -1,3 +1,3 @@
-"""What a run leaves and travels with it, and how each is read: the receipt, traces, OPS.json, the
-environment fingerprint, the outputs and tensors of scripts, script receipts and signatures. Below the
-engine that judges them (reprocube.analysis): none imports it."""
+"""What a run or a script leaves beside its training, each format beside its writer and read strictly: the
+step trace, OPS.json, the environment fingerprint and its comparison, the tensors and outputs researchers'
+scripts save, script receipts. Below the engine that judges them (reprocube.analysis), which none imports."""

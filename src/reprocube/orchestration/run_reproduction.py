@@ -37,7 +37,6 @@ from reprocube.config import MAX_TRACE_AT_STEPS, flatten_keys, load_config, over
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, CheckpointError, ConfigError, ReprocubeError
 from reprocube.files import refuse_inside_checkpoints, safe_name, write_file_atomic
 from reprocube.formats.env import known_hang, threads_warning, usable_cpus
-from reprocube.formats.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.formats.trace import compare_traces
 from reprocube.orchestration.children import (
     PROGRESS_EVERY_S,
@@ -67,6 +66,7 @@ from reprocube.runtime.cpu_emulation import EMULATOR, emulated_command, emulator
 from reprocube.terminal import counted, one_line
 from reprocube.training.checkpoint import epoch_name
 from reprocube.training.metrics import last_logged_step
+from reprocube.training.receipt import RECEIPT, SIGNATURE_FILE, Receipt, read_receipt
 from reprocube.training.runs import RunDirectory
 
 # Keys that say where things are or how they are shown here: B may set them freely.
@@ -209,7 +209,7 @@ def _signature_and_study(receipt: Receipt, public_key: Path | None, study: Path 
     beside an unsigned receipt), and what lies beside the receipt unsigned or unchecked."""
     signature = None
     if public_key is not None:
-        from reprocube.formats.signing import verify_receipt_signature  # cryptography: only when asked
+        from reprocube.training.signing import verify_receipt_signature  # cryptography: only when asked
 
         signature = verify_receipt_signature(receipt.raw, receipt.path, public_key)
     study_path, unsigned = study, []

@@ -19,7 +19,6 @@ from reprocube.analysis.tensors import ulp_statistics
 from reprocube.config import flatten_keys
 from reprocube.errors import CheckpointError
 from reprocube.files import write_file_atomic
-from reprocube.formats.receipt import Receipt, read_receipt
 from reprocube.pages.html import ENV_ROWS, STYLE, cell, img, number, png
 from reprocube.pages.plots import plt
 from reprocube.results.reproduce_result import (
@@ -38,6 +37,7 @@ from reprocube.results.reproduce_result import (
 )
 from reprocube.results.wording import first_update_text
 from reprocube.terminal import counted
+from reprocube.training.receipt import Receipt, read_receipt
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 A_COLOUR, B_COLOUR = "#1f77b4", "#d62728"

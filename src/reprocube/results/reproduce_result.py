@@ -10,12 +10,12 @@ import shlex
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
-from reprocube.formats.receipt import RECEIPT, Receipt
 from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 from reprocube.results.wording import first_update_text
 from reprocube.runtime.cpu_emulation import INSTALL_HINT, NOT_INSTALLED
 from reprocube.terminal import counted, pasteable, shown_value
+from reprocube.training.receipt import RECEIPT, Receipt
 from reprocube.untrusted import Fields
 
 # Version 2: `inputs` binds A's receipt (copied here) and B's by digest; run_b is B_RUN, inside the

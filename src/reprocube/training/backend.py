@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from reprocube.data.store import Dataset
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.training.registry import import_registered
+from reprocube.runtime.registry import import_registered
 from reprocube.training.state import EpochTotals, FrameworkState
 
 

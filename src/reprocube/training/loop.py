@@ -20,7 +20,6 @@ from reprocube.data.store import load_dataset
 from reprocube.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError, TrainingError
 from reprocube.formats.env import collect_env, threads_warning, usable_cpus
 from reprocube.formats.env_comparison import NUMERIC_SETTINGS, env_differences, not_a_cause
-from reprocube.formats.receipt import build_receipt, write_receipt
 from reprocube.formats.trace import StepTrace
 from reprocube.terminal import counted, raw_stderr, shown_value
 from reprocube.training.backend import STEPS_PER_CALL, Backend, create_backend
@@ -34,6 +33,7 @@ from reprocube.training.checkpoint import (
 )
 from reprocube.training.metrics import MetricsHistory
 from reprocube.training.preemption import StopRequest
+from reprocube.training.receipt import build_receipt, write_receipt
 from reprocube.training.rng import seed_host_rng
 from reprocube.training.runs import RunDirectory, open_run
 from reprocube.training.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState

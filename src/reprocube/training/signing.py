@@ -30,7 +30,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError, SignatureError
 from reprocube.files import fsync_dir, write_json_atomic
-from reprocube.formats.receipt import (
+from reprocube.formats.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
+from reprocube.formats.script_receipt import parse_script_receipt
+from reprocube.terminal import one_line
+from reprocube.training.checkpoint import MANIFEST, NAME_PATTERN
+from reprocube.training.receipt import (
     RECEIPT,
     RECEIPT_FORMAT,
     SIGNATURE_FILE,
@@ -38,10 +42,6 @@ from reprocube.formats.receipt import (
     is_run_directory,
     parse_receipt,
 )
-from reprocube.formats.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
-from reprocube.formats.script_receipt import parse_script_receipt
-from reprocube.terminal import one_line
-from reprocube.training.checkpoint import MANIFEST, NAME_PATTERN
 from reprocube.untrusted import MAX_JSON_BYTES, Fields, parse_json, read_bytes
 
 SIGNATURE_FORMAT = "reprocube-signature"

@@ -6,7 +6,7 @@ sha256 of its installed source, the dataset's payload sha256s (verified when the
 epoch's record (metrics and weights digest), the checkpoints present, and the step trace
 (reprocube.formats.trace). It is rewritten after each checkpoint, so it never describes a state no checkpoint
 holds, and carries the sha256 of itself like a manifest: that detects accidents, not forgery (a
-signature does: reprocube.formats.signing)."""
+signature does: reprocube.training.signing)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ RECEIPT_VERSION = 2
 READ_VERSIONS = (1, RECEIPT_VERSION)
 MAX_RECEIPT_BYTES = 64 << 20  # a long run's trace: 4 bytes a step
 SELF_DIGEST = "receipt_sha256"
-SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.formats.signing)
+SIGNATURE_FILE = "receipt.sig"  # beside the receipt (reprocube.training.signing)
 
 
 # What a receipt holds that is NOT a claim about A's computation, with the reason: every other leaf is
