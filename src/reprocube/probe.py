@@ -408,128 +408,9 @@ def _flatten(tree, prefix: str) -> list[tuple[str, object]]:
     return [(prefix[:-1] or "0", tree)]
 
 
-class _Torch:
-    """PyTorch tensors: fingerprinted with torch's own operations on the tensors' device."""
-
-    @staticmethod
-    def fingerprints(tensors):
-        import torch
-
-        sums = []
-        for tensor in tensors:
-            bits = _as_words(tensor.detach().reshape(-1), torch)
-            sums.append((bits ^ (bits * bits)).sum(dtype=torch.int32))  # int32 wraps modulo 2**32
-        return torch.stack(sums)
-
-    @staticmethod
-    def to_host(fingerprints) -> list:
-        return fingerprints.cpu().tolist()
-
-    @staticmethod
-    def snapshot(loss):
-        return loss.detach().clone(), loss.numel()
-
-    @staticmethod
-    def to_numpy(value):
-        value = value.detach().cpu()
-        return (value.float() if value.dtype.is_floating_point and value.element_size() < 4 else value).numpy()
-
-    @staticmethod
-    def loss_bits(loss) -> tuple[str, str]:
-        import torch
-
-        if loss.dtype == torch.bfloat16:  # NumPy has no bfloat16: its 16 bits as they are
-            return loss.view(torch.int16).cpu().numpy().reshape(()).astype("<i2").tobytes().hex(), "bfloat16"
-        return _array_bits(loss.detach().cpu().numpy())
-
-
-class _Jax:
-    """JAX arrays: fingerprinted by one compiled function (one dispatch a step, not one per tensor)."""
-
-    compiled = None
-
-    @classmethod
-    def fingerprints(cls, tensors):
-        if cls.compiled is None:
-            import jax
-            import jax.numpy as jnp
-
-            def one(x):
-                x = jnp.ravel(x)
-                if x.dtype.itemsize != 4:
-                    x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
-                bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
-                return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
-
-            cls.compiled = jax.jit(lambda leaves: jnp.stack([one(x) for x in leaves]))
-        return cls.compiled(list(tensors))
-
-    @staticmethod
-    def to_host(fingerprints) -> list:
-        import numpy as np
-
-        return np.asarray(fingerprints).tolist()
-
-    @staticmethod
-    def snapshot(loss):
-        return loss, loss.size  # immutable
-
-    @classmethod
-    def loss_bits(cls, loss) -> tuple[str, str]:
-        return _array_bits(cls.to_numpy(loss))
-
-    @staticmethod
-    def to_numpy(value):
-        import numpy as np
-
-        return np.asarray(value)
-
-
-class _TensorFlow:
-    """TensorFlow tensors and Keras variables: fingerprinted by one tf.function."""
-
-    compiled = None
-
-    @classmethod
-    def fingerprints(cls, tensors):
-        if cls.compiled is None:
-            import tensorflow as tf
-
-            def one(value):
-                value = tf.reshape(value, [-1])
-                if value.dtype.size != 4:
-                    value = tf.cast(value, tf.float32)
-                bits = tf.bitcast(value, tf.uint32)
-                return tf.reduce_sum(bits ^ (bits * bits))
-
-            cls.compiled = tf.function(lambda values: tf.stack([one(v) for v in values]), reduce_retracing=True)
-        return cls.compiled([_variable_value(t) for t in tensors])
-
-    @staticmethod
-    def to_host(fingerprints) -> list:
-        return fingerprints.numpy().tolist()
-
-    @staticmethod
-    def snapshot(loss):
-        import tensorflow as tf
-
-        copy = tf.identity(loss)
-        return copy, int(tf.size(copy))
-
-    @classmethod
-    def loss_bits(cls, loss) -> tuple[str, str]:
-        return _array_bits(cls.to_numpy(loss))
-
-    @staticmethod
-    def to_numpy(value):
-        import numpy as np
-
-        value = _variable_value(value)
-        return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-
-
 class _NumPy:
-    """NumPy arrays, Python numbers, and anything else array-like: fingerprinted on the host."""
+    """NumPy arrays, Python numbers, and anything else array-like: fingerprinted on the host. The other
+    frameworks' adapters are this one with what they do otherwise."""
 
     @staticmethod
     def fingerprints(tensors):
@@ -564,6 +445,106 @@ class _NumPy:
         import numpy as np
 
         return np.asarray(value)
+
+
+class _Torch(_NumPy):
+    """PyTorch tensors: fingerprinted with torch's own operations on the tensors' device."""
+
+    @staticmethod
+    def fingerprints(tensors):
+        import torch
+
+        sums = []
+        for tensor in tensors:
+            bits = _as_words(tensor.detach().reshape(-1), torch)
+            sums.append((bits ^ (bits * bits)).sum(dtype=torch.int32))  # int32 wraps modulo 2**32
+        return torch.stack(sums)
+
+    @staticmethod
+    def to_host(fingerprints) -> list:
+        return fingerprints.cpu().tolist()
+
+    @staticmethod
+    def snapshot(loss):
+        return loss.detach().clone(), loss.numel()
+
+    @staticmethod
+    def to_numpy(value):
+        value = value.detach().cpu()
+        return (value.float() if value.dtype.is_floating_point and value.element_size() < 4 else value).numpy()
+
+    @staticmethod
+    def loss_bits(loss) -> tuple[str, str]:
+        import torch
+
+        if loss.dtype == torch.bfloat16:  # NumPy has no bfloat16: its 16 bits as they are
+            return loss.view(torch.int16).cpu().numpy().reshape(()).astype("<i2").tobytes().hex(), "bfloat16"
+        return _array_bits(loss.detach().cpu().numpy())
+
+
+class _Jax(_NumPy):
+    """JAX arrays: fingerprinted by one compiled function (one dispatch a step, not one per tensor)."""
+
+    compiled = None
+
+    @classmethod
+    def fingerprints(cls, tensors):
+        if cls.compiled is None:
+            import jax
+            import jax.numpy as jnp
+
+            def one(x):
+                x = jnp.ravel(x)
+                if x.dtype.itemsize != 4:
+                    x = x.astype(jnp.float64) if x.dtype.itemsize == 8 else x.astype(jnp.float32)
+                bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+                return (bits ^ (bits * bits)).sum(dtype=jnp.uint32)
+
+            cls.compiled = jax.jit(lambda leaves: jnp.stack([one(x) for x in leaves]))
+        return cls.compiled(list(tensors))
+
+    @staticmethod
+    def snapshot(loss):
+        return loss, loss.size  # immutable
+
+
+class _TensorFlow(_NumPy):
+    """TensorFlow tensors and Keras variables: fingerprinted by one tf.function."""
+
+    compiled = None
+
+    @classmethod
+    def fingerprints(cls, tensors):
+        if cls.compiled is None:
+            import tensorflow as tf
+
+            def one(value):
+                value = tf.reshape(value, [-1])
+                if value.dtype.size != 4:
+                    value = tf.cast(value, tf.float32)
+                bits = tf.bitcast(value, tf.uint32)
+                return tf.reduce_sum(bits ^ (bits * bits))
+
+            cls.compiled = tf.function(lambda values: tf.stack([one(v) for v in values]), reduce_retracing=True)
+        return cls.compiled([_variable_value(t) for t in tensors])
+
+    @staticmethod
+    def to_host(fingerprints) -> list:
+        return fingerprints.numpy().tolist()
+
+    @staticmethod
+    def snapshot(loss):
+        import tensorflow as tf
+
+        copy = tf.identity(loss)
+        return copy, int(tf.size(copy))
+
+    @staticmethod
+    def to_numpy(value):
+        import numpy as np
+
+        value = _variable_value(value)
+        return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
 
 
 # The framework a value belongs to, by the module its type comes from; anything else is NumPy's.

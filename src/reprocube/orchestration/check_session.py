@@ -437,18 +437,26 @@ class CheckSession:
             gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
         return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
 
-    def control_verdict(self, control: Run) -> dict | None:
-        """A run with another seed must write other outputs."""
+    def tampered(self, stage: str) -> dict | None:
+        """The verdict where the command replaced check's directories, or changed clean-1's outputs after
+        the clean runs ended (nothing can be compared with them then); None where neither."""
         if EvidenceDirs.of(self.out).replaced is not None:
-            return self.finish("command-failed", "control", EvidenceDirs.of(self.out).message())
+            return self.finish("command-failed", stage, EvidenceDirs.of(self.out).message())
         changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
         if changed and self.clean[0].output_digests is not None:
             return self.finish(
                 "state-leaked",
-                "control",
+                stage,
                 f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
                 "can be compared with them; resume was not judged",
             )
+        return None
+
+    def control_verdict(self, control: Run) -> dict | None:
+        """A run with another seed must write other outputs."""
+        tampered = self.tampered("control")
+        if tampered is not None:
+            return tampered
         if control.exit != 0:
             return self.finish("command-failed", "control", failure_line(control))
         self.result["comparisons"]["control"] = self.compared(
@@ -466,16 +474,9 @@ class CheckSession:
 
     def stopped_verdict(self, stopped: Run, plan: list[Stop]) -> dict:
         """The run stopped and restarted after each stop, against the first clean run: the verdict."""
-        if EvidenceDirs.of(self.out).replaced is not None:
-            return self.finish("command-failed", "stopped", EvidenceDirs.of(self.out).message())
-        changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
-        if changed and self.clean[0].output_digests is not None:
-            return self.finish(
-                "state-leaked",
-                "stopped",
-                f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
-                "can be compared with them; resume was not judged",
-            )
+        tampered = self.tampered("stopped")
+        if tampered is not None:
+            return tampered
         landed = stopped.stops_landed
         if stopped.exit != 0:
             return self.finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {failure_line(stopped)}")
