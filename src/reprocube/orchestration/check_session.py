@@ -121,6 +121,10 @@ class CheckSession:
                 f"evidence in {self.out}"
             )
         )
+        self.echo(
+            "  note: each run has an empty HOME and TMPDIR of its own: configuration read from your ~ "
+            "(~/.keras/keras.json, accelerate's default_config.yaml, rc files) is not there (docs/check.md)"
+        )
         copied = {path.name for path in self.options.copy}
         for arg in self.command:  # a relative path the user meant from here: the command runs in a fresh directory
             if not Path(arg).is_absolute() and names_regular_file(arg) and Path(arg).name not in copied:
