@@ -260,9 +260,9 @@ def compare_stopped(
     before the probe writes its last steps: those after the last checkpoint it announced are lost, and
     retrained by the restart only if it resumes from that checkpoint; they are not compared).
     signals: when each attempt's stop signal was sent (CLOCK_MONOTONIC seconds, None where it got none or
-    the clocks are not one machine's): an update an attempt recorded after its signal (the script's own
-    doing as it stopped: a last partial update, say) that differs first is after that stop, not before it
-    ("after_signal")."""
+    the clocks are not one machine's): an update the first attempt recorded after its signal (the script's
+    own doing as it stopped: a last partial update, say) that differs first is after that stop, not before
+    it ("after_signal")."""
     reference = steps_of(clean, 0)
     # A record that the uninterrupted run made at several steps (an update that changes nothing) places
     # no restart: only records it made once are matched.
@@ -327,7 +327,9 @@ def compare_stopped(
             first = {**difference, "attempt": number, "after_stop": number - 1}
             made = step_times(trace, start + offset).get(difference["step"] + offset)
             signal = signals[number - 1] if signals and number <= len(signals) else None
-            if signal is not None and made is not None and made > signal:
+            # Only the first attempt's: a later one's update after its signal may as well be its restart's
+            # doing (it resumed from the stop before), and that stop is named.
+            if number == 1 and signal is not None and made is not None and made > signal:
                 first.update(after_stop=number, after_signal=True)
         trained.update(steps)
         announced += trace.checkpoints

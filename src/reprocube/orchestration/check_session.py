@@ -375,15 +375,22 @@ class CheckSession:
             self.swap_note = why_not
             return
         swapped = self.new_run("swapped")
-        place(plan, swapped.activity.places)
+        if EvidenceDirs.of(self.out).replaced is not None:
+            self.swap_note = "its directories were replaced by the command (see the verdict)"
+            return
+        try:
+            place(plan, swapped.activity.places)
+        except OSError as exc:  # a name taken twice, a link on the way: never written through, no traceback
+            self.swap_note = one_line(f"the control's files could not be placed ({exc.strerror or exc})")
+            return
         self.echo(one_line(f"  swapped: {' '.join(swapped.command)} (in the control's {counted(len(plan), 'file')})"))
         self.execute(swapped, [], self.limit, self.result.get("launcher", {}).get("jobs", {}))
         self.swapped = swapped
 
     def swap_evidence(self) -> dict | None:
-        """What the swapped restart showed: {"continues": True} where it wrote other outputs than the
-        uninterrupted run (it continued from the control's state), {"continues": False, ...} where every
-        output it wrote is the uninterrupted run's bits; None (said in not checked) where it tells nothing."""
+        """Where the swapped restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
+        did not continue from the state it found). None otherwise, and what it could not tell is said in not
+        checked; outputs that differ add no claim (reprocube.orchestration.state_swap says why)."""
         not_shown = "whether a restart continues from the state it reads (a restart given another seed's state)"
         swapped = self.swapped
         if swapped is None:
@@ -404,9 +411,9 @@ class CheckSession:
         if not written:
             self.result["not_checked"].append(f"{not_shown}: it wrote no declared output")
             return None
-        if any(not f["same"] for f in written):
-            return {"continues": True}
-        return {"continues": False, "files": [f["path"] for f in written]}
+        if all(f["same"] for f in written):
+            return {"files": [f["path"] for f in written]}
+        return None
 
     def plan_stops(self, stop_seed: int) -> tuple[list[Stop] | None, str]:
         """The stops asked for, or the default ones: each a share of the time between two of an
@@ -558,7 +565,7 @@ class CheckSession:
                 f"resume is not proven: {'; '.join(unproven)}",
             )
         swap = self.swap_evidence()
-        if swap is not None and not swap["continues"]:
+        if swap is not None:
             return self.finish(
                 "not-proven",
                 "swap",
@@ -570,8 +577,6 @@ class CheckSession:
                 "checkpoint); the restarts above may have done the same (logs/swapped.log)",
             )
         caveat = "; no negative control" if not (self.seed_env or self.seed_arg) else ""
-        if swap is not None:
-            caveat += "; a restart given another seed's state continued from it (its outputs differ)"
         updates = (
             f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
         )

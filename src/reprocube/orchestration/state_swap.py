@@ -11,21 +11,28 @@ runs/seed0/ckpt.pt); the command is run there with the uninterrupted run's seed.
 from the state it finds writes the control's results, not the uninterrupted run's; one that writes the
 uninterrupted run's outputs bit for bit did not continue from it (it started again, or it refused another
 run's checkpoint). Only outputs the restart wrote itself count (FileActivity): one placed there and left
-alone shows nothing.
+alone shows nothing. The test only ever weakens a verdict: outputs that differ do not show that the
+restart continued (a seed-dependent file that outlives a restart, a config saved in the checkpoint, make a
+restart that began again write other outputs too), so they add no claim. It tells only where one of the
+control's state files lands on a state file of the uninterrupted run (a checkpoint deleted at the end, or
+kept under a name that is not the same but for its numbers, leaves the restart nothing to find) and is
+not that file's bytes (a checkpoint the seed does not change).
 
 Regular files only are copied, never through a link; the trees are walked with a stack."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube.formats.output_files import link_above
+from reprocube.files import sha256_regular
 from reprocube.orchestration.file_activity import state_key
 
 MAX_ENTRIES = 100_000  # walked in one run's directories
+MAX_BYTES_RATIO = 2  # the control's files copied: at most this many times the uninterrupted run's bytes
 
 
 @dataclass(frozen=True)
@@ -70,44 +77,92 @@ def plan_swap(
     copies: list[str],
 ) -> tuple[list[Placement], str | None]:
     """Where each file the control left goes in the fresh run: its own name where the uninterrupted run has
-    a file of that name, else that run's name for the same key where each run has one file of it, else its
+    a file of that name, else the uninterrupted run's name for the same key where both have as many files
+    of it (paired in sorted order: seed1_epoch7, seed1_epoch8 onto seed0_epoch7, seed0_epoch8), else its
     own. Not placed: the --copy inputs (the fresh run has its own) and declared outputs that are no state
-    file. An empty plan and why where the control left nothing to swap in."""
+    file. An empty plan and why where there is nothing that could tell: no state file of the control's lands
+    on one of the uninterrupted run's with other bytes, or the control left more than the uninterrupted
+    run did (MAX_BYTES_RATIO times its bytes: nothing unbounded is copied)."""
     ours, theirs = regular_files(clean), regular_files(control)
     by_key: dict[str, list[str]] = {}
     for path in ours:
         by_key.setdefault(state_key(path), []).append(path)
-    their_keys: dict[str, int] = {}
+    their_by_key: dict[str, list[str]] = {}
     for path in theirs:
-        their_keys[state_key(path)] = their_keys.get(state_key(path), 0) + 1
-    present, plan = set(ours), []
-    for path in sorted(theirs):
-        label, _, relative = path.partition("/")
-        if label == "work" and relative.split("/", 1)[0] in copies:
-            continue
-        key = state_key(path)
-        target = path
-        if path not in present and len(by_key.get(key, [])) == 1 and their_keys[key] == 1:
-            target = by_key[key][0]
-        target_label, _, target_relative = target.partition("/")
-        output = target_label == "work" and any(_under(target_relative, o) for o in outputs)
-        if output and key not in keys:
-            continue
-        plan.append(Placement(control[label] / relative, target))
-    if not plan:
-        return [], "the control left no file but its outputs (no checkpoint to give a restart)"
+        their_by_key.setdefault(state_key(path), []).append(path)
+    present, plan, telling = set(ours), [], False
+    for key, sources in sorted(their_by_key.items()):
+        targets = sorted(by_key.get(key, []))
+        pairs = {s: s for s in sources}
+        if not set(sources) <= present and len(targets) == len(sources):
+            pairs = dict(zip(sorted(sources), targets, strict=True))
+        for source, target in sorted(pairs.items()):
+            label, _, relative = source.partition("/")
+            if label == "work" and relative.split("/", 1)[0] in copies:
+                continue
+            target_label, _, target_relative = target.partition("/")
+            output = target_label == "work" and any(_under(target_relative, o) for o in outputs)
+            if output and key not in keys:
+                continue
+            origin = control[label] / relative
+            plan.append(Placement(origin, target))
+            if key in keys and target in present and not _same_bytes(origin, clean[target_label] / target_relative):
+                telling = True
+    if not telling:
+        return [], (
+            "none of the control's state files lands on one of the uninterrupted run's with other bytes (a "
+            "checkpoint deleted at the end, one kept under another name, or one the seed does not change)"
+        )
+    size = sum(_size(p.source) for p in plan)
+    budget = MAX_BYTES_RATIO * sum(_size(clean[path.partition("/")[0]] / path.partition("/")[2]) for path in ours)
+    if size > budget + (64 << 20):
+        return [], f"the control left {size >> 20} MiB, more than {MAX_BYTES_RATIO}x what the uninterrupted run did"
     return plan, None
 
 
 def place(plan: list[Placement], places: dict[str, Path]) -> None:
-    """Copy each planned file into the fresh run's directories (made as needed, never through a link)."""
+    """Copy each planned file into the fresh run's directories, each directory on the way made or found
+    without following a link and each file created new (O_EXCL, O_NOFOLLOW): never written through a link
+    the command planted, never over anything. OSError where one cannot be placed (the caller gives up)."""
     for placement in plan:
         label, _, relative = placement.target.partition("/")
-        if link_above(places[label], relative) is not None:
-            continue  # a link on the way (only a command could have made one): never written through
-        target = places[label] / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(placement.source, target, follow_symlinks=False)
+        directory = os.open(places[label], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            *parents, name = relative.split("/")
+            for part in parents:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=directory)
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+                os.close(directory)
+                directory = inner
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            source = os.open(placement.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(source).st_mode):
+                    raise OSError(f"{placement.source}: not a regular file")
+                target = os.open(name, flags, 0o644, dir_fd=directory)
+                try:
+                    while chunk := os.read(source, 1 << 20):
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(target, view) :]
+                finally:
+                    os.close(target)
+            finally:
+                os.close(source)
+        finally:
+            os.close(directory)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return 0
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    return sha256_regular(a) == sha256_regular(b)
 
 
 def _under(name: str, output: str) -> bool:

@@ -176,7 +176,8 @@ def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal
     activity = run.activity
     if activity is None:
         return ""
-    after = {e.path for e in activity.writes(signal_at, restart_from)}
+    # inotify's times come a little after the write: a save finished just before the signal is not after it
+    after = {e.path for e in activity.writes(signal_at + SIGNAL_SLACK_S, restart_from)}
     read = {e.path for e in activity.reads(restart_from, restart_to)}
     if not after & read:
         return ""
