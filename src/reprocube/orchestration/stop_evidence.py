@@ -176,8 +176,9 @@ def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal
     activity = run.activity
     if activity is None:
         return ""
-    # inotify's times come a little after the write: a save finished just before the signal is not after it
-    after = {e.path for e in activity.writes(signal_at + SIGNAL_SLACK_S, restart_from)}
+    # No slack here (inotify's times lag the write): a save just before the signal may be named as after it,
+    # a caveat too many, never one too few (a handler's save right after the signal is what this is for).
+    after = {e.path for e in activity.writes(signal_at, restart_from)}
     read = {e.path for e in activity.reads(restart_from, restart_to)}
     if not after & read:
         return ""
