@@ -69,8 +69,8 @@ FORMER_RESULT_KEYS = ("framework.inter_op_threads",)
 # an old run resumes, and an old receipt is reproduced, as it was computed; its config_hash stays the
 # hash of the config as written.
 ADDED_RESULT_KEYS = {
-    "pytorch": {"framework.memory_format": "contiguous"},
-    "jax": {"framework.conv2": "convolution"},
+    "pytorch": {"framework.memory_format": "contiguous", "framework.cuda_graph": False},
+    "jax": {"framework.conv2": "convolution", "framework.device_loop": False},
     "tensorflow": {"framework.towers": 1},
 }
 GROUPS = ("framework", "dataset")  # the config groups: conf/GROUP/NAME.yaml, chosen by GROUP=NAME
@@ -352,8 +352,10 @@ def _validate_training(check: _Checks) -> None:
     check.number("optimizer.momentum")
     if cfg.framework.name == "pytorch":
         check.one_of("framework.memory_format", ("channels_last", "contiguous"), "channels_last or contiguous")
+        check.boolean("framework.cuda_graph")
     if cfg.framework.name == "jax":
         check.one_of("framework.conv2", ("matmul", "convolution"), "matmul or convolution")
+        check.boolean("framework.device_loop")
     if cfg.framework.name == "tensorflow":
         check.integer("framework.towers", 1, 65)
         check.integer("framework.inter_op_threads", 1, 1025)

@@ -29,13 +29,14 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.formats.ops_format import STEP_INPUT
 from reprocube.formats.trace import tensor_digest, text_digest
 from reprocube.runtime import compilation_cache
-from reprocube.training.backend import check_arrays
+from reprocube.training.backend import STEPS_PER_CALL, check_arrays
 from reprocube.training.state import EpochTotals, FrameworkState
 
 RUN_KEY = "jax.run_key"
 # The position of the static (shape-setting) batch_size argument of _train_step_fn and of _eval_step_fn.
 TRAIN_STEP_BATCH_SIZE = 7
 EVAL_STEP_BATCH_SIZE = 4
+STEP_LOOP_BATCH_SIZE = 8  # of _step_loop_fn
 
 
 def _prepare_xla(cfg) -> None:
@@ -158,6 +159,11 @@ class JaxBackend:
         self._train_step = jax.jit(self._train_step_fn, static_argnums=(TRAIN_STEP_BATCH_SIZE,))
         self._eval_step = jax.jit(self._eval_step_fn, static_argnums=(EVAL_STEP_BATCH_SIZE,))
         self._train_batch = jax.jit(self._batch_step)
+        self._step_loop = jax.jit(self._step_loop_fn, static_argnums=(STEP_LOOP_BATCH_SIZE,))
+        # framework.device_loop: on a GPU, where a call per step is launch-bound (0.63 s an epoch on an H100),
+        # a group's steps of batch_size examples in one compiled call. Not on a CPU: the loop ran slower there.
+        self._device_loop = bool(cfg.framework.device_loop) and jax.default_backend() == "gpu"
+        self._recording = False
 
     def info(self) -> dict:
         device = jax.devices()[0]
@@ -205,6 +211,21 @@ class JaxBackend:
         totals = (loss_sum + loss * batch_size, correct + _count_correct(logits, one_hot))
         return params, opt_state, totals, loss, _fingerprint(params)
 
+    def _step_loop_fn(self, params, opt_state, totals, x_train, y_train, order, starts, count, batch_size, first_step):
+        """_train_step_fn for the first `count` of `starts` (STEPS_PER_CALL long, the rest unused), in one
+        loop on the device: the losses and fingerprints come back STEPS_PER_CALL long, `count` of them set."""
+        losses = jnp.zeros((STEPS_PER_CALL,), jnp.float32)
+        fingerprints = jnp.zeros((STEPS_PER_CALL, len(_flat_params(params))), jnp.uint32)
+
+        def step(i, carry):
+            params, opt_state, totals, losses, fingerprints = carry
+            params, opt_state, totals, loss, fingerprint = self._train_step_fn(
+                params, opt_state, totals, x_train, y_train, order, starts[i], batch_size, first_step + i
+            )
+            return params, opt_state, totals, losses.at[i].set(loss), fingerprints.at[i].set(fingerprint)
+
+        return jax.lax.fori_loop(0, count, step, (params, opt_state, totals, losses, fingerprints))
+
     def _eval_step_fn(self, params, x_test, y_test, lo, batch_size):
         images = jax.lax.dynamic_slice_in_dim(x_test, lo, batch_size)
         one_hot = jax.lax.dynamic_slice_in_dim(y_test, lo, batch_size)
@@ -215,10 +236,25 @@ class JaxBackend:
         self._order = jnp.asarray(order.astype(np.int32))
 
     def train_steps(self, bounds, first_global_step: int) -> None:
+        self._group_losses, self._group_fingerprints = [], []
+        rows = bounds.tolist()
+        if self._device_loop and not self._recording:
+            full = 0  # the leading steps of batch_size examples (a group ends the epoch with the partial batch)
+            while full < len(rows) and rows[full][1] - rows[full][0] == self.cfg.batch_size:
+                full += 1
+            if full:
+                starts = np.zeros(STEPS_PER_CALL, np.int32)
+                starts[:full] = [lo for lo, _ in rows[:full]]
+                self.params, self.opt_state, self._totals, losses, fingerprints = self._step_loop(
+                    self.params, self.opt_state, self._totals, self.x_train, self.y_train, self._order,
+                    starts, full, self.cfg.batch_size, first_global_step,
+                )  # fmt: skip
+                self._group_losses.append((losses, full))
+                self._group_fingerprints.append((fingerprints, full))
+            rows, first_global_step = rows[full:], first_global_step + full
         # One jitted call per step: on XLA's CPU backend a loop of steps inside one computation (scan,
         # fori_loop) runs its convolutions several times slower than separate calls.
-        self._group_losses, self._group_fingerprints = [], []
-        for i, (lo, hi) in enumerate(bounds.tolist()):
+        for i, (lo, hi) in enumerate(rows):
             self.params, self.opt_state, self._totals, loss, fingerprint = self._train_step(
                 self.params,
                 self.opt_state,
@@ -230,8 +266,8 @@ class JaxBackend:
                 hi - lo,
                 first_global_step + i,
             )
-            self._group_losses.append(loss)
-            self._group_fingerprints.append(fingerprint)
+            self._group_losses.append((loss, None))
+            self._group_fingerprints.append((fingerprint, None))
 
     def train_batches(self, batches, first_global_step: int) -> None:
         self._group_losses, self._group_fingerprints = [], []
@@ -245,16 +281,14 @@ class JaxBackend:
                 one_hot,
                 first_global_step + i,
             )
-            self._group_losses.append(loss)
-            self._group_fingerprints.append(fingerprint)
+            self._group_losses.append((loss, None))
+            self._group_fingerprints.append((fingerprint, None))
 
     def group_losses(self) -> np.ndarray:
-        return np.asarray(jax.device_get(self._group_losses), dtype=np.float32)  # one transfer for the group
+        return _rows(self._group_losses, np.float32).reshape(-1)
 
     def group_fingerprints(self) -> np.ndarray:
-        return np.asarray(jax.device_get(self._group_fingerprints), dtype=np.uint32).reshape(
-            len(self._group_fingerprints), -1
-        )
+        return _rows(self._group_fingerprints, np.uint32)
 
     def epoch_totals(self) -> EpochTotals:
         return EpochTotals(float(self._totals[0]), int(self._totals[1]))
@@ -315,11 +349,24 @@ class JaxBackend:
         compiled = self._train_step, self._train_batch
         self._train_step = recorder.recording(self._train_step_fn, static_argnums=(TRAIN_STEP_BATCH_SIZE,))
         self._train_batch = recorder.recording(self._batch_step)
+        self._recording = True  # one call per step, each recorded
         try:
             run_step()
         finally:
             self._train_step, self._train_batch = compiled
+            self._recording = False
         return recorder.ops
+
+
+def _rows(parts: list[tuple[jax.Array, int | None]], dtype) -> np.ndarray:
+    """One host transfer of a group's per-step values: a step's value (count None) or the first `count`
+    rows of a device loop's, in order, stacked."""
+    values = jax.device_get([value for value, _ in parts])
+    rows = [
+        np.asarray(v)[None] if count is None else np.asarray(v)[:count]
+        for v, (_, count) in zip(values, parts, strict=True)
+    ]
+    return np.concatenate(rows).astype(dtype, copy=False) if rows else np.zeros((0,), dtype)
 
 
 # --- recording one step's operations (reprocube.training.replay) -------------------------------------------------

@@ -100,7 +100,14 @@ class PytorchBackend:
         self._order: torch.Tensor | None = None
         self._group_losses: list[torch.Tensor] = []
         self._init_fingerprints()
-        self.set_epoch_totals(EpochTotals())
+        # The epoch totals live in two tensors updated in place (a captured step graph adds to them).
+        self._loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        # framework.cuda_graph: a whole training step of batch_size examples replayed as one CUDA graph,
+        # captured at the first step it can run (_StepGraph); a step that is not its shape runs eagerly.
+        self._use_step_graph = self.device.type == "cuda" and bool(cfg.framework.cuda_graph)
+        self._step_graph: _StepGraph | None = None
+        self._recording = False
 
     def _init_fingerprints(self) -> None:
         """The weight fingerprint (reprocube.formats.trace.fingerprint) of every step, on the device: each step copies
@@ -163,21 +170,44 @@ class PytorchBackend:
 
     def _train_step(self, lo: int, hi: int) -> None:
         index = self._order[lo:hi]
+        graph = self._graph_for(hi - lo)
+        if graph is not None:
+            graph.run(index, row=len(self._group_losses))
+            return
         self._batch_step(self.x_train.index_select(0, index), self.y_train.index_select(0, index))
 
+    def _graph_for(self, batch: int) -> _StepGraph | None:
+        """The captured step for a batch of `batch` examples, captured now if it can be: from the second
+        step of a run (the first makes the momentum buffers, a copy of the gradient, which later steps
+        update in place), at the configured batch size, never while operations are recorded (a graph's
+        kernels pass by the recorder)."""
+        if not self._use_step_graph or self._recording or batch != self.cfg.batch_size:
+            return None
+        if self._step_graph is None:
+            if any(self.optimizer.state[p].get("momentum_buffer") is None for p in self.optimizer.params):
+                return None
+            self._step_graph = _StepGraph(self, batch)
+        return self._step_graph
+
     def _batch_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        batch = len(labels)
         self.optimizer.zero_grad()
+        loss = self._step_body(images, labels, self._fingerprint_rows[len(self._group_losses)])
+        self._group_losses.append(loss)
+
+    def _step_body(self, images: torch.Tensor, labels: torch.Tensor, fingerprint_row: torch.Tensor) -> torch.Tensor:
+        """One step from gradients that are None: forward, backward, update, then the weight fingerprint into
+        `fingerprint_row` and the epoch totals; the step's mean loss. The eager step and the captured one."""
+        batch = len(labels)
         log_probs = self.model(images)
         loss = self._nll_sum(log_probs, labels) / batch
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
             loss = loss.detach()
-            self._record_fingerprint(len(self._group_losses))
-            self._group_losses.append(loss)
+            torch.cat(self._fingerprint_views, out=fingerprint_row)
             self._loss_sum += loss * batch
             self._correct += (log_probs.argmax(dim=1) == labels).sum()
+        return loss
 
     def _nll_sum(self, log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Summed negative log-likelihood, written with a one-hot mask: torch's NLLLoss raises on CUDA
@@ -189,9 +219,6 @@ class PytorchBackend:
     def group_losses(self) -> np.ndarray:
         return torch.stack(self._group_losses).cpu().numpy()
 
-    def _record_fingerprint(self, row: int) -> None:
-        torch.cat(self._fingerprint_views, out=self._fingerprint_rows[row])
-
     def group_fingerprints(self) -> np.ndarray:
         bits = _mix(self._fingerprint_rows[: len(self._group_losses)].view(torch.int32))
         offsets = self._fingerprint_offsets
@@ -202,8 +229,8 @@ class PytorchBackend:
         return EpochTotals(float(self._loss_sum), int(self._correct))
 
     def set_epoch_totals(self, totals: EpochTotals) -> None:
-        self._loss_sum = torch.tensor(totals.loss_sum, dtype=torch.float32, device=self.device)
-        self._correct = torch.tensor(totals.correct, dtype=torch.int64, device=self.device)
+        self._loss_sum.copy_(torch.tensor(totals.loss_sum, dtype=torch.float32))
+        self._correct.copy_(torch.tensor(totals.correct, dtype=torch.int64))
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -242,6 +269,7 @@ class PytorchBackend:
         check_arrays("optimizer tensors", state.optimizer, momentum)
         self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.weights.items()})
         self.optimizer.state.clear()
+        self._step_graph = None  # it updates the momentum buffers replaced here: captured again when needed
         for key, array in state.optimizer.items():
             # The buffer in its parameter's layout, as a step makes it.
             param = params[key.removeprefix(MOMENTUM_PREFIX)]
@@ -266,9 +294,68 @@ class PytorchBackend:
         before and each output after it. Nothing is changed: the hooks only read, and each operation runs
         as it would unrecorded (the replay checks the step's loss and state against an unrecorded run)."""
         recorder = _OpRecorder(self.model, self.optimizer)
-        with recorder.installed():
-            run_step()
+        self._recording = True
+        try:
+            with recorder.installed():
+                run_step()
+        finally:
+            self._recording = False
         return recorder.ops
+
+
+class _StepGraph:
+    """framework.cuda_graph: one training step of `batch` examples, its ~90 kernels (forward, backward,
+    momentum SGD, fingerprint, totals) captured as a CUDA graph and replayed with one launch. PyTorch's
+    eager step is launch-bound on a GPU (about 2.5 ms a step on an H100 where the arithmetic takes
+    microseconds). What is replayed is what the eager step runs: the same kernels on the same tensors
+    (the parameters, momentum buffers and totals are updated in place at the addresses captured), and
+    dropout's Philox offsets advance on each replay as the eager kernels advance them (PyTorch registers
+    the default CUDA generator with every capture), so the generator saved in a checkpoint is where eager
+    steps would have left it. The batch's indices are copied into a fixed buffer before each replay."""
+
+    def __init__(self, backend: PytorchBackend, batch: int):
+        self.backend = backend
+        self.index = torch.zeros(batch, dtype=torch.int64, device=backend.device)
+        self.fingerprint = torch.empty_like(backend._fingerprint_rows[0])
+        self._warm_up()
+        backend.optimizer.zero_grad()  # the captured backward writes fresh gradients, at fixed addresses
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = self._body()
+
+    def _body(self) -> torch.Tensor:
+        b = self.backend
+        return b._step_body(
+            b.x_train.index_select(0, self.index), b.y_train.index_select(0, self.index), self.fingerprint
+        )
+
+    def _warm_up(self) -> None:
+        """Two steps on a side stream before capturing, as PyTorch asks (libraries set up their handles and
+        workspaces outside the capture), then every tensor they changed and the generator put back."""
+        b = self.backend
+        tensors = [*b.model.parameters(), *b.model.buffers(), b._loss_sum, b._correct]
+        tensors += [state["momentum_buffer"] for state in b.optimizer.state.values()]
+        saved = [t.detach().clone() for t in tensors]
+        generator = torch.cuda.get_rng_state(b.device)
+        side = torch.cuda.Stream(b.device)
+        side.wait_stream(torch.cuda.current_stream(b.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                b.optimizer.zero_grad()
+                self._body()
+        torch.cuda.current_stream(b.device).wait_stream(side)
+        with torch.no_grad():
+            for tensor, value in zip(tensors, saved, strict=True):
+                tensor.copy_(value)
+        torch.cuda.set_rng_state(generator, b.device)
+
+    def run(self, index: torch.Tensor, row: int) -> None:
+        """One step on the examples `index`: its loss joins the group's and its fingerprint the group's rows."""
+        b = self.backend
+        self.index.copy_(index)
+        self.graph.replay()
+        b._fingerprint_rows[row].copy_(self.fingerprint)
+        b._group_losses.append(self.loss.clone())
 
 
 def _memory_order_view(tensor: torch.Tensor) -> torch.Tensor:
