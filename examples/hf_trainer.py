@@ -7,6 +7,8 @@ update and announces every checkpoint; it does nothing outside check. What check
 docs/frameworks.md (measured, not assumed).
 
     --save-steps N   a checkpoint every N updates (an epoch is 16)
+    --device cuda    on the GPU, with the Trainer's documented `full_determinism=True` (deterministic
+                     algorithms, cuBLAS's workspace setting, cuDNN's deterministic kernels)
     --pause S        seconds it idles after announcing each save (default 0.3: a real step's time, so that a
                      stop sent as the line is read lands before the next update, as it would in a long run)"""
 
@@ -26,6 +28,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--save-steps", type=int, default=8)
 parser.add_argument("--pause", type=float, default=0.3)
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 args = parser.parse_args()
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
@@ -54,7 +57,8 @@ config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_atte
                     max_position_embeddings=16, num_labels=2)  # fmt: skip
 training = TrainingArguments(output_dir="checkpoints", num_train_epochs=args.epochs, per_device_train_batch_size=32,
                              learning_rate=1e-3, save_strategy="steps", save_steps=args.save_steps,
-                             seed=int(os.environ.get("SEED", "0")), use_cpu=True, report_to="none",
+                             seed=int(os.environ.get("SEED", "0")), use_cpu=args.device == "cpu", report_to="none",
+                             full_determinism=args.device == "cuda",
                              logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)  # fmt: skip
 torch.manual_seed(training.seed)  # the initial weights (the Trainer seeds again before training)
 model = BertForSequenceClassification(config)

@@ -7,7 +7,8 @@ checkpoint; it does nothing outside check. What check finds here is in docs/fram
 
     --save-steps N      a checkpoint every N updates (an epoch is 16)
     --save-rng          the LightningModule saves torch's generator in the checkpoint and restores it
-                        (on_save_checkpoint / on_load_checkpoint: four lines)
+                        (on_save_checkpoint / on_load_checkpoint: four lines; with CUDA, its generators too)
+    --device cuda       on the GPU (Lightning's accelerator), with its `deterministic=True` as on the CPU
     --pause S           seconds it idles after announcing each save (default 0.3: a real step's time, so that a
                         stop sent as the line is read lands before the next update, as it would in a long run)"""
 
@@ -27,6 +28,7 @@ parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--save-steps", type=int, default=8)
 parser.add_argument("--save-rng", action="store_true")
 parser.add_argument("--pause", type=float, default=0.3)
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 args = parser.parse_args()
 torch.set_num_threads(1)
 
@@ -51,10 +53,14 @@ class Net(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         if args.save_rng:
             checkpoint["torch_rng"] = torch.get_rng_state()
+            if torch.cuda.is_available():  # on a GPU, dropout draws from the CUDA generator
+                checkpoint["torch_cuda_rng"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint):
         if "torch_rng" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng"])
+        if "torch_cuda_rng" in checkpoint:
+            torch.cuda.set_rng_state_all(checkpoint["torch_cuda_rng"])
 
 
 class Saved(ModelCheckpoint):
@@ -68,7 +74,7 @@ L.seed_everything(int(os.environ.get("SEED", "0")), verbose=False)
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, shuffle=True)
 model = Net()
 saving = Saved(dirpath="checkpoints", every_n_train_steps=args.save_steps, save_top_k=0, save_last=True)
-trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+trainer = L.Trainer(max_epochs=args.epochs, accelerator=args.device, devices=1, logger=False, enable_progress_bar=False,
                     enable_model_summary=False, deterministic=True, callbacks=[probe.lightning_callback(), saving])  # fmt: skip
 if os.path.exists("checkpoints/last.ckpt"):
     print("resuming from checkpoints/last.ckpt", flush=True)

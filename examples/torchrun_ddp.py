@@ -9,6 +9,8 @@ trace per rank (RANK from torchrun); they do nothing outside check.
 
     --save-rng   each rank also saves its own torch generator (dropout's) beside the checkpoint and restores
                  it: rank 1's as well as rank 0's
+    --device cuda  each rank on its GPU (LOCAL_RANK) with NCCL, deterministic algorithms and cuBLAS's
+                 workspace setting (PyTorch's reproducibility notes); its CUDA generator is the one saved
     --pause S    seconds it idles after announcing each save (default 0.3: a real step's time, so that a
                  stop sent as the line is read lands before the next update, as it would in a long run)"""
 
@@ -27,9 +29,16 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--save-rng", action="store_true")
 parser.add_argument("--pause", type=float, default=0.3)
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 args = parser.parse_args()
 torch.set_num_threads(1)
-dist.init_process_group("gloo")
+if args.device == "cuda":
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+    torch.use_deterministic_algorithms(True)
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+generator = torch.cuda if args.device == "cuda" else torch  # the generator dropout draws from
+dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
 rank = dist.get_rank()
 seed = int(os.environ.get("SEED", "0"))
 
@@ -42,6 +51,7 @@ loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)  #
 
 torch.manual_seed(seed)  # the same initial weights on every rank
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 2))
+model.to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 torch.manual_seed(seed * 1000 + rank)  # each rank's own dropout masks
 start = 0
@@ -51,14 +61,15 @@ if os.path.exists("ckpt.pt"):
     optimizer.load_state_dict(state["optimizer"])
     start = state["epoch"]
     if os.path.exists(f"rng/{start}-{rank}.pt"):
-        torch.set_rng_state(torch.load(f"rng/{start}-{rank}.pt", weights_only=True))
+        generator.set_rng_state(torch.load(f"rng/{start}-{rank}.pt", weights_only=True))
     probe.resumed(start * len(loader))
     print(f"rank {rank} resumed at epoch {start}", flush=True)
-ddp = DistributedDataParallel(model)
+ddp = DistributedDataParallel(model, device_ids=[device.index] if args.device == "cuda" else None)
 
 for epoch in range(start, args.epochs):
     sampler.set_epoch(epoch)
     for inputs, targets in loader:
+        inputs, targets = inputs.to(device), targets.to(device)
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(ddp(inputs), targets)
         loss.backward()  # gradients averaged over both ranks
@@ -66,7 +77,7 @@ for epoch in range(start, args.epochs):
         probe.step(loss, model)
     if args.save_rng:  # every rank's generator, under the epoch it belongs to
         os.makedirs("rng", exist_ok=True)
-        torch.save(torch.get_rng_state(), f"rng/{epoch + 1}-{rank}.pt.tmp")
+        torch.save(generator.get_rng_state(), f"rng/{epoch + 1}-{rank}.pt.tmp")
         os.replace(f"rng/{epoch + 1}-{rank}.pt.tmp", f"rng/{epoch + 1}-{rank}.pt")
     dist.barrier()
     if rank == 0:

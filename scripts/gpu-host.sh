@@ -17,6 +17,14 @@
 #                                             then, one at a time on an idle host: bench at batch 32 and 64
 #                                             (determinism on and off), verify's cost at 8 links with 8 jobs,
 #                                             and `reprocube check` of examples/pytorch_mlp.py on CUDA
+#   scripts/gpu-host.sh speed DIR BUDGET_S     issue 58 in one call: on the idle GPU, each framework's epoch at
+#                                             batch 64 with its fast form (PyTorch framework.cuda_graph, JAX
+#                                             framework.device_loop) and without, two rounds, the bits compared;
+#                                             then at once: gpu-check of both (restart, resume, SIGTERM, verify
+#                                             with the new defaults) and the trainers' examples checked on CUDA
+#                                             beside their truth (scripts/gpu_trainers.py). The data: a generated
+#                                             MNIST-shaped set of Fashion-MNIST's size (NO_DATA=1 bundle: the
+#                                             real one does not fit beside the repository in what a call carries)
 #   scripts/gpu-host.sh jax-cache DIR BUDGET_S
 #                                             JAX's compilation cache (on by default) on the GPU: a run that
 #                                             compiles into an empty cache, one that loads from it, one with
@@ -38,7 +46,7 @@ bundle() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64 --no-deps -d "$dir/wheels" "${pins[@]}"
   # hydra's parser runtime is an sdist only: built here (pure Python, any 3.x).
   "$python" -m pip wheel --quiet --no-deps -w "$dir/wheels" "$(grep -io '^antlr4-python3-runtime==[^ ]*' "$repo/requirements-cpu.txt")"
-  cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$dir/fashion_mnist/"
+  if [ -n "${NO_DATA:-}" ]; then rmdir "$dir/fashion_mnist"; else cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$dir/fashion_mnist/"; fi
   du -sh "$dir"
 }
 
@@ -46,7 +54,8 @@ setup() {
   local dir=$1 out=${OUT:-/tmp/gpu-host-out} site=/tmp/reprocube-site
   mkdir -p "$out" "$site"
   if [ -n "${TRIAL:-}" ]; then  # this machine's venv has everything
-    python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist" >/dev/null
+    [ ! -d "$dir/fashion_mnist" ] ||
+      python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist" >/dev/null
     return
   fi
   python3 -m pip install --quiet --no-index --no-deps --target "$site" "$dir"/wheels/*.whl
@@ -56,7 +65,89 @@ setup() {
   { nvidia-smi || true; lscpu | grep -E 'Model name|^CPU\(s\)|Flags' || true
     python3 -m pip list 2>/dev/null | grep -iE 'torch|jax|flax|optax|orbax|nvidia|numpy|tensorflow|keras' || true; } >"$out/versions.txt"
   # Offline: Debian's .gz files, decompressed and checksummed by reprocube itself.
-  python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist" >/dev/null
+  [ ! -d "$dir/fashion_mnist" ] ||
+    python3 -m reprocube download dataset=fashion_mnist data_dir=/tmp/data data.source_dir="$dir/fashion_mnist" >/dev/null
+}
+
+# A bundle without the data: an MNIST-shaped set of 60000 training and 10000 test images, made here with the
+# tests' generator (a bright block where the label says, over noise) and pinned by its sha256, as the tests
+# pin theirs. Its overrides (data_dir included), one per line, in $1.
+generated_data() {
+  python3 - "$1" <<PY
+import sys
+from pathlib import Path
+sys.path.insert(0, "$repo/tests")
+from helpers import GeneratedDataset, make_payloads
+data = GeneratedDataset(Path("/tmp/data"), make_payloads(train=60000, test=10000))
+data.write_raw()
+Path(sys.argv[1]).write_text("\n".join(data.overrides()) + "\n")
+PY
+}
+
+# Result files only (logs, JSON, Markdown), each under 900 KB: the runs' checkpoints stay behind.
+pack_results() {
+  (cd "$1" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \) \
+    -size -900k -print0 | tar --null -T - -czf "$2")
+}
+
+speed() {
+  local dir budget=$2 out=${OUT:-/tmp/gpu-host-out} s=/tmp/speed device=${DEVICE:-cuda}
+  dir=$(cd "$1" && pwd)
+  setup "$dir"
+  rm -rf "$s" /tmp/gc-pytorch /tmp/gc-jax /tmp/trainers; mkdir -p "$s"
+  generated_data "$s/data-overrides.txt"
+  local data=() line
+  while IFS= read -r line; do data+=("$line"); done <"$s/data-overrides.txt"
+  # 1. The idle GPU, one process at a time: each form's 3 epochs at batch 64, determinism on, two rounds.
+  local round form name setting start
+  for round in 1 2; do
+    for form in pytorch:cuda_graph=false pytorch:cuda_graph=true jax:device_loop=false jax:device_loop=true; do
+      name=${form%%:*} setting=${form#*:}
+      local run="$name-${setting/=/-}-r$round"
+      start=$EPOCHREALTIME
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m reprocube train framework="$name" device="$device" epochs=3 \
+        batch_size=64 "framework.$setting" "${data[@]}" ${EXTRA:-} output_dir="$s/runs" run_name="$run" log.progress=false \
+        >"$s/$run.log" 2>&1 || echo "exit $?" >>"$s/$run.log"
+      python3 - "$s/runs/$run/metrics.jsonl" "$run" "$(awk "BEGIN {print $EPOCHREALTIME - $start}")" <<'PY' | tee -a "$s/epochs.jsonl"
+import json, sys
+path, run, wall = sys.argv[1:]
+try:
+    epochs = [r for r in map(json.loads, open(path)) if r.get("kind") == "epoch"]
+except OSError:
+    epochs = []
+print(json.dumps({"run": run, "process_wall_s": float(wall), "epoch_wall_s": [r["wall_s"] for r in epochs],
+                  "weights_digests": [r["weights_digest"] for r in epochs]}))
+PY
+    done
+  done
+  for name in pytorch-cuda_graph jax-device_loop; do
+    local pair
+    for pair in "false-r1 true-r1" "false-r1 false-r2" "true-r1 true-r2"; do
+      set -- $pair
+      python3 -m reprocube compare "$s/runs/$name-$1" "$s/runs/$name-$2" --out "$s/compare-$name-$1-$2" \
+        >"$s/compare-$name-$1-$2.log" 2>&1; echo "compare $name $1 $2 exit $?" | tee -a "$s/compare.txt"
+    done
+  done
+  rm -rf "$s"/runs/*/checkpoints
+  # 2. At once: both frameworks' bit-exactness checks with the new defaults, and the trainers' examples.
+  local pids=() status=0
+  for name in pytorch jax; do
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" "$repo/scripts/gpu-check.sh" --device "$device" --no-bench \
+      --out "/tmp/gc-$name" --frameworks "$name" "${data[@]}" ${EXTRA:-} >"$out/checks-$name.log" 2>&1 &
+    pids+=($!)
+  done
+  if [ -z "${SKIP_TRAINERS:-}" ]; then
+    (cd /tmp && timeout "$budget" python3 "$repo/scripts/gpu_trainers.py" /tmp/trainers >"$s/trainers.log" 2>&1) &
+    pids+=($!)
+  fi
+  for name in "${pids[@]}"; do wait "$name" || status=1; done
+  cat "$s/trainers.log"; tail -14 /tmp/gc-pytorch/gpu-check.md /tmp/gc-jax/gpu-check.md 2>/dev/null || true
+  pack_results "$s" "$out/speed.tgz"
+  pack_results /tmp/trainers "$out/trainers.tgz"
+  cp /tmp/trainers/trainers.json "$out/" 2>/dev/null || true
+  for name in pytorch jax; do pack_results "/tmp/gc-$name" "$out/gpu-check-$name.tgz"; done
+  echo "speed exit $status"
+  return "$status"
 }
 
 # Small result files only (checkpoints stay behind: the device tool brings back at most 8 files).
@@ -251,6 +342,7 @@ case ${1:-} in
   checks) shift; [ $# -ge 3 ] || { echo "usage: $0 checks DIR FRAMEWORKS BUDGET_S [RECEIPTS]" >&2; exit 2; }; checks "$@" ;;
   findings) shift; [ $# -ge 3 ] || { echo "usage: $0 findings DIR FRAMEWORKS BUDGET_S [--replay-only]" >&2; exit 2; }; findings "$@" ;;
   cpu-machine) shift; [ $# -eq 4 ] || { echo "usage: $0 cpu-machine DIR FRAMEWORK BUDGET_S RECEIPTS" >&2; exit 2; }; cpu_machine "$@" ;;
+  speed) shift; [ $# -eq 2 ] || { echo "usage: $0 speed DIR BUDGET_S" >&2; exit 2; }; speed "$@" ;;
   jax-cache) shift; [ $# -eq 2 ] || { echo "usage: $0 jax-cache DIR BUDGET_S" >&2; exit 2; }; jax_cache "$@" ;;
   defaults) shift; [ $# -eq 3 ] || { echo "usage: $0 defaults DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; defaults "$@" ;;
   timings) shift; [ $# -eq 3 ] || { echo "usage: $0 timings DIR FRAMEWORKS BUDGET_S" >&2; exit 2; }; timings "$@" ;;
