@@ -86,6 +86,7 @@ PY
 
 # Result files only (logs, JSON, Markdown), each under 900 KB: the runs' checkpoints stay behind.
 pack_results() {
+  [ -d "$1" ] || return 0
   (cd "$1" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \) \
     -size -900k -print0 | tar --null -T - -czf "$2")
 }
@@ -141,7 +142,8 @@ PY
     pids+=($!)
   fi
   for name in "${pids[@]}"; do wait "$name" || status=1; done
-  cat "$s/trainers.log"; tail -14 /tmp/gc-pytorch/gpu-check.md /tmp/gc-jax/gpu-check.md 2>/dev/null || true
+  cat "$s/trainers.log" 2>/dev/null || true
+  tail -14 /tmp/gc-pytorch/gpu-check.md /tmp/gc-jax/gpu-check.md 2>/dev/null || true
   pack_results "$s" "$out/speed.tgz"
   pack_results /tmp/trainers "$out/trainers.tgz"
   cp /tmp/trainers/trainers.json "$out/" 2>/dev/null || true
