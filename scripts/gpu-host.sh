@@ -106,7 +106,7 @@ speed() {
       name=${form%%:*} setting=${form#*:}
       local run="$name-${setting/=/-}-r$round"
       start=$EPOCHREALTIME
-      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m reprocube train framework="$name" device="$device" epochs=3 \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 60 python3 -m reprocube train framework="$name" device="$device" epochs=3 \
         batch_size=64 "framework.$setting" "${data[@]}" ${EXTRA:-} output_dir="$s/runs" run_name="$run" log.progress=false \
         >"$s/$run.log" 2>&1 || echo "exit $?" >>"$s/$run.log"
       python3 - "$s/runs/$run/metrics.jsonl" "$run" "$(awk "BEGIN {print $EPOCHREALTIME - $start}")" <<'PY' | tee -a "$s/epochs.jsonl"
@@ -146,7 +146,6 @@ PY
   tail -14 /tmp/gc-pytorch/gpu-check.md /tmp/gc-jax/gpu-check.md 2>/dev/null || true
   pack_results "$s" "$out/speed.tgz"
   pack_results /tmp/trainers "$out/trainers.tgz"
-  cp /tmp/trainers/trainers.json "$out/" 2>/dev/null || true
   for name in pytorch jax; do pack_results "/tmp/gc-$name" "$out/gpu-check-$name.tgz"; done
   echo "speed exit $status"
   return "$status"
