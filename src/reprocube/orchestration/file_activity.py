@@ -180,8 +180,7 @@ class FileActivity:
                 now = time.perf_counter()
                 for entry, _, regular in listed:
                     if regular and len(self.events) < MAX_EVENTS:
-                        path = directory / entry
-                        size = path.stat(follow_symlinks=False).st_size if path.exists() else None
+                        size, _ = _size_and_head(directory / entry)  # None: gone already (a temporary file)
                         self.events.append(Event(now, "write", f"{label}/{entry}", size))
                         self._scanned[f"{label}/{entry}"] = now
             pending += [(directory / sub, f"{label}/{sub}") for sub, is_dir, _ in listed if is_dir]
@@ -224,7 +223,14 @@ class FileActivity:
             wd, mask, _cookie, length = EVENT.unpack_from(data, offset)
             raw = data[offset + EVENT.size : offset + EVENT.size + length].split(b"\0", 1)[0]
             offset += EVENT.size + length
-            self._event(wd, mask, os.fsdecode(raw), now)
+            try:
+                self._event(wd, mask, os.fsdecode(raw), now)
+            except Exception as error:  # noqa: BLE001 (whatever it was, what happened there was not all seen)
+                # A watcher that stopped seeing, or missed one event, must never leave `complete` True: a
+                # save it missed would read as no save (an H200 run, 2026-11-27: a file gone between a new
+                # directory's listing and its stat ended the thread, and check called a correct resume
+                # state-leaked).
+                self._incomplete(f"the watcher failed on an event ({type(error).__name__})")
 
     def _event(self, wd: int, mask: int, name: str, now: float) -> None:
         if mask & IN_Q_OVERFLOW:

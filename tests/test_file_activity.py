@@ -1,0 +1,64 @@
+"""check's file watcher (reprocube.orchestration.file_activity) where what it watches changes under it: it
+must never stop seeing and still say it saw everything (a save it missed reads as no save: a correct
+resume called state-leaked, seen on an H200 on 2026-11-27), and never print a traceback."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from reprocube.orchestration import file_activity
+from reprocube.orchestration.file_activity import FileActivity
+
+
+def wait_for(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_file_gone_between_a_new_directorys_listing_and_its_size_is_a_write_of_no_size(tmp_path, monkeypatch):
+    """The race seen: a temporary directory made and emptied at once (a library's probe-source)."""
+    (tmp_path / "work").mkdir()
+    made = tmp_path / "work" / "tmpdir"
+    made.mkdir()
+    (made / "gone").write_bytes(b"x")
+    listed = list(os.scandir(made))
+    (made / "gone").unlink()
+
+    class Listing:
+        def __enter__(self):
+            return iter(listed)
+
+        def __exit__(self, *exc):
+            return False
+
+    activity = FileActivity({"work": tmp_path / "work"})
+    activity._fd = file_activity._libc.inotify_init1(file_activity.IN_NONBLOCK | file_activity.IN_CLOEXEC)
+    try:
+        monkeypatch.setattr(file_activity.os, "scandir", lambda directory: Listing())
+        monkeypatch.setattr(file_activity.Path, "exists", lambda path: True)  # there when asked, gone after
+        activity._watch_tree(made, "work/tmpdir", new=True)
+    finally:
+        os.close(activity._fd)
+    assert [(e.path, e.size) for e in activity.events] == [("work/tmpdir/gone", None)]
+    assert activity.complete
+
+
+def test_a_watcher_that_fails_on_an_event_says_it_did_not_see_everything(tmp_path, monkeypatch, capfd):
+    def failing(self, wd, mask, name, now):
+        raise FileNotFoundError(2, "No such file or directory", name)
+
+    monkeypatch.setattr(FileActivity, "_event", failing)
+    with FileActivity({"work": tmp_path}) as activity:
+        (tmp_path / "checkpoint.pt").write_bytes(b"state")
+        assert wait_for(lambda: not activity.complete)
+        (tmp_path / "later.pt").write_bytes(b"state")  # the watcher goes on reading after the failure
+        time.sleep(0.1)
+        assert activity._thread.is_alive()
+    assert activity.why_incomplete == "the watcher failed on an event (FileNotFoundError)"
+    assert activity.state_keys() == frozenset()  # nothing concluded from what it saw
+    assert "Traceback" not in capfd.readouterr().err
