@@ -24,7 +24,8 @@
 #                                             with the new defaults) and the trainers' examples checked on CUDA
 #                                             beside their truth (scripts/gpu_trainers.py). The data: a generated
 #                                             MNIST-shaped set of Fashion-MNIST's size (NO_DATA=1 bundle: the
-#                                             real one does not fit beside the repository in what a call carries)
+#                                             real one does not fit beside the repository in what a call carries;
+#                                             SKIP_TIMINGS=1 FRAMEWORKS=pytorch: the checks alone, of those named)
 #   scripts/gpu-host.sh jax-cache DIR BUDGET_S
 #                                             JAX's compilation cache (on by default) on the GPU: a run that
 #                                             compiles into an empty cache, one that loads from it, one with
@@ -100,8 +101,9 @@ speed() {
   local data=() line
   while IFS= read -r line; do data+=("$line"); done <"$s/data-overrides.txt"
   # 1. The idle GPU, one process at a time: each form's 3 epochs at batch 64, determinism on, two rounds.
-  local round form name setting start
-  for round in 1 2; do
+  local round form name setting start rounds="1 2"
+  [ -z "${SKIP_TIMINGS:-}" ] || rounds=""  # a second call: the checks alone
+  for round in $rounds; do
     for form in pytorch:cuda_graph=false pytorch:cuda_graph=true jax:device_loop=false jax:device_loop=true; do
       name=${form%%:*} setting=${form#*:}
       local run="$name-${setting/=/-}-r$round"
@@ -122,6 +124,7 @@ PY
     done
   done
   for name in pytorch-cuda_graph jax-device_loop; do
+    [ -z "${SKIP_TIMINGS:-}" ] || break
     local pair
     for pair in "false-r1 true-r1" "false-r1 false-r2" "true-r1 true-r2"; do
       set -- $pair
@@ -132,7 +135,7 @@ PY
   rm -rf "$s"/runs/*/checkpoints
   # 2. At once: both frameworks' bit-exactness checks with the new defaults, and the trainers' examples.
   local pids=() status=0
-  for name in pytorch jax; do
+  for name in ${FRAMEWORKS:-pytorch jax}; do
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" "$repo/scripts/gpu-check.sh" --device "$device" --no-bench \
       --out "/tmp/gc-$name" --frameworks "$name" "${data[@]}" ${EXTRA:-} >"$out/checks-$name.log" 2>&1 &
     pids+=($!)

@@ -121,7 +121,8 @@ class PytorchBackend:
         self._fingerprint_views = [_memory_order_view(t) for _, t in named]  # they share the parameters' storage
         sizes = [t.numel() for t in self._fingerprint_views]
         self._fingerprint_offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        self._fingerprint_rows = torch.empty((STEPS_PER_CALL, sum(sizes)), dtype=torch.float32, device=self.device)
+        # Zeros, not empty: the row a step writes is an input of its recorded operations (the replay).
+        self._fingerprint_rows = torch.zeros((STEPS_PER_CALL, sum(sizes)), dtype=torch.float32, device=self.device)
 
     def info(self) -> dict:
         info = {
@@ -191,12 +192,17 @@ class PytorchBackend:
 
     def _batch_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.optimizer.zero_grad()
-        loss = self._step_body(images, labels, self._fingerprint_rows[len(self._group_losses)])
-        self._group_losses.append(loss)
+        row = len(self._group_losses)
+        self._group_losses.append(self._step_body(images, labels, lambda: self._fingerprint_rows[row]))
 
-    def _step_body(self, images: torch.Tensor, labels: torch.Tensor, fingerprint_row: torch.Tensor) -> torch.Tensor:
+    def _step_body(
+        self, images: torch.Tensor, labels: torch.Tensor, fingerprint_row: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
         """One step from gradients that are None: forward, backward, update, then the weight fingerprint into
-        `fingerprint_row` and the epoch totals; the step's mean loss. The eager step and the captured one."""
+        `fingerprint_row()` and the epoch totals; the step's mean loss. The eager step and the captured one.
+        The row is taken after the update, where the recorder names it (reprocube.training.replay): taken
+        first, its buffer's earlier contents were the step's first input, and the replay of two runs that
+        differ blamed them."""
         batch = len(labels)
         log_probs = self.model(images)
         loss = self._nll_sum(log_probs, labels) / batch
@@ -204,7 +210,7 @@ class PytorchBackend:
         self.optimizer.step()
         with torch.no_grad():
             loss = loss.detach()
-            torch.cat(self._fingerprint_views, out=fingerprint_row)
+            torch.cat(self._fingerprint_views, out=fingerprint_row())
             self._loss_sum += loss * batch
             self._correct += (log_probs.argmax(dim=1) == labels).sum()
         return loss
@@ -325,9 +331,8 @@ class _StepGraph:
 
     def _body(self) -> torch.Tensor:
         b = self.backend
-        return b._step_body(
-            b.x_train.index_select(0, self.index), b.y_train.index_select(0, self.index), self.fingerprint
-        )
+        images, labels = b.x_train.index_select(0, self.index), b.y_train.index_select(0, self.index)
+        return b._step_body(images, labels, lambda: self.fingerprint)
 
     def _warm_up(self) -> None:
         """Two steps on a side stream before capturing, as PyTorch asks (libraries set up their handles and
