@@ -215,3 +215,31 @@ def test_the_table_holds_exactly_the_measured_rows():
         if row.first_step is not None:
             assert f"step {row.first_step}" in text, (row.name, text)
         assert f"examples/{row.script}" in text and " ".join(row.args) in text, (row.name, text)
+
+
+GPU_RECORD = REPO / "benchmarks" / "gpu" / "h200-2026-11-27" / "call2" / "trainers.tgz"
+
+
+def test_the_gpu_column_is_what_the_lent_gpu_recorded():
+    """docs/frameworks.md's H200 column against the raw record committed from the lease (scripts/gpu_trainers.py):
+    each row run there shows the verdict check gave, which agreed with the truth set up beside it; every
+    other row says it was not run."""
+    import tarfile
+
+    with tarfile.open(GPU_RECORD) as archive:
+        records = json.load(archive.extractfile("./trainers.json"))
+    measured = {record["row"]: record for record in records}
+    header = [
+        cell.strip() for cell in TABLE.read_text().split("| row | framework |", 1)[1].split("\n", 1)[0].split("|")
+    ]
+    column = header.index("on an H200 (CUDA)") + 2  # "row" and "framework" were split off
+    for name, cells in table_rows().items():
+        record = measured.pop(name, None)
+        if record is None:
+            assert cells[column].startswith("not run"), (name, cells[column])
+            continue
+        assert record["agrees_with_truth"] and record["truth"]["exact"] == (record["verdict"] == "resume-exact")
+        assert cells[column].count("`resume-") == 1 and f"`{record['verdict']}`" in cells[column], (name, cells)
+        first = record["first_difference"]
+        assert (f"step {first['step']}" in cells[column]) if first else "step" not in cells[column], (name, cells)
+    assert not measured, f"recorded on the GPU, missing from the table: {sorted(measured)}"
