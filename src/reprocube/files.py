@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from reprocube.errors import ConfigError
@@ -54,6 +55,28 @@ def sha256_regular(path: Path) -> str | None:
         while chunk := stream.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def walk_below(root: Path, limit: int | None = None) -> Iterator[tuple[str, bool, bool]]:
+    """Every entry below root as (relative name `dir/file`, is a directory, is a regular file): walked with a
+    stack (a tree of any depth), links never followed; an unreadable directory or one gone meanwhile is
+    skipped; at most `limit` entries."""
+    stack, seen = ([""] if root.is_dir() else []), 0
+    while stack:
+        relative = stack.pop()
+        try:
+            with os.scandir(root / relative if relative else root) as entries:
+                listed = [(e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in entries]
+        except OSError:
+            continue  # gone meanwhile, or unreadable
+        for name, is_dir, is_file in listed:
+            seen += 1
+            if limit is not None and seen > limit:
+                return
+            path = f"{relative}/{name}" if relative else name
+            yield path, is_dir, is_file
+            if is_dir:
+                stack.append(path)
 
 
 def fsync_dir(path: Path) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reprocube.files import walk_below
 from reprocube.orchestration.children import (
     PROGRESS_EVERY_S,
     STOPPED,
@@ -318,24 +319,10 @@ def _end_group(child: GuardedCommand) -> None:
 
 
 def entries_below(work: Path) -> set[str]:
-    """Every entry below work by relative name (`dir/file`), walked with a stack (a tree of any depth), links
-    not followed; an unreadable directory or one gone meanwhile is skipped. What each launcher's file stops
-    compare against: the entries no earlier attempt saw."""
-    found: set[str] = set()
-    stack = [""] if work.is_dir() else []
-    while stack:
-        relative = stack.pop()
-        try:
-            with os.scandir(work / relative if relative else work) as entries:
-                listed = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-        except OSError:
-            continue  # gone meanwhile, or unreadable
-        for name, is_dir in listed:
-            path = f"{relative}/{name}" if relative else name
-            found.add(path)
-            if is_dir:
-                stack.append(path)
-    return found
+    """Every entry below work by relative name (`dir/file`; files.walk_below: any depth, links not followed,
+    an unreadable directory or one gone meanwhile skipped). What each launcher's file stops compare against:
+    the entries no earlier attempt saw."""
+    return {path for path, _, _ in walk_below(work)}
 
 
 def _matching(work: Path, pattern: str) -> list[str]:

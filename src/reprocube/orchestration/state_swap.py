@@ -28,7 +28,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube.files import sha256_regular
+from reprocube.files import sha256_regular, walk_below
 from reprocube.orchestration.file_activity import state_key
 
 MAX_ENTRIES = 100_000  # walked in one run's directories
@@ -42,30 +42,17 @@ class Placement:
 
 
 def regular_files(places: dict[str, Path]) -> list[str]:
-    """Every regular file under `places` ({label: directory}) as "<label>/<relative path>": walked with a
-    stack, links never followed, at most MAX_ENTRIES entries."""
+    """Every regular file under `places` ({label: directory}) as "<label>/<relative path>" (files.walk_below:
+    links never followed), at most MAX_ENTRIES entries in all."""
     found: list[str] = []
-    seen = 0
+    left = MAX_ENTRIES
     for label, root in places.items():
-        stack = [""]
-        while stack:
-            relative = stack.pop()
-            try:
-                with os.scandir(root / relative if relative else root) as entries:
-                    listed = [
-                        (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in entries
-                    ]
-            except OSError:
-                continue
-            for name, is_dir, is_file in listed:
-                seen += 1
-                if seen > MAX_ENTRIES:
-                    return found
-                path = f"{relative}/{name}" if relative else name
-                if is_file:
-                    found.append(f"{label}/{path}")
-                elif is_dir:
-                    stack.append(path)
+        for path, _, is_file in walk_below(root, limit=left + 1):
+            left -= 1
+            if left < 0:
+                return found
+            if is_file:
+                found.append(f"{label}/{path}")
     return found
 
 
@@ -90,7 +77,8 @@ def plan_swap(
     their_by_key: dict[str, list[str]] = {}
     for path in theirs:
         their_by_key.setdefault(state_key(path), []).append(path)
-    present, plan, telling = set(ours), [], False
+    present, plan = set(ours), []
+    landings: list[tuple[Path, Path]] = []  # a control's state file and the uninterrupted run's it lands on
     for key, sources in sorted(their_by_key.items()):
         targets = sorted(by_key.get(key, []))
         pairs = {s: s for s in sources}
@@ -106,17 +94,18 @@ def plan_swap(
                 continue
             origin = control[label] / relative
             plan.append(Placement(origin, target))
-            if key in keys and target in present and not _same_bytes(origin, clean[target_label] / target_relative):
-                telling = True
-    if not telling:
-        return [], (
-            "none of the control's state files lands on one of the uninterrupted run's with other bytes (a "
-            "checkpoint deleted at the end, one kept under another name, or one the seed does not change)"
-        )
+            if key in keys and target in present:
+                landings.append((origin, clean[target_label] / target_relative))
+    # The size first: nothing unbounded is read, not even to compare it.
     size = sum(_size(p.source) for p in plan)
     budget = MAX_BYTES_RATIO * sum(_size(clean[path.partition("/")[0]] / path.partition("/")[2]) for path in ours)
     if size > budget + (64 << 20):
         return [], f"the control left {size >> 20} MiB, more than {MAX_BYTES_RATIO}x what the uninterrupted run did"
+    if not any(not _same_bytes(origin, landing) for origin, landing in landings):
+        return [], (
+            "none of the control's state files lands on one of the uninterrupted run's with other bytes (a "
+            "checkpoint deleted at the end, one kept under another name, or one the seed does not change)"
+        )
     return plan, None
 
 
