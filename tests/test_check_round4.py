@@ -35,11 +35,13 @@ EXIT = {
 }
 
 
-def check(tmp_path: Path, script: str, *options: str, env_extra=None):
+def check(tmp_path: Path, script: str, *options: str, env_extra=None, seed_env: bool = True):
     """`reprocube check --out out --copy train.py --output final.npz --seed-env SEED OPTIONS -- python
-    train.py`: (the process, check.json's content or None where there is none)."""
+    train.py` (without --seed-env where seed_env is False): (the process, check.json's content or None
+    where there is none)."""
     (tmp_path / "train.py").write_text((SCRIPTS / script).read_text())
-    command = ["check", "--out", "out", "--copy", "train.py", "--output", "final.npz", "--seed-env", "SEED", *options]
+    seed = ["--seed-env", "SEED"] if seed_env else []
+    command = ["check", "--out", "out", "--copy", "train.py", "--output", "final.npz", *seed, *options]
     proc = reprocube(*command, "--", sys.executable, "train.py", cwd=tmp_path, check=False, env_extra=env_extra)
     assert "Traceback" not in proc.stderr and "error:" not in proc.stderr, proc.stderr
     path = tmp_path / "out" / "check.json"
@@ -186,6 +188,52 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
     assert result is not None and result["verdict"] == "not-proven", said(result)
     assert "did not continue from the state it found" in result["summary"], said(result)
     assert [r["name"] for r in result["runs"]][-1] == "swapped"
+
+
+SLOW_STEPS = {"START_S": "0.3", "STEP_S": "0.1"}  # 2.4 s of updates before the stop at epoch 3
+
+
+def test_without_a_control_a_restart_that_trains_again_unrecorded_is_told_by_its_first_updates_time(tmp_path):
+    """The same script with no --seed-env (no control, no swapped restart). Truth as above: a poisoned
+    checkpoint changes nothing. Its restart's first update (step 25) comes as late as the uninterrupted run
+    reached step 25, where a resumed run's would come about when its first one did: the stop is not
+    effective, and the verdict is no pass."""
+    import numpy as np
+
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "discards_state.py") == 0
+    truth_run(stopped, "discards_state.py", stop_at="epoch 3 saved")
+    with np.load(stopped / "ckpt.npz") as checkpoint:
+        poisoned = {k: checkpoint[k] for k in checkpoint.files}
+    np.savez(stopped / "ckpt.npz", **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
+    assert truth_run(stopped, "discards_state.py") == 0
+    assert final_digest(stopped) == final_digest(clean)
+
+    options = ("--at-line", "epoch 3 saved", "--stops", "1")
+    proc, result = check(tmp_path, "discards_state.py", *options, env_extra=SLOW_STEPS, seed_env=False)
+    assert result is not None and result["verdict"] != "resume-exact", said(result)
+    [stop] = result["stop_evidence"]
+    assert stop["effective"] is False and "without recording them" in stop["how"], stop
+
+
+def test_without_a_control_a_restart_that_resumes_is_not_taken_for_one_that_trains_again(tmp_path):
+    """The control of the test above: the script resuming correctly (RESTORE=1), the same timings. Truth:
+    stopped at epoch 3 and rerun, it ends as the uninterrupted run does. Its restart's first update comes
+    about when a fresh run's first does: resume-exact."""
+    env = {**SLOW_STEPS, "RESTORE": "1"}
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "discards_state.py", env_extra=env) == 0
+    truth_run(stopped, "discards_state.py", stop_at="epoch 3 saved", env_extra=env)
+    assert truth_run(stopped, "discards_state.py", env_extra=env) == 0
+    assert final_digest(stopped) == final_digest(clean)
+
+    options = ("--at-line", "epoch 3 saved", "--stops", "1")
+    proc, result = check(tmp_path, "discards_state.py", *options, env_extra=env, seed_env=False)
+    assert result is not None and result["verdict"] == "resume-exact", said(result)
+    [stop] = result["stop_evidence"]
+    assert stop["effective"] is True, stop
 
 
 def test_a_correct_resume_whose_checkpoint_path_holds_the_seed_passes(tmp_path):

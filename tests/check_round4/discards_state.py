@@ -1,7 +1,9 @@
 """Reads its checkpoint, then throws the state away and trains again from step 1; only the logger uses the
 checkpoint (steps already recorded are not recorded again, steps already saved not saved again). Its
 probe says each restart resumed where its checkpoint was, and each restart reads the checkpoint; its
-outputs are an uninterrupted run's because it is deterministic, not because it resumed (round 4's A3)."""
+outputs are an uninterrupted run's because it is deterministic, not because it resumed (round 4's A3).
+STEP_S: each update's time (default 0.02 s). RESTORE=1: the control, resumed correctly (the weights and the
+step restored, each epoch's order drawn from (seed, epoch)), with the same timings."""
 
 import os
 import time
@@ -21,13 +23,19 @@ if os.path.exists("ckpt.npz"):
         state = {k: checkpoint[k] for k in checkpoint.files}
     logged = int(state["step"])
     print(f"resumed at step {logged}", flush=True)
+step_s, restore = float(os.environ.get("STEP_S", "0.02")), os.environ.get("RESTORE") == "1"
 w, rng, step = np.zeros(8, np.float32), np.random.default_rng(seed), 0  # the bug: the state is not restored
+if restore and logged:
+    w, step = state["w"], logged
 for epoch in range(6):
-    for batch in np.array_split(rng.permutation(256), 8):
+    order = np.random.default_rng([seed, epoch]) if restore else rng
+    if restore and epoch < step // 8:
+        continue
+    for batch in np.array_split(order.permutation(256), 8):
         p = 1 / (1 + np.exp(-x[batch] @ w))
         w = w - np.float32(0.5) * (x[batch].T @ (p - y[batch]) / len(batch)).astype(np.float32)
         step += 1
-        time.sleep(0.02)
+        time.sleep(step_s)
         if step > logged:
             probe.step(np.float32(np.mean(np.abs(p - y[batch]))), {"w": w}, step=step)
     if step > logged:

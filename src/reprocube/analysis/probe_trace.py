@@ -251,8 +251,20 @@ def loss_value(update: Update) -> str:
     return repr(float(np.frombuffer(raw, dtype=dtype)[0]))
 
 
+# A restart whose first update comes as late as the uninterrupted run reached that update retrained the
+# updates before it without recording them (it began again; its outputs equal a resumed run's only because
+# it is deterministic). Judged only where the updates skipped took at least LATE_SPAN_S and as long as the
+# uninterrupted run's start-up, and the restart came LATE_FRACTION of the way there: a slower machine
+# moment (2 runs share 2 CPUs) or a checkpoint's load stays well below it.
+LATE_SPAN_S = 1.0
+LATE_FRACTION = 0.75
+
+
 def compare_stopped(
-    clean: AttemptTrace, attempts: list[AttemptTrace | None], signals: list[float | None] | None = None
+    clean: AttemptTrace,
+    attempts: list[AttemptTrace | None],
+    signals: list[float | None] | None = None,
+    starts: tuple[float | None, list[float | None]] | None = None,
 ) -> dict:
     """The stopped run's attempts against the uninterrupted run's trace: where each attempt resumed
     (given, matched or assumed), whether a restart started again from step 1, the first differing update
@@ -262,7 +274,10 @@ def compare_stopped(
     signals: when each attempt's stop signal was sent (CLOCK_MONOTONIC seconds, None where it got none or
     the clocks are not one machine's): an update the first attempt recorded after its signal (the script's
     own doing as it stopped: a last partial update, say) that differs first is after that stop, not before
-    it ("after_signal")."""
+    it ("after_signal").
+    starts: when the uninterrupted run and each attempt began (the same clock; None where unknown): a restart
+    that resumed by its first update, but made it as late as the uninterrupted run reached that update, is
+    "late_first_update" (_late_first_update)."""
     reference = steps_of(clean, 0)
     # A record that the uninterrupted run made at several steps (an update that changes nothing) places
     # no restart: only records it made once are matched.
@@ -321,6 +336,10 @@ def compare_stopped(
         }
         if offset:
             entry["label_offset"] = offset  # the script's step numbers minus the steps its bits are
+        if number > 1 and start > 0 and not began_again and starts is not None:
+            late = _late_first_update(clean, trace, min(steps), starts[0], _nth(starts[1], number))
+            if late is not None:
+                entry["late_first_update"] = late
         described.append(entry)
         difference = first_difference(reference, steps, clean.names)
         if difference is not None and first is None:
@@ -342,6 +361,33 @@ def compare_stopped(
         "reference_last": max(reference, default=0),
         "unrecorded_steps": _ranges(missing),
         "extra_steps": _ranges(sorted(set(trained) - set(reference))),
+    }
+
+
+def _nth(values: list[float | None], number: int) -> float | None:
+    return values[number - 1] if number <= len(values) else None
+
+
+def _late_first_update(
+    clean: AttemptTrace, trace: AttemptTrace, first_step: int, clean_began: float | None, began: float | None
+) -> dict | None:
+    """{"step", "delay_s", "reach_first_s", "reach_step_s"} where the attempt's first update (`first_step`)
+    came LATE_FRACTION of the way from when the uninterrupted run made its first update to when it made
+    that one, each counted from its process's start; None where it came sooner, or cannot be told."""
+    times = step_times(clean, 0)
+    made = trace.times[0] if trace.times else None
+    reach_step = times.get(first_step)
+    if None in (clean_began, began, made, reach_step) or not times or times[min(times)] is None:
+        return None
+    reach_first, reach_step, delay = times[min(times)] - clean_began, reach_step - clean_began, made - began
+    span = reach_step - reach_first
+    if span < max(LATE_SPAN_S, reach_first) or delay < reach_first + LATE_FRACTION * span:
+        return None
+    return {
+        "step": first_step,
+        "delay_s": round(delay, 2),
+        "reach_first_s": round(reach_first, 2),
+        "reach_step_s": round(reach_step, 2),
     }
 
 
@@ -441,7 +487,10 @@ def compare_ranks(a: dict[int, AttemptTrace], b: dict[int, AttemptTrace]) -> dic
 
 
 def compare_stopped_ranks(
-    clean: dict[int, AttemptTrace], attempts: list[dict[int, AttemptTrace]], signals: list[float | None] | None = None
+    clean: dict[int, AttemptTrace],
+    attempts: list[dict[int, AttemptTrace]],
+    signals: list[float | None] | None = None,
+    starts: tuple[float | None, list[float | None]] | None = None,
 ) -> dict | None:
     """The stopped run's attempts (read_rank_traces of each) against the uninterrupted run's traces, rank
     by rank with compare_stopped. None where the uninterrupted run wrote no trace. The answer has
@@ -455,7 +504,7 @@ def compare_stopped_ranks(
     ranks = sorted(set(clean).union(*attempts))
     one_sided = [r for r in ranks if r not in clean or not any(r in attempt for attempt in attempts)]
     compared = {
-        rank: compare_stopped(clean[rank], [attempt.get(rank) for attempt in attempts], signals)
+        rank: compare_stopped(clean[rank], [attempt.get(rank) for attempt in attempts], signals, starts)
         for rank in ranks
         if rank not in one_sided
     }

@@ -872,7 +872,8 @@ def _resume_trace(clean: Run, stopped: Run, result: dict, same_clock: bool = Tru
             stopped.began + a.started_s + a.signal_s if same_clock and a.signal_s is not None else None
             for a in stopped.attempts
         ]
-        traced = compare_stopped_ranks(reference, _traces(stopped), signals)
+        starts = (clean.began + clean.attempts[0].started_s, [stopped.began + a.started_s for a in stopped.attempts])
+        traced = compare_stopped_ranks(reference, _traces(stopped), signals, starts if same_clock else None)
     except CheckpointError as exc:  # the script's process wrote the traces: a malformed one is not our crash
         result["not_checked"].append(f"the probe's traces, unreadable: {exc}")
         return none

@@ -7,7 +7,9 @@ command had saved something before it and the next attempt demonstrably continue
   written once (Python's bytecode cache, a library's cache in HOME or TMPDIR, a config written at
   start-up, the outputs at the end) are never a checkpoint, whatever a restart reads of them.
 - continued: with the probe, the next attempt's first update is past step 1 (the step it gave, or the
-  uninterrupted run's step whose bits it equals); a restart that began at step 1 again never counts.
+  uninterrupted run's step whose bits it equals), and came about when a resumed run's first update would,
+  not as late as the uninterrupted run reached that step (probe_trace's late_first_update: a restart
+  that retrained those updates without recording them); a restart that began at step 1 again never counts.
   Without the probe (or where it made no update), the next attempt read a saved state file and then
   saved again itself, and the attempt that ran to the end saved fewer times than the uninterrupted run
   (one that began again saves as often). The files are named in the verdict.
@@ -121,6 +123,16 @@ def _judged(
         }
     if probed is not None and probed.get("steps"):
         if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
+            late = probed.get("late_first_update")
+            if late:
+                return {
+                    "effective": False,
+                    "how": f"attempt {number + 1}'s first update is step {late['step']} (the probe), but it came "
+                    f"{late['delay_s']} s after the attempt started, where the uninterrupted run made its first "
+                    f"update {late['reach_first_s']} s after its start and step {late['step']} after "
+                    f"{late['reach_step_s']} s: it trained the updates before again without recording them "
+                    "(began again), or spent that long before its first update",
+                }
             unread = _unread_state(run, saved, restart_from, restart_to) if files_bind else None
             if unread:
                 return {
