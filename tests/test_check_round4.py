@@ -166,24 +166,28 @@ def np_load(path: Path):
     return np.load(path)
 
 
-def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never_passes(tmp_path):
-    """Truth without reprocube: uninterrupted and stopped-and-rerun end the same, and so does a rerun whose
-    checkpoint was poisoned (NaN weights): the restart never uses the state it reads. Its probe and its
-    reads looked like a resume. With a start-up of 1.5 s (a framework's import) its restarts take no longer
-    than a resumed run would, so only the swapped restart (given the control's state) tells: not-proven."""
+def assert_state_never_used(tmp_path: Path, stop_at: str) -> None:
+    """discards_state.py's truth, without reprocube: stopped at `stop_at` and rerun with its checkpoint
+    poisoned (NaN weights), it ends as an uninterrupted run does: the restart never uses the state it reads."""
     import numpy as np
 
     clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
     clean.mkdir(), stopped.mkdir()
     assert truth_run(clean, "discards_state.py") == 0
-    truth_run(stopped, "discards_state.py", stop_at="epoch 2 saved")
+    truth_run(stopped, "discards_state.py", stop_at=stop_at)
     with np.load(stopped / "ckpt.npz") as checkpoint:
         poisoned = {k: checkpoint[k] for k in checkpoint.files}
-    poisoned["w"] = np.full_like(poisoned["w"], np.nan)
-    np.savez(stopped / "ckpt.npz", **poisoned)
+    np.savez(stopped / "ckpt.npz", **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
     assert truth_run(stopped, "discards_state.py") == 0
-    assert final_digest(stopped) == final_digest(clean)  # the truth: the checkpoint's state is never used
+    assert final_digest(stopped) == final_digest(clean)
 
+
+def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never_passes(tmp_path):
+    """Truth without reprocube: uninterrupted and stopped-and-rerun end the same, and so does a rerun whose
+    checkpoint was poisoned (NaN weights): the restart never uses the state it reads. Its probe and its
+    reads looked like a resume. With a start-up of 1.5 s (a framework's import) its restarts take no longer
+    than a resumed run would, so only the swapped restart (given the control's state) tells: not-proven."""
+    assert_state_never_used(tmp_path, "epoch 2 saved")
     proc, result = check(tmp_path, "discards_state.py", env_extra={"START_S": "1.5"})
     assert result is not None and result["verdict"] == "not-proven", said(result)
     assert "did not continue from the state it found" in result["summary"], said(result)
@@ -198,18 +202,7 @@ def test_without_a_control_a_restart_that_trains_again_unrecorded_is_told_by_its
     checkpoint changes nothing. Its restart's first update (step 25) comes as late as the uninterrupted run
     reached step 25, where a resumed run's would come about when its first one did: the stop is not
     effective, and the verdict is no pass."""
-    import numpy as np
-
-    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
-    clean.mkdir(), stopped.mkdir()
-    assert truth_run(clean, "discards_state.py") == 0
-    truth_run(stopped, "discards_state.py", stop_at="epoch 3 saved")
-    with np.load(stopped / "ckpt.npz") as checkpoint:
-        poisoned = {k: checkpoint[k] for k in checkpoint.files}
-    np.savez(stopped / "ckpt.npz", **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
-    assert truth_run(stopped, "discards_state.py") == 0
-    assert final_digest(stopped) == final_digest(clean)
-
+    assert_state_never_used(tmp_path, "epoch 3 saved")
     options = ("--at-line", "epoch 3 saved", "--stops", "1")
     proc, result = check(tmp_path, "discards_state.py", *options, env_extra=SLOW_STEPS, seed_env=False)
     assert result is not None and result["verdict"] != "resume-exact", said(result)
