@@ -177,6 +177,31 @@ def test_where_each_restart_resumed_is_found_by_its_first_update(tmp_path):
     assert not result["attempts"][1]["from_scratch"] and result["first_difference"] is None
 
 
+def test_a_restart_beginning_with_a_first_record_the_run_repeated_began_again(tmp_path):
+    """Round 6's c1: the first 3 updates change nothing (a replay buffer filling), so their records repeat
+    and none places a restart by its bits. A restart that begins with that record began again (at step 1);
+    it was assumed to resume at the announced checkpoint, and its step 1 compared with step 5 blamed the
+    resume (resume-differs) where the outputs were identical."""
+    lines = lambda records: (
+        [{"probe": 1}, {"names": ["w"]}]
+        + [  # noqa: E731
+            {"index": i, "step": None, "loss": f"{r:08x}", "loss_dtype": "float32", "fingerprints": [r]}
+            for i, r in enumerate(records, start=1)
+        ]
+    )
+
+    def write(name, records, checkpoints=()):
+        rows = lines(records) + [{"checkpoint": c, "after_index": len(records)} for c in checkpoints]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return read_trace(tmp_path / name)
+
+    clean = write("clean", [0, 0, 0, 4, 5, 6, 7, 8])
+    result = compare_stopped(clean, [write("1", [0, 0, 0, 4], [4]), write("2", [0, 0, 0, 4, 5, 6, 7, 8])])
+    restart = result["attempts"][1]
+    assert (restart["resumed_at"], restart["how"], restart["from_scratch"]) == (0, "matched", True)
+    assert result["first_difference"] is None
+
+
 def test_the_probe_refuses_wrong_steps_at_the_call_and_keeps_what_it_was_given(tmp_path):
     import torch
 

@@ -304,6 +304,10 @@ def compare_stopped(
             start, how = (given - 1 if given is not None else 0), "given" if given is not None else "first"
         elif update in by_update:
             start, how = by_update[update] - 1, "matched"
+        elif reference and update == reference[min(reference)]:
+            # The uninterrupted run's first record, which it made again later (updates that change nothing:
+            # a replay buffer filling): a restart that begins with it began again, never "assumed" to resume.
+            start, how = min(reference) - 1, "matched"
         else:
             start, how = (announced[-1] if announced else 0), "assumed"
         steps, offset = steps_of(trace, start), 0
