@@ -229,6 +229,33 @@ def test_without_a_control_a_restart_that_resumes_is_not_taken_for_one_that_trai
     assert stop["effective"] is True, stop
 
 
+def test_a_restart_that_exports_a_finished_checkpoint_and_retrains_otherwise_is_named_not_checked(tmp_path):
+    """Round 6's a11e (its PyTorch twin a12 the same). Truth without reprocube: stopped at epoch 2 and rerun
+    with the checkpoint's weights poisoned (NaN), it ends as the uninterrupted run does: the restart never
+    uses them. Its updates past the checkpoint are few (0.08 s an epoch): neither timing rule can tell, and
+    the swapped restart, given the control's finished state, exports it and trains nothing. check says so:
+    what it did not check is named (a pass that proves less than it seems, never a silent one)."""
+    import numpy as np
+
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "export_when_complete.py") == 0
+    truth_run(stopped, "export_when_complete.py", stop_at="epoch 2 saved")
+    with np.load(stopped / "ckpt.npz") as checkpoint:
+        poisoned = {k: checkpoint[k] for k in checkpoint.files}
+    np.savez(stopped / "ckpt.npz", **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
+    assert truth_run(stopped, "export_when_complete.py") == 0
+    assert final_digest(stopped) == final_digest(clean)
+
+    proc, result = check(tmp_path, "export_when_complete.py", "--at-line", "saved", "--stops", "2")  # at steps 8, 16
+    assert result is not None, proc.stdout
+    if result["verdict"] == "resume-exact":
+        made_none = [n for n in result["not_checked"] if "made no update" in n]
+        assert made_none and made_none[0].startswith("whether a restart continues from the state it reads"), said(
+            result
+        )
+
+
 def test_a_correct_resume_whose_checkpoint_path_holds_the_seed_passes(tmp_path):
     """Truth: stopped and rerun, it ends as the uninterrupted run does. The swapped restart finds the
     control's runs/seed1/ckpt.npz under runs/seed0/ (the uninterrupted run's name) and continues from it,

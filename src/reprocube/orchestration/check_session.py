@@ -413,6 +413,14 @@ class CheckSession:
             return None
         if all(f["same"] for f in written):
             return {"files": [f["path"] for f in written]}
+        if _trained_nothing(self.clean[0], swapped):
+            # Given a finished run's state, a restart that begins again unrecorded and one that resumes
+            # both have nothing left to train: other outputs show nothing (round 6's "already complete:
+            # export" branch made a restart that never loads its weights pass this way).
+            self.result["not_checked"].append(
+                f"{not_shown}: the restart given the control's state made no update (that state is a finished "
+                "run's: nothing was left to train from it)"
+            )
         return None
 
     def plan_stops(self, stop_seed: int) -> tuple[list[Stop] | None, str]:
@@ -808,6 +816,15 @@ def _missing_ranks(resume: dict) -> str | None:
     if world and len(ranks) < world:
         return f"the probe heard from {counted(len(ranks), 'rank')} of {world} (call it on every rank)"
     return None
+
+
+def _trained_nothing(clean: Run, run: Run) -> bool:
+    """Whether the uninterrupted run recorded updates with the probe and `run` recorded none."""
+    try:
+        recorded = [any(trace.updates for trace in attempt.values()) for attempt in (*_traces(clean), *_traces(run))]
+    except CheckpointError:  # unreadable: not ours to judge here (the resume's comparison names it)
+        return False
+    return bool(recorded) and recorded[0] and not any(recorded[len(clean.attempts) :])
 
 
 def _traces(run: Run) -> list[dict]:
