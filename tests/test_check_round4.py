@@ -256,6 +256,38 @@ def test_a_restart_that_exports_a_finished_checkpoint_and_retrains_otherwise_is_
         )
 
 
+def test_a_state_directory_moved_out_of_the_work_directory_is_state_from_elsewhere(tmp_path):
+    """Round 6's a8b. Truth without reprocube: stopped at epoch 2 and rerun it ends as the uninterrupted run
+    does, and with the checkpoint outside poisoned (NaN) it does not: it resumes from that state, outside
+    its directories. check named those saves work/ckpts/... (its watch followed the moved directory) and
+    passed it resume-exact; the moved directory's watches are now dropped."""
+    import hashlib
+    import os
+
+    import numpy as np
+
+    outside = {"OUTSIDE": str(tmp_path / "outside")}
+    runs = {name: tmp_path / f"truth-{name}" for name in ("clean", "stopped", "poisoned")}
+    for place in runs.values():
+        place.mkdir()
+    assert truth_run(runs["clean"], "moves_state_out.py", env_extra=outside) == 0
+    for name in ("stopped", "poisoned"):
+        truth_run(runs[name], "moves_state_out.py", stop_at="epoch 2 saved", env_extra=outside)
+    hashed = hashlib.sha256(os.path.realpath(runs["poisoned"]).encode()).hexdigest()[:12]
+    saved = tmp_path / "outside" / hashed / "ckpt.npz"  # the poisoned run's, as the script names it
+    with np.load(saved) as checkpoint:
+        state = {k: checkpoint[k] for k in checkpoint.files}
+    np.savez(saved, **{**state, "w": np.full_like(state["w"], np.nan)})
+    for name in ("stopped", "poisoned"):
+        assert truth_run(runs[name], "moves_state_out.py", env_extra=outside) == 0
+    assert final_digest(runs["stopped"]) == final_digest(runs["clean"])
+    assert final_digest(runs["poisoned"]) != final_digest(runs["clean"])  # the state outside is what it used
+
+    options = ("--at-line", "epoch 2 saved", "--stops", "1")
+    proc, result = check(tmp_path, "moves_state_out.py", *options, env_extra=outside)
+    assert result is not None and result["verdict"] != "resume-exact", said(result)
+
+
 def test_a_correct_resume_whose_checkpoint_path_holds_the_seed_passes(tmp_path):
     """Truth: stopped and rerun, it ends as the uninterrupted run does. The swapped restart finds the
     control's runs/seed1/ckpt.npz under runs/seed0/ (the uninterrupted run's name) and continues from it,

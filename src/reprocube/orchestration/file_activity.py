@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-IN_ACCESS, IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_MOVED_TO = 0x1, 0x8, 0x10, 0x80
+IN_ACCESS, IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_MOVED_FROM, IN_MOVED_TO = 0x1, 0x8, 0x10, 0x40, 0x80
 IN_CREATE, IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR = 0x100, 0x4000, 0x8000, 0x40000000
 IN_ONLYDIR, IN_DONT_FOLLOW, IN_NONBLOCK, IN_CLOEXEC = 0x01000000, 0x02000000, 0o4000, 0o2000000
-WATCHED = IN_ACCESS | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_TO | IN_CREATE
+WATCHED = IN_ACCESS | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
 EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), then the name
 MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
 MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
@@ -219,10 +219,15 @@ class FileActivity:
             return
         now = time.perf_counter()
         offset = 0
+        moved_from: dict[int, str] = {}  # cookie -> a watched directory moved away, until moved into the tree
         while offset + EVENT.size <= len(data):
-            wd, mask, _cookie, length = EVENT.unpack_from(data, offset)
+            wd, mask, cookie, length = EVENT.unpack_from(data, offset)
             raw = data[offset + EVENT.size : offset + EVENT.size + length].split(b"\0", 1)[0]
             offset += EVENT.size + length
+            if mask & IN_ISDIR and mask & IN_MOVED_FROM and wd in self._dirs:
+                moved_from[cookie] = f"{self._dirs[wd]}/{os.fsdecode(raw)}"
+            elif mask & IN_MOVED_TO:
+                moved_from.pop(cookie, None)  # renamed within the tree: its watches are labelled anew below
             try:
                 self._event(wd, mask, os.fsdecode(raw), now)
             except Exception as error:  # noqa: BLE001 (whatever it was, what happened there was not all seen)
@@ -231,6 +236,17 @@ class FileActivity:
                 # directory's listing and its stat ended the thread, and check called a correct resume
                 # state-leaked).
                 self._incomplete(f"the watcher failed on an event ({type(error).__name__})")
+        for label in moved_from.values():
+            self._unwatch(label)
+
+    def _unwatch(self, label: str) -> None:
+        """A directory moved out of the run's directories: its watches follow it (the same inodes) and would
+        name what happens there, outside, as if in here under its old name. They are removed: what the
+        command does there is not seen, as anywhere outside (a save there is no save of this run's)."""
+        for wd, watched in list(self._dirs.items()):
+            if watched == label or watched.startswith(label + "/"):
+                _libc.inotify_rm_watch(self._fd, wd)
+                del self._dirs[wd]
 
     def _event(self, wd: int, mask: int, name: str, now: float) -> None:
         if mask & IN_Q_OVERFLOW:
