@@ -50,7 +50,10 @@ def test_a_script_that_saves_its_generator_resumes_exactly(tmp_path):
     assert stopped["stops_landed"] == 2 and len(stopped["attempts"]) == 3
     assert [a["exit"] for a in stopped["attempts"]] == [-signal.SIGTERM, -signal.SIGTERM, 0]
     assert result["comparisons"]["control"]["identical"] is False  # the outputs depend on the training
-    assert read_check(tmp_path / "out" / "check.json")["not_checked"] == []  # the schema's strict reader
+    # The schema's strict reader. The one thing not checked: the swapped restart, given the control's finished
+    # state, had nothing left to train (a restart that ignores its state would do the same).
+    [swap] = read_check(tmp_path / "out" / "check.json")["not_checked"]
+    assert swap.startswith("whether a restart continues from the state it reads") and "made no update" in swap
     log = (tmp_path / "out" / "logs" / "stopped.log").read_text()
     assert log.count("resumed at epoch") == 2  # the script really restarted from its checkpoints
     # The probe: every update of the stopped run equals the uninterrupted run's, each restart matched
