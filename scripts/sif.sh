@@ -56,6 +56,9 @@ fi
 # Stale SIFs of this variant (earlier image digests): several GB each.
 find "$image_dir" -maxdepth 1 \( -name "reprocube-$version-$variant-*.sif" -o -name "reprocube-$version-$variant-*.sif.sha256" \) -delete
 start=$SECONDS
+# No copy of the image's layers in Apptainer's cache (1.1 GB for the CPU image, never used again: each SIF is
+# built once per Docker image digest); its temporary files are removed after the build.
+export APPTAINER_DISABLE_CACHE=${APPTAINER_DISABLE_CACHE:-true}
 # MLCube's configure step runs `singularity build --fakeroot ... IMAGE_DIR/NAME Singularity.recipe` in the
 # checkout; the build arguments pick the variant and record the image id (the recipe's %arguments).
 build_args="--fakeroot --build-arg VARIANT=$variant --build-arg DOCKER_IMAGE_ID=$image_id"
