@@ -33,7 +33,7 @@ from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.orchestration.file_activity import FileActivity, state_key
 from reprocube.orchestration.process_guard import end_all_guards
-from reprocube.orchestration.state_swap import place, plan_swap
+from reprocube.orchestration.state_swap import copy_budget, place, plan_swap, snapshot
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import write_check
 from reprocube.terminal import counted, one_line
@@ -97,6 +97,9 @@ class CheckSession:
         self.clean: list[Run] = []
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
         self.swap_note = "not run"  # why there is none
+        # the control's directories as they were when its stopped first attempt ended (snapshot_control)
+        self.control_state: dict[str, Path] | None = None
+        self.control_state_note = "the control was not stopped"  # why its final state is given instead
         self.limit = 0.0  # the watchdog of each attempt after the first clean run
         self.result: dict = {
             "command": self.command,
@@ -348,7 +351,12 @@ class CheckSession:
             stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]
         if self.seed_env or self.seed_arg:
-            planned.insert(0, (self.new_run("control", seed=1), [], self.limit))
+            control = self.new_run("control", seed=1)
+            control_stops: list[Stop] = []
+            if self.slurm is None:  # stopped as the stopped run is first: the swapped restart gets that state
+                control.state, control_stops = stopped.state, plan[:1]
+                control.on_attempt_end = lambda attempt: self.snapshot_control(control, attempt)
+            planned.insert(0, (control, control_stops, self.limit))
         else:
             self.result["not_checked"].append(
                 "no negative control (--seed-env or --seed-arg): whether the outputs depend "
@@ -360,6 +368,27 @@ class CheckSession:
             self.result["runs"].append(self.swapped.as_dict())
         return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
 
+    def snapshot_control(self, control: Run, attempt) -> None:
+        """When the control's first attempt ended at its stop: a copy of its directories, the state a restart
+        given another seed's run reads. A finished run's state leaves a restart nothing to train (one that
+        never loads its weights and exports a finished checkpoint as it finds it passed that way), a
+        stopped one's leaves the rest of the run."""
+        if len(control.attempts) != 1 or attempt.stop is None or attempt.stopped_early or attempt.exit is None:
+            self.control_state_note = "the control's first attempt ended before its stop"
+            return
+        into = {label: self.out / "snapshot" / "control" / label for label in control.activity.places}
+        dirs = EvidenceDirs.of(self.out)
+        try:
+            for directory in into.values():
+                dirs.make(directory)
+            why_not = snapshot(control.activity.places, into, copy_budget(self.clean[0].activity.places))
+        except (DirectoryReplaced, OSError) as exc:
+            why_not = one_line(f"its files could not be copied ({getattr(exc, 'strerror', None) or exc})")
+        if why_not is None:
+            self.control_state = into
+        else:
+            self.control_state_note = f"the control's state at its stop was not kept: {why_not}"
+
     def swapped_restart(self, control: Run) -> None:
         """After the control, in its slot: the command restarted in a fresh directory holding what the control
         left (its outputs apart), under the uninterrupted run's names, with the uninterrupted run's seed
@@ -370,7 +399,8 @@ class CheckSession:
             return
         copies = [Path(c).name for c in self.options.copy]
         keys = clean.activity.state_keys()
-        plan, why_not = plan_swap(clean.activity.places, control.activity.places, keys, self.outputs, copies)
+        given = self.control_state or control.activity.places
+        plan, why_not = plan_swap(clean.activity.places, given, keys, self.outputs, copies)
         if not plan:
             self.swap_note = why_not
             return
@@ -383,7 +413,10 @@ class CheckSession:
         except OSError as exc:  # a name taken twice, a link on the way: never written through, no traceback
             self.swap_note = one_line(f"the control's files could not be placed ({exc.strerror or exc})")
             return
-        self.echo(one_line(f"  swapped: {' '.join(swapped.command)} (in the control's {counted(len(plan), 'file')})"))
+        when = "at its stop" if self.control_state else f"at its end: {self.control_state_note}"
+        self.echo(
+            one_line(f"  swapped: {' '.join(swapped.command)} (in the control's {counted(len(plan), 'file')}, {when})")
+        )
         self.execute(swapped, [], self.limit, self.result.get("launcher", {}).get("jobs", {}))
         self.swapped = swapped
 
@@ -417,9 +450,9 @@ class CheckSession:
             # Given a finished run's state, a restart that begins again unrecorded and one that resumes
             # both have nothing left to train: other outputs show nothing (round 6's "already complete:
             # export" branch made a restart that never loads its weights pass this way).
+            state = "its state at its stop" if self.control_state else "its finished state: nothing was left to train"
             self.result["not_checked"].append(
-                f"{not_shown}: the restart given the control's state made no update (that state is a finished "
-                "run's: nothing was left to train from it)"
+                f"{not_shown}: the restart given the control's state made no update ({state})"
             )
         return None
 
@@ -578,8 +611,9 @@ class CheckSession:
                 "not-proven",
                 "swap",
                 f"{restarts}, every declared output compared is bit-identical to an uninterrupted run's, but the "
-                f"resume is not proven: a restart given another seed's state (what the control left, in a "
-                f"fresh directory, under this run's names) wrote the uninterrupted run's "
+                f"resume is not proven: a restart given another seed's state (what the control left "
+                f"{'at its stop' if self.control_state else 'when it ended'}, in a fresh directory, under this "
+                f"run's names) wrote the uninterrupted run's "
                 f"{', '.join(swap['files'][:3])} bit for bit, so it did not continue from the state it found "
                 "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
                 "checkpoint); the restarts above may have done the same (logs/swapped.log)",

@@ -4,7 +4,9 @@ A probe's record of where a restart resumed is the script's word, and that it re
 that it opened the file: a restart that reads its checkpoint, throws the state away, trains again from
 step 1 and records only the steps it had not recorded before passes both (issue 53, round 4). What tells
 is what the restart does with another state. So a fresh run directory gets what the negative control (the
-same script with another seed) left in its directories when it ended, its declared outputs and the
+same script with another seed) left in its directories when its first attempt was stopped, at the stopped
+run's first stop (when it ended, where it was not stopped: a finished state leaves a restart nothing to
+train, and one that exports a finished checkpoint unread passes), its declared outputs and the
 --copy inputs apart (an output that is also the checkpoint, a state file, is kept), under the names the
 uninterrupted run gave the same files (a name holding the seed, runs/seed1/ckpt.pt, placed as
 runs/seed0/ckpt.pt); the command is run there with the uninterrupted run's seed. A restart that continues
@@ -98,8 +100,7 @@ def plan_swap(
                 landings.append((origin, clean[target_label] / target_relative))
     # The size first: nothing unbounded is read, not even to compare it.
     size = sum(_size(p.source) for p in plan)
-    budget = MAX_BYTES_RATIO * sum(_size(clean[path.partition("/")[0]] / path.partition("/")[2]) for path in ours)
-    if size > budget + (64 << 20):
+    if size > copy_budget(clean):
         return [], f"the control left {size >> 20} MiB, more than {MAX_BYTES_RATIO}x what the uninterrupted run did"
     if not any(not _same_bytes(origin, landing) for origin, landing in landings):
         return [], (
@@ -107,6 +108,26 @@ def plan_swap(
             "checkpoint deleted at the end, one kept under another name, or one the seed does not change)"
         )
     return plan, None
+
+
+def copy_budget(clean: dict[str, Path]) -> int:
+    """The most bytes of the control's copied: MAX_BYTES_RATIO times what the uninterrupted run left, and
+    64 MiB more."""
+    files = regular_files(clean)
+    return MAX_BYTES_RATIO * sum(_size(clean[f.partition("/")[0]] / f.partition("/")[2]) for f in files) + (64 << 20)
+
+
+def snapshot(places: dict[str, Path], into: dict[str, Path], budget: int) -> str | None:
+    """Every regular file under `places` copied into the same label's directory of `into` (made, empty, by
+    the caller), as place() copies: the state a run left when one of its attempts ended, kept while the run
+    goes on. None, or why nothing was copied (more than `budget` bytes); OSError where a file could not be."""
+    files = regular_files(places)
+    sources = [places[f.partition("/")[0]] / f.partition("/")[2] for f in files]
+    size = sum(_size(source) for source in sources)
+    if size > budget:
+        return f"it left {size >> 20} MiB, more than {MAX_BYTES_RATIO}x what the uninterrupted run did"
+    place([Placement(source, f) for source, f in zip(sources, files, strict=True)], into)
+    return None
 
 
 def place(plan: list[Placement], places: dict[str, Path]) -> None:
