@@ -322,3 +322,30 @@ def test_an_update_the_script_made_as_it_stopped_is_resume_not_non_determinism(t
     proc, result = check(tmp_path, "partial_update_on_signal.py", "--at-line", "micro 2 of step (7|19)$")
     assert result is not None and result["verdict"] == "resume-differs", said(result)
     assert "recorded after stop 1's signal" in result["summary"], said(result)
+
+
+def test_a_checkpoint_hard_linked_into_place_is_a_save_the_restart_read(tmp_path):
+    """Round 6's b3. Truth without reprocube: stopped after step 32's save and rerun, it ends as the
+    uninterrupted run does, and with ckpt.npz's weights poisoned (NaN, through the link) it does not: the
+    restart continues from the linked file. check saw no write of ckpt.npz (a link(2) closes nothing) and
+    said each restart read none of the files saved before its stop (not-resumed); now resume-exact."""
+    import numpy as np
+
+    runs = {name: tmp_path / f"truth-{name}" for name in ("clean", "stopped", "poisoned")}
+    for place in runs.values():
+        place.mkdir()
+    assert truth_run(runs["clean"], "hard_linked_save.py") == 0
+    for name in ("stopped", "poisoned"):
+        truth_run(runs[name], "hard_linked_save.py", stop_at="step 32 saved")
+    with np.load(runs["poisoned"] / "ckpt.npz") as checkpoint:
+        state = {k: checkpoint[k] for k in checkpoint.files}
+    (runs["poisoned"] / "ckpt.npz").unlink()
+    np.savez(runs["poisoned"] / "ckpt.npz", **{**state, "w": np.full_like(state["w"], np.nan)})
+    for name in ("stopped", "poisoned"):
+        assert truth_run(runs[name], "hard_linked_save.py") == 0
+    assert final_digest(runs["stopped"]) == final_digest(runs["clean"])
+    assert final_digest(runs["poisoned"]) != final_digest(runs["clean"])
+
+    proc, result = check(tmp_path, "hard_linked_save.py", "--at-line", r"step (32|64) saved", "--stops", "2")
+    assert result is not None and result["verdict"] == "resume-exact", said(result)
+    assert [stop["effective"] for stop in result["stop_evidence"]] == [True, True], result["stop_evidence"]

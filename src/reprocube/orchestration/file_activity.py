@@ -263,16 +263,19 @@ class FileActivity:
                 # A directory written elsewhere and renamed into place (Orbax's checkpoints) is one save.
                 self.events.append(Event(now, "write", f"{directory}/{name}"))
             return
+        path = f"{directory}/{name}"
+        full = self.places[directory.split("/", 1)[0]] / directory.partition("/")[2] / name
+        # A hard link made to a saved file (link(2): no close of a write) puts a whole file in place.
+        linked = bool(mask & IN_CREATE) and _hard_link(full)
         kind = (
             "write"
-            if mask & (IN_CLOSE_WRITE | IN_MOVED_TO)
+            if mask & (IN_CLOSE_WRITE | IN_MOVED_TO) or linked
             else "read"
             if mask & (IN_ACCESS | IN_CLOSE_NOWRITE)
             else ""
         )
         if not kind:
             return
-        path = f"{directory}/{name}"
         if kind == "read" and now - self._last.get((kind, path), float("-inf")) < MERGE_S:
             return  # the same file read again at once: one read
         if kind == "write" and now - self._scanned.pop(path, float("-inf")) < SCAN_CLOSE_S:
@@ -283,8 +286,17 @@ class FileActivity:
             return
         size, head = None, None
         if kind == "write":
-            size, head = _size_and_head(self.places[directory.split("/", 1)[0]] / directory.partition("/")[2] / name)
-        self.events.append(Event(now, kind, path, size, renamed=bool(mask & IN_MOVED_TO), head=head))
+            size, head = _size_and_head(full)
+        self.events.append(Event(now, kind, path, size, renamed=bool(mask & IN_MOVED_TO) or linked, head=head))
+
+
+def _hard_link(path: Path) -> bool:
+    """Whether a name just created is a regular file with another name too (a new file has one)."""
+    try:
+        status = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(status.st_mode) and status.st_nlink > 1
 
 
 def _size_and_head(path: Path) -> tuple[int | None, bytes | None]:
