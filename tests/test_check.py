@@ -133,6 +133,22 @@ def test_a_restart_from_scratch_is_not_called_a_resume(tmp_path):
     assert "stop 1: attempt 2 began again at step 1 (the probe)" in result["summary"]
 
 
+def test_an_output_the_same_but_for_an_ignored_field_is_never_called_bit_identical(tmp_path):
+    """Round 6's b6: with --ignore FILE:KEY the file is compared without the key, and its bytes differ
+    (a wall time): the verdict says how it is the same, never "bit-identical"."""
+    script = f"import json, os, time\n{RESUMES}json.dump({{'steps': 4, 'wall_s': time.time()}}, open('run.json', 'w'))"
+    options = ("--output", "run.json", "--ignore", "run.json:wall_s", "--at", "0.8", "--stops", "1")
+    proc, result = check(tmp_path, *options, command=[sys.executable, "-c", script])
+    assert result["comparisons"]["resume"]["identical"] is True, proc.stdout + proc.stderr
+    [entry] = result["comparisons"]["resume"]["files"]
+    assert entry["sha256_a"] != entry["sha256_b"] and entry["ignored_fields"] == ["wall_s"], entry
+    assert "bit-identical" not in result["summary"], result["summary"]
+    assert (
+        "identical to an uninterrupted run's (bit for bit but run.json: the same but for the fields"
+        in result["summary"]
+    ), result["summary"]
+
+
 def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):
     script = (
         "import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "

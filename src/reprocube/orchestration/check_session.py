@@ -602,7 +602,7 @@ class CheckSession:
             return self.finish(
                 "not-proven",
                 "resume",
-                f"{restarts}, every declared output compared is bit-identical to an uninterrupted run's, but the "
+                f"{restarts}, every declared output compared is {_identical(comparison)}, but the "
                 f"resume is not proven: {'; '.join(unproven)}",
             )
         swap = self.swap_evidence()
@@ -610,7 +610,7 @@ class CheckSession:
             return self.finish(
                 "not-proven",
                 "swap",
-                f"{restarts}, every declared output compared is bit-identical to an uninterrupted run's, but the "
+                f"{restarts}, every declared output compared is {_identical(comparison)}, but the "
                 f"resume is not proven: a restart given another seed's state (what the control left "
                 f"{'at its stop' if self.control_state else 'when it ended'}, in a fresh directory, under this "
                 f"run's names) wrote the uninterrupted run's "
@@ -639,8 +639,20 @@ class CheckSession:
             "resume-exact",
             "resume",
             f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
-            f"every declared output is bit-identical to an uninterrupted run's{updates}{caveat}{moments}{unchecked}",
+            f"every declared output is {_identical(comparison)}{updates}{caveat}{moments}{unchecked}",
         )
+
+
+def _identical(comparison: dict) -> str:
+    """How the outputs a comparison found the same are the same: bit for bit, or but for what --ignore
+    FILE:KEY (or a Keras archive's save date) left out of a file whose bytes differ."""
+    fields = [f["path"] for f in comparison["files"] if f.get("same") and f.get("sha256_a") != f.get("sha256_b")]
+    if not fields:
+        return "bit-identical to an uninterrupted run's"
+    return (
+        f"identical to an uninterrupted run's (bit for bit but {', '.join(fields[:3])}"
+        f"{' and more' if len(fields) > 3 else ''}: the same but for the fields left out, other bytes)"
+    )
 
 
 def _check_arguments(options: CheckOptions) -> None:
