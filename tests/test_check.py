@@ -147,6 +147,13 @@ def test_an_output_the_same_but_for_an_ignored_field_is_never_called_bit_identic
         "identical to an uninterrupted run's (bit for bit but run.json: the same but for the fields"
         in result["summary"]
     ), result["summary"]
+    assert (
+        "0 of 1 files bit-identical, 1 the same but for ignored fields" in (tmp_path / "out" / "check.md").read_text()
+    )
+    from reprocube.results.check_result import read_check_page
+
+    [page_entry] = read_check_page(tmp_path / "out" / "check.json")["files"]
+    assert page_entry["same"] is True and page_entry["bytes_differ"] is True
 
 
 def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):

@@ -119,7 +119,13 @@ def write_check_page(out: Path, evidence: dict) -> Path:
     if check["files"]:
         parts.append("<table><tr><th>output</th><th>bit-identical</th><th>where it differs</th></tr>")
         for f in check["files"]:
-            same = "<td class='ok'>yes</td>" if f["same"] else "<td class='bad'>no</td>"
+            same = (
+                "<td class='bad'>no</td>"
+                if not f["same"]
+                else "<td class='warn'>the same but for ignored fields</td>"
+                if f["bytes_differ"]
+                else "<td class='ok'>yes</td>"
+            )
             parts.append(f"<tr><td><code>{esc(f['path'])}</code></td>{same}<td>{esc(f['detail'] or '')}</td></tr>")
         parts.append("</table>")
     else:

@@ -110,7 +110,12 @@ def read_check_page(path: Path) -> dict:
     comparisons = fields.mapping("comparisons")
     resume = comparisons.nullable("resume", comparisons.mapping) if comparisons.has("resume") else None
     page["files"] = [
-        {"path": f.text("path"), "same": f.boolean("same"), "detail": f.nullable("detail", f.text)}
+        {
+            "path": f.text("path"),
+            "same": f.boolean("same"),
+            "detail": f.nullable("detail", f.text),
+            "bytes_differ": _bytes_differ(f),
+        }
         for f in (resume.records("files") if resume else [])
     ]
     page["probe"] = _read_probe(fields.nullable("probe", fields.mapping))
@@ -192,9 +197,12 @@ def markdown(result: dict) -> str:
     for name, comparison in _comparisons(result["comparisons"]):
         lines += ["", f"## {name}", ""]
         changed = [f for f in comparison["files"] if not f["same"]]
-        same = len(comparison["files"]) - len(changed)
-        lines.append(f"{same} of {len(comparison['files'])} files bit-identical")
-        lines += [f"- {md_code(f['path'])}: {md_text(f['detail'])}" for f in changed[:20]]
+        # the same but for what --ignore FILE:KEY (or a Keras archive's save date) left out: other bytes
+        but_for = [f for f in comparison["files"] if f["same"] and f.get("sha256_a") != f.get("sha256_b")]
+        same = len(comparison["files"]) - len(changed) - len(but_for)
+        also = f", {len(but_for)} the same but for ignored fields" if but_for else ""
+        lines.append(f"{same} of {len(comparison['files'])} files bit-identical{also}")
+        lines += [f"- {md_code(f['path'])}: {md_text(f['detail'])}" for f in [*but_for, *changed][:20]]
         lines += [f"- {md_code(m)}: written by neither run" for m in comparison["missing"]]
     return "\n".join(lines) + "\n"
 
@@ -236,3 +244,10 @@ def _probe_lines(probe: dict | None) -> list[str]:
     if resume["unrecorded_steps"]:
         lines.append(f"  - steps no attempt of the stopped run recorded (not compared): {resume['unrecorded_steps']}")
     return lines
+
+
+def _bytes_differ(entry) -> bool:
+    """Whether a file compared the same has other bytes (the same but for ignored fields): its two sha256s
+    recorded and different."""
+    digests = [entry.nullable(k, entry.text) if entry.has(k) else None for k in ("sha256_a", "sha256_b")]
+    return None not in digests and digests[0] != digests[1]
