@@ -349,3 +349,20 @@ def test_a_checkpoint_hard_linked_into_place_is_a_save_the_restart_read(tmp_path
     proc, result = check(tmp_path, "hard_linked_save.py", "--at-line", r"step (32|64) saved", "--stops", "2")
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     assert [stop["effective"] for stop in result["stop_evidence"]] == [True, True], result["stop_evidence"]
+
+
+def test_a_log_kept_open_and_closed_as_the_process_ends_is_no_save_after_the_signal(tmp_path):
+    """Round 6's b14. Truth without reprocube: stopped after step 32's save and rerun, it ends as the
+    uninterrupted run does. metrics.db (SQLite, kept open) is closed by the kernel as the stopped process
+    ends: check took it for the script's own stop path ("from a file written after the signal") though its
+    content last changed before the signal (its mtime), and ckpt.npz was saved before it."""
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "sqlite_log.py") == 0
+    truth_run(stopped, "sqlite_log.py", stop_at="step 32 saved")
+    assert truth_run(stopped, "sqlite_log.py") == 0
+    assert final_digest(stopped) == final_digest(clean)
+
+    proc, result = check(tmp_path, "sqlite_log.py", "--at-line", r"step (32|64) saved", "--stops", "2")
+    assert result is not None and result["verdict"] == "resume-exact", said(result)
+    assert "written after the signal" not in result["summary"], said(result)

@@ -47,6 +47,9 @@ class Event:
     size: int | None = None  # a written file's size just after (None: a directory, or gone already)
     renamed: bool = False  # a write that renamed the file into place (a whole new file, never an append)
     head: bytes | None = None  # a file written in place: its first HEAD_BYTES (a log appended to keeps them)
+    # when its content last changed (its mtime, on time.perf_counter's clock): a file kept open and closed
+    # as its process ends is seen written then, though nothing was written to it for a while
+    modified: float | None = None
 
 
 def state_key(path: str) -> str:
@@ -180,7 +183,7 @@ class FileActivity:
                 now = time.perf_counter()
                 for entry, _, regular in listed:
                     if regular and len(self.events) < MAX_EVENTS:
-                        size, _ = _size_and_head(directory / entry)  # None: gone already (a temporary file)
+                        size, _, _ = _size_head_mtime(directory / entry)  # None: gone already (a temporary file)
                         self.events.append(Event(now, "write", f"{label}/{entry}", size))
                         self._scanned[f"{label}/{entry}"] = now
             pending += [(directory / sub, f"{label}/{sub}") for sub, is_dir, _ in listed if is_dir]
@@ -284,10 +287,12 @@ class FileActivity:
         if len(self.events) >= MAX_EVENTS:
             self._incomplete(f"more than {MAX_EVENTS} file events")
             return
-        size, head = None, None
+        size, head, modified = None, None, None
         if kind == "write":
-            size, head = _size_and_head(full)
-        self.events.append(Event(now, kind, path, size, renamed=bool(mask & IN_MOVED_TO) or linked, head=head))
+            size, head, mtime = _size_head_mtime(full)
+            modified = None if mtime is None else mtime - (time.time() - time.perf_counter())
+        renamed = bool(mask & IN_MOVED_TO) or linked
+        self.events.append(Event(now, kind, path, size, renamed=renamed, head=head, modified=modified))
 
 
 def _hard_link(path: Path) -> bool:
@@ -299,19 +304,20 @@ def _hard_link(path: Path) -> bool:
     return stat.S_ISREG(status.st_mode) and status.st_nlink > 1
 
 
-def _size_and_head(path: Path) -> tuple[int | None, bytes | None]:
-    """A regular file's size and first HEAD_BYTES, read without following a link or waiting on a FIFO."""
+def _size_head_mtime(path: Path) -> tuple[int | None, bytes | None, float | None]:
+    """A regular file's size, first HEAD_BYTES and mtime (time.time()'s clock), read without following a link
+    or waiting on a FIFO."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return None, None
+        return None, None, None
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
-            return None, None
-        return status.st_size, os.read(fd, HEAD_BYTES)
+            return None, None, None
+        return status.st_size, os.read(fd, HEAD_BYTES), status.st_mtime_ns / 1e9
     except OSError:
-        return None, None
+        return None, None, None
     finally:
         os.close(fd)
 

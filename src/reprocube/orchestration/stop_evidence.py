@@ -24,6 +24,7 @@ from reprocube.orchestration.check_runs import Run
 from reprocube.orchestration.file_activity import state_key
 from reprocube.terminal import counted
 
+MTIME_SLACK_S = 0.01  # a file's mtime is the kernel's coarse time: up to a tick (4 ms at 250 Hz) early
 LEAK_RATIO = 0.4  # a complete run this much faster than another started from state someone else left
 
 
@@ -190,7 +191,13 @@ def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal
         return ""
     # No slack here (inotify's times lag the write): a save just before the signal may be named as after it,
     # a caveat too many, never one too few (a handler's save right after the signal is what this is for).
-    after = {e.path for e in activity.writes(signal_at, restart_from)}
+    # But a file whose content last changed before the signal (its mtime; a few ms of slack for the kernel's
+    # coarse clock) was not saved after it: one kept open (SQLite, a log) is closed as the process ends.
+    after = {
+        e.path
+        for e in activity.writes(signal_at, restart_from)
+        if e.modified is None or e.modified >= signal_at - MTIME_SLACK_S
+    }
     read = {e.path for e in activity.reads(restart_from, restart_to)}
     if not after & read:
         return ""
