@@ -62,3 +62,18 @@ def test_a_watcher_that_fails_on_an_event_says_it_did_not_see_everything(tmp_pat
     assert activity.why_incomplete == "the watcher failed on an event (FileNotFoundError)"
     assert activity.state_keys() == frozenset()  # nothing concluded from what it saw
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_restarts_read_and_its_next_save_read_from_one_batch_keep_their_order(tmp_path):
+    """On a busy machine the watcher reads a restart's read of its checkpoint and its next save of it in one
+    batch, stamped with one time: the read came first, so the restart read what was saved before the stop
+    (test_check_adversary's F21 was not-resumed, 'read none of the 1 file saved', 1 run in 4 under load)."""
+    from reprocube.orchestration.file_activity import Event
+    from reprocube.orchestration.stop_evidence import _restart_reads
+
+    activity = FileActivity({"work": tmp_path})
+    activity.events = [Event(10.0, "read", "work/ckpt.pkl"), Event(10.0, "write", "work/ckpt.pkl", 64)]
+    assert [e.kind for e in _restart_reads(activity, {"work/ckpt.pkl"}, 9.0, 20.0)] == ["read"]
+    # A read after the restart wrote the file again is of its own save, never of the one before the stop.
+    activity.events.reverse()
+    assert _restart_reads(activity, {"work/ckpt.pkl"}, 9.0, 20.0) == []

@@ -210,18 +210,21 @@ def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal
 def _restart_reads(activity, saved: set[str], restart_from: float, restart_to: float) -> list:
     """The reads of saved files (or of files inside a saved directory) by a restart, before it wrote them
     again."""
-    written_again: dict[str, float] = {}
-    for event in activity.writes(restart_from, restart_to):
-        written_again.setdefault(event.path, event.at)
 
     def saved_as(path: str) -> str | None:  # the saved file, or the saved directory holding it (Orbax)
         return next((s for s in saved if path == s or path.startswith(s + "/")), None)
 
-    return [
-        e
-        for e in activity.reads(restart_from, restart_to)
-        if saved_as(e.path) is not None and e.at < written_again.get(saved_as(e.path), float("inf"))
-    ]
+    # In the order inotify gave them, not by time: the events of one read of its queue share a time (on a
+    # busy machine a restart's read of its checkpoint and its next save of it can come together).
+    reads, written_again = [], set()
+    for event in list(activity.events):
+        if not restart_from <= event.at < restart_to:
+            continue
+        if event.kind == "write":
+            written_again.add(event.path)
+        elif (name := saved_as(event.path)) is not None and name not in written_again:
+            reads.append(event)
+    return reads
 
 
 # inotify's events are stamped when check reads them, up to a few tenths of a second late on a busy machine:
