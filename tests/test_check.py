@@ -156,6 +156,19 @@ def test_an_output_the_same_but_for_an_ignored_field_is_never_called_bit_identic
     assert page_entry["same"] is True and page_entry["bytes_differ"] is True
 
 
+def test_a_run_that_fails_beside_another_says_so(tmp_path):
+    """Round 6's b17: a script that binds a fixed port (torchrun's MASTER_PORT) fails when the two clean runs
+    go together; the verdict names the address in use and that --jobs 1 runs them one at a time."""
+    script = (
+        "import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', 29517)); s.listen()\ntime.sleep(1.5)\n"
+        "open('out.txt', 'w').write('1')"
+    )
+    proc, result = check(tmp_path, "--output", "out.txt", "--jobs", "2", command=[sys.executable, "-c", script])
+    assert proc.returncode == 10 and result["verdict"] == "command-failed", proc.stdout
+    assert "Address already in use" in result["summary"], result["summary"]
+    assert "it ran beside another run (--jobs 2)" in result["summary"] and "--jobs 1" in result["summary"]
+
+
 def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path):
     script = (
         "import os, time; open(os.environ['REPROCUBE_PROBE'], 'w').write('{\"probe\": 1}\\n[]\\n'); "

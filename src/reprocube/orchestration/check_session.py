@@ -197,6 +197,17 @@ class CheckSession:
             self.result["not_checked"].append(f"{path} in {run.name} against {against.name}: {detail}")
         return {"run": run.name, "against": against.name, **comparison}
 
+    def failure(self, run: Run) -> str:
+        """Why a run failed (failure_line), and where it ran beside another, that it did: two runs of a
+        script that binds a fixed port (torchrun's MASTER_PORT) or writes a fixed path get in each other's
+        way only then."""
+        beside = self.jobs > 1 and (run.name != "stopped" or bool(self.seed_env or self.seed_arg))
+        hint = (
+            f"; it ran beside another run (--jobs {self.jobs}): if both used one fixed port or path, --jobs 1 "
+            "runs them one at a time"
+        )
+        return failure_line(run) + (hint if beside else "")
+
     def finish(self, verdict: str, stage: str, summary: str) -> dict:
         dirs = EvidenceDirs.of(self.out)
         try:
@@ -239,7 +250,7 @@ class CheckSession:
         clean[0].output_digests = reference_digests(clean[0].work, self.outputs)
         failed = next((run for run in clean if run.exit != 0), None)
         if failed is not None:
-            return self.finish("command-failed", failed.name, failure_line(failed))
+            return self.finish("command-failed", failed.name, self.failure(failed))
         self.limit = timeout or max(120.0, 5 * max(run.attempts[-1].seconds for run in clean))
         written = collect(clean[0].work, self.outputs, [])
         unwritten = [o for o in self.outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in written)]
@@ -510,7 +521,7 @@ class CheckSession:
         if tampered is not None:
             return tampered
         if control.exit != 0:
-            return self.finish("command-failed", "control", failure_line(control))
+            return self.finish("command-failed", "control", self.failure(control))
         self.result["comparisons"]["control"] = self.compared(
             control, self.clean[0], explain=False
         )  # differing is enough
@@ -531,7 +542,7 @@ class CheckSession:
             return tampered
         landed = stopped.stops_landed
         if stopped.exit != 0:
-            return self.finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {failure_line(stopped)}")
+            return self.finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {self.failure(stopped)}")
         leaked = leaked_state([*self.clean, stopped], {}) if landed == 0 else None
         if leaked:
             return self.finish("state-leaked", "stopped", f"its first attempt ended before its stop: {leaked}")
