@@ -132,7 +132,9 @@ def _judged(
                     f"{late['delay_s']} s after the attempt started, where the uninterrupted run made its first "
                     f"update {late['reach_first_s']} s after its start and step {late['step']} after "
                     f"{late['reach_step_s']} s: it trained the updates before again without recording them "
-                    "(began again), or spent that long before its first update",
+                    "(began again), or spent that long before its first update (a data loader fast-forwarded "
+                    "batch by batch, a slow checkpoint load): timing cannot tell these apart, so the stop proves "
+                    "nothing",
                 }
             unread = _unread_state(run, saved, restart_from, restart_to) if files_bind else None
             if unread:
