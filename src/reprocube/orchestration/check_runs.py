@@ -119,8 +119,6 @@ class Run:
     attempts: list[Attempt] = field(default_factory=list)
     # called with the seconds an attempt has run, every PROGRESS_EVERY_S: never a long silence, on any output
     on_progress: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
-    # called with each attempt once it ended, before the next starts (the control's state is copied there)
-    on_attempt_end: Callable[[Attempt], None] | None = field(default=None, repr=False, compare=False)
     # what the command wrote and read in its directories (the work directory, HOME, TMPDIR), if watched
     activity: FileActivity | None = field(default=None, repr=False, compare=False)
     began: float = 0.0  # time.perf_counter() when its first attempt started: Attempt.started_s counts from it
@@ -184,8 +182,6 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
         except DirectoryReplaced:  # recorded in run.dirs: the check's verdict names it; nothing more runs
             break
         run.attempts.append(attempt)
-        if run.on_attempt_end is not None:
-            run.on_attempt_end(attempt)
         seen |= entries_below(run.work)
         if stop is None or attempt.stopped_early or attempt.exit is None:
             break

@@ -31,9 +31,9 @@ from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, fail
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
-from reprocube.orchestration.file_activity import FileActivity, state_key
+from reprocube.orchestration.file_activity import MERGE_S, FileActivity, state_key
 from reprocube.orchestration.process_guard import end_all_guards
-from reprocube.orchestration.state_swap import copy_budget, place, plan_swap, snapshot
+from reprocube.orchestration.state_swap import copy_budget, place, plan_swap, snapshot, state_files
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import write_check
 from reprocube.terminal import counted, one_line
@@ -97,9 +97,11 @@ class CheckSession:
         self.clean: list[Run] = []
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
         self.swap_note = "not run"  # why there is none
-        # the control's directories as they were when its stopped first attempt ended (snapshot_control)
+        # the control's directories as they were after its last save but one (snapshot_control), and after
+        # how many of its saves to copy them (0: not copied)
         self.control_state: dict[str, Path] | None = None
-        self.control_state_note = "the control was not stopped"  # why its final state is given instead
+        self.snapshot_after = 0
+        self.control_state_note = "not copied as it ran"  # why its finished state is given instead
         self.limit = 0.0  # the watchdog of each attempt after the first clean run
         self.result: dict = {
             "command": self.command,
@@ -183,12 +185,22 @@ class CheckSession:
         return [run for run, _, _ in planned]
 
     def execute(self, run: Run, stops: list[Stop], limit: float, jobs: dict[str, str]) -> None:
-        """One run, its files watched: here, or as a SLURM job (its id into jobs)."""
+        """One run, its files watched: here, or as a SLURM job (its id into jobs). The control's state is
+        copied as it runs (snapshot_control)."""
+        ended = threading.Event()
+        copier = threading.Thread(target=self.snapshot_control, args=(run, ended), name="control-state", daemon=True)
         with run.activity:
-            if self.slurm is None:
-                execute(run, stops, self.signum, limit)
-            else:
-                jobs[run.name] = execute_slurm(run, stops, limit, self.slurm)
+            if run.name == "control" and self.snapshot_after:
+                copier.start()
+            try:
+                if self.slurm is None:
+                    execute(run, stops, self.signum, limit)
+                else:
+                    jobs[run.name] = execute_slurm(run, stops, limit, self.slurm)
+            finally:
+                ended.set()
+                if copier.is_alive():
+                    copier.join()
 
     def compared(self, run: Run, against: Run, explain: bool = True) -> dict:
         comparison = compare_outputs(against.work, run.work, self.outputs, self.ignore, explain)
@@ -363,11 +375,10 @@ class CheckSession:
         planned = [(stopped, plan, self.limit)]
         if self.seed_env or self.seed_arg:
             control = self.new_run("control", seed=1)
-            control_stops: list[Stop] = []
-            if self.slurm is None:  # stopped as the stopped run is first: the swapped restart gets that state
-                control.state, control_stops = stopped.state, plan[:1]
-                control.on_attempt_end = lambda attempt: self.snapshot_control(control, attempt)
-            planned.insert(0, (control, control_stops, self.limit))
+            if self.slurm is None and stopped.state:  # (a SLURM job's files are not watched as it runs)
+                control.state = stopped.state
+                self.snapshot_after = max(1, stopped.clean_saves - 1)  # -1 (saves that follow the clock): 1
+            planned.insert(0, (control, [], self.limit))
         else:
             self.result["not_checked"].append(
                 "no negative control (--seed-env or --seed-arg): whether the outputs depend "
@@ -379,26 +390,43 @@ class CheckSession:
             self.result["runs"].append(self.swapped.as_dict())
         return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
 
-    def snapshot_control(self, control: Run, attempt) -> None:
-        """When the control's first attempt ended at its stop: a copy of its directories, the state a restart
-        given another seed's run reads. A finished run's state leaves a restart nothing to train (one that
-        never loads its weights and exports a finished checkpoint as it finds it passed that way), a
-        stopped one's leaves the rest of the run."""
-        if len(control.attempts) != 1 or attempt.stop is None or attempt.stopped_early or attempt.exit is None:
-            self.control_state_note = "the control's first attempt ended before its stop"
+    def snapshot_control(self, control: Run, ended: threading.Event) -> None:
+        """While the control runs: once it has saved its state as often as an uninterrupted run does but
+        once, and written nothing of it for QUIET_S, a copy of its directories, what the swapped restart
+        is given. A finished run's state leaves a restart nothing to train (one that never loads its
+        weights and exports a finished checkpoint as it finds it passed that way); this one leaves it the
+        run's last stretch (little to train: the check costs little more). Where the control saved again
+        during the copy, or ended first, nothing is kept, and its finished state is given (said)."""
+        activity, keys, wanted = control.activity, control.state, self.snapshot_after
+
+        def state_writes() -> list:
+            return [e for e in activity.writes() if state_key(e.path) in keys]
+
+        while not ended.wait(SNAPSHOT_POLL_S):
+            saves = len(activity.save_moments(state=keys))
+            if saves > wanted:
+                self.control_state_note = "it saved again before its state could be copied"
+                return
+            written = state_writes()
+            if saves < wanted or not written or time.perf_counter() - written[-1].at < QUIET_S:
+                continue
+            into = {label: self.out / "snapshot" / "control" / label for label in activity.places}
+            dirs = EvidenceDirs.of(self.out)
+            before = state_files(activity.places, keys)
+            try:
+                for directory in into.values():
+                    dirs.make(directory)
+                why_not = snapshot(activity.places, into, copy_budget(self.clean[0].activity.places))
+            except (DirectoryReplaced, OSError) as exc:
+                why_not = one_line(f"its files could not be copied ({getattr(exc, 'strerror', None) or exc})")
+            if why_not is None and state_files(activity.places, keys) != before:  # the copy may mix two saves
+                why_not = "it saved again while its state was being copied"
+            if why_not is None:
+                self.control_state = into
+            else:
+                self.control_state_note = f"its state was not copied as it ran: {why_not}"
             return
-        into = {label: self.out / "snapshot" / "control" / label for label in control.activity.places}
-        dirs = EvidenceDirs.of(self.out)
-        try:
-            for directory in into.values():
-                dirs.make(directory)
-            why_not = snapshot(control.activity.places, into, copy_budget(self.clean[0].activity.places))
-        except (DirectoryReplaced, OSError) as exc:
-            why_not = one_line(f"its files could not be copied ({getattr(exc, 'strerror', None) or exc})")
-        if why_not is None:
-            self.control_state = into
-        else:
-            self.control_state_note = f"the control's state at its stop was not kept: {why_not}"
+        self.control_state_note = "it ended before its last save but one was seen"
 
     def swapped_restart(self, control: Run) -> None:
         """After the control, in its slot: the command restarted in a fresh directory holding what the control
@@ -424,7 +452,7 @@ class CheckSession:
         except OSError as exc:  # a name taken twice, a link on the way: never written through, no traceback
             self.swap_note = one_line(f"the control's files could not be placed ({exc.strerror or exc})")
             return
-        when = "at its stop" if self.control_state else f"at its end: {self.control_state_note}"
+        when = "after its last save but one" if self.control_state else f"at its end: {self.control_state_note}"
         self.echo(
             one_line(f"  swapped: {' '.join(swapped.command)} (in the control's {counted(len(plan), 'file')}, {when})")
         )
@@ -461,7 +489,11 @@ class CheckSession:
             # Given a finished run's state, a restart that begins again unrecorded and one that resumes
             # both have nothing left to train: other outputs show nothing (round 6's "already complete:
             # export" branch made a restart that never loads its weights pass this way).
-            state = "its state at its stop" if self.control_state else "its finished state: nothing was left to train"
+            state = (
+                "its state after its last save but one"
+                if self.control_state
+                else "its finished state: nothing was left to train"
+            )
             self.result["not_checked"].append(
                 f"{not_shown}: the restart given the control's state made no update ({state})"
             )
@@ -623,7 +655,7 @@ class CheckSession:
                 "swap",
                 f"{restarts}, every declared output compared is {_identical(comparison)}, but the "
                 f"resume is not proven: a restart given another seed's state (what the control left "
-                f"{'at its stop' if self.control_state else 'when it ended'}, in a fresh directory, under this "
+                f"{'after its last save but one' if self.control_state else 'when it ended'}, in a fresh directory, under this "
                 f"run's names) wrote the uninterrupted run's "
                 f"{', '.join(swap['files'][:3])} bit for bit, so it did not continue from the state it found "
                 "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
@@ -664,6 +696,10 @@ def _identical(comparison: dict) -> str:
         f"identical to an uninterrupted run's (bit for bit but {', '.join(fields[:3])}"
         f"{' and more' if len(fields) > 3 else ''}: the same but for the fields left out, other bytes)"
     )
+
+
+SNAPSHOT_POLL_S = 0.01  # how often the control's saves are looked at while it runs
+QUIET_S = 2 * MERGE_S  # no write of its state for this long: its save is whole (a model, then its optimizer)
 
 
 def _check_arguments(options: CheckOptions) -> None:

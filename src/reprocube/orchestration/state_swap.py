@@ -117,6 +117,18 @@ def copy_budget(clean: dict[str, Path]) -> int:
     return MAX_BYTES_RATIO * sum(_size(clean[f.partition("/")[0]] / f.partition("/")[2]) for f in files) + (64 << 20)
 
 
+def state_files(places: dict[str, Path], keys: frozenset[str]) -> dict[str, tuple[int, int, int]]:
+    """Each regular file of a state key under `places`: (inode, size, mtime in ns), what a save changes (a
+    file renamed into place is another inode, one rewritten has another mtime)."""
+    found = {}
+    for name in regular_files(places):
+        if state_key(name) in keys:
+            with contextlib.suppress(OSError):
+                status = (places[name.partition("/")[0]] / name.partition("/")[2]).lstat()
+                found[name] = (status.st_ino, status.st_size, status.st_mtime_ns)
+    return found
+
+
 def snapshot(places: dict[str, Path], into: dict[str, Path], budget: int) -> str | None:
     """Every regular file under `places` copied into the same label's directory of `into` (made, empty, by
     the caller), as place() copies: the state a run left when one of its attempts ended, kept while the run

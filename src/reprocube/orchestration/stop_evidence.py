@@ -321,8 +321,7 @@ def leaked_state(clean: list[Run], first_updates: dict[str, int | None]) -> str 
             return f"{name}'s first update is step {step} of an uninterrupted run: it began where another run ended"
     if any(step is not None for step in first_updates.values()):
         return None  # the probe placed the runs' first updates: their times say nothing more
-    # Runs of one attempt only: a stopped control's restart takes less than a whole run by design.
-    times = {run.name: run.attempts[0].seconds for run in clean if len(run.attempts) == 1 and run.attempts[0].exit == 0}
+    times = {run.name: run.attempts[-1].seconds for run in clean if run.attempts and run.attempts[-1].exit == 0}
     if len(times) >= 2:
         fast, slow = min(times, key=times.get), max(times, key=times.get)
         if times[fast] < LEAK_RATIO * times[slow]:
