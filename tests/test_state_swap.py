@@ -45,3 +45,30 @@ def test_the_size_is_refused_before_any_file_is_read(tmp_path, monkeypatch):
     monkeypatch.setattr(state_swap, "_same_bytes", no_reading)
     plan, why = plan_swap(clean, control, frozenset({"work/ckpt.pt"}), [], [])
     assert plan == [] and why == "the control left 1024 MiB, more than 2x what the uninterrupted run did"
+
+
+def test_a_snapshot_copies_regular_files_only_within_its_budget(tmp_path):
+    """The control's state copied as it runs: regular files under their own names, a link never followed
+    (nor copied), nothing where the files exceed the budget; and a state file's identity changes with a
+    save (what tells a copy that may mix two saves)."""
+    import os
+
+    source = places(tmp_path, "control", {"ckpt.npz": b"state", "logs/metrics.csv": b"1,2\n"})
+    os.symlink("/etc/passwd", source["work"] / "link")
+    into = {"work": tmp_path / "snapshot" / "work"}
+    into["work"].mkdir(parents=True)
+    assert state_swap.snapshot(source, into, budget=1 << 20) is None
+    copied = sorted(str(p.relative_to(into["work"])) for p in into["work"].rglob("*") if p.is_file())
+    assert copied == ["ckpt.npz", "logs/metrics.csv"] and not (into["work"] / "link").exists()
+    assert (into["work"] / "ckpt.npz").read_bytes() == b"state"
+
+    other = {"work": tmp_path / "other"}
+    other["work"].mkdir()
+    assert "more than" in state_swap.snapshot(source, other, budget=4) and list(other["work"].iterdir()) == []
+
+    keys = frozenset({"work/ckpt.npz"})
+    before = state_swap.state_files(source, keys)
+    assert list(before) == ["work/ckpt.npz"]  # the log is no state file
+    (source["work"] / "new.npz").write_bytes(b"saved again")
+    os.replace(source["work"] / "new.npz", source["work"] / "ckpt.npz")
+    assert state_swap.state_files(source, keys) != before
