@@ -12,6 +12,8 @@ each checkpoint; they do nothing outside check. What check finds here is in docs
     --rng-after-fetch    the restored generator state set again once the resumed epoch's first batch is fetched
                          (starting the loader's iterator draws from torch's generator; the Trainer of
                          transformers does the same after skipping)
+    --device cuda        on the GPU (the Accelerator's device), with deterministic algorithms and cuBLAS's
+                         workspace setting, as PyTorch documents for reproducibility
     --pause S            seconds it idles after announcing each save (default 0.3: a real step's time, so that a
                          stop sent as the line is read lands before the next update, as it would in a long run)"""
 
@@ -32,8 +34,12 @@ parser.add_argument("--save-steps", type=int, default=8)
 parser.add_argument("--seedable-sampler", action="store_true")
 parser.add_argument("--rng-after-fetch", action="store_true")
 parser.add_argument("--pause", type=float, default=0.3)
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 args = parser.parse_args()
 torch.set_num_threads(1)
+if args.device == "cuda":
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+    torch.use_deterministic_algorithms(True)
 
 data = torch.Generator().manual_seed(1234)  # the dataset is fixed; the seed drives the training only
 x = torch.randn(1024, 32, generator=data)
@@ -52,7 +58,7 @@ class Progress:  # the global step, saved and restored with the checkpoint (regi
 
 # (automatic_checkpoint_naming is no help here: a restart does not restore its count and refuses to save)
 accelerator = Accelerator(
-    cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=args.seedable_sampler)
+    cpu=args.device == "cpu", dataloader_config=DataLoaderConfiguration(use_seedable_sampler=args.seedable_sampler)
 )
 set_seed(int(os.environ.get("SEED", "0")))
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 2))
@@ -92,4 +98,4 @@ for epoch in range(start_epoch, args.epochs):
             time.sleep(args.pause)
 
 state = accelerator.unwrap_model(model).state_dict()
-save_file({name: tensor.contiguous() for name, tensor in state.items()}, "model.safetensors")
+save_file({name: tensor.contiguous().cpu() for name, tensor in state.items()}, "model.safetensors")

@@ -25,7 +25,8 @@
 #                                             beside their truth (scripts/gpu_trainers.py). The data: a generated
 #                                             MNIST-shaped set of Fashion-MNIST's size (NO_DATA=1 bundle: the
 #                                             real one does not fit beside the repository in what a call carries;
-#                                             SKIP_TIMINGS=1 FRAMEWORKS=pytorch: the checks alone, of those named)
+#                                             SKIP_TIMINGS=1 FRAMEWORKS=pytorch: the checks alone, of those named;
+#                                             FRAMEWORKS=none TRAINER_ROWS="ROW ...": those trainers' rows alone)
 #   scripts/gpu-host.sh jax-cache DIR BUDGET_S
 #                                             JAX's compilation cache (on by default) on the GPU: a run that
 #                                             compiles into an empty cache, one that loads from it, one with
@@ -136,12 +137,13 @@ PY
   # 2. At once: both frameworks' bit-exactness checks with the new defaults, and the trainers' examples.
   local pids=() status=0
   for name in ${FRAMEWORKS:-pytorch jax}; do
+    [ "$name" != none ] || continue  # FRAMEWORKS=none: the trainers alone
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$budget" "$repo/scripts/gpu-check.sh" --device "$device" --no-bench \
       --out "/tmp/gc-$name" --frameworks "$name" "${data[@]}" ${EXTRA:-} >"$out/checks-$name.log" 2>&1 &
     pids+=($!)
   done
   if [ -z "${SKIP_TRAINERS:-}" ]; then
-    (cd /tmp && timeout "$budget" python3 "$repo/scripts/gpu_trainers.py" /tmp/trainers >"$s/trainers.log" 2>&1) &
+    (cd /tmp && timeout "$budget" python3 "$repo/scripts/gpu_trainers.py" /tmp/trainers ${TRAINER_ROWS:-} >"$s/trainers.log" 2>&1) &
     pids+=($!)
   fi
   for name in "${pids[@]}"; do wait "$name" || status=1; done
