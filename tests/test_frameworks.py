@@ -217,7 +217,7 @@ def test_the_table_holds_exactly_the_measured_rows():
         assert f"examples/{row.script}" in text and " ".join(row.args) in text, (row.name, text)
 
 
-GPU_RECORD = REPO / "benchmarks" / "gpu" / "h200-2026-11-27" / "call2" / "trainers.tgz"
+GPU_RECORDS = [REPO / "benchmarks" / "gpu" / "h200-2026-11-27" / call / "trainers.tgz" for call in ("call2", "call3")]
 
 
 def test_the_gpu_column_is_what_the_lent_gpu_recorded():
@@ -226,9 +226,10 @@ def test_the_gpu_column_is_what_the_lent_gpu_recorded():
     other row says it was not run."""
     import tarfile
 
-    with tarfile.open(GPU_RECORD) as archive:
-        records = json.load(archive.extractfile("./trainers.json"))
-    measured = {record["row"]: record for record in records}
+    measured = {}
+    for path in GPU_RECORDS:  # a later call's record of a row replaces an earlier one's
+        with tarfile.open(path) as archive:
+            measured.update({record["row"]: record for record in json.load(archive.extractfile("./trainers.json"))})
     header = [
         cell.strip() for cell in TABLE.read_text().split("| row | framework |", 1)[1].split("\n", 1)[0].split("|")
     ]
