@@ -366,3 +366,20 @@ def test_a_log_kept_open_and_closed_as_the_process_ends_is_no_save_after_the_sig
     proc, result = check(tmp_path, "sqlite_log.py", "--at-line", r"step (32|64) saved", "--stops", "2")
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     assert "written after the signal" not in result["summary"], said(result)
+
+
+def test_a_resume_from_what_only_the_stop_handler_saved_is_named_not_failed(tmp_path):
+    """Round 7's F8. Truth without reprocube: SIGTERMed at step 32 (it saves and exits) and rerun, it ends as
+    the uninterrupted run does. check: resume-exact, each stop named as resumed from a file written after the
+    signal (what it saves as it goes, nothing here, was not tested)."""
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "preempt_only.py") == 0
+    truth_run(stopped, "preempt_only.py", stop_at="step 32 done")
+    assert (stopped / "preempt.npz").is_file()
+    assert truth_run(stopped, "preempt_only.py") == 0
+    assert final_digest(stopped) == final_digest(clean)
+
+    proc, result = check(tmp_path, "preempt_only.py", "--at-line", r"step (32|64) done", "--stops", "2")
+    assert result is not None and result["verdict"] == "resume-exact", said(result)
+    assert result["summary"].count("from a file written after the signal (work/preempt.npz") == 2, said(result)

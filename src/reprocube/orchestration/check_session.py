@@ -671,10 +671,15 @@ class CheckSession:
         elif traced["compared"] and any(line.startswith("the updates at steps") for line in not_checked):
             updates += " it recorded (not all: see not checked)"
         how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
+        # What no run here can show (round 7): a restart that reads its step (and its seed) from the checkpoint
+        # and trains the updates before it again unrecorded ends with the same bits; only timing speaks to it.
+        not_checked.append(REPLAY_NOT_CHECKED)
         more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
-        unchecked = f"; not checked: {not_checked[0]}{more} (check.md)" if not_checked else ""
+        unchecked = f"; not checked: {not_checked[0]}{more} (check.md)"
+        saves = f" of the uninterrupted run's {stopped.clean_saves}" if stopped.clean_saves > 0 else ""
         moments = (
-            "; at these moments only (another --stop-seed, or more --stops, tests others)"
+            f"; at these moments only: each stop came after its attempt's first save, so after the first "
+            f"{counted(len(plan), 'save')}{saves} (more --stops, or --at-line, reaches later ones)"
             if any(stop.fraction is not None for stop in plan)
             else ""
         )
@@ -698,6 +703,11 @@ def _identical(comparison: dict) -> str:
     )
 
 
+REPLAY_NOT_CHECKED = (
+    "whether the restarts used the weights they read, rather than training the updates before their first "
+    "again unrecorded (a deterministic replay ends with the same bits): only timing speaks to that, and a cache "
+    "or work a restart skips can hide a replay"
+)
 SNAPSHOT_POLL_S = 0.01  # how often the control's saves are looked at while it runs
 QUIET_S = 2 * MERGE_S  # no write of its state for this long: its save is whole (a model, then its optimizer)
 

@@ -136,7 +136,7 @@ def _judged(
                     "batch by batch, a slow checkpoint load): timing cannot tell these apart, so the stop proves "
                     "nothing",
                 }
-            unread = _unread_state(run, saved, restart_from, restart_to) if files_bind else None
+            unread = _unread_state(run, saved, restart_from, restart_to, signal_at) if files_bind else None
             if unread:
                 return {
                     "effective": False,
@@ -156,7 +156,7 @@ def _judged(
     return _judged_by_files(run, number, saved, restart_from, restart_to, seen)
 
 
-def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: float) -> str | None:
+def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: float, signal_at: float) -> str | None:
     """Why the probe's word that a restart resumed is not borne out by its files (None: it is, or the files
     were not all seen: under SLURM, or inotify missed some): where everything was seen, a restart that
     resumed read a state file its run saved before the stop. A first update past step 1 alone can be a
@@ -166,6 +166,9 @@ def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: fl
     if activity is None or not activity.complete:
         return None
     if not saved:
+        handler_saves = {e.path for e in activity.writes(signal_at, restart_from)}
+        if handler_saves & {e.path for e in activity.reads(restart_from, restart_to)}:
+            return None  # it resumed from what its stop handler saved (said: _saved_after_signal)
         if not any(state_key(e.path) in run.state for e in activity.writes(until=restart_from)):
             return (
                 "its run saved no state file in its work directory, HOME or TMPDIR before the stop: it resumed "
