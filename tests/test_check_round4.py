@@ -383,3 +383,25 @@ def test_a_resume_from_what_only_the_stop_handler_saved_is_named_not_failed(tmp_
     proc, result = check(tmp_path, "preempt_only.py", "--at-line", r"step (32|64) done", "--stops", "2")
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     assert result["summary"].count("from a file written after the signal (work/preempt.npz") == 2, said(result)
+
+
+def test_state_kept_beside_the_work_directory_never_passes(tmp_path):
+    """Round 7's F1c. Truth without reprocube: stopped after epoch 2 and rerun it ends as the uninterrupted run
+    does, but with the state beside its directory removed (a restart on another machine) it does not: the
+    resume rests on that state. check passed it resume-exact; what is written beside the runs' directories
+    in --out is now watched: state-leaked, naming the files (removed at the end, still seen)."""
+    runs = {name: tmp_path / "truth" / name for name in ("clean", "stopped", "moved")}
+    for place in runs.values():
+        place.mkdir(parents=True)
+    assert truth_run(runs["clean"], "state_beside.py") == 0
+    for name in ("stopped", "moved"):
+        truth_run(runs[name], "state_beside.py", stop_at="epoch 2 saved")
+    (tmp_path / "truth" / ".moved-fast.pkl").unlink()  # what another machine would not have
+    for name in ("stopped", "moved"):
+        assert truth_run(runs[name], "state_beside.py") == 0
+    assert final_digest(runs["stopped"]) == final_digest(runs["clean"])
+    assert final_digest(runs["moved"]) != final_digest(runs["clean"])
+
+    proc, result = check(tmp_path, "state_beside.py", "--at-line", "epoch (2|4) saved", "--stops", "2")
+    assert result is not None and result["verdict"] == "state-leaked", said(result)
+    assert "beside them in --out's work/.clean-1-fast.pkl" in result["summary"], said(result)

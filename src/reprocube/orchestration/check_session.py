@@ -6,6 +6,7 @@ every update. Each stage that ends the check writes check.json and check.md with
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import re
@@ -75,7 +76,8 @@ def check(options: CheckOptions, echo=print) -> dict:
     session.result |= {"stop_seed": stop_seed, "signal": options.signal}
     session.announce()
     try:
-        return session.clean_runs() or session.control_and_stopped_run(stop_seed)
+        with session.watch_beside_runs():
+            return session.clean_runs() or session.control_and_stopped_run(stop_seed)
     except KeyboardInterrupt:
         end_all_guards()  # the runs other threads wait on (--jobs) end too, not only the one here
         echo(f"check interrupted: its runs ended; the evidence so far is in {out} (logs/, work/)")
@@ -96,6 +98,9 @@ class CheckSession:
         self.how = "SLURM requeue" if self.slurm is not None else f"SIG{options.signal}"
         self.clean: list[Run] = []
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
+        self.beside: FileActivity | None = None  # what is written beside the runs' directories (watch_beside_runs)
+        repeat = range(1, options.repeat + 1)
+        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped"})
         self.swap_note = "not run"  # why there is none
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
@@ -428,6 +433,30 @@ class CheckSession:
             return
         self.control_state_note = "it ended before its last save but one was seen"
 
+    @contextlib.contextmanager
+    def watch_beside_runs(self):
+        """While the runs go: what any command writes in check's directories that hold the runs' own
+        (work/, home/, tmp/ under --out, "../" from a work directory), their trees unwatched. Nothing but the
+        runs' directories belongs there (--out was new or empty): whatever is written there, even if removed
+        later, is a run's state kept outside its own directories."""
+        dirs, places = EvidenceDirs.of(self.out), {p: self.out / p for p in ("work", "home", "tmp")}
+        try:
+            for directory in places.values():
+                dirs.make(directory)
+        except DirectoryReplaced:  # the verdict names it (the runs find it before they start)
+            yield
+            return
+        self.beside = FileActivity(places, unwatched=self.run_names)
+        with self.beside:
+            yield
+
+    def written_beside_runs(self) -> list[str]:
+        """What the commands wrote beside the runs' directories (watch_beside_runs), as out-relative paths."""
+        if self.beside is None:
+            return []
+        written = {e.path for e in self.beside.writes() if e.path.split("/")[1] not in self.run_names}
+        return sorted(written)
+
     def swapped_restart(self, control: Run) -> None:
         """After the control, in its slot: the command restarted in a fresh directory holding what the control
         left (its outputs apart), under the uninterrupted run's names, with the uninterrupted run's seed
@@ -660,6 +689,16 @@ class CheckSession:
                 f"{', '.join(swap['files'][:3])} bit for bit, so it did not continue from the state it found "
                 "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
                 "checkpoint); the restarts above may have done the same (logs/swapped.log)",
+            )
+        outside = self.written_beside_runs()
+        if outside:
+            return self.finish(
+                "state-leaked",
+                "outside",
+                f"{restarts}, every declared output compared is {_identical(comparison)}, but the command wrote "
+                f"outside its run's directories, beside them in --out's {', '.join(outside[:3])}: what it "
+                "keeps there every attempt finds, and a restart on another machine does not, so the resume is "
+                "not proven (keep all state in the work directory)",
             )
         caveat = "; no negative control" if not (self.seed_env or self.seed_arg) else ""
         updates = (

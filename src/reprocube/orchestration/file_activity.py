@@ -60,8 +60,11 @@ def state_key(path: str) -> str:
 class FileActivity:
     """Watches `places` ({name: directory}) from start() to stop(), in a thread of its own."""
 
-    def __init__(self, places: dict[str, Path]):
+    def __init__(self, places: dict[str, Path], unwatched: frozenset[str] = frozenset()):
+        """unwatched: names in a place's top directory whose trees are not watched (the runs' own
+        directories, where the command's parent is watched for what it puts beside them)."""
         self.places = places
+        self.unwatched = unwatched
         self.events: list[Event] = []
         self.complete = True
         self.why_incomplete = ""
@@ -186,7 +189,11 @@ class FileActivity:
                         size, _, _ = _size_head_mtime(directory / entry)  # None: gone already (a temporary file)
                         self.events.append(Event(now, "write", f"{label}/{entry}", size))
                         self._scanned[f"{label}/{entry}"] = now
-            pending += [(directory / sub, f"{label}/{sub}") for sub, is_dir, _ in listed if is_dir]
+            pending += [
+                (directory / sub, f"{label}/{sub}")
+                for sub, is_dir, _ in listed
+                if is_dir and not ("/" not in label and sub in self.unwatched)
+            ]
 
     def _watch(self, directory: Path, label: str) -> bool:
         if len(self._dirs) >= MAX_WATCHES:
@@ -259,6 +266,8 @@ class FileActivity:
         if directory is None or mask & IN_IGNORED or not name:
             return
         if mask & IN_ISDIR:
+            if "/" not in directory and name in self.unwatched:
+                return
             if mask & (IN_CREATE | IN_MOVED_TO):
                 place = self.places[directory.split("/", 1)[0]]
                 self._watch_tree(place / directory.partition("/")[2] / name, f"{directory}/{name}", new=True)
