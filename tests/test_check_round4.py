@@ -349,6 +349,9 @@ def test_a_checkpoint_hard_linked_into_place_is_a_save_the_restart_read(tmp_path
     proc, result = check(tmp_path, "hard_linked_save.py", "--at-line", r"step (32|64) saved", "--stops", "2")
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     assert [stop["effective"] for stop in result["stop_evidence"]] == [True, True], result["stop_evidence"]
+    # No handler catches SIGTERM (/proc's SigCgt): nothing could be saved after the signal, whatever the times
+    # say of the save the stop line follows (round 7's F17).
+    assert "written after the signal" not in result["summary"], said(result)
 
 
 def test_a_log_kept_open_and_closed_as_the_process_ends_is_no_save_after_the_signal(tmp_path):

@@ -77,3 +77,26 @@ def test_a_restarts_read_and_its_next_save_read_from_one_batch_keep_their_order(
     # A read after the restart wrote the file again is of its own save, never of the one before the stop.
     activity.events.reverse()
     assert _restart_reads(activity, {"work/ckpt.pkl"}, 9.0, 20.0) == []
+
+
+def test_whether_a_process_group_catches_a_signal_is_read_from_proc():
+    """What decides whether a stop's save may have come after its signal (round 7's F17): a group whose
+    processes do not catch SIGTERM die of it at once."""
+    import signal
+    import subprocess
+    import sys
+
+    from reprocube.orchestration.check_runs import _group_catches
+
+    for handler, expected in (("signal.SIG_DFL", False), ("lambda *a: None", True)):
+        code = (
+            f"import signal, sys, time; signal.signal(signal.SIGTERM, {handler}); print(1, flush=True); time.sleep(30)"
+        )
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+        try:
+            child.stdout.readline()
+            assert _group_catches(child.pid, signal.SIGTERM) is expected, handler
+            assert _group_catches(child.pid, signal.SIGUSR2) is False
+        finally:
+            child.kill()
+            child.wait()

@@ -96,6 +96,9 @@ class Attempt:
     stop: str | None = None  # the stop it was given ("SIGTERM 1.20 s after ..."), None: it ran to its end
     stopped_early: bool = False  # it ended on its own before its stop came
     signal_s: float | None = None  # when the stop's signal was sent, since the attempt started
+    # whether a process of the command's group caught that signal then (a handler that may save after it):
+    # True where it could not be told (a note too many, never one too few)
+    caught: bool = True
 
     def as_dict(self) -> dict:
         return {
@@ -227,12 +230,13 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         except OSError as exc:  # not found, not executable: the command failed, as a shell's 127 says
             log.write(f"error: could not start {run.command[0]!r}: {exc.strerror or exc}\n")
             return Attempt(start - began, 0.0, 127, None)
-        matched, signalled = threading.Event(), []  # signalled: when the stop's signal was sent
+        matched, signalled, caught = threading.Event(), [], []  # signalled: when the stop's signal was sent
         pattern = re.compile(stop.line) if stop is not None and stop.line is not None else None
 
         def on_line() -> None:  # at once, from the reader: the script has gone no further than its next line
             if not matched.is_set():
                 matched.set()
+                caught.append(_group_catches(child.pid, signum))
                 signalled.append(time.perf_counter())
                 _signal_group(child, signum)
 
@@ -241,6 +245,7 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
         try:
             given = _wait_for_trigger(child, stop, run, seen, matched, start, timeout_s, run.on_progress)
             if given and pattern is None:
+                caught.append(_group_catches(child.pid, signum))
                 signalled.append(time.perf_counter())
                 _signal_group(child, signum)
             given = given or matched.is_set()  # the reader's signal may have ended it before the loop looked
@@ -261,7 +266,9 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
                 by = "the watchdog" if left <= EXIT_WAIT_S else f"check ({EXIT_WAIT_S:.0f} s after the signal)"
                 ended = f"the attempt ended at {waited:.2f} s (by {by}; its last process gone at {seconds:.2f} s)"
             log.write(f"[reprocube check: {note}, {sent}; {ended}]\n")
-        return Attempt(start - began, seconds, status, note, stop is not None and not given, signal_s)
+        attempt = Attempt(start - began, seconds, status, note, stop is not None and not given, signal_s)
+        attempt.caught = caught[0] if caught else True
+        return attempt
 
 
 def _copy_output(child: GuardedCommand, log, pattern: re.Pattern | None, on_line) -> None:
@@ -271,6 +278,29 @@ def _copy_output(child: GuardedCommand, log, pattern: re.Pattern | None, on_line
     if pattern is not None:
         child.on_matched(on_line)
     child.finished()
+
+
+def _group_catches(pid: int, signum: int) -> bool:
+    """Whether a process of pid's process group catches signum now (/proc's SigCgt): one that does not
+    dies of it at once, so nothing it writes comes after it. True where /proc cannot tell."""
+    try:
+        group = os.getpgid(pid)
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return True
+    bit = 1 << (signum - 1)
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                if int(stat_file.read().rsplit(b")", 1)[1].split()[2]) != group:
+                    continue
+            with open(f"/proc/{entry}/status", "rb") as status_file:
+                caught = next(line for line in status_file if line.startswith(b"SigCgt:"))
+            if int(caught.split()[1], 16) & bit:
+                return True
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue  # gone meanwhile: it catches nothing now
+    return False
 
 
 def _signal_group(child: GuardedCommand, signum: int) -> None:

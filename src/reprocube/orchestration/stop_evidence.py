@@ -145,7 +145,7 @@ def _judged(
                     "how": f"attempt {number + 1}'s first update is step "
                     f"{probed['resumed_at'] + 1} (the probe), but {unread}",
                 }
-            after_signal = _saved_after_signal(run, restart_from, restart_to, signal_at)
+            after_signal = _saved_after_signal(run, restart_from, restart_to, signal_at) if stopped.caught else ""
             return {
                 "effective": True,
                 "by": "probe",
@@ -166,8 +166,9 @@ def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: fl
     if activity is None or not activity.complete:
         return None
     if not saved:
-        handler_saves = {e.path for e in activity.writes(signal_at, restart_from)}
-        if handler_saves & {e.path for e in activity.reads(restart_from, restart_to)}:
+        if _written_after(activity, signal_at, restart_from) & {
+            e.path for e in activity.reads(restart_from, restart_to)
+        }:
             return None  # it resumed from what its stop handler saved (said: _saved_after_signal)
         if not any(state_key(e.path) in run.state for e in activity.writes(until=restart_from)):
             return (
@@ -194,15 +195,7 @@ def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal
     activity = run.activity
     if activity is None:
         return ""
-    # No slack here (inotify's times lag the write): a save just before the signal may be named as after it,
-    # a caveat too many, never one too few (a handler's save right after the signal is what this is for).
-    # But a file whose content last changed before the signal (its mtime; a few ms of slack for the kernel's
-    # coarse clock) was not saved after it: one kept open (SQLite, a log) is closed as the process ends.
-    after = {
-        e.path
-        for e in activity.writes(signal_at, restart_from)
-        if e.modified is None or e.modified >= signal_at - MTIME_SLACK_S
-    }
+    after = _written_after(activity, signal_at, restart_from)
     read = {e.path for e in activity.reads(restart_from, restart_to)}
     if not after & read:
         return ""
@@ -210,6 +203,19 @@ def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal
         f"; from a file written after the signal ({', '.join(sorted(after & read)[:2])}: the script's own stop "
         "path): what it saves as it goes was not tested (--signal KILL tests it)"
     )
+
+
+def _written_after(activity, signal_at: float, restart_from: float) -> set[str]:
+    """The files the stopped attempt wrote after its stop's signal. No slack on inotify's times (they lag the
+    write): a save just before the signal may be named as after it, a note too many, never one too few (a
+    handler's save right after the signal is what this is for). But a file whose content last changed
+    before the signal (its mtime; a few ms of slack for the kernel's coarse clock) was not saved after it:
+    one kept open (SQLite, a log) is closed as the process ends."""
+    return {
+        e.path
+        for e in activity.writes(signal_at, restart_from)
+        if e.modified is None or e.modified >= signal_at - MTIME_SLACK_S
+    }
 
 
 def _restart_reads(activity, saved: set[str], restart_from: float, restart_to: float) -> list:
