@@ -196,6 +196,13 @@ def test_an_orbax_checkpoint_is_compared_by_its_tensors_and_the_scripts_files_be
         checkpointer.wait_until_finished()
         (side / "final" / "history.json").write_text("[0.5]")
     assert compare_outputs(a, b, ["final"], [])["identical"] is True
+    # `reprocube diff` of the two checkpoints themselves: the files beside the tensors too (round 7's F9: it
+    # said identical where history.json differed).
+    proc = reprocube("diff", "a/final", "b/final", cwd=tmp_path, check=False)
+    assert proc.returncode == 0 and "identical" in proc.stdout, proc.stdout
+    (b / "final" / "history.json").write_text("[0.75]")
+    proc = reprocube("diff", "a/final", "b/final", cwd=tmp_path, check=False)
+    assert proc.returncode == 6 and "final/history.json: first differing value" in proc.stdout, proc.stdout
 
 
 def keras_archive(weights: dict[str, np.ndarray], date: str, config: dict | None = None) -> bytes:

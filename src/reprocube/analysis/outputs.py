@@ -223,6 +223,25 @@ def _orbax_difference(a: Path, b: Path) -> dict:
     }
 
 
+def beside_tensors(a: Path, b: Path) -> list[dict]:
+    """Two Orbax checkpoints' files that Orbax did not write (a history.json saved beside the weights:
+    walk_outputs lists them), each compared as compare_outputs compares it (Orbax's step metadata without
+    its times), named by its path below the checkpoint; a file on one side only is a difference."""
+    beside = [
+        {name.partition("/")[2]: path for name, path in walk_outputs(root.parent, [root.name]).items() if "/" in name}
+        for root in (a, b)
+    ]
+    entries = []
+    for name in sorted(set(beside[0]) | set(beside[1])):
+        if name not in beside[0] or name not in beside[1]:
+            side, path = ("A", beside[0][name]) if name in beside[0] else ("B", beside[1][name])
+            entries.append({"path": name, "same": False, "detail": f"only in {side} ({_kind(path)})"})
+            continue
+        times = list(ORBAX_TIMES) if posixpath.basename(name) == ORBAX_TIMESTAMP else []  # its save times
+        entries.append({"path": name, **compare_files(beside[0][name], beside[1][name], ignore_fields=times)})
+    return entries
+
+
 def _files_difference(a: Path, b: Path, why: str) -> dict:
     """Two directories by the files below them (compare_files each; Orbax's _CHECKPOINT_METADATA without its
     times): the same only where every one is."""

@@ -11,7 +11,7 @@ import fnmatch
 import os
 from pathlib import Path
 
-from reprocube.analysis.outputs import compare_files, compare_outputs, parse_ignore
+from reprocube.analysis.outputs import beside_tensors, compare_files, compare_outputs, parse_ignore
 from reprocube.errors import EXIT_CHECKPOINT, EXIT_DIFFERENT, EXIT_OK, ConfigError
 from reprocube.formats.output_files import is_orbax
 from reprocube.terminal import one_line
@@ -42,6 +42,8 @@ def run(args) -> int:
     if a.is_file() or (is_orbax(a) and is_orbax(b)):  # an Orbax checkpoint is one output (its tensors)
         keys = [key for glob, key in fields if any(fnmatch.fnmatch(p.name, glob) for p in (a, b))]
         files = [{"path": a.name, **compare_files(a, b, True, keys)}]
+        if a.is_dir():  # and the files the script saved in them beside the tensors
+            files += [{**f, "path": f"{a.name}/{f['path']}"} for f in beside_tensors(a, b)]
     else:
         names = sorted(set(os.listdir(a)) | set(os.listdir(b)))
         comparison = compare_outputs(a, b, names, args.ignore)
