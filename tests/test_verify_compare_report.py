@@ -337,6 +337,18 @@ def test_compare_names_a_config_difference_before_the_environment(runs, tmp_path
     assert result["max_abs"] == overall > 0
 
 
+def test_ulp_statistics_of_bfloat16_and_float8_count_adjacent_values_as_one_ulp():
+    """Round 7's F10: ml_dtypes' floats (NumPy kind "V") were taken as integers, truncated: adjacent bfloat16
+    values were 'max 0 ULP' apart."""
+    import ml_dtypes
+
+    from reprocube.analysis.tensors import ulp_statistics
+
+    for dtype, step in ((ml_dtypes.bfloat16, 2**-7), (ml_dtypes.float8_e4m3fn, 2**-3)):
+        a, b = np.array([0.0, 1.0], dtype), np.array([0.0, 1.0 + step], dtype)
+        assert ulp_statistics(a, b)["max_ulp"] == 1, dtype
+
+
 def test_ulp_statistics_count_sign_flips_apart():
     from reprocube.analysis.tensors import ulp_statistics
 
