@@ -161,6 +161,14 @@ def test_an_output_the_same_but_for_an_ignored_field_is_never_called_bit_identic
     assert page_entry["same"] is True and page_entry["bytes_differ"] is True
 
 
+def test_an_at_file_stop_on_a_fixed_name_says_why_it_did_not_land_again(tmp_path):
+    """Round 7's F14: --at-file waits for a file no earlier attempt made, so a fixed name stops the first
+    attempt only; the second stop's note says so, not only that the command ended first."""
+    proc, result = check(tmp_path, *OUTPUTS, "--at-file", "ckpt.npz", "--stops", "2", command=[*NUMPY, "--save-rng"])
+    assert result["verdict"] == "not-resumed", proc.stdout
+    assert "an --at-file stop waits for a new file" in result["summary"], result["summary"]
+
+
 def test_a_run_that_fails_beside_another_says_so(tmp_path):
     """Round 6's b17: a script that binds a fixed port (torchrun's MASTER_PORT) fails when the two clean runs
     go together; the verdict names the address in use and that --jobs 1 runs them one at a time."""

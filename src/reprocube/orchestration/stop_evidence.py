@@ -41,6 +41,9 @@ def stop_evidence(run: Run, traced: dict | None, files_bind: bool = True) -> lis
             continue
         if attempt.stopped_early or number == len(run.attempts):
             how = "it did not land: the command ended before it" if attempt.stopped_early else "no restart followed"
+            if attempt.stopped_early and "when a new file matches" in attempt.stop and number > 1:
+                # --at-file waits for a file no earlier attempt made: a fixed name comes once (round 7's F14)
+                how += " (an --at-file stop waits for a new file: one of a name an earlier attempt made never comes)"
             evidence.append({"stop": number, "landed": False, "effective": False, "how": how})
             continue
         if began_again.get(number + 1):
