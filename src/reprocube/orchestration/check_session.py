@@ -407,12 +407,14 @@ class CheckSession:
         def state_writes() -> list:
             return [e for e in activity.writes() if state_key(e.path) in keys]
 
+        counted_events, saves, written = -1, 0, []
         while not ended.wait(SNAPSHOT_POLL_S):
-            saves = len(activity.save_moments(state=keys))
+            if len(activity.events) != counted_events:  # looked through again only when something happened
+                counted_events = len(activity.events)
+                saves, written = len(activity.save_moments(state=keys)), state_writes()
             if saves > wanted:
                 self.control_state_note = "it saved again before its state could be copied"
                 return
-            written = state_writes()
             if saves < wanted or not written or time.perf_counter() - written[-1].at < QUIET_S:
                 continue
             into = {label: self.out / "snapshot" / "control" / label for label in activity.places}
