@@ -4,9 +4,9 @@ A probe's record of where a restart resumed is the script's word, and that it re
 that it opened the file: a restart that reads its checkpoint, throws the state away, trains again from
 step 1 and records only the steps it had not recorded before passes both (issue 53, round 4). What tells
 is what the restart does with another state. So a fresh run directory gets what the negative control (the
-same script with another seed) left in its directories when its first attempt was stopped, at the stopped
-run's first stop (when it ended, where it was not stopped: a finished state leaves a restart nothing to
-train, and one that exports a finished checkpoint unread passes), its declared outputs and the
+same script with another seed) had in its directories after its last save but one, copied as it ran
+(snapshot; its finished state where no copy was kept: that leaves a restart nothing to train, and one that
+exports a finished checkpoint unread passes), its declared outputs and the
 --copy inputs apart (an output that is also the checkpoint, a state file, is kept), under the names the
 uninterrupted run gave the same files (a name holding the seed, runs/seed1/ckpt.pt, placed as
 runs/seed0/ckpt.pt); the command is run there with the uninterrupted run's seed. A restart that continues
@@ -131,8 +131,7 @@ def state_files(places: dict[str, Path], keys: frozenset[str]) -> dict[str, tupl
 
 def snapshot(places: dict[str, Path], into: dict[str, Path], budget: int) -> str | None:
     """Every regular file under `places` copied into the same label's directory of `into` (made, empty, by
-    the caller), as place() copies: the state a run left when one of its attempts ended, kept while the run
-    goes on. None, or why nothing was copied (more than `budget` bytes); OSError where a file could not be."""
+    the caller), as place() copies: the state a run has now, kept while it goes on. None, or why nothing was copied (more than `budget` bytes); OSError where a file could not be."""
     files = regular_files(places)
     sources = [places[f.partition("/")[0]] / f.partition("/")[2] for f in files]
     size = sum(_size(source) for source in sources)

@@ -139,7 +139,9 @@ def _judged(
                     "batch by batch, a slow checkpoint load): timing cannot tell these apart, so the stop proves "
                     "nothing",
                 }
-            unread = _unread_state(run, saved, restart_from, restart_to, signal_at) if files_bind else None
+            # what the restart read of what the stopped attempt's own stop handler saved, if any caught the signal
+            handler_read = _read_after_signal(run, restart_from, restart_to, signal_at) if stopped.caught else set()
+            unread = _unread_state(run, saved, restart_from, restart_to, handler_read) if files_bind else None
             if unread:
                 return {
                     "effective": False,
@@ -148,7 +150,12 @@ def _judged(
                     "how": f"attempt {number + 1}'s first update is step "
                     f"{probed['resumed_at'] + 1} (the probe), but {unread}",
                 }
-            after_signal = _saved_after_signal(run, restart_from, restart_to, signal_at) if stopped.caught else ""
+            after_signal = (
+                f"; from a file written after the signal ({', '.join(sorted(handler_read)[:2])}: the script's own "
+                "stop path): what it saves as it goes was not tested (--signal KILL tests it)"
+                if handler_read
+                else ""
+            )
             return {
                 "effective": True,
                 "by": "probe",
@@ -159,7 +166,9 @@ def _judged(
     return _judged_by_files(run, number, saved, restart_from, restart_to, seen)
 
 
-def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: float, signal_at: float) -> str | None:
+def _unread_state(
+    run: Run, saved: set[str], restart_from: float, restart_to: float, handler_read: set[str]
+) -> str | None:
     """Why the probe's word that a restart resumed is not borne out by its files (None: it is, or the files
     were not all seen: under SLURM, or inotify missed some): where everything was seen, a restart that
     resumed read a state file its run saved before the stop. A first update past step 1 alone can be a
@@ -169,10 +178,8 @@ def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: fl
     if activity is None or not activity.complete:
         return None
     if not saved:
-        if _written_after(activity, signal_at, restart_from) & {
-            e.path for e in activity.reads(restart_from, restart_to)
-        }:
-            return None  # it resumed from what its stop handler saved (said: _saved_after_signal)
+        if handler_read:
+            return None  # it resumed from what its stop handler saved (said in the stop's note)
         if not any(state_key(e.path) in run.state for e in activity.writes(until=restart_from)):
             return (
                 "its run saved no state file in its work directory, HOME or TMPDIR before the stop: it resumed "
@@ -191,21 +198,16 @@ def _unread_state(run: Run, saved: set[str], restart_from: float, restart_to: fl
     return None
 
 
-def _saved_after_signal(run: Run, restart_from: float, restart_to: float, signal_at: float) -> str:
-    """A note where the restart read a file that the stopped attempt wrote after the signal (its own stop
-    handler's save, under any name: preempt.npz, Lightning's hpc_ckpt): the checkpoints it saves as it goes
-    (what a crash resumes from) were not tested."""
+def _read_after_signal(run: Run, restart_from: float, restart_to: float, signal_at: float) -> set[str]:
+    """The files the restart read that the stopped attempt wrote after the signal (its own stop handler's
+    save, under any name: preempt.npz, Lightning's hpc_ckpt): where it resumed from one, the checkpoints it
+    saves as it goes (what a crash resumes from) were not tested."""
     activity = run.activity
     if activity is None:
-        return ""
-    after = _written_after(activity, signal_at, restart_from)
-    read = {e.path for e in activity.reads(restart_from, restart_to)}
-    if not after & read:
-        return ""
-    return (
-        f"; from a file written after the signal ({', '.join(sorted(after & read)[:2])}: the script's own stop "
-        "path): what it saves as it goes was not tested (--signal KILL tests it)"
-    )
+        return set()
+    return _written_after(activity, signal_at, restart_from) & {
+        e.path for e in activity.reads(restart_from, restart_to)
+    }
 
 
 def _written_after(activity, signal_at: float, restart_from: float) -> set[str]:
