@@ -36,7 +36,7 @@ from reprocube.orchestration.file_activity import MERGE_S, FileActivity, state_k
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.state_swap import copy_budget, place, plan_swap, snapshot, state_files
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
-from reprocube.results.check_result import write_check
+from reprocube.results.check_result import same_but_for_fields, write_check
 from reprocube.terminal import counted, one_line
 
 # A last attempt that resumed at least RESUMED_LATE of the way into the training yet took SLOW_RESTART of an
@@ -735,7 +735,7 @@ class CheckSession:
 def _identical(comparison: dict) -> str:
     """How the outputs a comparison found the same are the same: bit for bit, or but for what --ignore
     FILE:KEY (or a Keras archive's save date) left out of a file whose bytes differ."""
-    fields = [f["path"] for f in comparison["files"] if f.get("same") and f.get("sha256_a") != f.get("sha256_b")]
+    fields = [f["path"] for f in comparison["files"] if same_but_for_fields(f)]
     if not fields:
         return "bit-identical to an uninterrupted run's"
     return (
