@@ -166,19 +166,20 @@ def np_load(path: Path):
     return np.load(path)
 
 
-def assert_state_never_used(tmp_path: Path, stop_at: str) -> None:
+def assert_state_never_used(tmp_path: Path, stop_at: str, env_extra=None) -> None:
     """discards_state.py's truth, without reprocube: stopped at `stop_at` and rerun with its checkpoint
     poisoned (NaN weights), it ends as an uninterrupted run does: the restart never uses the state it reads."""
     import numpy as np
 
     clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
     clean.mkdir(), stopped.mkdir()
-    assert truth_run(clean, "discards_state.py") == 0
-    truth_run(stopped, "discards_state.py", stop_at=stop_at)
-    with np.load(stopped / "ckpt.npz") as checkpoint:
+    assert truth_run(clean, "discards_state.py", env_extra=env_extra) == 0
+    truth_run(stopped, "discards_state.py", stop_at=stop_at, env_extra=env_extra)
+    [checkpoint_path] = stopped.glob("**/ckpt.npz")
+    with np.load(checkpoint_path) as checkpoint:
         poisoned = {k: checkpoint[k] for k in checkpoint.files}
-    np.savez(stopped / "ckpt.npz", **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
-    assert truth_run(stopped, "discards_state.py") == 0
+    np.savez(checkpoint_path, **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
+    assert truth_run(stopped, "discards_state.py", env_extra=env_extra) == 0
     assert final_digest(stopped) == final_digest(clean)
 
 
@@ -191,7 +192,29 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
     proc, result = check(tmp_path, "discards_state.py", env_extra={"START_S": "1.5"})
     assert result is not None and result["verdict"] == "not-proven", said(result)
     assert "did not continue from the state it found" in result["summary"], said(result)
-    assert [r["name"] for r in result["runs"]][-1] == "swapped"
+    assert [r["name"] for r in result["runs"]][-2:] == ["swapped", "poisoned"]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"SEED_FROM_CHECKPOINT": "1"},  # F2: the swapped restart replays the control's seed: other outputs
+        {"HASHED_RUN_DIR": "1"},  # F6: the control's checkpoint lands on no file of the run's: no swap
+        {"RESTORE_FROM_STEP": "40"},  # F15': the control's copy (step 40) is restored; the stops' are not
+    ],
+    ids=["seed-from-checkpoint", "hashed-run-dir", "restores-late-checkpoints-only"],
+)
+def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_nan_weights(tmp_path, variant):
+    """Round 7's F2, F6 and F15': each passed (F6 and F15' with a caveat only). Truth without reprocube: the
+    script stopped at epoch 2 and rerun with its checkpoint's weights poisoned (NaN) ends as an uninterrupted
+    run does. check's poisoned restart does the same to a copy of the stopped run's state at its last stop
+    and sees the uninterrupted run's outputs: not-proven."""
+    env = {"START_S": "1.5", **variant}
+    assert_state_never_used(tmp_path, "epoch 2 saved", env_extra=env)
+    proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    assert result is not None and result["verdict"] != "resume-exact", said(result)
+    assert result["verdict"] == "not-proven", said(result)
+    assert result["stage"] == "poison" and "never used the tensors it read" in result["summary"], said(result)
 
 
 SLOW_STEPS = {"START_S": "0.3", "STEP_S": "0.1"}  # 2.4 s of updates before the stop at epoch 3
@@ -408,3 +431,38 @@ def test_state_kept_beside_the_work_directory_never_passes(tmp_path):
     proc, result = check(tmp_path, "state_beside.py", "--at-line", "epoch (2|4) saved", "--stops", "2")
     assert result is not None and result["verdict"] == "state-leaked", said(result)
     assert "beside them in --out's work/.clean-1-fast.pkl" in result["summary"], said(result)
+
+
+def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
+    """Round 7's F1: the full state in /dev/shm (named after the work directory), beside a checkpoint
+    without the generator. Truth without reprocube: stopped at epoch 2 and rerun it ends as the uninterrupted
+    run does, with the checkpoint's weights poisoned (NaN) too (they are never used), and not once the RAM
+    disk's file is gone (as on another node). Every restart here finds that file, and the poisoned one, in
+    another directory, does not: no run on this machine shows the bug. The check may pass, but only naming
+    state kept outside the run's directories as not checked."""
+    import numpy as np
+
+    shm = tmp_path / "shm"  # the script's /dev/shm, here a directory of the test's own
+    shm.mkdir()
+    env = {"SHM_DIR": str(shm)}
+    digests = {}
+    for case in ("clean", "stopped", "poisoned", "elsewhere"):
+        cwd = tmp_path / f"truth-{case}"
+        cwd.mkdir()
+        if case != "clean":
+            truth_run(cwd, "ram_disk_state.py", stop_at="epoch 2 saved", env_extra=env)
+        if case == "poisoned":
+            with np.load(cwd / "ckpt.npz") as checkpoint:
+                kept = {k: checkpoint[k] for k in checkpoint.files}
+            np.savez(cwd / "ckpt.npz", **{**kept, "w": np.full_like(kept["w"], np.nan)})
+        if case == "elsewhere":
+            for left in shm.iterdir():
+                left.unlink()
+        assert truth_run(cwd, "ram_disk_state.py", env_extra=env) == 0
+        digests[case] = final_digest(cwd)
+    assert digests["stopped"] == digests["poisoned"] == digests["clean"] != digests["elsewhere"]
+
+    proc, result = check(tmp_path, "ram_disk_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    assert result is not None, proc.stdout
+    if result["verdict"] == "resume-exact":
+        assert any("state kept outside the run's directories" in line for line in result["not_checked"]), said(result)

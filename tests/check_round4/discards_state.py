@@ -3,8 +3,14 @@ checkpoint (steps already recorded are not recorded again, steps already saved n
 probe says each restart resumed where its checkpoint was, and each restart reads the checkpoint; its
 outputs are an uninterrupted run's because it is deterministic, not because it resumed (round 4's A3).
 STEP_S: each update's time (default 0.02 s). RESTORE=1: the control, resumed correctly (the weights and the
-step restored, each epoch's order drawn from (seed, epoch)), with the same timings."""
+step restored, each epoch's order drawn from (seed, epoch)), with the same timings.
+Round 7's variants, each a restart that never uses the weights it reads: SEED_FROM_CHECKPOINT=1 (F2: the
+seed read back from the checkpoint, as saved hyper-parameters are), HASHED_RUN_DIR=1 (F6: the checkpoint in
+runs/<hash of the config, seed included>/, as Hydra and W&B name runs), RESTORE_FROM_STEP=N (F15': only a
+checkpoint of step N or later is restored; from an earlier one it trains again, each epoch's order drawn
+from (seed, epoch))."""
 
+import hashlib
 import os
 import time
 
@@ -14,21 +20,29 @@ from reprocube import probe
 
 time.sleep(float(os.environ.get("START_S", "0")))  # a slow start-up (a framework's import, the data)
 seed = int(os.environ.get("SEED", "0"))
+run = ""
+if os.environ.get("HASHED_RUN_DIR") == "1":
+    run = "runs/" + hashlib.sha1(f"lr=0.5,epochs=6,seed={seed}".encode()).hexdigest()[:8] + "/"
+    os.makedirs(run, exist_ok=True)
 data = np.random.default_rng(1234)
 x = data.normal(size=(256, 8)).astype(np.float32)
 y = (x @ data.normal(size=8) > 0).astype(np.float32)
 logged = 0
-if os.path.exists("ckpt.npz"):
-    with np.load("ckpt.npz") as checkpoint:
+if os.path.exists(f"{run}ckpt.npz"):
+    with np.load(f"{run}ckpt.npz") as checkpoint:
         state = {k: checkpoint[k] for k in checkpoint.files}
     logged = int(state["step"])
+    if os.environ.get("SEED_FROM_CHECKPOINT") == "1":
+        seed = int(state["seed"])
     print(f"resumed at step {logged}", flush=True)
 step_s, restore = float(os.environ.get("STEP_S", "0.02")), os.environ.get("RESTORE") == "1"
+late = "RESTORE_FROM_STEP" in os.environ
+restore = restore or (late and logged >= int(os.environ["RESTORE_FROM_STEP"]))
 w, rng, step = np.zeros(8, np.float32), np.random.default_rng(seed), 0  # the bug: the state is not restored
 if restore and logged:
     w, step = state["w"], logged
 for epoch in range(6):
-    order = np.random.default_rng([seed, epoch]) if restore else rng
+    order = np.random.default_rng([seed, epoch]) if restore or late else rng
     if restore and epoch < step // 8:
         continue
     for batch in np.array_split(order.permutation(256), 8):
@@ -39,8 +53,8 @@ for epoch in range(6):
         if step > logged:
             probe.step(np.float32(np.mean(np.abs(p - y[batch]))), {"w": w}, step=step)
     if step > logged:
-        np.savez("tmp.npz", w=w, step=step)
-        os.replace("tmp.npz", "ckpt.npz")
+        np.savez(f"{run}tmp.npz", w=w, step=step, seed=seed)
+        os.replace(f"{run}tmp.npz", f"{run}ckpt.npz")
         probe.checkpoint(step)
         print(f"epoch {epoch + 1} saved", flush=True)
 np.savez("final.npz", w=w)

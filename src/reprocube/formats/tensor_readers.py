@@ -287,6 +287,18 @@ def read_keras(data: bytes, where: str) -> dict:
 def read_torch(data: bytes, where: str) -> dict[str, np.ndarray]:
     """A `torch.save` file (the zip format) as dotted names -> arrays: tensors, NumPy arrays, numbers and
     the other plain values it holds (a text or None as its repr's bytes)."""
+    value, _ = _unpickled_torch(data, where)
+    return flatten(plain(value, where), where)
+
+
+def torch_storage_dtypes(data: bytes, where: str) -> dict[str, np.dtype]:
+    """A `torch.save` file's storages: zip member name ("<prefix>data/<key>") -> the dtype its tensors
+    read it as (the restricted unpickler's, read_torch's): what check's poisoned restart sets to NaN."""
+    _, unpickler = _unpickled_torch(data, where)
+    return {f"{unpickler.prefix}data/{key}": stored.array.dtype for key, stored in unpickler.storages.items()}
+
+
+def _unpickled_torch(data: bytes, where: str):
     if not data.startswith(b"PK"):
         raise CheckpointError(
             f"{where}: not a zip-format torch.save file (the legacy format, a TorchScript archive or another "
@@ -329,7 +341,7 @@ def read_torch(data: bytes, where: str) -> dict[str, np.ndarray]:
             raise CheckpointError(
                 f"{where}: data.pkl cannot be read ({type(exc).__name__}: {_short(str(exc))})"
             ) from None
-    return flatten(plain(value, where), where)
+    return value, unpickler
 
 
 def _member(archive, name: str, where: str, budget: Budget, optional: bool = False) -> bytes | None:

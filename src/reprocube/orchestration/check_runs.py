@@ -173,10 +173,13 @@ def failure_line(run: Run) -> str:
     return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
 
 
-def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
+def execute(
+    run: Run, stops: list[Stop], signum: int, timeout_s: float, after_stop: Callable[[Run], None] | None = None
+) -> Run:
     """Run the command in run.work; after each stop that lands, start it again, until an attempt ends on
     its own (exit status recorded) or ends by the watchdog. A stop whose attempt ends first is recorded as
-    stopped_early and the run is over (nothing was interrupted)."""
+    stopped_early and the run is over (nothing was interrupted). after_stop: called with the run after
+    each stop that landed, its attempt's processes all gone, before the next attempt starts."""
     run.began = began = time.perf_counter()
     seen = entries_below(run.work)
     for stop in [*stops, None]:
@@ -188,6 +191,8 @@ def execute(run: Run, stops: list[Stop], signum: int, timeout_s: float) -> Run:
         seen |= entries_below(run.work)
         if stop is None or attempt.stopped_early or attempt.exit is None:
             break
+        if after_stop is not None:
+            after_stop(run)
     return run
 
 

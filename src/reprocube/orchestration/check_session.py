@@ -26,6 +26,7 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
 from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
+from reprocube.formats.poisoned_tensors import poison
 from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
@@ -34,7 +35,7 @@ from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.orchestration.file_activity import MERGE_S, FileActivity, state_key
 from reprocube.orchestration.process_guard import end_all_guards
-from reprocube.orchestration.state_swap import copy_budget, place, plan_swap, snapshot, state_files
+from reprocube.orchestration.state_swap import copy_budget, place, plan_restart, plan_swap, snapshot, state_files
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
 from reprocube.results.check_result import same_but_for_fields, write_check
 from reprocube.terminal import counted, one_line
@@ -100,8 +101,20 @@ class CheckSession:
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
         self.beside: FileActivity | None = None  # what is written beside the runs' directories (watch_beside_runs)
         repeat = range(1, options.repeat + 1)
-        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped"})
+        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", "poisoned"})
         self.swap_note = "not run"  # why there is none
+        # the poisoned restart (poisoned_restart): the stopped run's directories as they were at its stop
+        # number poison_at (0: not copied), ready once copied or once the stopped run ended; the restart,
+        # the files whose tensors it was given as NaN and the state files it was given as they were
+        self.poison_at = 0
+        self.stopped_state: dict[str, Path] | None = None
+        self.stopped_state_ready = threading.Event()
+        self.poisoned: Run | None = None
+        self.poisoned_files: list[str] = []
+        self.unpoisoned_files: list[str] = []
+        self.poison_note = "not run"  # why there is none
+        self.poison_used = False  # it wrote other outputs than the uninterrupted run: it used its NaN tensors
+        self.poison_thread: threading.Thread | None = None  # where it runs in a slot of its own
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
         self.control_state: dict[str, Path] | None = None
@@ -194,18 +207,23 @@ class CheckSession:
         copied as it runs (snapshot_control)."""
         ended = threading.Event()
         copier = threading.Thread(target=self.snapshot_control, args=(run, ended), name="control-state", daemon=True)
+        after_stop = self.snapshot_stopped if run.name == "stopped" and self.poison_at else None
         with run.activity:
             if run.name == "control" and self.snapshot_after:
                 copier.start()
             try:
                 if self.slurm is None:
-                    execute(run, stops, self.signum, limit)
+                    execute(run, stops, self.signum, limit, after_stop)
                 else:
                     jobs[run.name] = execute_slurm(run, stops, limit, self.slurm)
             finally:
                 ended.set()
                 if copier.is_alive():
                     copier.join()
+                if run.name == "stopped":  # whatever came of its stops: the poisoned restart waits no longer
+                    if not self.stopped_state_ready.is_set() and self.poison_at:
+                        self.poison_note = f"the stopped run's stop {self.poison_at} did not land"
+                    self.stopped_state_ready.set()
 
     def compared(self, run: Run, against: Run, explain: bool = True) -> dict:
         comparison = compare_outputs(against.work, run.work, self.outputs, self.ignore, explain)
@@ -390,9 +408,23 @@ class CheckSession:
                 "on the training was not checked"
             )
             self.swap_note = "no control run's state to give a restart (--seed-env or --seed-arg)"
-        *control, stopped = self.ran_together(planned, then={"control": self.swapped_restart})
-        if self.swapped is not None:
-            self.result["runs"].append(self.swapped.as_dict())
+        then = {"control": self.swapped_restart} if len(planned) > 1 else {}
+        if self.slurm is not None:
+            self.poison_note = "a SLURM job's directories are not copied at its stops"
+        elif not stopped.state:
+            self.poison_note = "the uninterrupted run saved no file as it went (no state to set to NaN)"
+        else:
+            self.poison_at = len(plan)
+            if self.jobs == 1:  # after the stopped run, one run at a time
+                then["stopped"] = lambda _: self.poisoned_restart()
+            elif "control" in then:  # in the control's slot once it and the swapped restart ended
+                then["control"] = lambda run: (self.swapped_restart(run), self.poisoned_restart())
+        *control, stopped = self.ran_together(planned, then=then)
+        if self.poison_thread is not None:
+            self.poison_thread.join()
+        for extra in (self.swapped, self.poisoned):
+            if extra is not None:
+                self.result["runs"].append(extra.as_dict())
         return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
 
     def snapshot_control(self, control: Run, ended: threading.Event) -> None:
@@ -434,6 +466,107 @@ class CheckSession:
                 self.control_state_note = f"its state was not copied as it ran: {why_not}"
             return
         self.control_state_note = "it ended before its last save but one was seen"
+
+    def snapshot_stopped(self, stopped: Run) -> None:
+        """After the stopped run's stop number poison_at (its last), its processes all gone: a copy of its
+        directories, what its next attempt finds, kept for the poisoned restart (started here where it has
+        a slot of its own: --jobs 2 or more and no control)."""
+        if len(stopped.attempts) != self.poison_at:
+            return
+        into = {label: self.out / "snapshot" / "stopped" / label for label in stopped.activity.places}
+        try:
+            for directory in into.values():
+                EvidenceDirs.of(self.out).make(directory)
+            why_not = snapshot(stopped.activity.places, into, copy_budget(self.clean[0].activity.places))
+        except (DirectoryReplaced, OSError) as exc:
+            why_not = one_line(f"its files could not be copied ({getattr(exc, 'strerror', None) or exc})")
+        if why_not is None:
+            self.stopped_state = into
+        else:
+            self.poison_note = f"the stopped run's state at stop {self.poison_at} was not copied: {why_not}"
+        self.stopped_state_ready.set()
+        if self.jobs > 1 and not (self.seed_env or self.seed_arg):
+            self.poison_thread = threading.Thread(target=self.poisoned_restart, name="poisoned", daemon=True)
+            self.poison_thread.start()
+
+    def poisoned_restart(self) -> None:
+        """The command restarted once more, in a fresh directory holding the stopped run's files as they
+        were at its last stop (snapshot_stopped; its --copy inputs and declared outputs that are no state
+        file apart), every floating-point tensor of its state files set to NaN (formats.poisoned_tensors),
+        with the stopped run's seed: a restart that uses the weights it reads ends in NaN; one that writes
+        the uninterrupted run's outputs bit for bit never used them (it trained again from a step and seed
+        it read, or it keeps its state elsewhere: poison_evidence)."""
+        self.stopped_state_ready.wait()
+        given, clean = self.stopped_state, self.clean[0]
+        if given is None:
+            return
+        keys = clean.activity.state_keys()
+        plan = plan_restart(given, keys, self.outputs, [Path(c).name for c in self.options.copy])
+        poisoned = self.new_run("poisoned")
+        if EvidenceDirs.of(self.out).replaced is not None:
+            self.poison_note = "its directories were replaced by the command (see the verdict)"
+            return
+        try:
+            place(plan, poisoned.activity.places)
+        except OSError as exc:
+            self.poison_note = one_line(f"the stopped run's files could not be placed ({exc.strerror or exc})")
+            return
+        for placement in plan:
+            if state_key(placement.target) not in keys:
+                continue
+            label, _, relative = placement.target.partition("/")
+            try:
+                count = poison(poisoned.activity.places[label] / relative)
+            except (CheckpointError, OSError):
+                count = None
+            (self.poisoned_files if count else self.unpoisoned_files).append(placement.target)
+        if not self.poisoned_files:
+            self.poison_note = (
+                "no state file holds floating-point tensors in a format check can set to NaN (.npy, .npz, "
+                f"safetensors, torch.save's zip): {', '.join(self.unpoisoned_files[:3]) or 'none placed'}"
+            )
+            return
+        self.echo(
+            one_line(
+                f"  poisoned: {' '.join(poisoned.command)} (in the stopped run's files at stop {self.poison_at}, "
+                f"NaN in {', '.join(self.poisoned_files[:3])})"
+            )
+        )
+        self.execute(poisoned, [], self.limit, {})
+        self.poisoned = poisoned
+
+    def poison_evidence(self) -> dict | None:
+        """Where the poisoned restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
+        never used the NaN tensors it was given). None otherwise: where it wrote others, it used them
+        (poison_used); what it could not tell is said in not checked."""
+        not_shown = (
+            f"whether the restarts used the tensors they read (the stopped run's state at stop {self.poison_at or 'N'} "
+            "given to a restart with its floating-point tensors set to NaN)"
+        )
+        poisoned, clean = self.poisoned, self.clean[0]
+        if poisoned is None:
+            self.result["not_checked"].append(f"{not_shown}: {self.poison_note}")
+            return None
+        if poisoned.exit != 0:
+            self.result["not_checked"].append(
+                f"{not_shown}: it failed, as one that uses NaN weights may ({failure_line(poisoned)})"
+            )
+            return None
+        comparison = compare_outputs(clean.work, poisoned.work, self.outputs, self.ignore, explain=False)
+        wrote = {event.path.partition("/")[2] for event in poisoned.activity.writes()}
+        written = [
+            f
+            for f in comparison["files"]
+            if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
+        ]
+        self.result["comparisons"]["poison"] = {"run": "poisoned", "against": clean.name, **comparison}
+        if not written:
+            self.result["not_checked"].append(f"{not_shown}: it wrote no declared output")
+            return None
+        if all(f["same"] for f in written):
+            return {"files": [f["path"] for f in written]}
+        self.poison_used = True
+        return None
 
     @contextlib.contextmanager
     def watch_beside_runs(self):
@@ -692,6 +825,18 @@ class CheckSession:
                 "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
                 "checkpoint); the restarts above may have done the same (logs/swapped.log)",
             )
+        poisoned = self.poison_evidence()
+        if poisoned is not None:
+            return self.finish(
+                "not-proven",
+                "poison",
+                f"{restarts}, every declared output compared is {_identical(comparison)}, but the resume is not "
+                f"proven: a restart given this run's state at stop {self.poison_at} with its floating-point "
+                f"tensors set to NaN ({', '.join(self.poisoned_files[:3])}) wrote the uninterrupted run's "
+                f"{', '.join(poisoned['files'][:3])} bit for bit, so it never used the tensors it read (it "
+                "trains again from the step and seed it reads, or keeps its state elsewhere: another file, "
+                "outside its directories); the restarts above may have done the same (logs/poisoned.log)",
+            )
         outside = self.written_beside_runs()
         if outside:
             return self.finish(
@@ -712,9 +857,24 @@ class CheckSession:
         elif traced["compared"] and any(line.startswith("the updates at steps") for line in not_checked):
             updates += " it recorded (not all: see not checked)"
         how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
-        # What no run here can show (round 7): a restart that reads its step (and its seed) from the checkpoint
-        # and trains the updates before it again unrecorded ends with the same bits; only timing speaks to it.
-        not_checked.append(REPLAY_NOT_CHECKED)
+        # A restart that reads its step (and its seed) from the checkpoint and trains the updates before it
+        # again unrecorded ends with the same bits (round 7): the poisoned restart shows it for the last stop,
+        # where every state file given held tensors set to NaN; nothing here shows it for the others.
+        poison_shown = ""
+        if self.poison_used and not self.unpoisoned_files:
+            poison_shown = (
+                f"; a restart given its state at stop {self.poison_at}, in another directory, with NaN tensors "
+                "wrote other outputs (it used them)"
+            )
+            not_checked.append(OUTSIDE_NOT_CHECKED)
+            if self.poison_at > 1:
+                earlier = "stop 1" if self.poison_at == 2 else f"stops 1 to {self.poison_at - 1}"
+                not_checked.append(
+                    f"whether the restarts after {earlier} used the tensors they read: only the state at stop "
+                    f"{self.poison_at} was given with NaN tensors"
+                )
+        else:
+            not_checked.append(REPLAY_NOT_CHECKED)
         more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
         unchecked = f"; not checked: {not_checked[0]}{more} (check.md)"
         saves = f" of the uninterrupted run's {stopped.clean_saves}" if stopped.clean_saves > 0 else ""
@@ -728,7 +888,7 @@ class CheckSession:
             "resume-exact",
             "resume",
             f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
-            f"every declared output is {_identical(comparison)}{updates}{caveat}{moments}{unchecked}",
+            f"every declared output is {_identical(comparison)}{updates}{poison_shown}{caveat}{moments}{unchecked}",
         )
 
 
@@ -744,6 +904,14 @@ def _identical(comparison: dict) -> str:
     )
 
 
+# What the poisoned restart cannot show: it runs in another directory, so state a script keeps at a path
+# derived from its own (round 7's F1: /dev/shm/<hash of its work directory>) is found by its restarts here,
+# and not by it, nor by a restart on another machine.
+OUTSIDE_NOT_CHECKED = (
+    "state kept outside the run's directories at a path its restarts find again (/dev/shm, a fixed path, one "
+    "named after the work directory): the restarts here could read it, the poisoned restart (in another "
+    "directory) could not; only a restart on another machine shows it (reprocube reproduce there)"
+)
 REPLAY_NOT_CHECKED = (
     "whether the restarts used the weights they read, rather than training the updates before their first "
     "again unrecorded (a deterministic replay ends with the same bits): only timing speaks to that, and a cache "

@@ -88,12 +88,9 @@ def plan_swap(
             pairs = dict(zip(sorted(sources), targets, strict=True))
         for source, target in sorted(pairs.items()):
             label, _, relative = source.partition("/")
-            if label == "work" and relative.split("/", 1)[0] in copies:
+            if not _given(source, target, keys, outputs, copies):
                 continue
             target_label, _, target_relative = target.partition("/")
-            output = target_label == "work" and any(_under(target_relative, o) for o in outputs)
-            if output and key not in keys:
-                continue
             origin = control[label] / relative
             plan.append(Placement(origin, target))
             if key in keys and target in present:
@@ -108,6 +105,30 @@ def plan_swap(
             "checkpoint deleted at the end, one kept under another name, or one the seed does not change)"
         )
     return plan, None
+
+
+def plan_restart(
+    given: dict[str, Path], keys: frozenset[str], outputs: list[str], copies: list[str]
+) -> list[Placement]:
+    """Every file of `given` (a run's directories as copied at a stop) placed under its own name in a fresh
+    run, but the --copy inputs and the declared outputs that are no state file (what plan_swap leaves)."""
+    plan = []
+    for name in regular_files(given):
+        if _given(name, name, keys, outputs, copies):
+            label, _, relative = name.partition("/")
+            plan.append(Placement(given[label] / relative, name))
+    return plan
+
+
+def _given(source: str, target: str, keys: frozenset[str], outputs: list[str], copies: list[str]) -> bool:
+    """Whether a run's file ("<label>/<relative path>") is given to a fresh run as `target`: not a --copy
+    input (the fresh run has its own), not a declared output unless it is also a state file."""
+    label, _, relative = source.partition("/")
+    if label == "work" and relative.split("/", 1)[0] in copies:
+        return False
+    target_label, _, target_relative = target.partition("/")
+    output = target_label == "work" and any(_under(target_relative, o) for o in outputs)
+    return not output or state_key(source) in keys
 
 
 def copy_budget(clean: dict[str, Path]) -> int:

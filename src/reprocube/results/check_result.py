@@ -48,7 +48,8 @@ VERDICTS = {
     "not-resumed": EXIT_CHECK_VOID,  # a stop proved nothing: nothing saved before it, or the restart began again
     "state-leaked": EXIT_CHECK_VOID,  # a run started from state another run left outside its directories
     # what was compared is identical, but the resume is not proven: restarts shown by their files only (no
-    # probe), declared outputs not compared, or ranks the probe did not hear from
+    # probe), declared outputs not compared, ranks the probe did not hear from, or a restart given another
+    # seed's state or NaN tensors that wrote the uninterrupted run's outputs
     "not-proven": EXIT_CHECK_VOID,
     "command-failed": EXIT_COMMAND_FAILED,
 }
@@ -85,6 +86,7 @@ RUN_NAMES = (
     "control",
     "stopped",
     "swapped",  # the restart given the control's state (orchestration/state_swap.py)
+    "poisoned",  # the restart given the stopped run's state with NaN tensors (formats/poisoned_tensors.py)
 )
 HOW_RESUMED = ("first", "given", "matched", "assumed")
 
