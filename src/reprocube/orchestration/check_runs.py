@@ -52,8 +52,14 @@ class Stop:
     line: str | None = None
     after_save: float | None = None
     fraction: float | None = None  # a planned stop: its share of the uninterrupted run's time between saves
+    # check's own stops: when this says so (the poisoned restart's: once it showed what it had to), and then
+    # the run ends, restarted no more
+    until: Callable[[], bool] | None = field(default=None, compare=False)
+    ends_run: bool = False
 
     def describe(self) -> str:
+        if self.until is not None:
+            return "once its first update differed from the uninterrupted run's (check's own stop: it had shown enough)"
         if self.file_glob is not None:
             return f"when a new file matches {self.file_glob}"
         if self.line is not None:
@@ -68,6 +74,8 @@ class Stop:
     def due(self, elapsed: float, run: Run, seen: set[str], attempt_start: float) -> bool:
         """Whether a time, file or save stop's moment came (a line stop is each launcher's: it reads the
         output)."""
+        if self.until is not None:
+            return self.until()
         if self.seconds is not None:
             return elapsed >= self.seconds
         if self.after_save is not None:
@@ -189,7 +197,7 @@ def execute(
             break
         run.attempts.append(attempt)
         seen |= entries_below(run.work)
-        if stop is None or attempt.stopped_early or attempt.exit is None:
+        if stop is None or attempt.stopped_early or attempt.exit is None or stop.ends_run:
             break
         if after_stop is not None:
             after_stop(run)

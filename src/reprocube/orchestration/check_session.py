@@ -20,6 +20,7 @@ from reprocube.analysis.probe_trace import (
     compare_stopped_ranks,
     describe_difference,
     read_rank_traces,
+    read_trace,
     steps_of,
 )
 from reprocube.errors import CheckpointError, ConfigError
@@ -114,6 +115,7 @@ class CheckSession:
         self.unpoisoned_files: list[str] = []
         self.poison_note = "not run"  # why there is none
         self.poison_used = False  # it wrote other outputs than the uninterrupted run: it used its NaN tensors
+        self.poison_first_update: int | None = None  # the step whose update differed, where that ended it
         self.poison_thread: threading.Thread | None = None  # where it runs in a slot of its own
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
@@ -532,8 +534,39 @@ class CheckSession:
                 f"NaN in {', '.join(self.poisoned_files[:3])})"
             )
         )
-        self.execute(poisoned, [], self.limit, {})
+        self.execute(poisoned, [Stop(until=self.first_update_differs(poisoned), ends_run=True)], self.limit, {})
         self.poisoned = poisoned
+
+    def first_update_differs(self, poisoned: Run):
+        """The poisoned restart's stop: due once its first recorded update (at a step the probe names: the
+        step the script gave, or one past where it said it resumed) differs from the uninterrupted run's
+        update of that step. It used the NaN tensors then, and need not run on: the check is spared the
+        rest of its run. Decided on its first update only (a trace read once more each poll until then)."""
+        clean_trace, looks = None, {"left": 50}  # a trace that cannot be read is looked at 50 times at most
+
+        def due() -> bool:
+            nonlocal clean_trace
+            if looks["left"] <= 0:
+                return False
+            try:
+                trace = read_trace(poisoned.probe_trace(1))
+                if clean_trace is None:
+                    clean_trace = read_trace(self.clean[0].probe_trace(1))
+            except CheckpointError:  # a line half written, or a trace that is not one
+                looks["left"] -= 1
+                return False
+            if trace is None or not trace.updates or clean_trace is None:
+                return False
+            looks["left"] = 0  # decided on this update, whatever it shows
+            given, update = trace.updates[0]
+            step = given if given is not None else None if trace.resumed is None else trace.resumed + 1
+            reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
+            if reference is None or reference == update:
+                return False
+            self.poison_first_update = step
+            return True
+
+        return due
 
     def poison_evidence(self) -> dict | None:
         """Where the poisoned restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
@@ -546,6 +579,9 @@ class CheckSession:
         poisoned, clean = self.poisoned, self.clean[0]
         if poisoned is None:
             self.result["not_checked"].append(f"{not_shown}: {self.poison_note}")
+            return None
+        if self.poison_first_update is not None and poisoned.stops_landed:
+            self.poison_used = True  # its first update was not the uninterrupted run's: ended there
             return None
         if poisoned.exit != 0:
             self.result["not_checked"].append(
@@ -862,9 +898,14 @@ class CheckSession:
         # where every state file given held tensors set to NaN; nothing here shows it for the others.
         poison_shown = ""
         if self.poison_used and not self.unpoisoned_files:
+            shown = (
+                f"recorded another update at step {self.poison_first_update} than the uninterrupted run"
+                if self.poison_first_update is not None
+                else "wrote other outputs"
+            )
             poison_shown = (
                 f"; a restart given its state at stop {self.poison_at}, in another directory, with NaN tensors "
-                "wrote other outputs (it used them)"
+                f"{shown} (it used them)"
             )
             not_checked.append(OUTSIDE_NOT_CHECKED)
             if self.poison_at > 1:
