@@ -466,3 +466,6 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
     assert result is not None, proc.stdout
     if result["verdict"] == "resume-exact":
         assert any("state kept outside the run's directories" in line for line in result["not_checked"]), said(result)
+        # The poisoned restart, in another directory, found no RAM-disk state and used its NaN weights: true of
+        # it, and why state outside the directories is named.
+        assert "with NaN tensors recorded a first update that neither" in result["summary"], said(result)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from reprocube.analysis.outputs import collect, compare_outputs, parse_ignore
 from reprocube.analysis.probe_trace import (
+    AttemptTrace,
     compare_ranks,
     compare_stopped_ranks,
     describe_difference,
@@ -111,11 +112,12 @@ class CheckSession:
         self.stopped_state: dict[str, Path] | None = None
         self.stopped_state_ready = threading.Event()
         self.poisoned: Run | None = None
+        self.stopped: Run | None = None
         self.poisoned_files: list[str] = []
         self.unpoisoned_files: list[str] = []
         self.poison_note = "not run"  # why there is none
-        self.poison_used = False  # it wrote other outputs than the uninterrupted run: it used its NaN tensors
-        self.poison_first_update: int | None = None  # the step whose update differed, where that ended it
+        self.poison_used = False  # its first update was not the uninterrupted run's: it used its NaN tensors
+        self.poison_first_update: str | None = None  # what its first update was, where that ended it
         self.poison_thread: threading.Thread | None = None  # where it runs in a slot of its own
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
@@ -391,7 +393,7 @@ class CheckSession:
         if plan is None:
             return self.finish("not-resumed", "stopped", why_not)
         self.result["stops"] = "; ".join(stop.describe() for stop in plan)
-        stopped = self.new_run("stopped")
+        stopped = self.stopped = self.new_run("stopped")
         clean = self.clean[0]
         if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
             stopped.state = clean.activity.state_keys()
@@ -534,44 +536,67 @@ class CheckSession:
                 f"NaN in {', '.join(self.poisoned_files[:3])})"
             )
         )
-        self.execute(poisoned, [Stop(until=self.first_update_differs(poisoned), ends_run=True)], self.limit, {})
+        until = self.first_update_differs(poisoned, self.stopped)
+        self.execute(poisoned, [Stop(until=until, ends_run=True)], self.limit, {})
         self.poisoned = poisoned
 
-    def first_update_differs(self, poisoned: Run):
-        """The poisoned restart's stop: due once its first recorded update (at a step the probe names: the
-        step the script gave, or one past where it said it resumed) differs from the uninterrupted run's
-        update of that step. It used the NaN tensors then, and need not run on: the check is spared the
-        rest of its run. Decided on its first update only (a trace read once more each poll until then)."""
-        clean_trace, looks = None, {"left": 50}  # a trace that cannot be read is looked at 50 times at most
+    def first_update_differs(self, poisoned: Run, stopped: Run):
+        """The poisoned restart's stop: due once its first recorded update shows that it used the NaN
+        tensors: at a step the probe names (the step the script gave, or one past where it said it
+        resumed), it is not the uninterrupted run's update of that step; at one it does not name, it is no
+        update the uninterrupted run made (a restart that began again makes one) and not the first update of
+        the stopped run's restart from the same state. It need not run on then: the check is spared the rest
+        of its run. Decided on its first update (the traces read again each poll until then)."""
+        traces: dict[str, AttemptTrace | None] = {}
+        looks = 50  # how often a trace that cannot be read is looked at again
 
         def due() -> bool:
-            nonlocal clean_trace
-            if looks["left"] <= 0:
+            nonlocal looks
+            if looks <= 0:
                 return False
             try:
+                if traces.get("clean") is None:
+                    traces["clean"] = read_trace(self.clean[0].probe_trace(1))
                 trace = read_trace(poisoned.probe_trace(1))
-                if clean_trace is None:
-                    clean_trace = read_trace(self.clean[0].probe_trace(1))
             except CheckpointError:  # a line half written, or a trace that is not one
-                looks["left"] -= 1
+                looks -= 1
                 return False
+            clean_trace = traces["clean"]
             if trace is None or not trace.updates or clean_trace is None:
                 return False
-            looks["left"] = 0  # decided on this update, whatever it shows
             given, update = trace.updates[0]
             step = given if given is not None else None if trace.resumed is None else trace.resumed + 1
-            reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
-            if reference is None or reference == update:
+            if step is not None:
+                looks = 0  # decided on this update, whatever it shows
+                reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
+                if reference is None or reference == update:
+                    return False
+                self.poison_first_update = f"another update at step {step} than the uninterrupted run"
+                return True
+            if any(update == made for _, made in clean_trace.updates):
+                looks = 0  # an update the uninterrupted run made: no sign of NaN
                 return False
-            self.poison_first_update = step
+            try:  # the stopped run's restart from the same state, once it recorded its first update
+                resumed = read_trace(stopped.probe_trace(self.poison_at + 1))
+            except CheckpointError:
+                looks -= 1
+                return False
+            if resumed is None or not resumed.updates:
+                return False
+            looks = 0
+            if resumed.updates[0][1] == update:
+                return False
+            self.poison_first_update = (
+                "a first update that neither the uninterrupted run nor the stopped run's restart made"
+            )
             return True
 
         return due
 
     def poison_evidence(self) -> dict | None:
         """Where the poisoned restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
-        never used the NaN tensors it was given). None otherwise: where it wrote others, it used them
-        (poison_used); what it could not tell is said in not checked."""
+        never used the NaN tensors it was given). None otherwise: where its first update was not the
+        uninterrupted run's, it used them (poison_used); what it could not tell is said in not checked."""
         not_shown = (
             f"whether the restarts used the tensors they read (the stopped run's state at stop {self.poison_at or 'N'} "
             "given to a restart with its floating-point tensors set to NaN)"
@@ -601,7 +626,8 @@ class CheckSession:
             return None
         if all(f["same"] for f in written):
             return {"files": [f["path"] for f in written]}
-        self.poison_used = True
+        # Other outputs show only that some float it read reached them: a restart that trains its weights
+        # again and writes a loss history it read from the checkpoint does too. Only its first update tells.
         return None
 
     @contextlib.contextmanager
@@ -897,17 +923,12 @@ class CheckSession:
         # again unrecorded ends with the same bits (round 7): the poisoned restart shows it for the last stop,
         # where every state file given held tensors set to NaN; nothing here shows it for the others.
         poison_shown = ""
+        not_checked.append(OUTSIDE_NOT_CHECKED)
         if self.poison_used and not self.unpoisoned_files:
-            shown = (
-                f"recorded another update at step {self.poison_first_update} than the uninterrupted run"
-                if self.poison_first_update is not None
-                else "wrote other outputs"
-            )
             poison_shown = (
                 f"; a restart given its state at stop {self.poison_at}, in another directory, with NaN tensors "
-                f"{shown} (it used them)"
+                f"recorded {self.poison_first_update} (it used them)"
             )
-            not_checked.append(OUTSIDE_NOT_CHECKED)
             if self.poison_at > 1:
                 earlier = "stop 1" if self.poison_at == 2 else f"stops 1 to {self.poison_at - 1}"
                 not_checked.append(
