@@ -167,8 +167,11 @@ def np_load(path: Path):
 
 
 def assert_state_never_used(tmp_path: Path, stop_at: str, env_extra=None) -> None:
-    """discards_state.py's truth, without reprocube: stopped at `stop_at` and rerun with its checkpoint
-    poisoned (NaN weights), it ends as an uninterrupted run does: the restart never uses the state it reads."""
+    """discards_state.py's truth, without reprocube: stopped at `stop_at` and rerun with its checkpoint's
+    weights poisoned (each moved by one: finite, so a restart that checks them takes them), it ends as an
+    uninterrupted run does: the restart never uses the weights it reads."""
+    import hashlib
+
     import numpy as np
 
     clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
@@ -178,7 +181,9 @@ def assert_state_never_used(tmp_path: Path, stop_at: str, env_extra=None) -> Non
     [checkpoint_path] = stopped.glob("**/ckpt.npz")
     with np.load(checkpoint_path) as checkpoint:
         poisoned = {k: checkpoint[k] for k in checkpoint.files}
-    np.savez(checkpoint_path, **{**poisoned, "w": np.full_like(poisoned["w"], np.nan)})
+    np.savez(checkpoint_path, **{**poisoned, "w": poisoned["w"] + np.float32(1)})
+    if (stopped / "ckpt.sha256").exists():  # the checksum made again, as a script's own save would
+        (stopped / "ckpt.sha256").write_text(hashlib.sha256(checkpoint_path.read_bytes()).hexdigest())
     assert truth_run(stopped, "discards_state.py", env_extra=env_extra) == 0
     assert final_digest(stopped) == final_digest(clean)
 
@@ -201,17 +206,25 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
         {"SEED_FROM_CHECKPOINT": "1"},  # F2: the swapped restart replays the control's seed: other outputs
         {"HASHED_RUN_DIR": "1"},  # F6: the control's checkpoint lands on no file of the run's: no swap
         {"RESTORE_FROM_STEP": "40"},  # F15': the control's copy (step 40) is restored; the stops' are not
+        # round 8: a float hyper-parameter read back (moving it changed the replay: G1), a log appended to
+        # (not given to the restart, it differed: G2), a guard against non-finite weights (NaN made the
+        # restart fail: G4)
+        {"SEED_FROM_CHECKPOINT": "1", "LR_FROM_CHECKPOINT": "1"},
+        {"SEED_FROM_CHECKPOINT": "1", "METRICS_LOG": "1"},
+        {"SEED_FROM_CHECKPOINT": "1", "ASSERT_FINITE": "1"},
     ],
-    ids=["seed-from-checkpoint", "hashed-run-dir", "restores-late-checkpoints-only"],
+    ids=["seed", "hashed-run-dir", "restores-late-only", "lr-read-back", "appended-log", "finite-guard"],
 )
-def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_nan_weights(tmp_path, variant):
-    """Round 7's F2, F6 and F15': each passed (F6 and F15' with a caveat only). Truth without reprocube: the
-    script stopped at epoch 2 and rerun with its checkpoint's weights poisoned (NaN) ends as an uninterrupted
-    run does. check's poisoned restart does the same to a copy of the stopped run's state at its last stop
-    and sees the uninterrupted run's outputs: not-proven."""
+def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_moved_weights(tmp_path, variant):
+    """Round 7's F2, F6 and F15', round 8's G1, G2 and G4: each passed (some with a caveat only). Truth
+    without reprocube: the script stopped at epoch 2 and rerun with its checkpoint's weights moved ends as an
+    uninterrupted run does. check's poisoned restart does the same to a copy of the stopped run's state at
+    its last stop (the weights alone, found by the fingerprints the probe records) and sees the uninterrupted
+    run's outputs: not-proven."""
     env = {"START_S": "1.5", **variant}
     assert_state_never_used(tmp_path, "epoch 2 saved", env_extra=env)
-    proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    log = ("--output", "metrics.csv") if "METRICS_LOG" in variant else ()
+    proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", *log, env_extra=env)
     assert result is not None and result["verdict"] != "resume-exact", said(result)
     assert result["verdict"] == "not-proven", said(result)
     assert result["stage"] == "poison" and "never used the tensors it read" in result["summary"], said(result)
@@ -250,6 +263,12 @@ def test_without_a_control_a_restart_that_resumes_is_not_taken_for_one_that_trai
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     [stop] = result["stop_evidence"]
     assert stop["effective"] is True, stop
+    # The poisoned restart (in a slot of its own: no control) used its moved weights: its first loss, at step
+    # 25, is not the uninterrupted run's, and it was ended there rather than run to its end.
+    assert "its weights moved, recorded another loss at its first update (step 25)" in result["summary"], said(result)
+    [poisoned] = [run for run in result["runs"] if run["name"] == "poisoned"]
+    assert len(poisoned["attempts"]) == 1 and poisoned["attempts"][0]["stop"].startswith("SIGTERM once")
+    assert not poisoned["attempts"][0]["stopped_early"]
 
 
 def test_a_restart_that_exports_a_finished_checkpoint_and_retrains_otherwise_never_passes(tmp_path):
@@ -466,6 +485,40 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
     assert result is not None, proc.stdout
     if result["verdict"] == "resume-exact":
         assert any("state kept outside the run's directories" in line for line in result["not_checked"]), said(result)
-        # The poisoned restart, in another directory, found no RAM-disk state and used its NaN weights: true of
-        # it, and why state outside the directories is named.
-        assert "with NaN tensors recorded a first update that neither" in result["summary"], said(result)
+        # The poisoned restart, in another directory, found no RAM-disk state and used its moved weights: true
+        # of it, and why state outside the directories is named.
+        assert (
+            "its weights moved, recorded another loss at its first update than the stopped run" in result["summary"]
+        ), said(result)
+
+
+def test_a_correct_restart_that_refuses_a_changed_checkpoint_is_not_called_unproven(tmp_path):
+    """Round 8's G3: a correct script that keeps a sha256 beside its checkpoint and starts fresh where the
+    checkpoint fails it. Truth without reprocube: stopped at epoch 2 and rerun it ends as the uninterrupted
+    run does, and with its weights moved (the checksum made again) it does not: it uses them. The poisoned
+    restart finds its checksum broken and begins again at step 1 (the probe): that tells nothing, and it
+    is named, not taken for a restart that never used its weights."""
+    import hashlib
+
+    import numpy as np
+
+    env = {"START_S": "1.5", "RESTORE": "1", "CHECKSUM": "1"}
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "discards_state.py", env_extra=env) == 0
+    truth_run(stopped, "discards_state.py", stop_at="epoch 2 saved", env_extra=env)
+    assert truth_run(stopped, "discards_state.py", env_extra=env) == 0
+    assert final_digest(stopped) == final_digest(clean)
+    moved = tmp_path / "truth-moved"
+    moved.mkdir()
+    truth_run(moved, "discards_state.py", stop_at="epoch 2 saved", env_extra=env)
+    with np.load(moved / "ckpt.npz") as checkpoint:
+        kept = {k: checkpoint[k] for k in checkpoint.files}
+    np.savez(moved / "ckpt.npz", **{**kept, "w": kept["w"] + np.float32(1)})
+    (moved / "ckpt.sha256").write_text(hashlib.sha256((moved / "ckpt.npz").read_bytes()).hexdigest())
+    assert truth_run(moved, "discards_state.py", env_extra=env) == 0
+    assert final_digest(moved) != final_digest(clean)
+
+    proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    assert result is not None and result["verdict"] == "resume-exact", said(result)
+    assert any("it began again at step 1" in line for line in result["not_checked"]), result["not_checked"]

@@ -1,5 +1,5 @@
-"""formats/poisoned_tensors.py: what check's poisoned restart is given. Every floating-point tensor of a
-checkpoint set to NaN, read back by the library that wrote it; integers, RNG states and other files left
+"""formats/poisoned_tensors.py: what check's poisoned restart is given. Every floating-point value of a
+checkpoint moved by one (finite), read back by the library that wrote it; integers, RNG states and other files left
 byte for byte; a file that claims a format and lies about its sizes refused before anything is allocated."""
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_npy_floats_become_nan_and_integers_are_left(tmp_path):
-    np.save(tmp_path / "w.npy", np.arange(6, dtype=np.float32).reshape(2, 3), allow_pickle=False)
+def test_npy_floats_move_by_one_and_integers_are_left(tmp_path):
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "w.npy", w, allow_pickle=False)
+    np.save(tmp_path / "f.npy", np.asfortranarray(w))
     np.save(tmp_path / "step.npy", np.arange(3))
     before = digest(tmp_path / "step.npy")
-    assert poison(tmp_path / "w.npy") == 1 and poison(tmp_path / "step.npy") == 0
-    w = np.load(tmp_path / "w.npy")
-    assert w.shape == (2, 3) and w.dtype == np.float32 and np.isnan(w).all()
+    assert poison(tmp_path / "w.npy") == 1 and poison(tmp_path / "f.npy") == 1 and poison(tmp_path / "step.npy") == 0
+    for name in ("w.npy", "f.npy"):
+        moved = np.load(tmp_path / name)
+        assert moved.dtype == np.float32 and np.array_equal(moved, w + 1), name
     assert digest(tmp_path / "step.npy") == before
 
 
@@ -37,7 +40,7 @@ def test_npz_members_keep_their_compression_and_only_floats_change(tmp_path, sav
     assert poison(tmp_path / "ckpt.npz") == 2
     assert {i.filename: i.compress_type for i in zipfile.ZipFile(tmp_path / "ckpt.npz").infolist()} == methods
     with np.load(tmp_path / "ckpt.npz") as loaded:
-        assert np.isnan(loaded["w"]).all() and np.isnan(loaded["half"]).all()
+        assert (loaded["w"] == 2).all() and (loaded["half"] == 2).all() and np.isfinite(loaded["w"]).all()
         assert loaded["step"] == 7 and (loaded["rng"] == rng_state).all()
 
 
@@ -55,18 +58,19 @@ def test_torch_storages_of_floats_become_nan_and_the_rest_loads_as_saved(tmp_pat
     torch.save(saved, tmp_path / "ckpt.pt")
     assert poison(tmp_path / "ckpt.pt") == 3  # weight, bias, the bfloat16 tensor
     loaded = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    assert all(torch.isnan(t).all() for t in loaded["model"].values()) and torch.isnan(loaded["half"]).all()
+    assert all(torch.equal(loaded["model"][k], v + 1) for k, v in saved["model"].items())
+    assert torch.equal(loaded["half"], saved["half"] + 1)
     assert loaded["step"] == 5 and torch.equal(loaded["rng"], saved["rng"]) and torch.equal(loaded["ids"], saved["ids"])
     model.load_state_dict(loaded["model"])  # what a restart does: the library reads the new file
 
 
-def test_safetensors_floats_become_nan_in_place(tmp_path):
+def test_safetensors_floats_move_in_place(tmp_path):
     safetensors = pytest.importorskip("safetensors.numpy")
     safetensors.save_file({"w": np.ones(4, np.float32), "n": np.arange(3)}, tmp_path / "m.safetensors")
     size = (tmp_path / "m.safetensors").stat().st_size
     assert poison(tmp_path / "m.safetensors") == 1
     loaded = safetensors.load_file(tmp_path / "m.safetensors")
-    assert np.isnan(loaded["w"]).all() and (loaded["n"] == np.arange(3)).all()
+    assert (loaded["w"] == 2).all() and (loaded["n"] == np.arange(3)).all()
     assert (tmp_path / "m.safetensors").stat().st_size == size
 
 

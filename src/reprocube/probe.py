@@ -408,6 +408,16 @@ def _flatten(tree, prefix: str) -> list[tuple[str, object]]:
     return [(prefix[:-1] or "0", tree)]
 
 
+def array_fingerprint(tensor) -> int:
+    """One host tensor's fingerprint as the probe records it (check's poisoned restart finds a checkpoint's
+    weights by it): the sum modulo 2**32 of its mixed 32-bit patterns (other widths cast to float32)."""
+    import numpy as np
+
+    array = np.ascontiguousarray(np.asarray(tensor)).reshape(-1)
+    bits = array.view(np.uint32) if array.dtype.itemsize in (4, 8) else array.astype(np.float32).view(np.uint32)
+    return int((bits ^ (bits * bits)).sum(dtype=np.uint32))
+
+
 class _NumPy:
     """NumPy arrays, Python numbers, and anything else array-like: fingerprinted on the host. The other
     frameworks' adapters are this one with what they do otherwise."""
@@ -416,12 +426,7 @@ class _NumPy:
     def fingerprints(tensors):
         import numpy as np
 
-        sums = []
-        for tensor in tensors:
-            array = np.ascontiguousarray(np.asarray(tensor)).reshape(-1)
-            bits = array.view(np.uint32) if array.dtype.itemsize in (4, 8) else array.astype(np.float32).view(np.uint32)
-            sums.append((bits ^ (bits * bits)).sum(dtype=np.uint32))
-        return np.array(sums, dtype=np.uint32)
+        return np.array([array_fingerprint(tensor) for tensor in tensors], dtype=np.uint32)
 
     @staticmethod
     def to_host(fingerprints) -> list:

@@ -8,7 +8,10 @@ Round 7's variants, each a restart that never uses the weights it reads: SEED_FR
 seed read back from the checkpoint, as saved hyper-parameters are), HASHED_RUN_DIR=1 (F6: the checkpoint in
 runs/<hash of the config, seed included>/, as Hydra and W&B name runs), RESTORE_FROM_STEP=N (F15': only a
 checkpoint of step N or later is restored; from an earlier one it trains again, each epoch's order drawn
-from (seed, epoch))."""
+from (seed, epoch)). Round 8's: LR_FROM_CHECKPOINT=1 (G1: the learning rate, a float, read back),
+METRICS_LOG=1 (G2: a line per epoch appended to metrics.csv, epochs already logged skipped),
+ASSERT_FINITE=1 (G4: a restart asserts its checkpoint's weights are finite), CHECKSUM=1 (G3: a sha256
+beside the checkpoint; a restart whose checkpoint fails it starts fresh: with RESTORE=1 a correct script)."""
 
 import hashlib
 import os
@@ -27,14 +30,24 @@ if os.environ.get("HASHED_RUN_DIR") == "1":
 data = np.random.default_rng(1234)
 x = data.normal(size=(256, 8)).astype(np.float32)
 y = (x @ data.normal(size=8) > 0).astype(np.float32)
-logged = 0
+logged, lr = 0, np.float32(0.5)
+sealed = os.environ.get("CHECKSUM") == "1"
 if os.path.exists(f"{run}ckpt.npz"):
+    with open(f"{run}ckpt.npz", "rb") as blob:
+        intact = not sealed or hashlib.sha256(blob.read()).hexdigest() == open(f"{run}ckpt.sha256").read()
     with np.load(f"{run}ckpt.npz") as checkpoint:
         state = {k: checkpoint[k] for k in checkpoint.files}
-    logged = int(state["step"])
-    if os.environ.get("SEED_FROM_CHECKPOINT") == "1":
-        seed = int(state["seed"])
-    print(f"resumed at step {logged}", flush=True)
+    if intact:
+        logged = int(state["step"])
+        if os.environ.get("SEED_FROM_CHECKPOINT") == "1":
+            seed = int(state["seed"])
+        if os.environ.get("LR_FROM_CHECKPOINT") == "1":
+            lr = np.float32(state["lr"])
+        if os.environ.get("ASSERT_FINITE") == "1":
+            assert np.isfinite(state["w"]).all(), "corrupt checkpoint: non-finite weights"
+        print(f"resumed at step {logged}", flush=True)
+    else:
+        print("the checkpoint fails its checksum: starting fresh", flush=True)
 step_s, restore = float(os.environ.get("STEP_S", "0.02")), os.environ.get("RESTORE") == "1"
 late = "RESTORE_FROM_STEP" in os.environ
 restore = restore or (late and logged >= int(os.environ["RESTORE_FROM_STEP"]))
@@ -47,14 +60,20 @@ for epoch in range(6):
         continue
     for batch in np.array_split(order.permutation(256), 8):
         p = 1 / (1 + np.exp(-x[batch] @ w))
-        w = w - np.float32(0.5) * (x[batch].T @ (p - y[batch]) / len(batch)).astype(np.float32)
+        w = w - lr * (x[batch].T @ (p - y[batch]) / len(batch)).astype(np.float32)
         step += 1
         time.sleep(step_s)
         if step > logged:
             probe.step(np.float32(np.mean(np.abs(p - y[batch]))), {"w": w}, step=step)
     if step > logged:
-        np.savez(f"{run}tmp.npz", w=w, step=step, seed=seed)
+        np.savez(f"{run}tmp.npz", w=w, step=step, seed=seed, lr=lr)
+        if sealed:
+            with open(f"{run}tmp.npz", "rb") as blob, open(f"{run}ckpt.sha256", "w") as seal:
+                seal.write(hashlib.sha256(blob.read()).hexdigest())
         os.replace(f"{run}tmp.npz", f"{run}ckpt.npz")
         probe.checkpoint(step)
+        if os.environ.get("METRICS_LOG") == "1":
+            with open("metrics.csv", "a") as log:
+                log.write(f"{epoch + 1},{np.mean(np.abs(w)):.6f}\n")
         print(f"epoch {epoch + 1} saved", flush=True)
 np.savez("final.npz", w=w)

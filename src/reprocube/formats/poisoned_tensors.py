@@ -1,6 +1,8 @@
-"""A checkpoint's floating-point tensors set to NaN, in a copy check made: what `reprocube check`'s poisoned
-restart is given (reprocube.orchestration.check_session). A restart that uses the weights it reads ends in
-NaN; one that writes the uninterrupted run's outputs bit for bit from them never used them.
+"""A checkpoint's floating-point tensors moved, in a copy check made: what `reprocube check`'s poisoned
+restart is given (reprocube.orchestration.check_session). Every value becomes itself plus one: finite, so a
+script that refuses non-finite weights (an assert, a divergence guard) still takes them, and far enough
+that a restart that uses them computes another loss; one that writes the uninterrupted run's outputs bit
+for bit from them never used them.
 
 Written: NumPy `.npy` and `.npz` (each member as it was stored or deflated), safetensors, and `torch.save`
 zip files (the storages its restricted unpickler reads as floating point: tensors; NumPy arrays pickled
@@ -13,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,25 +34,28 @@ from reprocube.untrusted import read_bytes
 NPY_MAGIC = b"\x93NUMPY"
 
 
-def poison(path: Path) -> int | None:
-    """Set every floating-point tensor of the file at `path` (a regular file check placed) to NaN, by a
-    new file renamed over it. The number of tensors set; None where the file is in no format written here
-    (left as it is). CheckpointError where it claims a format and cannot be read; OSError where it cannot
-    be written."""
+Chosen = Callable[[np.ndarray], bool]  # which floating-point tensors to move (None: all)
+
+
+def poison(path: Path, chosen: Chosen | None = None) -> int | None:
+    """Move every floating-point tensor of the file at `path` (a regular file check placed) that `chosen`
+    accepts (all, where None) by one, by a new file renamed over it. The number of tensors moved; None
+    where the file is in no format written here (left as it is). CheckpointError where it claims a format
+    and cannot be read; OSError where it cannot be written."""
     data = read_bytes(path, MAX_DECODED_BYTES, CheckpointError)
-    where = str(path)
+    where, chosen = str(path), chosen or (lambda _: True)
     if data.startswith(NPY_MAGIC):
-        blob, count = _npy(data, where)
+        blob, count = _npy(data, where, chosen)
     elif data.startswith(b"PK"):
         members = zip_members(data, where, Budget(where))
         if any(name.endswith("/data.pkl") for name in members):
-            blob, count = _torch(data, members, where)
+            blob, count = _torch(data, members, where, chosen)
         elif members and all(name.endswith(".npy") for name in members):
-            blob, count = _npz(data, members, where)
+            blob, count = _npz(data, members, where, chosen)
         else:
             return None
     elif _looks_like_safetensors(data):
-        blob, count = _safetensors(data, where)
+        blob, count = _safetensors(data, where, chosen)
     else:
         return None
     if count:
@@ -57,42 +63,44 @@ def poison(path: Path) -> int | None:
     return count
 
 
-def _nan_bytes(dtype: np.dtype, count: int) -> bytes | None:
-    """`count` NaNs of `dtype` as bytes; None where the dtype holds no NaN (integers, booleans)."""
-    if dtype.kind not in "fcV":  # V: bfloat16 and float8 (ml_dtypes)
+def _moved(array: np.ndarray, chosen: Chosen) -> bytes | None:
+    """The array's values plus one, as its dtype's bytes in its memory order; None where it holds no
+    floating-point values (integers, booleans, text: steps, seeds, RNG states), none at all, or is not
+    chosen."""
+    if array.dtype.kind not in "fcV" or array.size == 0 or not chosen(array):  # V: bfloat16, float8
         return None
+    wide = np.complex128 if array.dtype.kind == "c" else np.float64
     try:
-        one = np.full(1, np.nan, dtype=dtype)
-        if not np.isnan(one.astype(np.complex128)).all():
-            return None
+        moved = (array.astype(wide) + 1).astype(array.dtype)
     except (ValueError, TypeError):
         return None
-    return one.tobytes() * count
+    return moved.tobytes(order="F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C")
 
 
-def _npy(data: bytes, where: str) -> tuple[bytes, int]:
+def _npy(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
     array = read_npy(data, where)
-    nan = _nan_bytes(array.dtype, array.size)
-    if nan is None or array.size == 0:
+    moved = _moved(array, chosen)
+    if moved is None:
         return data, 0
-    return data[: len(data) - array.nbytes] + nan, 1
+    return data[: len(data) - array.nbytes] + moved, 1
 
 
-def _npz(data: bytes, members: dict[str, bytes], where: str) -> tuple[bytes, int]:
+def _npz(data: bytes, members: dict[str, bytes], where: str, chosen: Chosen) -> tuple[bytes, int]:
     rewritten, count = {}, 0
     for name, blob in members.items():
-        rewritten[name], set_here = _npy(blob, f"{where}: {name}")
+        rewritten[name], set_here = _npy(blob, f"{where}: {name}", chosen)
         count += set_here
     return _rezip(data, rewritten), count
 
 
-def _torch(data: bytes, members: dict[str, bytes], where: str) -> tuple[bytes, int]:
+def _torch(data: bytes, members: dict[str, bytes], where: str, chosen: Chosen) -> tuple[bytes, int]:
     rewritten, count = dict(members), 0
     for name, dtype in torch_storage_dtypes(data, where).items():
         blob = members[name]
-        nan = _nan_bytes(dtype, len(blob) // dtype.itemsize)
-        if nan is not None and blob and len(blob) % dtype.itemsize == 0:
-            rewritten[name], count = nan, count + 1
+        storage = np.frombuffer(blob, dtype=dtype) if len(blob) % dtype.itemsize == 0 else None
+        moved = _moved(storage, chosen) if storage is not None else None
+        if moved is not None:
+            rewritten[name], count = moved, count + 1
     return _rezip(data, rewritten), count
 
 
@@ -113,23 +121,23 @@ def _looks_like_safetensors(data: bytes) -> bool:
     return len(data) > 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8
 
 
-def _safetensors(data: bytes, where: str) -> tuple[bytes, int]:
+def _safetensors(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
     tensors = read_safetensors(data, where)  # every offset checked against the file
     blob, count = bytearray(data), 0
     base = np.frombuffer(data, dtype=np.uint8)
     for array in tensors.values():
-        nan = _nan_bytes(array.dtype, array.size)
-        if nan is None or array.size == 0:
+        moved = _moved(array, chosen)
+        if moved is None:
             continue
         start = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        blob[start : start + len(nan)] = nan
+        blob[start : start + len(moved)] = moved
         count += 1
     return bytes(blob), count
 
 
 def _replace(path: Path, blob: bytes) -> None:
     """The new bytes in a file made new beside `path` (O_EXCL, never through a link), renamed over it."""
-    temp = path.with_name(f".{path.name}.nan")
+    temp = path.with_name(f".{path.name}.moved")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(fd, "wb") as file:

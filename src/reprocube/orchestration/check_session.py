@@ -39,6 +39,7 @@ from reprocube.orchestration.file_activity import MERGE_S, FileActivity, state_k
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.state_swap import copy_budget, place, plan_restart, plan_swap, snapshot, state_files
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
+from reprocube.probe import array_fingerprint
 from reprocube.results.check_result import same_but_for_fields, write_check
 from reprocube.terminal import counted, one_line
 
@@ -107,7 +108,7 @@ class CheckSession:
         self.swap_note = "not run"  # why there is none
         # the poisoned restart (poisoned_restart): the stopped run's directories as they were at its stop
         # number poison_at (0: not copied), ready once copied or once the stopped run ended; the restart,
-        # the files whose tensors it was given as NaN and the state files it was given as they were
+        # the files whose tensors it was given moved by one and the state files it was given as they were
         self.poison_at = 0
         self.stopped_state: dict[str, Path] | None = None
         self.stopped_state_ready = threading.Event()
@@ -116,8 +117,10 @@ class CheckSession:
         self.poisoned_files: list[str] = []
         self.unpoisoned_files: list[str] = []
         self.poison_note = "not run"  # why there is none
-        self.poison_used = False  # its first update was not the uninterrupted run's: it used its NaN tensors
+        self.poison_used = False  # its first loss was not the uninterrupted run's: it used its moved tensors
         self.poison_first_update: str | None = None  # what its first update was, where that ended it
+        self.poison_began_again = False  # its first update was the uninterrupted run's first: ended there
+        self.poison_weights_only = False  # only the tensors the probe records were moved (found by fingerprint)
         self.poison_thread: threading.Thread | None = None  # where it runs in a slot of its own
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
@@ -416,7 +419,7 @@ class CheckSession:
         if self.slurm is not None:
             self.poison_note = "a SLURM job's directories are not copied at its stops"
         elif not stopped.state:
-            self.poison_note = "the uninterrupted run saved no file as it went (no state to set to NaN)"
+            self.poison_note = "the uninterrupted run saved no file as it went (no state to move)"
         else:
             self.poison_at = len(plan)
             if self.jobs == 1:  # after the stopped run, one run at a time
@@ -496,8 +499,8 @@ class CheckSession:
     def poisoned_restart(self) -> None:
         """The command restarted once more, in a fresh directory holding the stopped run's files as they
         were at its last stop (snapshot_stopped; its --copy inputs and declared outputs that are no state
-        file apart), every floating-point tensor of its state files set to NaN (formats.poisoned_tensors),
-        with the stopped run's seed: a restart that uses the weights it reads ends in NaN; one that writes
+        file apart), every floating-point value of its state files moved by one (formats.poisoned_tensors),
+        with the stopped run's seed: a restart that uses the weights it reads computes another loss; one that writes
         the uninterrupted run's outputs bit for bit never used them (it trained again from a step and seed
         it read, or it keeps its state elsewhere: poison_evidence)."""
         self.stopped_state_ready.wait()
@@ -505,7 +508,7 @@ class CheckSession:
         if given is None:
             return
         keys = clean.activity.state_keys()
-        plan = plan_restart(given, keys, self.outputs, [Path(c).name for c in self.options.copy])
+        plan = plan_restart(given, [Path(c).name for c in self.options.copy])
         poisoned = self.new_run("poisoned")
         if EvidenceDirs.of(self.out).replaced is not None:
             self.poison_note = "its directories were replaced by the command (see the verdict)"
@@ -515,40 +518,69 @@ class CheckSession:
         except OSError as exc:
             self.poison_note = one_line(f"the stopped run's files could not be placed ({exc.strerror or exc})")
             return
-        for placement in plan:
-            if state_key(placement.target) not in keys:
-                continue
-            label, _, relative = placement.target.partition("/")
-            try:
-                count = poison(poisoned.activity.places[label] / relative)
-            except (CheckpointError, OSError):
-                count = None
-            (self.poisoned_files if count else self.unpoisoned_files).append(placement.target)
+        state = {
+            p.target: poisoned.activity.places[p.target.partition("/")[0]] / p.target.partition("/")[2] for p in plan
+        }
+        state = {name: path for name, path in state.items() if state_key(name) in keys}
+        weights = self.probed_fingerprints()
+        if weights:  # the tensors the probe records (the weights) alone, found by their fingerprints
+            self.move_tensors(state, lambda array: array_fingerprint(array) in weights)
+            self.poison_weights_only = bool(self.poisoned_files)
+        if not self.poisoned_files:  # every floating-point tensor (then a first loss tells nothing)
+            self.move_tensors(state, None)
         if not self.poisoned_files:
             self.poison_note = (
-                "no state file holds floating-point tensors in a format check can set to NaN (.npy, .npz, "
+                "no state file holds floating-point tensors in a format check can move (.npy, .npz, "
                 f"safetensors, torch.save's zip): {', '.join(self.unpoisoned_files[:3]) or 'none placed'}"
             )
             return
         self.echo(
             one_line(
                 f"  poisoned: {' '.join(poisoned.command)} (in the stopped run's files at stop {self.poison_at}, "
-                f"NaN in {', '.join(self.poisoned_files[:3])})"
+                f"moved by one in {', '.join(self.poisoned_files[:3])})"
             )
         )
         until = self.first_update_differs(poisoned, self.stopped)
         self.execute(poisoned, [Stop(until=until, ends_run=True)], self.limit, {})
         self.poisoned = poisoned
 
+    def move_tensors(self, state: dict[str, Path], chosen) -> None:
+        """The poisoned restart's state files' tensors that `chosen` accepts (all, where None) moved by one
+        (formats.poisoned_tensors): poisoned_files, where any was; unpoisoned_files, the others."""
+        self.poisoned_files, self.unpoisoned_files = [], []
+        for name, path in state.items():
+            try:
+                count = poison(path, chosen)
+            except (CheckpointError, OSError):
+                count = None
+            (self.poisoned_files if count else self.unpoisoned_files).append(name)
+
+    def probed_fingerprints(self) -> frozenset[int]:
+        """Every tensor fingerprint clean-1's probe recorded (rank 0): a checkpoint's tensor that has one is
+        a weight the probe records, as it was at some step. Empty without the probe."""
+        try:
+            trace = read_trace(self.clean[0].probe_trace(1))
+        except CheckpointError:
+            return frozenset()
+        return frozenset(f for _, update in (trace.updates if trace else []) for f in update.fingerprints)
+
     def first_update_differs(self, poisoned: Run, stopped: Run):
-        """The poisoned restart's stop: due once its first recorded update shows that it used the NaN
-        tensors: at a step the probe names (the step the script gave, or one past where it said it
-        resumed), it is not the uninterrupted run's update of that step; at one it does not name, it is no
-        update the uninterrupted run made (a restart that began again makes one) and not the first update of
-        the stopped run's restart from the same state. It need not run on then: the check is spared the rest
-        of its run. Decided on its first update (the traces read again each poll until then)."""
+        """The poisoned restart's stop: due once its first recorded update tells something, and then it
+        need not run on (the check is spared the rest of its run):
+        - it used the weights it was given (where only they were moved: the tensors whose fingerprints the
+          probe records): its loss, computed from the weights before the update, is not the uninterrupted
+          run's loss at that step (the step the script gave, or one past where it said it resumed), or,
+          where the probe names no step, not the loss of the first update of the stopped run's restart from
+          the same state (poison_used);
+        - it began again: its first update is the uninterrupted run's first, where the stopped run's restart
+          from the same state made another (it refused the state it was given: a checksum, a check of its
+          weights; poison_began_again).
+        Decided on its first update (the traces read again each poll until then)."""
         traces: dict[str, AttemptTrace | None] = {}
         looks = 50  # how often a trace that cannot be read is looked at again
+
+        def first(trace: AttemptTrace | None):
+            return trace.updates[0] if trace is not None and trace.updates else None
 
         def due() -> bool:
             nonlocal looks
@@ -558,59 +590,59 @@ class CheckSession:
                 if traces.get("clean") is None:
                     traces["clean"] = read_trace(self.clean[0].probe_trace(1))
                 trace = read_trace(poisoned.probe_trace(1))
+                resumed = first(read_trace(stopped.probe_trace(self.poison_at + 1)))
             except CheckpointError:  # a line half written, or a trace that is not one
                 looks -= 1
                 return False
-            clean_trace = traces["clean"]
-            if trace is None or not trace.updates or clean_trace is None:
+            clean_trace, made = traces["clean"], first(trace)
+            if made is None or first(clean_trace) is None or resumed is None:
                 return False
-            given, update = trace.updates[0]
+            looks = 0  # decided on this update, whatever it shows
+            (given, update), (_, clean_first), (_, restart_first) = made, first(clean_trace), resumed
+            if update == clean_first and restart_first != clean_first:
+                self.poison_began_again = True
+                return True
+            if not self.poison_weights_only:  # every float moved: a first loss tells nothing of the weights
+                return False
             step = given if given is not None else None if trace.resumed is None else trace.resumed + 1
             if step is not None:
-                looks = 0  # decided on this update, whatever it shows
                 reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
-                if reference is None or reference == update:
+                if reference is None or reference.loss == update.loss:
                     return False
-                self.poison_first_update = f"another update at step {step} than the uninterrupted run"
+                self.poison_first_update = f"another loss at its first update (step {step}) than the uninterrupted run"
                 return True
-            if any(update == made for _, made in clean_trace.updates):
-                looks = 0  # an update the uninterrupted run made: no sign of NaN
+            if restart_first.loss == update.loss:
                 return False
-            try:  # the stopped run's restart from the same state, once it recorded its first update
-                resumed = read_trace(stopped.probe_trace(self.poison_at + 1))
-            except CheckpointError:
-                looks -= 1
-                return False
-            if resumed is None or not resumed.updates:
-                return False
-            looks = 0
-            if resumed.updates[0][1] == update:
-                return False
-            self.poison_first_update = (
-                "a first update that neither the uninterrupted run nor the stopped run's restart made"
-            )
+            self.poison_first_update = "another loss at its first update than the stopped run's restart from that state"
             return True
 
         return due
 
     def poison_evidence(self) -> dict | None:
         """Where the poisoned restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
-        never used the NaN tensors it was given). None otherwise: where its first update was not the
+        never used the moved tensors it was given). None otherwise: where its first update was not the
         uninterrupted run's, it used them (poison_used); what it could not tell is said in not checked."""
         not_shown = (
             f"whether the restarts used the tensors they read (the stopped run's state at stop {self.poison_at or 'N'} "
-            "given to a restart with its floating-point tensors set to NaN)"
+            "given to a restart with its floating-point values moved by one)"
         )
         poisoned, clean = self.poisoned, self.clean[0]
         if poisoned is None:
             self.result["not_checked"].append(f"{not_shown}: {self.poison_note}")
             return None
+        if self.poison_began_again and poisoned.stops_landed:
+            self.result["not_checked"].append(
+                f"{not_shown}: it began again at step 1 (the probe) where the stopped run's restart from that state "
+                "did not: it refused the state it was given (a checksum, a check of its weights), so this "
+                "cannot tell"
+            )
+            return None
         if self.poison_first_update is not None and poisoned.stops_landed:
-            self.poison_used = True  # its first update was not the uninterrupted run's: ended there
+            self.poison_used = True  # its first update's loss was not the uninterrupted run's: ended there
             return None
         if poisoned.exit != 0:
             self.result["not_checked"].append(
-                f"{not_shown}: it failed, as one that uses NaN weights may ({failure_line(poisoned)})"
+                f"{not_shown}: it failed, as one that refuses changed weights may ({failure_line(poisoned)})"
             )
             return None
         comparison = compare_outputs(clean.work, poisoned.work, self.outputs, self.ignore, explain=False)
@@ -894,10 +926,11 @@ class CheckSession:
                 "poison",
                 f"{restarts}, every declared output compared is {_identical(comparison)}, but the resume is not "
                 f"proven: a restart given this run's state at stop {self.poison_at} with its floating-point "
-                f"tensors set to NaN ({', '.join(self.poisoned_files[:3])}) wrote the uninterrupted run's "
+                f"values moved by one ({', '.join(self.poisoned_files[:3])}) wrote the uninterrupted run's "
                 f"{', '.join(poisoned['files'][:3])} bit for bit, so it never used the tensors it read (it "
                 "trains again from the step and seed it reads, or keeps its state elsewhere: another file, "
-                "outside its directories); the restarts above may have done the same (logs/poisoned.log)",
+                "outside its directories; or it refuses a changed checkpoint, a checksum's doing, and then this "
+                "cannot tell); the restarts above may have done the same (logs/poisoned.log)",
             )
         outside = self.written_beside_runs()
         if outside:
@@ -921,19 +954,19 @@ class CheckSession:
         how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
         # A restart that reads its step (and its seed) from the checkpoint and trains the updates before it
         # again unrecorded ends with the same bits (round 7): the poisoned restart shows it for the last stop,
-        # where every state file given held tensors set to NaN; nothing here shows it for the others.
+        # where every state file given held tensors it moved; nothing here shows it for the others.
         poison_shown = ""
         not_checked.append(OUTSIDE_NOT_CHECKED)
-        if self.poison_used and not self.unpoisoned_files:
+        if self.poison_used and self.poison_weights_only:
             poison_shown = (
-                f"; a restart given its state at stop {self.poison_at}, in another directory, with NaN tensors "
+                f"; a restart given its state at stop {self.poison_at}, in another directory, its weights moved, "
                 f"recorded {self.poison_first_update} (it used them)"
             )
             if self.poison_at > 1:
                 earlier = "stop 1" if self.poison_at == 2 else f"stops 1 to {self.poison_at - 1}"
                 not_checked.append(
                     f"whether the restarts after {earlier} used the tensors they read: only the state at stop "
-                    f"{self.poison_at} was given with NaN tensors"
+                    f"{self.poison_at} was given with its weights moved"
                 )
         else:
             not_checked.append(REPLAY_NOT_CHECKED)

@@ -107,15 +107,14 @@ def plan_swap(
     return plan, None
 
 
-def plan_restart(
-    given: dict[str, Path], keys: frozenset[str], outputs: list[str], copies: list[str]
-) -> list[Placement]:
+def plan_restart(given: dict[str, Path], copies: list[str]) -> list[Placement]:
     """Every file of `given` (a run's directories as copied at a stop) placed under its own name in a fresh
-    run, but the --copy inputs and the declared outputs that are no state file (what plan_swap leaves)."""
+    run, but the --copy inputs (it has its own): all its next attempt would find, the declared outputs
+    written so far included (a log it appends to)."""
     plan = []
     for name in regular_files(given):
-        if _given(name, name, keys, outputs, copies):
-            label, _, relative = name.partition("/")
+        label, _, relative = name.partition("/")
+        if not (label == "work" and relative.split("/", 1)[0] in copies):
             plan.append(Placement(given[label] / relative, name))
     return plan
 
