@@ -212,11 +212,25 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
         {"SEED_FROM_CHECKPOINT": "1", "LR_FROM_CHECKPOINT": "1"},
         {"SEED_FROM_CHECKPOINT": "1", "METRICS_LOG": "1"},
         {"SEED_FROM_CHECKPOINT": "1", "ASSERT_FINITE": "1"},
+        # a checksum beside the checkpoint (G8: the restart refused the moved weights; made again now), a
+        # probed bias kept at zero and a 0.0 hyper-parameter read back (G11: every zero tensor had the bias's
+        # fingerprint, 0, and was moved as a weight)
+        {"SEED_FROM_CHECKPOINT": "1", "CHECKSUM": "1"},
+        {"SEED_FROM_CHECKPOINT": "1", "ZERO_HYPER": "1"},
     ],
-    ids=["seed", "hashed-run-dir", "restores-late-only", "lr-read-back", "appended-log", "finite-guard"],
+    ids=[
+        "seed",
+        "hashed-run-dir",
+        "restores-late-only",
+        "lr-read-back",
+        "appended-log",
+        "finite-guard",
+        "checksum",
+        "zero",
+    ],
 )
 def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_moved_weights(tmp_path, variant):
-    """Round 7's F2, F6 and F15', round 8's G1, G2 and G4: each passed (some with a caveat only). Truth
+    """Round 7's F2, F6 and F15', round 8's G1, G2, G4, G8 and G11: each passed (some with a caveat only). Truth
     without reprocube: the script stopped at epoch 2 and rerun with its checkpoint's weights moved ends as an
     uninterrupted run does. check's poisoned restart does the same to a copy of the stopped run's state at
     its last stop (the weights alone, found by the fingerprints the probe records) and sees the uninterrupted
@@ -492,33 +506,37 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
         ), said(result)
 
 
-def test_a_correct_restart_that_refuses_a_changed_checkpoint_is_not_called_unproven(tmp_path):
+@pytest.mark.parametrize("checksum", ["1", "keyed"])
+def test_a_correct_restart_that_checks_its_checkpoint_is_not_called_unproven(tmp_path, checksum):
     """Round 8's G3: a correct script that keeps a sha256 beside its checkpoint and starts fresh where the
     checkpoint fails it. Truth without reprocube: stopped at epoch 2 and rerun it ends as the uninterrupted
-    run does, and with its weights moved (the checksum made again) it does not: it uses them. The poisoned
-    restart finds its checksum broken and begins again at step 1 (the probe): that tells nothing, and it
+    run does, and with its weights moved (the checksum made again where anyone can) it does not: it uses
+    them. A plain sha256 is made again for the poisoned restart, which then uses its moved weights: a pass.
+    A keyed one cannot be: the poisoned restart begins again at step 1 (the probe), which tells nothing, and
     is named, not taken for a restart that never used its weights."""
     import hashlib
 
     import numpy as np
 
-    env = {"START_S": "1.5", "RESTORE": "1", "CHECKSUM": "1"}
-    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
-    clean.mkdir(), stopped.mkdir()
+    env = {"START_S": "1.5", "RESTORE": "1", "CHECKSUM": checksum}
+    key = b"secret" if checksum == "keyed" else b""
+    clean, stopped, moved = (tmp_path / f"truth-{case}" for case in ("clean", "stopped", "moved"))
+    for directory in (clean, stopped, moved):
+        directory.mkdir()
     assert truth_run(clean, "discards_state.py", env_extra=env) == 0
-    truth_run(stopped, "discards_state.py", stop_at="epoch 2 saved", env_extra=env)
-    assert truth_run(stopped, "discards_state.py", env_extra=env) == 0
-    assert final_digest(stopped) == final_digest(clean)
-    moved = tmp_path / "truth-moved"
-    moved.mkdir()
-    truth_run(moved, "discards_state.py", stop_at="epoch 2 saved", env_extra=env)
+    for directory in (stopped, moved):
+        truth_run(directory, "discards_state.py", stop_at="epoch 2 saved", env_extra=env)
     with np.load(moved / "ckpt.npz") as checkpoint:
         kept = {k: checkpoint[k] for k in checkpoint.files}
     np.savez(moved / "ckpt.npz", **{**kept, "w": kept["w"] + np.float32(1)})
-    (moved / "ckpt.sha256").write_text(hashlib.sha256((moved / "ckpt.npz").read_bytes()).hexdigest())
-    assert truth_run(moved, "discards_state.py", env_extra=env) == 0
-    assert final_digest(moved) != final_digest(clean)
+    (moved / "ckpt.sha256").write_text(hashlib.sha256(key + (moved / "ckpt.npz").read_bytes()).hexdigest())
+    for directory in (stopped, moved):
+        assert truth_run(directory, "discards_state.py", env_extra=env) == 0
+    assert final_digest(stopped) == final_digest(clean) != final_digest(moved)
 
     proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
     assert result is not None and result["verdict"] == "resume-exact", said(result)
-    assert any("it began again at step 1" in line for line in result["not_checked"]), result["not_checked"]
+    if checksum == "1":
+        assert "its weights moved, recorded another loss at its first update (step 17)" in result["summary"]
+    else:
+        assert any("it began again at step 1" in line for line in result["not_checked"]), result["not_checked"]

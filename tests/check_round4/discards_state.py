@@ -10,8 +10,11 @@ runs/<hash of the config, seed included>/, as Hydra and W&B name runs), RESTORE_
 checkpoint of step N or later is restored; from an earlier one it trains again, each epoch's order drawn
 from (seed, epoch)). Round 8's: LR_FROM_CHECKPOINT=1 (G1: the learning rate, a float, read back),
 METRICS_LOG=1 (G2: a line per epoch appended to metrics.csv, epochs already logged skipped),
-ASSERT_FINITE=1 (G4: a restart asserts its checkpoint's weights are finite), CHECKSUM=1 (G3: a sha256
-beside the checkpoint; a restart whose checkpoint fails it starts fresh: with RESTORE=1 a correct script)."""
+ASSERT_FINITE=1 (G4: a restart asserts its checkpoint's weights are finite), CHECKSUM=1 (G3, G8: a sha256
+beside the checkpoint; a restart whose checkpoint fails it starts fresh: with RESTORE=1 a correct script;
+CHECKSUM=keyed: the sha256 of a secret and the checkpoint, which no one else can make again), ZERO_HYPER=1
+(G11: a bias kept at zero, recorded by the probe, and a label smoothing of 0.0 read back from the
+checkpoint)."""
 
 import hashlib
 import os
@@ -31,10 +34,11 @@ data = np.random.default_rng(1234)
 x = data.normal(size=(256, 8)).astype(np.float32)
 y = (x @ data.normal(size=8) > 0).astype(np.float32)
 logged, lr = 0, np.float32(0.5)
-sealed = os.environ.get("CHECKSUM") == "1"
+sealed, key = os.environ.get("CHECKSUM") in ("1", "keyed"), b"secret" if os.environ.get("CHECKSUM") == "keyed" else b""
+zero_hyper, smooth, b = os.environ.get("ZERO_HYPER") == "1", np.float32(0.0), np.zeros(8, np.float32)
 if os.path.exists(f"{run}ckpt.npz"):
     with open(f"{run}ckpt.npz", "rb") as blob:
-        intact = not sealed or hashlib.sha256(blob.read()).hexdigest() == open(f"{run}ckpt.sha256").read()
+        intact = not sealed or hashlib.sha256(key + blob.read()).hexdigest() == open(f"{run}ckpt.sha256").read()
     with np.load(f"{run}ckpt.npz") as checkpoint:
         state = {k: checkpoint[k] for k in checkpoint.files}
     if intact:
@@ -43,6 +47,8 @@ if os.path.exists(f"{run}ckpt.npz"):
             seed = int(state["seed"])
         if os.environ.get("LR_FROM_CHECKPOINT") == "1":
             lr = np.float32(state["lr"])
+        if zero_hyper:
+            smooth = np.float32(state["smooth"])
         if os.environ.get("ASSERT_FINITE") == "1":
             assert np.isfinite(state["w"]).all(), "corrupt checkpoint: non-finite weights"
         print(f"resumed at step {logged}", flush=True)
@@ -59,17 +65,22 @@ for epoch in range(6):
     if restore and epoch < step // 8:
         continue
     for batch in np.array_split(order.permutation(256), 8):
-        p = 1 / (1 + np.exp(-x[batch] @ w))
-        w = w - lr * (x[batch].T @ (p - y[batch]) / len(batch)).astype(np.float32)
+        p = 1 / (1 + np.exp(-(x[batch] @ w + b[0])))
+        target = y[batch] * (1 - smooth) + smooth / 2
+        w = w - lr * (x[batch].T @ (p - target) / len(batch)).astype(np.float32)
         step += 1
         time.sleep(step_s)
         if step > logged:
-            probe.step(np.float32(np.mean(np.abs(p - y[batch]))), {"w": w}, step=step)
+            probe.step(
+                np.float32(np.mean(np.abs(p - y[batch]))), {"w": w, "b": b} if zero_hyper else {"w": w}, step=step
+            )
     if step > logged:
-        np.savez(f"{run}tmp.npz", w=w, step=step, seed=seed, lr=lr)
+        np.savez(
+            f"{run}tmp.npz", w=w, step=step, seed=seed, lr=lr, **({"b": b, "smooth": smooth} if zero_hyper else {})
+        )
         if sealed:
             with open(f"{run}tmp.npz", "rb") as blob, open(f"{run}ckpt.sha256", "w") as seal:
-                seal.write(hashlib.sha256(blob.read()).hexdigest())
+                seal.write(hashlib.sha256(key + blob.read()).hexdigest())
         os.replace(f"{run}tmp.npz", f"{run}ckpt.npz")
         probe.checkpoint(step)
         if os.environ.get("METRICS_LOG") == "1":

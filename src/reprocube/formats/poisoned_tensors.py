@@ -12,6 +12,7 @@ restart still finds where it was and what it drew. Every file is first read as t
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import zipfile
@@ -29,6 +30,7 @@ from reprocube.formats.tensor_readers import (
     torch_storage_dtypes,
     zip_members,
 )
+from reprocube.terminal import one_line
 from reprocube.untrusted import read_bytes
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -44,6 +46,24 @@ def poison(path: Path, chosen: Chosen | None = None) -> int | None:
     and cannot be read; OSError where it cannot be written."""
     data = read_bytes(path, MAX_DECODED_BYTES, CheckpointError)
     where, chosen = str(path), chosen or (lambda _: True)
+    try:
+        found = _moved_file(data, where, chosen)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (a hostile file meeting zipfile or NumPy: one line, never a traceback)
+        raise CheckpointError(
+            f"{where}: cannot be rewritten ({type(exc).__name__}: {one_line(str(exc))[:200]})"
+        ) from None
+    if found is None:
+        return None
+    blob, count = found
+    if count:
+        _replace(path, blob)
+    return count
+
+
+def _moved_file(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int] | None:
+    """The file's new bytes and how many tensors moved; None where it is in no format written here."""
     if data.startswith(NPY_MAGIC):
         blob, count = _npy(data, where, chosen)
     elif data.startswith(b"PK"):
@@ -58,9 +78,7 @@ def poison(path: Path, chosen: Chosen | None = None) -> int | None:
         blob, count = _safetensors(data, where, chosen)
     else:
         return None
-    if count:
-        _replace(path, blob)
-    return count
+    return blob, count
 
 
 def _moved(array: np.ndarray, chosen: Chosen) -> bytes | None:
@@ -146,3 +164,32 @@ def _replace(path: Path, blob: bytes) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+SEAL_ALGORITHMS = ("sha256", "sha1", "md5")  # what a checksum kept beside a checkpoint is made with
+MAX_SEAL_BYTES = 64 << 10  # a sidecar or manifest that may hold a checksum: small
+
+
+def file_digests(path: Path) -> list[bytes]:
+    """The file's hex digests (SEAL_ALGORITHMS' order, lower case), [] where it cannot be read."""
+    try:
+        data = read_bytes(path, MAX_DECODED_BYTES, CheckpointError)
+    except (CheckpointError, OSError):
+        return []
+    return [hashlib.new(name, data).hexdigest().encode() for name in SEAL_ALGORITHMS]
+
+
+def reseal(path: Path, digests: dict[bytes, bytes]) -> bool:
+    """Where the small file at `path` holds one of `digests`' old hex digests (either case), the new one in
+    its place (a new file renamed over it); whether it changed. Bytes are compared, never interpreted."""
+    try:
+        data = read_bytes(path, MAX_SEAL_BYTES, CheckpointError)
+    except (CheckpointError, OSError):
+        return False
+    new = data
+    for old, moved in digests.items():
+        new = new.replace(old, moved).replace(old.upper(), moved.upper())
+    if new == data:
+        return False
+    _replace(path, new)
+    return True

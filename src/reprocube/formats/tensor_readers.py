@@ -38,6 +38,8 @@ MAX_DIMS = 64
 MAX_VALUES = 1_000_000  # named values in one pickle (a pickle can share one list a billion times)
 MAX_NESTING = 100
 ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what np.savez, torch.save and Keras write
+# what zipfile raises on a damaged or hostile archive (NotImplementedError: a version or method it lacks)
+ZIP_ERRORS = (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError, NotImplementedError)
 
 
 class Budget:
@@ -106,7 +108,7 @@ def zip_members(data: bytes, where: str, budget: Budget) -> dict[str, bytes]:
     declared size, the sizes charged to `budget` before anything is inflated."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+    except ZIP_ERRORS as exc:
         raise CheckpointError(f"{where}: not a zip archive ({_short(str(exc))})") from None
     members: dict[str, bytes] = {}
     with archive:
@@ -123,7 +125,7 @@ def zip_members(data: bytes, where: str, budget: Budget) -> dict[str, bytes]:
             try:
                 with archive.open(info) as member:
                     blob = member.read(info.file_size + 1)  # zipfile stops at the declared size
-            except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError) as exc:
+            except ZIP_ERRORS as exc:
                 raise CheckpointError(f"{where}: {name} cannot be read ({_short(str(exc))})") from None
             if len(blob) != info.file_size:
                 raise CheckpointError(f"{where}: {name} holds {len(blob)} bytes, not the {info.file_size} declared")
@@ -307,7 +309,7 @@ def _unpickled_torch(data: bytes, where: str):
     budget = Budget(where)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+    except ZIP_ERRORS as exc:
         raise CheckpointError(f"{where}: not a zip archive ({_short(str(exc))})") from None
     with archive:
         pickles = [i for i in archive.infolist() if re.fullmatch(r"[^/]+/data\.pkl", i.filename)]
@@ -357,7 +359,7 @@ def _member(archive, name: str, where: str, budget: Budget, optional: bool = Fal
     try:
         with archive.open(info) as member:
             blob = member.read(info.file_size + 1)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError) as exc:
+    except ZIP_ERRORS as exc:
         raise CheckpointError(f"{where}: {one_line(name)} cannot be read ({_short(str(exc))})") from None
     if len(blob) != info.file_size:
         raise CheckpointError(f"{where}: {one_line(name)} holds {len(blob)} bytes, not the {info.file_size} declared")

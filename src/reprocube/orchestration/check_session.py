@@ -28,7 +28,7 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
 from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
-from reprocube.formats.poisoned_tensors import poison
+from reprocube.formats.poisoned_tensors import file_digests, poison, reseal
 from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
@@ -121,6 +121,7 @@ class CheckSession:
         self.poison_first_update: str | None = None  # what its first update was, where that ended it
         self.poison_began_again = False  # its first update was the uninterrupted run's first: ended there
         self.poison_weights_only = False  # only the tensors the probe records were moved (found by fingerprint)
+        self.poison_originals: dict[str, Path] = {}  # each file given to the poisoned restart: its copy at the stop
         self.poison_thread: threading.Thread | None = None  # where it runs in a slot of its own
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
@@ -518,16 +519,21 @@ class CheckSession:
         except OSError as exc:
             self.poison_note = one_line(f"the stopped run's files could not be placed ({exc.strerror or exc})")
             return
-        state = {
-            p.target: poisoned.activity.places[p.target.partition("/")[0]] / p.target.partition("/")[2] for p in plan
-        }
-        state = {name: path for name, path in state.items() if state_key(name) in keys}
-        weights = self.probed_fingerprints()
-        if weights:  # the tensors the probe records (the weights) alone, found by their fingerprints
-            self.move_tensors(state, lambda array: array_fingerprint(array) in weights)
+        places = poisoned.activity.places
+        files = {p.target: places[p.target.partition("/")[0]] / p.target.partition("/")[2] for p in plan}
+        self.poison_originals = {p.target: p.source for p in plan}  # the copy at the stop, as it was
+        weights = self.trained_fingerprints()
+        if weights:  # the weights alone, wherever they are, found by the fingerprints the probe recorded
+            self.move_tensors(files, lambda array: array_fingerprint(array) in weights)
             self.poison_weights_only = bool(self.poisoned_files)
-        if not self.poisoned_files:  # every floating-point tensor (then a first loss tells nothing)
-            self.move_tensors(state, None)
+            if not self.poisoned_files:
+                self.poison_note = (
+                    "none of the weights the probe records is in a tensor check can move (.npy, .npz, "
+                    "safetensors, torch.save's tensors; a NumPy array inside a torch.save pickle is not)"
+                )
+                return
+        else:  # no probe: every floating-point tensor of the state files (a first loss then tells nothing)
+            self.move_tensors({name: path for name, path in files.items() if state_key(name) in keys}, None)
         if not self.poisoned_files:
             self.poison_note = (
                 "no state file holds floating-point tensors in a format check can move (.npy, .npz, "
@@ -544,25 +550,36 @@ class CheckSession:
         self.execute(poisoned, [Stop(until=until, ends_run=True)], self.limit, {})
         self.poisoned = poisoned
 
-    def move_tensors(self, state: dict[str, Path], chosen) -> None:
-        """The poisoned restart's state files' tensors that `chosen` accepts (all, where None) moved by one
-        (formats.poisoned_tensors): poisoned_files, where any was; unpoisoned_files, the others."""
-        self.poisoned_files, self.unpoisoned_files = [], []
-        for name, path in state.items():
+    def move_tensors(self, files: dict[str, Path], chosen) -> None:
+        """The tensors of the poisoned restart's `files` that `chosen` accepts (all, where None) moved by one
+        (formats.poisoned_tensors): poisoned_files, where any was; unpoisoned_files, the others. A checksum
+        of a moved file kept in another (a sidecar, a manifest) is made again, as the script's own save
+        would (a restart that checks it would otherwise refuse the state and tell nothing)."""
+        self.poisoned_files, self.unpoisoned_files, digests = [], [], {}
+        for name, path in files.items():
             try:
                 count = poison(path, chosen)
             except (CheckpointError, OSError):
                 count = None
             (self.poisoned_files if count else self.unpoisoned_files).append(name)
+            if count:  # its checksums before (the stopped run's copy, as it was) and after
+                digests.update(zip(file_digests(self.poison_originals[name]), file_digests(path), strict=False))
+        if digests:
+            for path in files.values():
+                with contextlib.suppress(OSError):
+                    reseal(path, digests)
 
-    def probed_fingerprints(self) -> frozenset[int]:
-        """Every tensor fingerprint clean-1's probe recorded (rank 0): a checkpoint's tensor that has one is
-        a weight the probe records, as it was at some step. Empty without the probe."""
+    def trained_fingerprints(self) -> frozenset[int]:
+        """The fingerprints clean-1's probe recorded (rank 0) of the tensors it trained: those whose
+        fingerprint changed from one step to another (a buffer kept fixed, frozen statistics, a zero bias
+        are no weight a restart trains on), never 0 (every all-zero tensor has it). A checkpoint's tensor
+        with one of them is a weight as it was at some step. Empty without the probe."""
         try:
             trace = read_trace(self.clean[0].probe_trace(1))
         except CheckpointError:
             return frozenset()
-        return frozenset(f for _, update in (trace.updates if trace else []) for f in update.fingerprints)
+        columns = zip(*(update.fingerprints for _, update in trace.updates), strict=True) if trace else []
+        return frozenset(f for column in columns if len(set(column)) > 1 for f in column) - {0}
 
     def first_update_differs(self, poisoned: Run, stopped: Run):
         """The poisoned restart's stop: due once its first recorded update tells something, and then it
