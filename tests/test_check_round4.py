@@ -181,7 +181,7 @@ def assert_state_never_used(tmp_path: Path, stop_at: str, env_extra=None) -> Non
     [checkpoint_path] = stopped.glob("**/ckpt.npz")
     with np.load(checkpoint_path) as checkpoint:
         poisoned = {k: checkpoint[k] for k in checkpoint.files}
-    np.savez(checkpoint_path, **{**poisoned, "w": poisoned["w"] + np.float32(1)})
+    np.savez(checkpoint_path, **{**poisoned, "w": poisoned["w"] + 1})
     if (stopped / "ckpt.sha256").exists():  # the checksum made again, as a script's own save would
         (stopped / "ckpt.sha256").write_text(hashlib.sha256(checkpoint_path.read_bytes()).hexdigest())
     assert truth_run(stopped, "discards_state.py", env_extra=env_extra) == 0
@@ -217,6 +217,10 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
         # fingerprint, 0, and was moved as a weight)
         {"SEED_FROM_CHECKPOINT": "1", "CHECKSUM": "1"},
         {"SEED_FROM_CHECKPOINT": "1", "ZERO_HYPER": "1"},
+        # float32 weights saved as float64 (G14: not found by their fingerprints), a layer frozen at the stops
+        # and trained later (G15: its frozen value was taken for a trained weight)
+        {"SEED_FROM_CHECKPOINT": "1", "LR_FROM_CHECKPOINT": "1", "WEIGHTS_F64": "1"},
+        {"SEED_FROM_CHECKPOINT": "1", "UNFREEZE": "1"},
     ],
     ids=[
         "seed",
@@ -227,10 +231,12 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
         "finite-guard",
         "checksum",
         "zero",
+        "float64",
+        "unfrozen-later",
     ],
 )
 def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_moved_weights(tmp_path, variant):
-    """Round 7's F2, F6 and F15', round 8's G1, G2, G4, G8 and G11: each passed (some with a caveat only). Truth
+    """Round 7's F2, F6 and F15', round 8's G1, G2, G4, G8, G11, G14 and G15: each passed (some with a caveat only). Truth
     without reprocube: the script stopped at epoch 2 and rerun with its checkpoint's weights moved ends as an
     uninterrupted run does. check's poisoned restart does the same to a copy of the stopped run's state at
     its last stop (the weights alone, found by the fingerprints the probe records) and sees the uninterrupted

@@ -14,7 +14,9 @@ ASSERT_FINITE=1 (G4: a restart asserts its checkpoint's weights are finite), CHE
 beside the checkpoint; a restart whose checkpoint fails it starts fresh: with RESTORE=1 a correct script;
 CHECKSUM=keyed: the sha256 of a secret and the checkpoint, which no one else can make again), ZERO_HYPER=1
 (G11: a bias kept at zero, recorded by the probe, and a label smoothing of 0.0 read back from the
-checkpoint)."""
+checkpoint), WEIGHTS_F64=1 (G14: the float32 weights saved as float64), UNFREEZE=1 (G15: a second weight
+vector, frozen for the first 3 epochs and trained after, recorded by the probe and saved; a restart
+restores it, and never w)."""
 
 import hashlib
 import os
@@ -36,6 +38,7 @@ y = (x @ data.normal(size=8) > 0).astype(np.float32)
 logged, lr = 0, np.float32(0.5)
 sealed, key = os.environ.get("CHECKSUM") in ("1", "keyed"), b"secret" if os.environ.get("CHECKSUM") == "keyed" else b""
 zero_hyper, smooth, b = os.environ.get("ZERO_HYPER") == "1", np.float32(0.0), np.zeros(8, np.float32)
+unfreeze, v = os.environ.get("UNFREEZE") == "1", np.random.default_rng(99).normal(size=8).astype(np.float32)
 if os.path.exists(f"{run}ckpt.npz"):
     with open(f"{run}ckpt.npz", "rb") as blob:
         intact = not sealed or hashlib.sha256(key + blob.read()).hexdigest() == open(f"{run}ckpt.sha256").read()
@@ -49,6 +52,8 @@ if os.path.exists(f"{run}ckpt.npz"):
             lr = np.float32(state["lr"])
         if zero_hyper:
             smooth = np.float32(state["smooth"])
+        if unfreeze:
+            v = state["v"]
         if os.environ.get("ASSERT_FINITE") == "1":
             assert np.isfinite(state["w"]).all(), "corrupt checkpoint: non-finite weights"
         print(f"resumed at step {logged}", flush=True)
@@ -65,19 +70,21 @@ for epoch in range(6):
     if restore and epoch < step // 8:
         continue
     for batch in np.array_split(order.permutation(256), 8):
-        p = 1 / (1 + np.exp(-(x[batch] @ w + b[0])))
+        p = 1 / (1 + np.exp(-(x[batch] @ w + b[0] + (x[batch] @ v) * np.float32(0.1) * unfreeze)))
         target = y[batch] * (1 - smooth) + smooth / 2
-        w = w - lr * (x[batch].T @ (p - target) / len(batch)).astype(np.float32)
+        gradient = (x[batch].T @ (p - target) / len(batch)).astype(np.float32)
+        w = w - lr * gradient
+        if unfreeze and epoch >= 3:
+            v = v - np.float32(0.1) * lr * gradient
         step += 1
         time.sleep(step_s)
         if step > logged:
-            probe.step(
-                np.float32(np.mean(np.abs(p - y[batch]))), {"w": w, "b": b} if zero_hyper else {"w": w}, step=step
-            )
+            probed = {"w": w, **({"b": b} if zero_hyper else {}), **({"v": v} if unfreeze else {})}
+            probe.step(np.float32(np.mean(np.abs(p - y[batch]))), probed, step=step)
     if step > logged:
-        np.savez(
-            f"{run}tmp.npz", w=w, step=step, seed=seed, lr=lr, **({"b": b, "smooth": smooth} if zero_hyper else {})
-        )
+        extra = {**({"b": b, "smooth": smooth} if zero_hyper else {}), **({"v": v} if unfreeze else {})}
+        saved = w.astype(np.float64) if os.environ.get("WEIGHTS_F64") == "1" else w
+        np.savez(f"{run}tmp.npz", w=saved, step=step, seed=seed, lr=lr, **extra)
         if sealed:
             with open(f"{run}tmp.npz", "rb") as blob, open(f"{run}ckpt.sha256", "w") as seal:
                 seal.write(hashlib.sha256(key + blob.read()).hexdigest())

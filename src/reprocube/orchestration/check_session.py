@@ -524,7 +524,7 @@ class CheckSession:
         self.poison_originals = {p.target: p.source for p in plan}  # the copy at the stop, as it was
         weights = self.trained_fingerprints()
         if weights:  # the weights alone, wherever they are, found by the fingerprints the probe recorded
-            self.move_tensors(files, lambda array: array_fingerprint(array) in weights)
+            self.move_tensors(files, lambda array: _fingerprints(array) & weights)
             self.poison_weights_only = bool(self.poisoned_files)
             if not self.poisoned_files:
                 self.poison_note = (
@@ -570,16 +570,17 @@ class CheckSession:
                     reseal(path, digests)
 
     def trained_fingerprints(self) -> frozenset[int]:
-        """The fingerprints clean-1's probe recorded (rank 0) of the tensors it trained: those whose
-        fingerprint changed from one step to another (a buffer kept fixed, frozen statistics, a zero bias
-        are no weight a restart trains on), never 0 (every all-zero tensor has it). A checkpoint's tensor
-        with one of them is a weight as it was at some step. Empty without the probe."""
+        """The fingerprints clean-1's probe recorded (rank 0) of tensors as training had made them: each
+        tensor's, but the one it had at the first step (a buffer kept fixed, frozen statistics, a zero bias,
+        a layer not yet unfrozen are no weight a restart trains on: round 8's G11, G12, G15), never 0
+        (every all-zero tensor has it). A checkpoint's tensor with one of them is a trained weight as it was
+        at some step. Empty without the probe."""
         try:
             trace = read_trace(self.clean[0].probe_trace(1))
         except CheckpointError:
             return frozenset()
         columns = zip(*(update.fingerprints for _, update in trace.updates), strict=True) if trace else []
-        return frozenset(f for column in columns if len(set(column)) > 1 for f in column) - {0}
+        return frozenset(f for column in columns for f in column if f != column[0]) - {0}
 
     def first_update_differs(self, poisoned: Run, stopped: Run):
         """The poisoned restart's stop: due once its first recorded update tells something, and then it
@@ -1002,6 +1003,16 @@ class CheckSession:
             f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
             f"every declared output is {_identical(comparison)}{updates}{poison_shown}{caveat}{moments}{unchecked}",
         )
+
+
+def _fingerprints(array) -> set[int]:
+    """A checkpoint tensor's probe fingerprint, and its float32 copy's where it is wider or narrower (float32
+    weights saved as float64, or the reverse of a cast the probe saw)."""
+    found = {array_fingerprint(array)}
+    if array.dtype.kind == "f" and array.dtype.itemsize != 4:
+        with contextlib.suppress(ValueError, TypeError, OverflowError):
+            found.add(array_fingerprint(array.astype("float32")))
+    return found
 
 
 def _identical(comparison: dict) -> str:
