@@ -197,7 +197,7 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
     proc, result = check(tmp_path, "discards_state.py", env_extra={"START_S": "1.5"})
     assert result is not None and result["verdict"] == "not-proven", said(result)
     assert "did not continue from the state it found" in result["summary"], said(result)
-    assert [r["name"] for r in result["runs"]][-2:] == ["swapped", "poisoned"]
+    assert [r["name"] for r in result["runs"]][-2:] == ["swapped", "poisoned-2"]
 
 
 @pytest.mark.parametrize(
@@ -247,7 +247,7 @@ def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_moved_weigh
     proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", *log, env_extra=env)
     assert result is not None and result["verdict"] != "resume-exact", said(result)
     assert result["verdict"] == "not-proven", said(result)
-    assert result["stage"] == "poison" and "never used the tensors it read" in result["summary"], said(result)
+    assert result["stage"] == "poison" and "so it never used those weights" in result["summary"], said(result)
 
 
 SLOW_STEPS = {"START_S": "0.3", "STEP_S": "0.1"}  # 2.4 s of updates before the stop at epoch 3
@@ -285,8 +285,8 @@ def test_without_a_control_a_restart_that_resumes_is_not_taken_for_one_that_trai
     assert stop["effective"] is True, stop
     # The poisoned restart (in a slot of its own: no control) used its moved weights: its first loss, at step
     # 25, is not the uninterrupted run's, and it was ended there rather than run to its end.
-    assert "its weights moved, recorded another loss at its first update (step 25)" in result["summary"], said(result)
-    [poisoned] = [run for run in result["runs"] if run["name"] == "poisoned"]
+    assert "its weights moved, used them (another loss at its first update (step 25)" in result["summary"], said(result)
+    [poisoned] = [run for run in result["runs"] if run["name"] == "poisoned-1"]
     assert len(poisoned["attempts"]) == 1 and poisoned["attempts"][0]["stop"].startswith("SIGTERM once")
     assert not poisoned["attempts"][0]["stopped_early"]
 
@@ -508,7 +508,8 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
         # The poisoned restart, in another directory, found no RAM-disk state and used its moved weights: true
         # of it, and why state outside the directories is named.
         assert (
-            "its weights moved, recorded another loss at its first update than the stopped run" in result["summary"]
+            "weights moved, used them (stop 1: another loss at its first update than the stopped run"
+            in result["summary"]
         ), said(result)
 
 
@@ -543,6 +544,7 @@ def test_a_correct_restart_that_checks_its_checkpoint_is_not_called_unproven(tmp
     proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     if checksum == "1":
-        assert "its weights moved, recorded another loss at its first update (step 17)" in result["summary"]
+        assert "used them (stop 1: another loss at its first update (step 9)" in result["summary"], said(result)
+        assert "stop 2: another loss at its first update (step 17)" in result["summary"], said(result)
     else:
         assert any("it began again at step 1" in line for line in result["not_checked"]), result["not_checked"]

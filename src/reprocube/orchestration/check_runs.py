@@ -59,7 +59,7 @@ class Stop:
 
     def describe(self) -> str:
         if self.until is not None:
-            return "once its first update differed from the uninterrupted run's (check's own stop: it had shown enough)"
+            return "once its first update had told enough (check's own stop)"
         if self.file_glob is not None:
             return f"when a new file matches {self.file_glob}"
         if self.line is not None:

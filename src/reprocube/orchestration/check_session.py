@@ -28,7 +28,6 @@ from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
 from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
-from reprocube.formats.poisoned_tensors import file_digests, poison, reseal
 from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.orchestration.check_options import CheckOptions
 from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
@@ -36,10 +35,18 @@ from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.orchestration.file_activity import MERGE_S, FileActivity, state_key
+from reprocube.orchestration.poisoned_restart import (
+    MAX_POISONED_STOPS,
+    PoisonedRestart,
+    first_update_rule,
+    judge,
+    move_weights,
+    tensor_fingerprints,
+    trained_fingerprints,
+)
 from reprocube.orchestration.process_guard import end_all_guards
 from reprocube.orchestration.state_swap import copy_budget, place, plan_restart, plan_swap, snapshot, state_files
 from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
-from reprocube.probe import array_fingerprint
 from reprocube.results.check_result import same_but_for_fields, write_check
 from reprocube.terminal import counted, one_line
 
@@ -104,25 +111,14 @@ class CheckSession:
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
         self.beside: FileActivity | None = None  # what is written beside the runs' directories (watch_beside_runs)
         repeat = range(1, options.repeat + 1)
-        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", "poisoned"})
+        poisoned = (f"poisoned-{k}" for k in range(1, options.stops + 1))
+        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", *poisoned})
         self.swap_note = "not run"  # why there is none
-        # the poisoned restart (poisoned_restart): the stopped run's directories as they were at its stop
-        # number poison_at (0: not copied), ready once copied or once the stopped run ended; the restart,
-        # the files whose tensors it was given moved by one and the state files it was given as they were
-        self.poison_at = 0
-        self.stopped_state: dict[str, Path] | None = None
-        self.stopped_state_ready = threading.Event()
-        self.poisoned: Run | None = None
-        self.stopped: Run | None = None
-        self.poisoned_files: list[str] = []
-        self.unpoisoned_files: list[str] = []
+        # the poisoned restarts (poisoned_restarts), one per stop whose state is given with its weights moved
+        self.poisoned: list[PoisonedRestart] = []
         self.poison_note = "not run"  # why there is none
-        self.poison_used = False  # its first loss was not the uninterrupted run's: it used its moved tensors
-        self.poison_first_update: str | None = None  # what its first update was, where that ended it
-        self.poison_began_again = False  # its first update was the uninterrupted run's first: ended there
-        self.poison_weights_only = False  # only the tensors the probe records were moved (found by fingerprint)
-        self.poison_originals: dict[str, Path] = {}  # each file given to the poisoned restart: its copy at the stop
-        self.poison_thread: threading.Thread | None = None  # where it runs in a slot of its own
+        self.poison_thread: threading.Thread | None = None  # where they run in a slot of their own
+        self.stopped: Run | None = None
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
         self.control_state: dict[str, Path] | None = None
@@ -215,7 +211,7 @@ class CheckSession:
         copied as it runs (snapshot_control)."""
         ended = threading.Event()
         copier = threading.Thread(target=self.snapshot_control, args=(run, ended), name="control-state", daemon=True)
-        after_stop = self.snapshot_stopped if run.name == "stopped" and self.poison_at else None
+        after_stop = self.snapshot_stopped if run.name == "stopped" and self.poisoned else None
         with run.activity:
             if run.name == "control" and self.snapshot_after:
                 copier.start()
@@ -228,10 +224,11 @@ class CheckSession:
                 ended.set()
                 if copier.is_alive():
                     copier.join()
-                if run.name == "stopped":  # whatever came of its stops: the poisoned restart waits no longer
-                    if not self.stopped_state_ready.is_set() and self.poison_at:
-                        self.poison_note = f"the stopped run's stop {self.poison_at} did not land"
-                    self.stopped_state_ready.set()
+                if run.name == "stopped":  # whatever came of its stops: the poisoned restarts wait no longer
+                    for restart in self.poisoned:
+                        if not restart.ready.is_set():
+                            restart.note = f"the stopped run's stop {restart.stop} did not land"
+                            restart.ready.set()
 
     def compared(self, run: Run, against: Run, explain: bool = True) -> dict:
         comparison = compare_outputs(against.work, run.work, self.outputs, self.ignore, explain)
@@ -422,15 +419,19 @@ class CheckSession:
         elif not stopped.state:
             self.poison_note = "the uninterrupted run saved no file as it went (no state to move)"
         else:
-            self.poison_at = len(plan)
+            # With the probe, every stop's state (the weights found by their fingerprints; a restart that used
+            # them is ended at its first update); without it, the last stop's alone (each runs to its end).
+            weights = trained_fingerprints(self.clean_trace())
+            stops = range(max(1, len(plan) - MAX_POISONED_STOPS + 1), len(plan) + 1) if weights else [len(plan)]
+            self.poisoned = [PoisonedRestart(stop) for stop in stops]
             if self.jobs == 1:  # after the stopped run, one run at a time
-                then["stopped"] = lambda _: self.poisoned_restart()
+                then["stopped"] = lambda _: self.poisoned_restarts()
             elif "control" in then:  # in the control's slot once it and the swapped restart ended
-                then["control"] = lambda run: (self.swapped_restart(run), self.poisoned_restart())
+                then["control"] = lambda run: (self.swapped_restart(run), self.poisoned_restarts())
         *control, stopped = self.ran_together(planned, then=then)
         if self.poison_thread is not None:
             self.poison_thread.join()
-        for extra in (self.swapped, self.poisoned):
+        for extra in (self.swapped, *(r.run for r in self.poisoned)):
             if extra is not None:
                 self.result["runs"].append(extra.as_dict())
         return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
@@ -476,12 +477,15 @@ class CheckSession:
         self.control_state_note = "it ended before its last save but one was seen"
 
     def snapshot_stopped(self, stopped: Run) -> None:
-        """After the stopped run's stop number poison_at (its last), its processes all gone: a copy of its
-        directories, what its next attempt finds, kept for the poisoned restart (started here where it has
-        a slot of its own: --jobs 2 or more and no control)."""
-        if len(stopped.attempts) != self.poison_at:
+        """After each of the stopped run's stops whose state a poisoned restart is given, its processes all
+        gone: a copy of its directories, what its next attempt finds (snapshot/stopped-N/). The restarts
+        start here where they have a slot of their own (--jobs 2 or more and no control), after the first
+        copy."""
+        landed = len(stopped.attempts)
+        restart = next((r for r in self.poisoned if r.stop == landed), None)
+        if restart is None:
             return
-        into = {label: self.out / "snapshot" / "stopped" / label for label in stopped.activity.places}
+        into = {label: self.out / "snapshot" / f"stopped-{landed}" / label for label in stopped.activity.places}
         try:
             for directory in into.values():
                 EvidenceDirs.of(self.out).make(directory)
@@ -489,196 +493,111 @@ class CheckSession:
         except (DirectoryReplaced, OSError) as exc:
             why_not = one_line(f"its files could not be copied ({getattr(exc, 'strerror', None) or exc})")
         if why_not is None:
-            self.stopped_state = into
+            restart.state = into
         else:
-            self.poison_note = f"the stopped run's state at stop {self.poison_at} was not copied: {why_not}"
-        self.stopped_state_ready.set()
-        if self.jobs > 1 and not (self.seed_env or self.seed_arg):
-            self.poison_thread = threading.Thread(target=self.poisoned_restart, name="poisoned", daemon=True)
+            restart.note = f"the stopped run's state at stop {landed} was not copied: {why_not}"
+        restart.ready.set()
+        if self.jobs > 1 and not (self.seed_env or self.seed_arg) and self.poison_thread is None:
+            self.poison_thread = threading.Thread(target=self.poisoned_restarts, name="poisoned", daemon=True)
             self.poison_thread.start()
 
-    def poisoned_restart(self) -> None:
-        """The command restarted once more, in a fresh directory holding the stopped run's files as they
-        were at its last stop (snapshot_stopped; its --copy inputs and declared outputs that are no state
-        file apart), every floating-point value of its state files moved by one (formats.poisoned_tensors),
-        with the stopped run's seed: a restart that uses the weights it reads computes another loss; one that writes
-        the uninterrupted run's outputs bit for bit never used them (it trained again from a step and seed
-        it read, or it keeps its state elsewhere: poison_evidence)."""
-        self.stopped_state_ready.wait()
-        given, clean = self.stopped_state, self.clean[0]
-        if given is None:
+    def poisoned_restarts(self) -> None:
+        """The poisoned restarts (orchestration.poisoned_restart), the last stop's first, each once its
+        stop's copy is made; none after one that never used its weights (the check does not pass then)."""
+        for restart in reversed(self.poisoned):
+            restart.ready.wait()
+            self.poisoned_restart(restart)
+            comparison = judge(restart, self.clean[0], self.outputs, self.ignore)
+            if comparison is not None:
+                self.result["comparisons"][restart.name] = comparison
+            if restart.never_used:
+                break
+
+    def poisoned_restart(self, restart: PoisonedRestart) -> None:
+        """The command restarted once more in a fresh directory holding the stopped run's files as they were
+        after `restart.stop` (all but its --copy inputs), its weights moved, with the stopped run's seed."""
+        if restart.state is None:
             return
-        keys = clean.activity.state_keys()
-        plan = plan_restart(given, [Path(c).name for c in self.options.copy])
-        poisoned = self.new_run("poisoned")
+        clean = self.clean[0]
+        plan = plan_restart(restart.state, [Path(c).name for c in self.options.copy])
+        run = self.new_run(restart.name)
         if EvidenceDirs.of(self.out).replaced is not None:
-            self.poison_note = "its directories were replaced by the command (see the verdict)"
+            restart.note = "its directories were replaced by the command (see the verdict)"
             return
         try:
-            place(plan, poisoned.activity.places)
+            place(plan, run.activity.places)
         except OSError as exc:
-            self.poison_note = one_line(f"the stopped run's files could not be placed ({exc.strerror or exc})")
+            restart.note = one_line(f"the stopped run's files could not be placed ({exc.strerror or exc})")
             return
-        places = poisoned.activity.places
+        places = run.activity.places
         files = {p.target: places[p.target.partition("/")[0]] / p.target.partition("/")[2] for p in plan}
-        self.poison_originals = {p.target: p.source for p in plan}  # the copy at the stop, as it was
-        weights = self.trained_fingerprints()
+        originals = {p.target: p.source for p in plan}
+        weights = trained_fingerprints(self.clean_trace())
         if weights:  # the weights alone, wherever they are, found by the fingerprints the probe recorded
-            self.move_tensors(files, lambda array: _fingerprints(array) & weights)
-            self.poison_weights_only = bool(self.poisoned_files)
-            if not self.poisoned_files:
-                self.poison_note = (
+            move_weights(restart, files, originals, lambda array: tensor_fingerprints(array) & weights)
+            restart.weights_only = bool(restart.moved)
+            if not restart.moved:
+                restart.note = (
                     "none of the weights the probe records is in a tensor check can move (.npy, .npz, "
                     "safetensors, torch.save's tensors; a NumPy array inside a torch.save pickle is not)"
                 )
                 return
         else:  # no probe: every floating-point tensor of the state files (a first loss then tells nothing)
-            self.move_tensors({name: path for name, path in files.items() if state_key(name) in keys}, None)
-        if not self.poisoned_files:
-            self.poison_note = (
+            keys = clean.activity.state_keys()
+            move_weights(restart, {n: p for n, p in files.items() if state_key(n) in keys}, originals, None)
+        if not restart.moved:
+            restart.note = (
                 "no state file holds floating-point tensors in a format check can move (.npy, .npz, "
-                f"safetensors, torch.save's zip): {', '.join(self.unpoisoned_files[:3]) or 'none placed'}"
+                f"safetensors, torch.save's zip): {', '.join(restart.unmoved[:3]) or 'none placed'}"
             )
             return
         self.echo(
             one_line(
-                f"  poisoned: {' '.join(poisoned.command)} (in the stopped run's files at stop {self.poison_at}, "
-                f"moved by one in {', '.join(self.poisoned_files[:3])})"
+                f"  {restart.name}: {' '.join(run.command)} (in the stopped run's files after stop {restart.stop}, "
+                f"weights moved by one in {', '.join(restart.moved[:3])})"
             )
         )
-        until = self.first_update_differs(poisoned, self.stopped)
-        self.execute(poisoned, [Stop(until=until, ends_run=True)], self.limit, {})
-        self.poisoned = poisoned
+        restart.run = run
+        until = first_update_rule(restart, clean, self.stopped)
+        self.execute(run, [Stop(until=until, ends_run=True)], self.limit, {})
 
-    def move_tensors(self, files: dict[str, Path], chosen) -> None:
-        """The tensors of the poisoned restart's `files` that `chosen` accepts (all, where None) moved by one
-        (formats.poisoned_tensors): poisoned_files, where any was; unpoisoned_files, the others. A checksum
-        of a moved file kept in another (a sidecar, a manifest) is made again, as the script's own save
-        would (a restart that checks it would otherwise refuse the state and tell nothing)."""
-        self.poisoned_files, self.unpoisoned_files, digests = [], [], {}
-        for name, path in files.items():
-            try:
-                count = poison(path, chosen)
-            except (CheckpointError, OSError):
-                count = None
-            (self.poisoned_files if count else self.unpoisoned_files).append(name)
-            if count:  # its checksums before (the stopped run's copy, as it was) and after
-                digests.update(zip(file_digests(self.poison_originals[name]), file_digests(path), strict=False))
-        if digests:
-            for path in files.values():
-                with contextlib.suppress(OSError):
-                    reseal(path, digests)
-
-    def trained_fingerprints(self) -> frozenset[int]:
-        """The fingerprints clean-1's probe recorded (rank 0) of tensors as training had made them: each
-        tensor's, but the one it had at the first step (a buffer kept fixed, frozen statistics, a zero bias,
-        a layer not yet unfrozen are no weight a restart trains on: round 8's G11, G12, G15), never 0
-        (every all-zero tensor has it). A checkpoint's tensor with one of them is a trained weight as it was
-        at some step. Empty without the probe."""
+    def clean_trace(self) -> AttemptTrace | None:
+        """clean-1's probe trace (rank 0), None without one or where it cannot be read."""
         try:
-            trace = read_trace(self.clean[0].probe_trace(1))
+            return read_trace(self.clean[0].probe_trace(1))
         except CheckpointError:
-            return frozenset()
-        columns = zip(*(update.fingerprints for _, update in trace.updates), strict=True) if trace else []
-        return frozenset(f for column in columns for f in column if f != column[0]) - {0}
+            return None
 
-    def first_update_differs(self, poisoned: Run, stopped: Run):
-        """The poisoned restart's stop: due once its first recorded update tells something, and then it
-        need not run on (the check is spared the rest of its run):
-        - it used the weights it was given (where only they were moved: the tensors whose fingerprints the
-          probe records): its loss, computed from the weights before the update, is not the uninterrupted
-          run's loss at that step (the step the script gave, or one past where it said it resumed), or,
-          where the probe names no step, not the loss of the first update of the stopped run's restart from
-          the same state (poison_used);
-        - it began again: its first update is the uninterrupted run's first, where the stopped run's restart
-          from the same state made another (it refused the state it was given: a checksum, a check of its
-          weights; poison_began_again).
-        Decided on its first update (the traces read again each poll until then)."""
-        traces: dict[str, AttemptTrace | None] = {}
-        looks = 50  # how often a trace that cannot be read is looked at again
-
-        def first(trace: AttemptTrace | None):
-            return trace.updates[0] if trace is not None and trace.updates else None
-
-        def due() -> bool:
-            nonlocal looks
-            if looks <= 0:
-                return False
-            try:
-                if traces.get("clean") is None:
-                    traces["clean"] = read_trace(self.clean[0].probe_trace(1))
-                trace = read_trace(poisoned.probe_trace(1))
-                resumed = first(read_trace(stopped.probe_trace(self.poison_at + 1)))
-            except CheckpointError:  # a line half written, or a trace that is not one
-                looks -= 1
-                return False
-            clean_trace, made = traces["clean"], first(trace)
-            if made is None or first(clean_trace) is None or resumed is None:
-                return False
-            looks = 0  # decided on this update, whatever it shows
-            (given, update), (_, clean_first), (_, restart_first) = made, first(clean_trace), resumed
-            if update == clean_first and restart_first != clean_first:
-                self.poison_began_again = True
-                return True
-            if not self.poison_weights_only:  # every float moved: a first loss tells nothing of the weights
-                return False
-            step = given if given is not None else None if trace.resumed is None else trace.resumed + 1
-            if step is not None:
-                reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
-                if reference is None or reference.loss == update.loss:
-                    return False
-                self.poison_first_update = f"another loss at its first update (step {step}) than the uninterrupted run"
-                return True
-            if restart_first.loss == update.loss:
-                return False
-            self.poison_first_update = "another loss at its first update than the stopped run's restart from that state"
-            return True
-
-        return due
-
-    def poison_evidence(self) -> dict | None:
-        """Where the poisoned restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
-        never used the moved tensors it was given). None otherwise: where its first update was not the
-        uninterrupted run's, it used them (poison_used); what it could not tell is said in not checked."""
-        not_shown = (
-            f"whether the restarts used the tensors they read (the stopped run's state at stop {self.poison_at or 'N'} "
-            "given to a restart with its floating-point values moved by one)"
+    def poison_shown(self, landed: int) -> str:
+        """What the poisoned restarts showed, for a pass: the stops after which a restart used its moved
+        weights, said; each other stop's reason under not checked, with the replay it leaves open (all of
+        it where none showed anything)."""
+        used = [r for r in self.poisoned if r.used and r.weights_only]
+        for restart in self.poisoned:
+            if restart not in used:
+                self.result["not_checked"].append(
+                    f"whether the restart after stop {restart.stop} used the weights it read (a restart given its "
+                    f"state with its weights moved): {restart.note}"
+                )
+        if not self.poisoned:
+            self.result["not_checked"].append(f"whether the restarts used the weights they read: {self.poison_note}")
+        shown = {r.stop for r in used}
+        if len(shown) < landed:
+            open_stops = [k for k in range(1, landed + 1) if k not in shown]
+            stops = f"stop {open_stops[0]}" if len(open_stops) == 1 else f"stops {', '.join(map(str, open_stops))}"
+            self.result["not_checked"].append(f"after {stops}: {REPLAY_NOT_CHECKED}")
+        if not used:
+            return ""
+        if len(used) == 1:
+            return (
+                f"; a restart given its state after stop {used[0].stop}, in another directory, its weights moved, "
+                f"used them ({used[0].used})"
+            )
+        each = "; ".join(f"stop {r.stop}: {r.used}" for r in sorted(used, key=lambda r: r.stop))
+        stops = " and ".join(str(r.stop) for r in sorted(used, key=lambda r: r.stop))
+        return (
+            f"; restarts given its state after stops {stops}, in another directory, weights moved, used them ({each})"
         )
-        poisoned, clean = self.poisoned, self.clean[0]
-        if poisoned is None:
-            self.result["not_checked"].append(f"{not_shown}: {self.poison_note}")
-            return None
-        if self.poison_began_again and poisoned.stops_landed:
-            self.result["not_checked"].append(
-                f"{not_shown}: it began again at step 1 (the probe) where the stopped run's restart from that state "
-                "did not: it refused the state it was given (a checksum, a check of its weights), so this "
-                "cannot tell"
-            )
-            return None
-        if self.poison_first_update is not None and poisoned.stops_landed:
-            self.poison_used = True  # its first update's loss was not the uninterrupted run's: ended there
-            return None
-        if poisoned.exit != 0:
-            self.result["not_checked"].append(
-                f"{not_shown}: it failed, as one that refuses changed weights may ({failure_line(poisoned)})"
-            )
-            return None
-        comparison = compare_outputs(clean.work, poisoned.work, self.outputs, self.ignore, explain=False)
-        wrote = {event.path.partition("/")[2] for event in poisoned.activity.writes()}
-        written = [
-            f
-            for f in comparison["files"]
-            if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
-        ]
-        self.result["comparisons"]["poison"] = {"run": "poisoned", "against": clean.name, **comparison}
-        if not written:
-            self.result["not_checked"].append(f"{not_shown}: it wrote no declared output")
-            return None
-        if all(f["same"] for f in written):
-            return {"files": [f["path"] for f in written]}
-        # Other outputs show only that some float it read reached them: a restart that trains its weights
-        # again and writes a loss history it read from the checkpoint does too. Only its first update tells.
-        return None
 
     @contextlib.contextmanager
     def watch_beside_runs(self):
@@ -937,18 +856,19 @@ class CheckSession:
                 "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
                 "checkpoint); the restarts above may have done the same (logs/swapped.log)",
             )
-        poisoned = self.poison_evidence()
-        if poisoned is not None:
+        caught = next((r for r in self.poisoned if r.never_used), None)
+        if caught is not None:
             return self.finish(
                 "not-proven",
                 "poison",
                 f"{restarts}, every declared output compared is {_identical(comparison)}, but the resume is not "
-                f"proven: a restart given this run's state at stop {self.poison_at} with its floating-point "
-                f"values moved by one ({', '.join(self.poisoned_files[:3])}) wrote the uninterrupted run's "
-                f"{', '.join(poisoned['files'][:3])} bit for bit, so it never used the tensors it read (it "
-                "trains again from the step and seed it reads, or keeps its state elsewhere: another file, "
-                "outside its directories; or it refuses a changed checkpoint, a checksum's doing, and then this "
-                "cannot tell); the restarts above may have done the same (logs/poisoned.log)",
+                f"proven: a restart given this run's state after stop {caught.stop}, its "
+                f"{'weights' if caught.weights_only else 'floating-point values'} moved by one "
+                f"({', '.join(caught.moved[:3])}), wrote the uninterrupted run's {', '.join(caught.never_used[:3])} "
+                "bit for bit: nothing moved reached them, so it never used those weights (it trains again from "
+                "the step and seed it reads, or keeps its weights elsewhere: another file, outside its "
+                "directories; or it refuses a changed checkpoint, a checksum's doing, and then this cannot "
+                f"tell); the restarts above may have done the same (logs/{caught.name}.log)",
             )
         outside = self.written_beside_runs()
         if outside:
@@ -971,23 +891,10 @@ class CheckSession:
             updates += " it recorded (not all: see not checked)"
         how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
         # A restart that reads its step (and its seed) from the checkpoint and trains the updates before it
-        # again unrecorded ends with the same bits (round 7): the poisoned restart shows it for the last stop,
-        # where every state file given held tensors it moved; nothing here shows it for the others.
-        poison_shown = ""
+        # again unrecorded ends with the same bits (round 7): a poisoned restart that used its moved weights
+        # shows it did not, for its stop; nothing here shows it for the others.
         not_checked.append(OUTSIDE_NOT_CHECKED)
-        if self.poison_used and self.poison_weights_only:
-            poison_shown = (
-                f"; a restart given its state at stop {self.poison_at}, in another directory, its weights moved, "
-                f"recorded {self.poison_first_update} (it used them)"
-            )
-            if self.poison_at > 1:
-                earlier = "stop 1" if self.poison_at == 2 else f"stops 1 to {self.poison_at - 1}"
-                not_checked.append(
-                    f"whether the restarts after {earlier} used the tensors they read: only the state at stop "
-                    f"{self.poison_at} was given with its weights moved"
-                )
-        else:
-            not_checked.append(REPLAY_NOT_CHECKED)
+        poison_shown = self.poison_shown(landed)
         more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
         unchecked = f"; not checked: {not_checked[0]}{more} (check.md)"
         saves = f" of the uninterrupted run's {stopped.clean_saves}" if stopped.clean_saves > 0 else ""
@@ -1003,16 +910,6 @@ class CheckSession:
             f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
             f"every declared output is {_identical(comparison)}{updates}{poison_shown}{caveat}{moments}{unchecked}",
         )
-
-
-def _fingerprints(array) -> set[int]:
-    """A checkpoint tensor's probe fingerprint, and its float32 copy's where it is wider or narrower (float32
-    weights saved as float64, or the reverse of a cast the probe saw)."""
-    found = {array_fingerprint(array)}
-    if array.dtype.kind == "f" and array.dtype.itemsize != 4:
-        with contextlib.suppress(ValueError, TypeError, OverflowError):
-            found.add(array_fingerprint(array.astype("float32")))
-    return found
 
 
 def _identical(comparison: dict) -> str:

@@ -86,7 +86,8 @@ RUN_NAMES = (
     "control",
     "stopped",
     "swapped",  # the restart given the control's state (orchestration/state_swap.py)
-    "poisoned",  # the restart given the stopped run's state with NaN tensors (formats/poisoned_tensors.py)
+    # the restarts given the stopped run's state after a stop, its weights moved (orchestration/poisoned_restart.py)
+    *(f"poisoned-{stop}" for stop in range(1, 101)),
 )
 HOW_RESUMED = ("first", "given", "matched", "assumed")
 

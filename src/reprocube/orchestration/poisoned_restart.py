@@ -1,0 +1,183 @@
+"""Whether a restart uses the weights it reads: `reprocube check`'s poisoned restarts.
+
+A restart that reads its step (and seed) from its checkpoint, throws the weights away and trains the steps
+before again without recording them ends with the same bits as one that resumed, and so does one that
+restores only some of its checkpoints (rounds 7 and 8). What tells them apart is what the adversarial rounds
+did by hand: the stopped run's directories as they were after a stop (copied then), given to one more
+restart in a fresh directory with the weights moved (each value plus one: finite, so a script that refuses
+non-finite weights takes them; formats.poisoned_tensors). Which tensors are the weights: with the probe,
+those whose fingerprint is one the probe recorded of a tensor as training had made it (trained_fingerprints:
+a learning rate, a loss history or statistics saved beside them stay as they were, since moving them
+changes a restart that trains again too); without it, every floating-point tensor of the state files.
+
+- It wrote the uninterrupted run's outputs bit for bit: nothing moved reached them; it never used those
+  weights (not-proven).
+- Its first recorded update's loss, computed from the weights before the update, is not the uninterrupted
+  run's (where only the weights were moved): it used them, and is ended there (first_update_rule).
+- Its first update is the uninterrupted run's first, where the stopped run's restart from the same state
+  resumed: it refused the state (a checksum no one else can make again): that tells nothing.
+Outputs that merely differ claim nothing (a restart that trains again writes other outputs where a loss
+history it read back was moved)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reprocube.analysis.outputs import compare_outputs
+from reprocube.analysis.probe_trace import AttemptTrace, read_trace, steps_of
+from reprocube.errors import CheckpointError
+from reprocube.formats.poisoned_tensors import file_digests, poison, reseal
+from reprocube.orchestration.check_runs import Run
+from reprocube.probe import array_fingerprint
+
+MAX_POISONED_STOPS = 10  # the last stops whose state is given moved (with the probe: each costs a start-up)
+UNREADABLE_LOOKS = 50  # how often a trace that cannot be read is looked at again
+
+
+@dataclass
+class PoisonedRestart:
+    """One restart given the stopped run's state after its stop number `stop`, weights moved."""
+
+    stop: int
+    ready: threading.Event = field(default_factory=threading.Event)  # the copy was made, or never will be
+    state: dict[str, Path] | None = None  # the stopped run's directories, copied after the stop
+    run: Run | None = None
+    note: str = "not run"  # why it tells nothing, where it does not
+    moved: list[str] = field(default_factory=list)  # the files whose weights were moved
+    unmoved: list[str] = field(default_factory=list)
+    weights_only: bool = False  # only the tensors the probe records were moved (found by fingerprint)
+    used: str | None = None  # what its first update showed where it used the weights (it was ended there)
+    began_again: bool = False  # its first update was the uninterrupted run's first (it was ended there)
+    never_used: list[str] = field(default_factory=list)  # outputs it wrote as the uninterrupted run did
+
+    @property
+    def name(self) -> str:
+        return f"poisoned-{self.stop}"
+
+
+def trained_fingerprints(trace: AttemptTrace | None) -> frozenset[int]:
+    """The fingerprints a probe trace recorded of tensors as training had made them: each tensor's, but the
+    one it had at the first step (a buffer kept fixed, frozen statistics, a zero bias, a layer not yet
+    unfrozen are no weight a restart trains on: round 8's G11, G12, G15), never 0 (every all-zero tensor
+    has it). Empty without a trace."""
+    columns = zip(*(update.fingerprints for _, update in trace.updates), strict=True) if trace else []
+    return frozenset(f for column in columns for f in column if f != column[0]) - {0}
+
+
+def tensor_fingerprints(array) -> set[int]:
+    """A checkpoint tensor's probe fingerprint, and its float32 copy's where it is wider or narrower (float32
+    weights saved as float64: round 8's G14)."""
+    found = {array_fingerprint(array)}
+    if array.dtype.kind == "f" and array.dtype.itemsize != 4:
+        with contextlib.suppress(ValueError, TypeError, OverflowError):
+            found.add(array_fingerprint(array.astype("float32")))
+    return found
+
+
+def move_weights(
+    restart: PoisonedRestart, files: dict[str, Path], originals: dict[str, Path], chosen: Callable | None
+) -> None:
+    """The tensors of `files` (the restart's, by name) that `chosen` accepts (all, where None) moved by one:
+    restart.moved, where any was; restart.unmoved, the others. A checksum of a moved file kept in another (a
+    sidecar, a manifest) is made again, as the script's own save would (round 8's G3, G8); `originals`: each
+    file as it was (the stopped run's copy)."""
+    restart.moved, restart.unmoved, digests = [], [], {}
+    for name, path in files.items():
+        try:
+            count = poison(path, chosen)
+        except (CheckpointError, OSError):
+            count = None
+        (restart.moved if count else restart.unmoved).append(name)
+        if count:
+            digests.update(zip(file_digests(originals[name]), file_digests(path), strict=False))
+    if digests:
+        for path in files.values():
+            with contextlib.suppress(OSError):
+                reseal(path, digests)
+
+
+def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Callable[[], bool]:
+    """The restart's stop (check's own, polled): due once its first recorded update tells something, and
+    then it need not run on (the check is spared the rest of its run):
+    - it began again: its first update is the uninterrupted run's first, where the stopped run's restart
+      from the same state made another (it refused the state: restart.began_again);
+    - where only the weights were moved: its loss, computed from the weights before the update, is not the
+      uninterrupted run's at that step (the step the script gave, or one past where it said it resumed),
+      or, where the probe names no step, not the first loss of the stopped run's restart from the same
+      state (restart.used).
+    Decided on its first update (the traces read again at each poll until then)."""
+    traces: dict[str, AttemptTrace | None] = {}
+    looks = UNREADABLE_LOOKS
+
+    def first(trace: AttemptTrace | None):
+        return trace.updates[0] if trace is not None and trace.updates else None
+
+    def due() -> bool:
+        nonlocal looks
+        if looks <= 0 or restart.run is None:
+            return False
+        try:
+            if traces.get("clean") is None:
+                traces["clean"] = read_trace(clean.probe_trace(1))
+            trace = read_trace(restart.run.probe_trace(1))
+            resumed = first(read_trace(stopped.probe_trace(restart.stop + 1)))
+        except CheckpointError:  # a line half written, or a trace that is not one
+            looks -= 1
+            return False
+        clean_trace, made = traces["clean"], first(trace)
+        if made is None or first(clean_trace) is None or resumed is None:
+            return False
+        looks = 0  # decided on this update, whatever it shows
+        (given, update), (_, clean_first), (_, restart_first) = made, first(clean_trace), resumed
+        if update == clean_first and restart_first != clean_first:
+            restart.began_again = True
+            restart.note = (
+                "it began again at step 1 (the probe) where the stopped run's restart from that state did not: it "
+                "refused the state it was given (a checksum, a check of its weights), so this cannot tell"
+            )
+            return True
+        if not restart.weights_only:  # every float moved: a first loss tells nothing of the weights
+            return False
+        step = given if given is not None else None if trace.resumed is None else trace.resumed + 1
+        if step is not None:
+            reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
+            if reference is None or reference.loss == update.loss:
+                return False
+            restart.used = f"another loss at its first update (step {step}) than the uninterrupted run"
+            return True
+        if restart_first.loss == update.loss:
+            return False
+        restart.used = "another loss at its first update than the stopped run's restart from that state"
+        return True
+
+    return due
+
+
+def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list[str]) -> dict | None:
+    """After the restart ran: restart.never_used (the declared outputs it wrote, each the uninterrupted
+    run's bit for bit) or restart.note (why it tells nothing), where its first update did not decide; the
+    comparison of its outputs, where they were compared."""
+    run = restart.run
+    if run is None or restart.used or restart.began_again:
+        return None
+    if run.exit != 0:
+        restart.note = f"it failed, as one that refuses changed weights may ({run.name} exited {run.exit})"
+        return None
+    comparison = compare_outputs(clean.work, run.work, outputs, ignore, explain=False)
+    wrote = {event.path.partition("/")[2] for event in run.activity.writes()} if run.activity else set()
+    written = [
+        f
+        for f in comparison["files"]
+        if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
+    ]
+    if not written:
+        restart.note = "it wrote no declared output"
+    elif all(f["same"] for f in written):
+        restart.never_used = [f["path"] for f in written]
+    else:  # a moved loss history read back does this too: only the first update tells
+        restart.note = "it wrote other outputs, which a value read back beside the weights can explain"
+    return {"run": run.name, "against": clean.name, **comparison}
