@@ -548,3 +548,15 @@ def test_a_correct_restart_that_checks_its_checkpoint_is_not_called_unproven(tmp
         assert "stop 2: another loss at its first update (step 17)" in result["summary"], said(result)
     else:
         assert any("it began again at step 1" in line for line in result["not_checked"]), result["not_checked"]
+
+
+def test_a_restart_that_uses_only_later_checkpoints_is_caught_at_the_earlier_stop(tmp_path):
+    """Round 8's G9: a restart restores its weights only from a checkpoint of step 16 or later; from the first
+    (step 8) it trains again unrecorded. Truth without reprocube: stopped after epoch 1 and rerun with the
+    checkpoint's weights moved, it ends as the uninterrupted run does (never used). Only the last stop's state
+    was poisoned, and its restart used its weights: a pass. Every stop's is now, and the first's is caught."""
+    env = {"START_S": "1.5", "RESTORE_FROM_STEP": "16"}
+    assert_state_never_used(tmp_path, "epoch 1 saved", env_extra=env)
+    proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    assert result is not None and result["verdict"] == "not-proven", said(result)
+    assert result["stage"] == "poison" and "after stop 1, its weights moved" in result["summary"], said(result)
