@@ -53,12 +53,14 @@ def test_a_script_that_saves_its_generator_resumes_exactly(tmp_path):
     assert stopped["stops_landed"] == 2 and len(stopped["attempts"]) == 3
     assert [a["exit"] for a in stopped["attempts"]] == [-signal.SIGTERM, -signal.SIGTERM, 0]
     assert result["comparisons"]["control"]["identical"] is False  # the outputs depend on the training
-    # The schema's strict reader: one thing left unchecked, what no run on this machine can show (state at a
-    # path outside the run's directories that its restarts find again). The poisoned restarts (the state
-    # after each stop, its weights moved) recorded another first loss: each used them, so no replay is left.
-    # The swapped restart, given the control's state after its last save but one (copied as it ran), trained
-    # the last epoch from it: other outputs.
-    [outside] = read_check(tmp_path / "out" / "check.json")["not_checked"]
+    # The schema's strict reader: two things left unchecked, what no run on this machine can show (state at a
+    # path outside the run's directories that its restarts find again), and what the poisoned restarts (the
+    # state after each stop, its weights moved, in another directory) cannot: they recorded another first
+    # loss, so they used their weights, but the stopped run's own restarts ran elsewhere. The swapped restart,
+    # given the control's state after its last save but one (copied as it ran), trained the last epoch from
+    # it: other outputs.
+    outside, replay = read_check(tmp_path / "out" / "check.json")["not_checked"]
+    assert replay.startswith("whether the stopped run's own restarts used the weights they read: the poisoned")
     assert (
         outside.startswith("state kept outside the run's directories")
         and "not checked: " + outside in (result["summary"])

@@ -538,8 +538,9 @@ class CheckSession:
             restart.weights_only = bool(restart.moved)
             if not restart.moved:
                 restart.note = (
-                    "none of the weights the probe records is in a tensor check can move (.npy, .npz, "
-                    "safetensors, torch.save's tensors; a NumPy array inside a torch.save pickle is not)"
+                    "no tensor the probe records was found by its fingerprint in a file check can move (.npy, "
+                    ".npz, safetensors, torch.save's tensors): kept as one flat vector, in another dtype or "
+                    "layout, or a NumPy array inside a torch.save pickle"
                 )
                 return
         else:  # no probe: every floating-point tensor of the state files (a first loss then tells nothing)
@@ -581,11 +582,14 @@ class CheckSession:
                 )
         if not self.poisoned:
             self.result["not_checked"].append(f"whether the restarts used the weights they read: {self.poison_note}")
+        # A poisoned restart runs in another directory: a script can take another path there (a run id
+        # from its directory: round 8's G18), or its first loss can move through another trained tensor (an
+        # EMA copy: G16). So the replay stays named even where every stop's restart used its weights.
         shown = {r.stop for r in used}
-        if len(shown) < landed:
-            open_stops = [k for k in range(1, landed + 1) if k not in shown]
-            stops = f"stop {open_stops[0]}" if len(open_stops) == 1 else f"stops {', '.join(map(str, open_stops))}"
-            self.result["not_checked"].append(f"after {stops}: {REPLAY_NOT_CHECKED}")
+        if shown and len(shown) == landed:
+            self.result["not_checked"].append(REPLAY_AFTER_POISON)
+        else:
+            self.result["not_checked"].append(REPLAY_NOT_CHECKED)
         if not used:
             return ""
         if len(used) == 1:
@@ -931,6 +935,12 @@ OUTSIDE_NOT_CHECKED = (
     "state kept outside the run's directories at a path its restarts find again (/dev/shm, a fixed path, one "
     "named after the work directory): the restarts here could read it, the poisoned restart (in another "
     "directory) could not; only a restart on another machine shows it (reprocube reproduce there)"
+)
+REPLAY_AFTER_POISON = (
+    "whether the stopped run's own restarts used the weights they read: the poisoned restarts did (another "
+    "first loss with the weights moved), but they ran in another directory, where a script can take another "
+    "path (a run id from its directory), and a first loss can move through another trained tensor the probe "
+    "records (an EMA copy)"
 )
 REPLAY_NOT_CHECKED = (
     "whether the restarts used the weights they read, rather than training the updates before their first "

@@ -132,12 +132,19 @@ def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Cal
         if made is None or first(clean_trace) is None or resumed is None:
             return False
         looks = 0  # decided on this update, whatever it shows
-        (given, update), (_, clean_first), (_, restart_first) = made, first(clean_trace), resumed
+        (given, update), (_, clean_first), (restart_step, restart_first) = made, first(clean_trace), resumed
         if update == clean_first and restart_first != clean_first:
             restart.began_again = True
             restart.note = (
                 "it began again at step 1 (the probe) where the stopped run's restart from that state did not: it "
                 "refused the state it was given (a checksum, a check of its weights), so this cannot tell"
+            )
+            return True
+        if given is not None and restart_step is not None and given != restart_step:
+            restart.note = (
+                f"its first update was step {given}, the stopped run's restart from that state made step "
+                f"{restart_step}: in another directory it took another path (a run told apart by its "
+                "directory), so this cannot tell"
             )
             return True
         if not restart.weights_only:  # every float moved: a first loss tells nothing of the weights
