@@ -489,7 +489,7 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
         cwd = tmp_path / f"truth-{case}"
         cwd.mkdir()
         if case != "clean":
-            truth_run(cwd, "ram_disk_state.py", stop_at="epoch 2 saved", env_extra=env)
+            truth_run(cwd, "state_beside.py", stop_at="epoch 2 saved", env_extra=env)
         if case == "poisoned":
             with np.load(cwd / "ckpt.npz") as checkpoint:
                 kept = {k: checkpoint[k] for k in checkpoint.files}
@@ -497,11 +497,11 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
         if case == "elsewhere":
             for left in shm.iterdir():
                 left.unlink()
-        assert truth_run(cwd, "ram_disk_state.py", env_extra=env) == 0
+        assert truth_run(cwd, "state_beside.py", env_extra=env) == 0
         digests[case] = final_digest(cwd)
     assert digests["stopped"] == digests["poisoned"] == digests["clean"] != digests["elsewhere"]
 
-    proc, result = check(tmp_path, "ram_disk_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    proc, result = check(tmp_path, "state_beside.py", "--at-line", "saved", "--stops", "2", env_extra=env)
     assert result is not None, proc.stdout
     if result["verdict"] == "resume-exact":
         assert any("state kept outside the run's directories" in line for line in result["not_checked"]), said(result)

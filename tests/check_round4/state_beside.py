@@ -1,7 +1,10 @@
 """Round 7's F1c: a checkpoint in the work directory without the generator's state (the bug), and the full
 state kept beside the work directory ("../.NAME-fast.pkl", removed at the end). A restart on the same
-machine takes its state from beside; on another machine it would not find it. check passed it resume-exact."""
+machine takes its state from beside; on another machine it would not find it. check passed it resume-exact.
+SHM_DIR=DIR: round 7's F1, the full state on a RAM disk instead (DIR/reprocube-test-<hash of the work
+directory>, as in /dev/shm)."""
 
+import hashlib
 import os
 import pickle
 import time
@@ -12,6 +15,8 @@ from reprocube import probe
 
 seed = int(os.environ.get("SEED", "0"))
 fast = os.path.join("..", "." + os.path.basename(os.getcwd()) + "-fast.pkl")  # beside the work directory
+if "SHM_DIR" in os.environ:
+    fast = os.path.join(os.environ["SHM_DIR"], "reprocube-test-" + hashlib.sha1(os.getcwd().encode()).hexdigest()[:16])
 data = np.random.default_rng(1234)
 x = data.normal(size=(512, 16)).astype(np.float32)
 y = (x @ data.normal(size=16) > 0).astype(np.float32)
