@@ -113,7 +113,7 @@ class CheckSession:
         repeat = range(1, options.repeat + 1)
         poisoned = (f"poisoned-{k}" for k in range(1, options.stops + 1))
         self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", *poisoned})
-        self.swap_note = "not run"  # why there is none
+        self.swap_note: str | None = "not run"  # why there is none (None: a poisoned restart made it redundant)
         # the poisoned restarts (poisoned_restarts), one per stop whose state is given with its weights moved
         self.poisoned: list[PoisonedRestart] = []
         self.poison_note = "not run"  # why there is none
@@ -424,10 +424,11 @@ class CheckSession:
             weights = trained_fingerprints(self.clean_trace())
             stops = range(max(1, len(plan) - MAX_POISONED_STOPS + 1), len(plan) + 1) if weights else [len(plan)]
             self.poisoned = [PoisonedRestart(stop) for stop in stops]
+            control_run = planned[0][0] if len(planned) > 1 else None
             if self.jobs == 1:  # after the stopped run, one run at a time
-                then["stopped"] = lambda _: self.poisoned_restarts()
-            elif "control" in then:  # in the control's slot once it and the swapped restart ended
-                then["control"] = lambda run: (self.swapped_restart(run), self.poisoned_restarts())
+                then = {"stopped": lambda _: self.poisoned_then_swapped(control_run)}
+            elif control_run is not None:  # in the control's slot once it ended
+                then["control"] = self.poisoned_then_swapped
         *control, stopped = self.ran_together(planned, then=then)
         if self.poison_thread is not None:
             self.poison_thread.join()
@@ -627,6 +628,17 @@ class CheckSession:
         written = {e.path for e in self.beside.writes() if e.path.split("/")[1] not in self.run_names}
         return sorted(written)
 
+    def poisoned_then_swapped(self, control: Run | None) -> None:
+        """The poisoned restarts, then the swapped restart only where none of them told anything (each
+        costs a start-up: a poisoned restart that shows whether the weights were used makes the swap, which
+        asks the same of another seed's state, redundant; the swap still serves where no weights could be
+        moved: a pickle, HDF5, Orbax)."""
+        self.poisoned_restarts()
+        if any(r.used or r.never_used for r in self.poisoned):
+            self.swap_note = None  # not needed
+        elif control is not None:
+            self.swapped_restart(control)
+
     def swapped_restart(self, control: Run) -> None:
         """After the control, in its slot: the command restarted in a fresh directory holding what the control
         left (its outputs apart), under the uninterrupted run's names, with the uninterrupted run's seed
@@ -665,7 +677,8 @@ class CheckSession:
         not_shown = "whether a restart continues from the state it reads (a restart given another seed's state)"
         swapped = self.swapped
         if swapped is None:
-            self.result["not_checked"].append(f"{not_shown}: {self.swap_note}")
+            if self.swap_note is not None:  # None: a poisoned restart told it (poisoned_then_swapped)
+                self.result["not_checked"].append(f"{not_shown}: {self.swap_note}")
             return None
         if swapped.exit != 0:
             self.result["not_checked"].append(f"{not_shown}: it failed ({failure_line(swapped)})")
