@@ -564,3 +564,29 @@ def test_a_restart_that_uses_only_later_checkpoints_is_caught_at_the_earlier_sto
     proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
     assert result is not None and result["verdict"] == "not-proven", said(result)
     assert result["stage"] == "poison" and "after stop 1, its weights moved" in result["summary"], said(result)
+
+
+def test_a_restart_that_writes_where_its_checkpoint_says_is_never_blamed_on_the_resume(tmp_path):
+    """Round 9's H1: a correct script whose run directory is made absolute and kept in its checkpoint (as
+    args saved in a checkpoint are); a restart writes where the checkpoint says. Truth without reprocube:
+    stopped at epoch 2 and rerun in its directory, it ends as the uninterrupted run does. A poisoned restart,
+    given a copy of the stopped run's state, wrote its moved weights into the stopped run's directory after
+    that run ended, and check blamed the resume (resume-differs). The stopped run's outputs are now recorded
+    when it ends and checked before they are compared: the check is void, naming why."""
+    env = {"RESTORE": "1", "ABSOLUTE_RUN_DIR": "1", "NO_PROBE": "1", "START_S": "0.3"}
+    clean, stopped = tmp_path / "truth-clean", tmp_path / "truth-stopped"
+    clean.mkdir(), stopped.mkdir()
+    assert truth_run(clean, "discards_state.py", env_extra=env) == 0
+    truth_run(stopped, "discards_state.py", stop_at="epoch 2 saved", env_extra=env)
+    assert truth_run(stopped, "discards_state.py", env_extra=env) == 0
+    digest = [final_digest(d / "runs" / "exp") for d in (clean, stopped)]
+    assert digest[0] == digest[1]
+
+    (tmp_path / "train.py").write_text((SCRIPTS / "discards_state.py").read_text())
+    command = ["check", "--out", "out", "--copy", "train.py", "--output", "runs/exp/final.npz", "--seed-env", "SEED"]
+    options = ["--at-line", "epoch 2 saved", "--stops", "1"]
+    proc = reprocube(*command, *options, "--", sys.executable, "train.py", cwd=tmp_path, check=False, env_extra=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    result = json.loads((tmp_path / "out" / "check.json").read_text())
+    assert result["verdict"] != "resume-differs", said(result)
+    assert result["verdict"] == "resume-exact" or "changed after it ended" in result["summary"], said(result)

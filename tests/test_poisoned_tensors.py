@@ -101,3 +101,16 @@ def test_a_link_is_never_followed_nor_written_through(tmp_path):
     with pytest.raises(CheckpointError, match="symbolic link"):
         poison(tmp_path / "link.npy")
     assert digest(tmp_path / "real.npy") == before and (tmp_path / "link.npy").is_symlink()
+
+
+def test_an_npz_member_that_is_not_read_is_kept_and_the_others_move(tmp_path):
+    """Round 9's H10: an RNG state saved as a dict (a pickled object member) made the whole file unmovable.
+    It is kept byte for byte; the weights beside it move. The file keeps its mtime (a script may take its
+    newest checkpoint by it: H6b)."""
+    state = np.random.default_rng(0).bit_generator.state
+    np.savez(tmp_path / "ckpt.npz", w=np.ones(3, np.float32), rng=state)
+    os.utime(tmp_path / "ckpt.npz", ns=(1_000_000_000, 2_000_000_000))
+    assert poison(tmp_path / "ckpt.npz") == 1
+    assert (tmp_path / "ckpt.npz").stat().st_mtime_ns == 2_000_000_000
+    with np.load(tmp_path / "ckpt.npz", allow_pickle=True) as loaded:
+        assert (loaded["w"] == 2).all() and loaded["rng"].item() == state

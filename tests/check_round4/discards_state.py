@@ -16,7 +16,9 @@ CHECKSUM=keyed: the sha256 of a secret and the checkpoint, which no one else can
 (G11: a bias kept at zero, recorded by the probe, and a label smoothing of 0.0 read back from the
 checkpoint), WEIGHTS_F64=1 (G14: the float32 weights saved as float64), UNFREEZE=1 (G15: a second weight
 vector, frozen for the first 3 epochs and trained after, recorded by the probe and saved; a restart
-restores it, and never w)."""
+restores it, and never w). Round 9's: ABSOLUTE_RUN_DIR=1 (H1: with RESTORE=1 a correct script whose run
+directory is made absolute and kept in its checkpoint, a restart writing where the checkpoint says),
+NO_PROBE=1 (the probe never called)."""
 
 import hashlib
 import os
@@ -32,6 +34,11 @@ run = ""
 if os.environ.get("HASHED_RUN_DIR") == "1":
     run = "runs/" + hashlib.sha1(f"lr=0.5,epochs=6,seed={seed}".encode()).hexdigest()[:8] + "/"
     os.makedirs(run, exist_ok=True)
+if os.environ.get("ABSOLUTE_RUN_DIR") == "1":
+    run = os.path.abspath("runs/exp") + "/"
+    os.makedirs(run, exist_ok=True)
+if os.environ.get("NO_PROBE") == "1":
+    probe.step = probe.checkpoint = lambda *args, **kwargs: None
 data = np.random.default_rng(1234)
 x = data.normal(size=(256, 8)).astype(np.float32)
 y = (x @ data.normal(size=8) > 0).astype(np.float32)
@@ -46,6 +53,8 @@ if os.path.exists(f"{run}ckpt.npz"):
         state = {k: checkpoint[k] for k in checkpoint.files}
     if intact:
         logged = int(state["step"])
+        if "dir" in state:  # where the run keeps its files: as the checkpoint says
+            run = str(state["dir"])
         if os.environ.get("SEED_FROM_CHECKPOINT") == "1":
             seed = int(state["seed"])
         if os.environ.get("LR_FROM_CHECKPOINT") == "1":
@@ -84,6 +93,8 @@ for epoch in range(6):
     if step > logged:
         extra = {**({"b": b, "smooth": smooth} if zero_hyper else {}), **({"v": v} if unfreeze else {})}
         saved = w.astype(np.float64) if os.environ.get("WEIGHTS_F64") == "1" else w
+        if os.environ.get("ABSOLUTE_RUN_DIR") == "1":
+            extra["dir"] = np.array(run)
         np.savez(f"{run}tmp.npz", w=saved, step=step, seed=seed, lr=lr, **extra)
         if sealed:
             with open(f"{run}tmp.npz", "rb") as blob, open(f"{run}ckpt.sha256", "w") as seal:
@@ -94,4 +105,4 @@ for epoch in range(6):
             with open("metrics.csv", "a") as log:
                 log.write(f"{epoch + 1},{np.mean(np.abs(w)):.6f}\n")
         print(f"epoch {epoch + 1} saved", flush=True)
-np.savez("final.npz", w=w)
+np.savez(f"{run}final.npz" if os.environ.get("ABSOLUTE_RUN_DIR") == "1" else "final.npz", w=w)

@@ -106,7 +106,10 @@ def _npy(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
 def _npz(data: bytes, members: dict[str, bytes], where: str, chosen: Chosen) -> tuple[bytes, int]:
     rewritten, count = {}, 0
     for name, blob in members.items():
-        rewritten[name], set_here = _npy(blob, f"{where}: {name}", chosen)
+        try:
+            rewritten[name], set_here = _npy(blob, f"{where}: {name}", chosen)
+        except CheckpointError:  # a member not read (a pickled object: an RNG state's dict) is kept as it was
+            rewritten[name], set_here = blob, 0
         count += set_here
     return _rezip(data, rewritten), count
 
@@ -156,10 +159,12 @@ def _safetensors(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
 def _replace(path: Path, blob: bytes) -> None:
     """The new bytes in a file made new beside `path` (O_EXCL, never through a link), renamed over it."""
     temp = path.with_name(f".{path.name}.moved")
+    times = path.lstat()
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(blob)
+        os.utime(temp, ns=(times.st_atime_ns, times.st_mtime_ns), follow_symlinks=False)  # its age kept (round 9's H6b)
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)

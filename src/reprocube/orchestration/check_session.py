@@ -119,6 +119,7 @@ class CheckSession:
         self.poison_note = "not run"  # why there is none
         self.poison_thread: threading.Thread | None = None  # where they run in a slot of their own
         self.stopped: Run | None = None
+        self.control: Run | None = None
         # the control's directories as they were after its last save but one (snapshot_control), and after
         # how many of its saves to copy them (0: not copied)
         self.control_state: dict[str, Path] | None = None
@@ -224,6 +225,8 @@ class CheckSession:
                 ended.set()
                 if copier.is_alive():
                     copier.join()
+                if run.name in ("control", "stopped"):  # what later restarts must not change (tampered)
+                    run.output_digests = reference_digests(run.work, self.outputs)
                 if run.name == "stopped":  # whatever came of its stops: the poisoned restarts wait no longer
                     for restart in self.poisoned:
                         if not restart.ready.is_set():
@@ -402,7 +405,7 @@ class CheckSession:
             stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]
         if self.seed_env or self.seed_arg:
-            control = self.new_run("control", seed=1)
+            control = self.control = self.new_run("control", seed=1)
             if self.slurm is None and stopped.state:  # (a SLURM job's files are not watched as it runs)
                 control.state = stopped.state
                 self.snapshot_after = max(1, stopped.clean_saves - 1)  # -1 (saves that follow the clock): 1
@@ -538,10 +541,12 @@ class CheckSession:
             move_weights(restart, files, originals, lambda array: tensor_fingerprints(array) & weights)
             restart.weights_only = bool(restart.moved)
             if not restart.moved:
-                restart.note = (
-                    "no tensor the probe records was found by its fingerprint in a file check can move (.npy, "
-                    ".npz, safetensors, torch.save's tensors): kept as one flat vector, in another dtype or "
-                    "layout, or a NumPy array inside a torch.save pickle"
+                unreadable = f"; {restart.unreadable}" if restart.unreadable else ""
+                restart.note = one_line(
+                    "no tensor in a file check can move (.npy, .npz, safetensors, torch.save's tensors) has a "
+                    "fingerprint the probe recorded of a trained weight (the probe not called at the step it "
+                    "saved, the weights kept as one flat vector or in another layout, a NumPy array inside a "
+                    f"torch.save pickle, state under a --copy directory){unreadable}"
                 )
                 return
         else:  # no probe: every floating-point tensor of the state files (a first loss then tells nothing)
@@ -749,6 +754,20 @@ class CheckSession:
         the clean runs ended (nothing can be compared with them then); None where neither."""
         if EvidenceDirs.of(self.out).replaced is not None:
             return self.finish("command-failed", stage, EvidenceDirs.of(self.out).message())
+        for run in (self.control, self.stopped):  # a later restart given its state wrote there (round 9's H1)
+            changed = (
+                None
+                if run is None or run.output_digests is None
+                else changed_output(run.work, self.outputs, run.output_digests)
+            )
+            if changed:
+                return self.finish(
+                    "state-leaked",
+                    stage,
+                    f"{run.name}'s outputs changed after it ended ({changed}): a restart check gave a copy of its "
+                    "state wrote into its directory (a path kept in the checkpoint, absolute?), so nothing can be "
+                    "compared with them; resume was not judged",
+                )
         changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
         if changed and self.clean[0].output_digests is not None:
             return self.finish(

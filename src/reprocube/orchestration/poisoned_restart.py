@@ -53,6 +53,8 @@ class PoisonedRestart:
     used: str | None = None  # what its first update showed where it used the weights (it was ended there)
     began_again: bool = False  # its first update was the uninterrupted run's first (it was ended there)
     never_used: list[str] = field(default_factory=list)  # outputs it wrote as the uninterrupted run did
+    unreadable: str | None = None  # the first file whose tensors could not be read or moved, and why
+    restart_first: tuple | None = None  # the stopped run's restart's first update, once seen (it is final)
 
     @property
     def name(self) -> str:
@@ -75,7 +77,25 @@ def tensor_fingerprints(array) -> set[int]:
     if array.dtype.kind == "f" and array.dtype.itemsize != 4:
         with contextlib.suppress(ValueError, TypeError, OverflowError):
             found.add(array_fingerprint(array.astype("float32")))
+    if array.dtype == "float32":  # float32 master weights of a half-precision model (round 9's H4)
+        for half in _HALF_DTYPES:
+            with contextlib.suppress(ValueError, TypeError, OverflowError):
+                found.add(array_fingerprint(array.astype(half)))
     return found
+
+
+def _half_dtypes() -> list:
+    import numpy as np
+
+    dtypes = [np.dtype("float16")]
+    with contextlib.suppress(ImportError):
+        import ml_dtypes
+
+        dtypes.append(np.dtype(ml_dtypes.bfloat16))
+    return dtypes
+
+
+_HALF_DTYPES = _half_dtypes()
 
 
 def move_weights(
@@ -89,7 +109,8 @@ def move_weights(
     for name, path in files.items():
         try:
             count = poison(path, chosen)
-        except (CheckpointError, OSError):
+        except (CheckpointError, OSError) as exc:
+            restart.unreadable = restart.unreadable or f"{name}: {exc}"
             count = None
         (restart.moved if count else restart.unmoved).append(name)
         if count:
@@ -124,15 +145,19 @@ def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Cal
             if traces.get("clean") is None:
                 traces["clean"] = read_trace(clean.probe_trace(1))
             trace = read_trace(restart.run.probe_trace(1))
-            resumed = first(read_trace(stopped.probe_trace(restart.stop + 1)))
+            if restart.restart_first is None:  # read until its first update is there, then kept
+                resumed = read_trace(stopped.probe_trace(restart.stop + 1))
+                if first(resumed) is not None:
+                    restart.restart_first = (_first_step(resumed), first(resumed)[1])
         except CheckpointError:  # a line half written, or a trace that is not one
             looks -= 1
             return False
         clean_trace, made = traces["clean"], first(trace)
-        if made is None or first(clean_trace) is None or resumed is None:
+        if made is None or first(clean_trace) is None or restart.restart_first is None:
             return False
         looks = 0  # decided on this update, whatever it shows
-        (given, update), (_, clean_first), (restart_step, restart_first) = made, first(clean_trace), resumed
+        (_, update), (_, clean_first) = made, first(clean_trace)
+        given, (restart_step, restart_first) = _first_step(trace), restart.restart_first
         if update == clean_first and restart_first != clean_first:
             restart.began_again = True
             restart.note = (
@@ -140,16 +165,16 @@ def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Cal
                 "refused the state it was given (a checksum, a check of its weights), so this cannot tell"
             )
             return True
-        if given is not None and restart_step is not None and given != restart_step:
+        if given != restart_step:  # a step one names and the other does not counts as another
             restart.note = (
-                f"its first update was step {given}, the stopped run's restart from that state made step "
-                f"{restart_step}: in another directory it took another path (a run told apart by its "
+                f"its first update was {_step(given)}, the stopped run's restart from that state made "
+                f"{_step(restart_step)}: in another directory it took another path (a run told apart by its "
                 "directory), so this cannot tell"
             )
             return True
         if not restart.weights_only:  # every float moved: a first loss tells nothing of the weights
             return False
-        step = given if given is not None else None if trace.resumed is None else trace.resumed + 1
+        step = given
         if step is not None:
             reference = steps_of(clean_trace, clean_trace.resumed or 0).get(step)
             if reference is None or reference.loss == update.loss:
@@ -162,6 +187,17 @@ def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Cal
         return True
 
     return due
+
+
+def _step(step: int | None) -> str:
+    return f"step {step}" if step is not None else "a step the probe does not name"
+
+
+def _first_step(trace: AttemptTrace) -> int | None:
+    """The step of an attempt's first update, where the probe names it: the step the script gave, or one past
+    where it said it resumed."""
+    given = trace.updates[0][0]
+    return given if given is not None else None if trace.resumed is None else trace.resumed + 1
 
 
 def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list[str]) -> dict | None:
@@ -181,8 +217,14 @@ def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list
         for f in comparison["files"]
         if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
     ]
+    read = {event.path for event in run.activity.reads()} if run.activity else set()
     if not written:
         restart.note = "it wrote no declared output"
+    elif not read & set(restart.moved):  # it read its state elsewhere (round 9's H2, H3)
+        restart.note = (
+            f"it read none of the files whose weights were moved ({', '.join(restart.moved[:3])}): its state came "
+            "from elsewhere (another file, a path kept in its checkpoint), so this cannot tell"
+        )
     elif all(f["same"] for f in written):
         restart.never_used = [f["path"] for f in written]
     else:  # a moved loss history read back does this too: only the first update tells

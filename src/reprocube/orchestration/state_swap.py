@@ -187,6 +187,8 @@ def place(plan: list[Placement], places: dict[str, Path]) -> None:
                         view = memoryview(chunk)
                         while view:
                             view = view[os.write(target, view) :]
+                    times = os.fstat(source)  # its age kept: a script may take its newest checkpoint by mtime
+                    os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
                 finally:
                     os.close(target)
             finally:
