@@ -566,7 +566,10 @@ class CheckSession:
         )
         restart.run = run
         until = first_update_rule(restart, clean, self.stopped)
-        self.execute(run, [Stop(until=until, ends_run=True)], self.limit, {})
+        # A restart from a stop trains less than an uninterrupted run: bounded by that run's time, and some,
+        # not by the watchdog's (moved weights can keep a solver or a retry loop from ever returning: H12).
+        limit = min(self.limit, POISONED_TIME * clean.attempts[-1].seconds + POISONED_SLACK_S)
+        self.execute(run, [Stop(until=until, ends_run=True)], limit, {})
 
     def clean_trace(self) -> AttemptTrace | None:
         """clean-1's probe trace (rank 0), None without one or where it cannot be read."""
@@ -968,6 +971,7 @@ OUTSIDE_NOT_CHECKED = (
     "named after the work directory): the restarts here could read it, the poisoned restart (in another "
     "directory) could not; only a restart on another machine shows it (reprocube reproduce there)"
 )
+POISONED_TIME, POISONED_SLACK_S = 2.0, 30.0  # a poisoned restart's time: at most this x a clean run's, and this
 REPLAY_AFTER_POISON = (
     "whether the stopped run's own restarts used the weights they read: the poisoned restarts did (another "
     "first loss with the weights moved), but they ran in another directory, where a script can take another "

@@ -207,6 +207,10 @@ def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list
     run = restart.run
     if run is None or restart.used or restart.began_again:
         return None
+    if run.exit is None:
+        seconds = run.attempts[-1].seconds if run.attempts else 0.0
+        restart.note = f"it neither told anything by its first update nor ended within {seconds:.0f} s (ended by check)"
+        return None
     if run.exit != 0:
         restart.note = f"it failed, as one that refuses changed weights may ({run.name} exited {run.exit})"
         return None
