@@ -205,7 +205,7 @@ def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list
     run's bit for bit) or restart.note (why it tells nothing), where its first update did not decide; the
     comparison of its outputs, where they were compared."""
     run = restart.run
-    if run is None or restart.used or restart.began_again:
+    if run is None or restart.used or restart.began_again or run.stops_landed:  # decided at its first update
         return None
     if run.exit is None:
         seconds = run.attempts[-1].seconds if run.attempts else 0.0
