@@ -590,3 +590,22 @@ def test_a_restart_that_writes_where_its_checkpoint_says_is_never_blamed_on_the_
     result = json.loads((tmp_path / "out" / "check.json").read_text())
     assert result["verdict"] != "resume-differs", said(result)
     assert result["verdict"] == "resume-exact" or "changed after it ended" in result["summary"], said(result)
+
+
+def test_a_restart_that_tells_its_own_directory_apart_is_never_said_to_use_its_weights(tmp_path):
+    """Round 8's G18: its own run's checkpoint (a run id from its work directory) sends a restart to train
+    again from step 1 unrecorded (its weights never used); another directory's starts a new run from the
+    weights at step 1. Truth without reprocube: stopped at epoch 2 and rerun with the weights moved in place,
+    it ends as the uninterrupted run does. A poisoned restart, in another directory, took the other path:
+    its first update was step 1 where the stopped run's restart made step 17. That tells nothing: no pass
+    says the restarts used their weights, and the plain replay line stays."""
+    env = {"START_S": "1.5", "SEED_FROM_CHECKPOINT": "1", "RUN_ID": "1"}
+    assert_state_never_used(tmp_path, "epoch 2 saved", env_extra=env)
+    proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
+    assert result is not None, proc.stdout
+    assert "used them" not in result["summary"], said(result)
+    if result["verdict"] == "resume-exact":
+        assert any("took another path" in line for line in result["not_checked"]), result["not_checked"]
+        assert any(
+            line.startswith("whether the restarts used the weights they read, rather") for line in result["not_checked"]
+        )

@@ -18,7 +18,8 @@ checkpoint), WEIGHTS_F64=1 (G14: the float32 weights saved as float64), UNFREEZE
 vector, frozen for the first 3 epochs and trained after, recorded by the probe and saved; a restart
 restores it, and never w). Round 9's: ABSOLUTE_RUN_DIR=1 (H1: with RESTORE=1 a correct script whose run
 directory is made absolute and kept in its checkpoint, a restart writing where the checkpoint says),
-NO_PROBE=1 (the probe never called)."""
+NO_PROBE=1 (the probe never called), RUN_ID=1 (G18: the checkpoint records a run id made from the work
+directory; one from another directory starts a new run from its weights, at step 1)."""
 
 import hashlib
 import os
@@ -42,7 +43,7 @@ if os.environ.get("NO_PROBE") == "1":
 data = np.random.default_rng(1234)
 x = data.normal(size=(256, 8)).astype(np.float32)
 y = (x @ data.normal(size=8) > 0).astype(np.float32)
-logged, lr = 0, np.float32(0.5)
+logged, lr, warm = 0, np.float32(0.5), None
 sealed, key = os.environ.get("CHECKSUM") in ("1", "keyed"), b"secret" if os.environ.get("CHECKSUM") == "keyed" else b""
 zero_hyper, smooth, b = os.environ.get("ZERO_HYPER") == "1", np.float32(0.0), np.zeros(8, np.float32)
 unfreeze, v = os.environ.get("UNFREEZE") == "1", np.random.default_rng(99).normal(size=8).astype(np.float32)
@@ -53,6 +54,9 @@ if os.path.exists(f"{run}ckpt.npz"):
         state = {k: checkpoint[k] for k in checkpoint.files}
     if intact:
         logged = int(state["step"])
+        if os.environ.get("RUN_ID") == "1" and str(state["run_id"]) != hashlib.sha1(os.getcwd().encode()).hexdigest():
+            logged, warm = 0, state["w"]  # another run's checkpoint: a warm start from its weights
+            print("warm start from another run's weights", flush=True)
         if "dir" in state:  # where the run keeps its files: as the checkpoint says
             run = str(state["dir"])
         if os.environ.get("SEED_FROM_CHECKPOINT") == "1":
@@ -72,6 +76,8 @@ step_s, restore = float(os.environ.get("STEP_S", "0.02")), os.environ.get("RESTO
 late = "RESTORE_FROM_STEP" in os.environ
 restore = restore or (late and logged >= int(os.environ["RESTORE_FROM_STEP"]))
 w, rng, step = np.zeros(8, np.float32), np.random.default_rng(seed), 0  # the bug: the state is not restored
+if warm is not None:
+    w = warm
 if restore and logged:
     w, step = state["w"], logged
 for epoch in range(6):
@@ -95,6 +101,8 @@ for epoch in range(6):
         saved = w.astype(np.float64) if os.environ.get("WEIGHTS_F64") == "1" else w
         if os.environ.get("ABSOLUTE_RUN_DIR") == "1":
             extra["dir"] = np.array(run)
+        if os.environ.get("RUN_ID") == "1":
+            extra["run_id"] = np.array(hashlib.sha1(os.getcwd().encode()).hexdigest())
         np.savez(f"{run}tmp.npz", w=saved, step=step, seed=seed, lr=lr, **extra)
         if sealed:
             with open(f"{run}tmp.npz", "rb") as blob, open(f"{run}ckpt.sha256", "w") as seal:
