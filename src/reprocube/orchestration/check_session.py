@@ -117,7 +117,7 @@ class CheckSession:
         # the poisoned restarts (poisoned_restarts), one per stop whose state is given with its weights moved
         self.poisoned: list[PoisonedRestart] = []
         self.poison_note = "not run"  # why there is none
-        self.poison_thread: threading.Thread | None = None  # where they run in a slot of their own
+        self.stopped_ended = threading.Event()  # the poisoned restarts start after it (poisoned_restarts)
         self.stopped: Run | None = None
         self.control: Run | None = None
         # the control's directories as they were after its last save but one (snapshot_control), and after
@@ -228,6 +228,7 @@ class CheckSession:
                 if run.name in ("control", "stopped"):  # what later restarts must not change (tampered)
                     run.output_digests = reference_digests(run.work, self.outputs)
                 if run.name == "stopped":  # whatever came of its stops: the poisoned restarts wait no longer
+                    self.stopped_ended.set()
                     for restart in self.poisoned:
                         if not restart.ready.is_set():
                             restart.note = f"the stopped run's stop {restart.stop} did not land"
@@ -432,9 +433,9 @@ class CheckSession:
                 then = {"stopped": lambda _: self.poisoned_then_swapped(control_run)}
             elif control_run is not None:  # in the control's slot once it ended
                 then["control"] = self.poisoned_then_swapped
+            else:  # in the stopped run's slot, after it
+                then["stopped"] = lambda _: self.poisoned_then_swapped(None)
         *control, stopped = self.ran_together(planned, then=then)
-        if self.poison_thread is not None:
-            self.poison_thread.join()
         for extra in (self.swapped, *(r.run for r in self.poisoned)):
             if extra is not None:
                 self.result["runs"].append(extra.as_dict())
@@ -482,9 +483,7 @@ class CheckSession:
 
     def snapshot_stopped(self, stopped: Run) -> None:
         """After each of the stopped run's stops whose state a poisoned restart is given, its processes all
-        gone: a copy of its directories, what its next attempt finds (snapshot/stopped-N/). The restarts
-        start here where they have a slot of their own (--jobs 2 or more and no control), after the first
-        copy."""
+        gone: a copy of its directories, what its next attempt finds (snapshot/stopped-N/)."""
         landed = len(stopped.attempts)
         restart = next((r for r in self.poisoned if r.stop == landed), None)
         if restart is None:
@@ -501,13 +500,12 @@ class CheckSession:
         else:
             restart.note = f"the stopped run's state at stop {landed} was not copied: {why_not}"
         restart.ready.set()
-        if self.jobs > 1 and not (self.seed_env or self.seed_arg) and self.poison_thread is None:
-            self.poison_thread = threading.Thread(target=self.poisoned_restarts, name="poisoned", daemon=True)
-            self.poison_thread.start()
 
     def poisoned_restarts(self) -> None:
-        """The poisoned restarts (orchestration.poisoned_restart), the last stop's first, each once its
-        stop's copy is made; none after one that never used its weights (the check does not pass then)."""
+        """The poisoned restarts (orchestration.poisoned_restart), once the stopped run has ended (its outputs
+        recorded: one that writes where a path kept in its checkpoint says cannot change them unseen, round
+        9's H16), the last stop's first; none after one that never used its weights (no pass then)."""
+        self.stopped_ended.wait()
         for restart in reversed(self.poisoned):
             restart.ready.wait()
             self.poisoned_restart(restart)
@@ -757,6 +755,14 @@ class CheckSession:
         the clean runs ended (nothing can be compared with them then); None where neither."""
         if EvidenceDirs.of(self.out).replaced is not None:
             return self.finish("command-failed", stage, EvidenceDirs.of(self.out).message())
+        changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
+        if changed and self.clean[0].output_digests is not None:
+            return self.finish(
+                "state-leaked",
+                stage,
+                f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
+                "can be compared with them; resume was not judged",
+            )
         for run in (self.control, self.stopped):  # a later restart given its state wrote there (round 9's H1)
             changed = (
                 None
@@ -767,18 +773,10 @@ class CheckSession:
                 return self.finish(
                     "state-leaked",
                     stage,
-                    f"{run.name}'s outputs changed after it ended ({changed}): a restart check gave a copy of its "
-                    "state wrote into its directory (a path kept in the checkpoint, absolute?), so nothing can be "
+                    f"{run.name}'s outputs changed after it ended ({changed}): another run wrote there (a restart "
+                    "given a copy of its state, following a path kept in the checkpoint?), so nothing can be "
                     "compared with them; resume was not judged",
                 )
-        changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
-        if changed and self.clean[0].output_digests is not None:
-            return self.finish(
-                "state-leaked",
-                stage,
-                f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
-                "can be compared with them; resume was not judged",
-            )
         return None
 
     def control_verdict(self, control: Run) -> dict | None:

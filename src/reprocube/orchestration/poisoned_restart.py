@@ -189,6 +189,18 @@ def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Cal
     return due
 
 
+def _read_before_written(run: Run, names: set[str]) -> set[str]:
+    """Which of `names` the run read before it first wrote them: a read after its own write is no read of
+    what it was given (check's watcher looks at each file written, and inotify reports that too: H13)."""
+    read, written = set(), set()
+    for event in list(run.activity.events) if run.activity else []:
+        if event.kind == "write":
+            written.add(event.path)
+        elif event.kind == "read" and event.path in names and event.path not in written:
+            read.add(event.path)
+    return read
+
+
 def _step(step: int | None) -> str:
     return f"step {step}" if step is not None else "a step the probe does not name"
 
@@ -221,13 +233,14 @@ def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list
         for f in comparison["files"]
         if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
     ]
-    read = {event.path for event in run.activity.reads()} if run.activity else set()
+    read = _read_before_written(run, set(restart.moved))
     if not written:
         restart.note = "it wrote no declared output"
     elif not read & set(restart.moved):  # it read its state elsewhere (round 9's H2, H3)
         restart.note = (
-            f"it read none of the files whose weights were moved ({', '.join(restart.moved[:3])}): its state came "
-            "from elsewhere (another file, a path kept in its checkpoint), so this cannot tell"
+            f"it read none of the files whose weights were moved ({', '.join(restart.moved[:3])}) before writing "
+            "them: it took its state from elsewhere (another file, a path kept in its checkpoint) or never read "
+            "its weights (a replay), so this cannot tell"
         )
     elif all(f["same"] for f in written):
         restart.never_used = [f["path"] for f in written]
