@@ -366,7 +366,7 @@ def test_a_correct_resume_whose_checkpoint_path_holds_the_seed_passes(tmp_path):
 
     proc, result = check(tmp_path, "seed_in_names.py", env_extra=env)
     assert result is not None and result["verdict"] == "resume-exact", said(result)
-    assert any("no tensor the probe records was found" in line for line in result["not_checked"]), said(result)
+    assert any("has a fingerprint the probe recorded" in line for line in result["not_checked"]), said(result)
     assert (tmp_path / "out" / "work" / "swapped" / "runs" / "seed0" / "ckpt.npz").is_file()
     assert result["comparisons"]["swap"]["identical"] is False  # it continued from the control's state
 
