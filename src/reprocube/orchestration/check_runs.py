@@ -173,6 +173,17 @@ class Run:
         }
 
 
+def outputs_written(run: Run, comparison: dict) -> list[dict]:
+    """A comparison's entries for the declared outputs `run` wrote itself (its file activity) that were
+    compared: an output placed in its directory and left alone shows nothing of what it did."""
+    wrote = {event.path.partition("/")[2] for event in run.activity.writes()} if run.activity else set()
+    return [
+        f
+        for f in comparison["files"]
+        if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
+    ]
+
+
 def failure_line(run: Run) -> str:
     """Why a run failed, in one line: its last attempt's exit status (or the watchdog), its time, what the
     command last said and where its log is."""

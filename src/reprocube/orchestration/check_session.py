@@ -30,7 +30,15 @@ from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
 from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
 from reprocube.orchestration.check_options import CheckOptions
-from reprocube.orchestration.check_runs import SIGNALS, Run, Stop, execute, failure_line, planned_stops
+from reprocube.orchestration.check_runs import (
+    SIGNALS,
+    Run,
+    Stop,
+    execute,
+    failure_line,
+    outputs_written,
+    planned_stops,
+)
 from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
 from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
@@ -116,6 +124,7 @@ class CheckSession:
         self.swap_note: str | None = "not run"  # why there is none (None: a poisoned restart made it redundant)
         # the poisoned restarts (poisoned_restarts), one per stop whose state is given with its weights moved
         self.poisoned: list[PoisonedRestart] = []
+        self.weights: frozenset[int] = frozenset()  # the trained weights' fingerprints (the probe's), if any
         self.poison_note = "not run"  # why there is none
         self.stopped_ended = threading.Event()  # the poisoned restarts start after it (poisoned_restarts)
         self.stopped: Run | None = None
@@ -425,8 +434,9 @@ class CheckSession:
         else:
             # With the probe, every stop's state (the weights found by their fingerprints; a restart that used
             # them is ended at its first update); without it, the last stop's alone (each runs to its end).
-            weights = trained_fingerprints(self.clean_trace())
-            stops = range(max(1, len(plan) - MAX_POISONED_STOPS + 1), len(plan) + 1) if weights else [len(plan)]
+            self.weights = trained_fingerprints(self.clean_trace())
+            last = len(plan)
+            stops = range(max(1, last - MAX_POISONED_STOPS + 1), last + 1) if self.weights else [last]
             self.poisoned = [PoisonedRestart(stop) for stop in stops]
             control_run = planned[0][0] if len(planned) > 1 else None
             if self.jobs == 1:  # after the stopped run, one run at a time
@@ -534,7 +544,7 @@ class CheckSession:
         places = run.activity.places
         files = {p.target: places[p.target.partition("/")[0]] / p.target.partition("/")[2] for p in plan}
         originals = {p.target: p.source for p in plan}
-        weights = trained_fingerprints(self.clean_trace())
+        weights = self.weights
         if weights:  # the weights alone, wherever they are, found by the fingerprints the probe recorded
             move_weights(restart, files, originals, lambda array: tensor_fingerprints(array) & weights)
             restart.weights_only = bool(restart.moved)
@@ -690,13 +700,7 @@ class CheckSession:
             self.result["not_checked"].append(f"{not_shown}: it failed ({failure_line(swapped)})")
             return None
         comparison = compare_outputs(self.clean[0].work, swapped.work, self.outputs, self.ignore, explain=False)
-        # Only what it wrote itself: an output placed with the control's files and left alone shows nothing.
-        wrote = {event.path.partition("/")[2] for event in swapped.activity.writes()} if swapped.activity else set()
-        written = [
-            f
-            for f in comparison["files"]
-            if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
-        ]
+        written = outputs_written(swapped, comparison)  # an output placed with the control's files shows nothing
         self.result["comparisons"]["swap"] = {"run": "swapped", "against": self.clean[0].name, **comparison}
         if not written:
             self.result["not_checked"].append(f"{not_shown}: it wrote no declared output")
@@ -751,31 +755,27 @@ class CheckSession:
         return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
 
     def tampered(self, stage: str) -> dict | None:
-        """The verdict where the command replaced check's directories, or changed clean-1's outputs after
-        the clean runs ended (nothing can be compared with them then); None where neither."""
+        """The verdict where the command replaced check's directories, or changed the outputs of clean-1,
+        the control or the stopped run after it ended (recorded then: nothing can be compared with them);
+        None where neither."""
         if EvidenceDirs.of(self.out).replaced is not None:
             return self.finish("command-failed", stage, EvidenceDirs.of(self.out).message())
-        changed = changed_output(self.clean[0].work, self.outputs, self.clean[0].output_digests or {})
-        if changed and self.clean[0].output_digests is not None:
-            return self.finish(
-                "state-leaked",
-                stage,
-                f"clean-1's outputs changed after it ended ({changed}): another run changed them, so nothing "
-                "can be compared with them; resume was not judged",
-            )
-        for run in (self.control, self.stopped):  # a later restart given its state wrote there (round 9's H1)
-            changed = (
-                None
-                if run is None or run.output_digests is None
-                else changed_output(run.work, self.outputs, run.output_digests)
-            )
+        for run in (self.clean[0], self.control, self.stopped):
+            if run is None or run.output_digests is None:
+                continue
+            changed = changed_output(run.work, self.outputs, run.output_digests)
             if changed:
+                # the control's and the stopped run's: a later restart given a copy of its state (round 9's H1)
+                how = (
+                    ""
+                    if run is self.clean[0]
+                    else " (a restart given a copy of its state, following a path kept in the checkpoint?)"
+                )
                 return self.finish(
                     "state-leaked",
                     stage,
-                    f"{run.name}'s outputs changed after it ended ({changed}): another run wrote there (a restart "
-                    "given a copy of its state, following a path kept in the checkpoint?), so nothing can be "
-                    "compared with them; resume was not judged",
+                    f"{run.name}'s outputs changed after it ended ({changed}): another run changed them{how}, so "
+                    "nothing can be compared with them; resume was not judged",
                 )
         return None
 

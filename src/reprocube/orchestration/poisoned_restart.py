@@ -31,7 +31,7 @@ from reprocube.analysis.outputs import compare_outputs
 from reprocube.analysis.probe_trace import AttemptTrace, read_trace, steps_of
 from reprocube.errors import CheckpointError
 from reprocube.formats.poisoned_tensors import file_digests, poison, reseal
-from reprocube.orchestration.check_runs import Run
+from reprocube.orchestration.check_runs import Run, outputs_written
 from reprocube.probe import array_fingerprint
 
 MAX_POISONED_STOPS = 10  # the last stops whose state is given moved (with the probe: each costs a start-up)
@@ -227,12 +227,7 @@ def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list
         restart.note = f"it failed, as one that refuses changed weights may ({run.name} exited {run.exit})"
         return None
     comparison = compare_outputs(clean.work, run.work, outputs, ignore, explain=False)
-    wrote = {event.path.partition("/")[2] for event in run.activity.writes()} if run.activity else set()
-    written = [
-        f
-        for f in comparison["files"]
-        if f.get("compared", True) and not (f["detail"] or "").startswith("only in") and f["path"] in wrote
-    ]
+    written = outputs_written(run, comparison)
     read = _read_before_written(run, set(restart.moved))
     if not written:
         restart.note = "it wrote no declared output"

@@ -111,23 +111,27 @@ def plan_restart(given: dict[str, Path], copies: list[str]) -> list[Placement]:
     """Every file of `given` (a run's directories as copied at a stop) placed under its own name in a fresh
     run, but the --copy inputs (it has its own): all its next attempt would find, the declared outputs
     written so far included (a log it appends to)."""
-    plan = []
-    for name in regular_files(given):
-        label, _, relative = name.partition("/")
-        if not (label == "work" and relative.split("/", 1)[0] in copies):
-            plan.append(Placement(given[label] / relative, name))
-    return plan
+    return [
+        Placement(given[name.partition("/")[0]] / name.partition("/")[2], name)
+        for name in regular_files(given)
+        if not _copy_input(name, copies)
+    ]
 
 
 def _given(source: str, target: str, keys: frozenset[str], outputs: list[str], copies: list[str]) -> bool:
     """Whether a run's file ("<label>/<relative path>") is given to a fresh run as `target`: not a --copy
     input (the fresh run has its own), not a declared output unless it is also a state file."""
-    label, _, relative = source.partition("/")
-    if label == "work" and relative.split("/", 1)[0] in copies:
+    if _copy_input(source, copies):
         return False
     target_label, _, target_relative = target.partition("/")
     output = target_label == "work" and any(_under(target_relative, o) for o in outputs)
     return not output or state_key(source) in keys
+
+
+def _copy_input(name: str, copies: list[str]) -> bool:
+    """Whether a run's file ("<label>/<relative path>") is a --copy input or lies under one."""
+    label, _, relative = name.partition("/")
+    return label == "work" and relative.split("/", 1)[0] in copies
 
 
 def copy_budget(clean: dict[str, Path]) -> int:

@@ -49,7 +49,7 @@ VERDICTS = {
     "state-leaked": EXIT_CHECK_VOID,  # a run started from state another run left outside its directories
     # what was compared is identical, but the resume is not proven: restarts shown by their files only (no
     # probe), declared outputs not compared, ranks the probe did not hear from, or a restart given another
-    # seed's state or NaN tensors that wrote the uninterrupted run's outputs
+    # seed's state or the stopped run's with its weights moved that wrote the uninterrupted run's outputs
     "not-proven": EXIT_CHECK_VOID,
     "command-failed": EXIT_COMMAND_FAILED,
 }
