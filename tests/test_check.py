@@ -54,12 +54,12 @@ def test_a_script_that_saves_its_generator_resumes_exactly(tmp_path):
     assert [a["exit"] for a in stopped["attempts"]] == [-signal.SIGTERM, -signal.SIGTERM, 0]
     assert result["comparisons"]["control"]["identical"] is False  # the outputs depend on the training
     # The schema's strict reader: two things left unchecked, what no run on this machine can show (state at a
-    # path outside the run's directories that its restarts find again), and what the poisoned restarts (the
+    # path outside the run's directories that its restarts find again), and what the moved-weights restarts (the
     # state after each stop, its weights moved, in another directory) cannot: they recorded another first
     # loss, so they used their weights, but the stopped run's own restarts ran elsewhere. That made the swapped
     # restart (the control's state, copied as it ran after its last save but one) redundant: it did not run.
     outside, replay = read_check(tmp_path / "out" / "check.json")["not_checked"]
-    assert replay.startswith("whether the stopped run's own restarts used the weights they read: the poisoned")
+    assert replay.startswith("whether the stopped run's own restarts used the weights they read: the moved-weights")
     assert (
         outside.startswith("state kept outside the run's directories")
         and "not checked: " + outside in (result["summary"])
@@ -443,9 +443,9 @@ def test_keras_backup_and_restore_resumes_at_the_epoch_but_not_the_same_training
 def test_a_long_run_is_never_silent_on_any_output(tmp_path, monkeypatch):
     """Issue 39: a progress line while a run goes on (every 30 s; a fraction of a second here), whatever
     the output is: the run, its seconds, the command's newest line."""
-    from reprocube.orchestration import check_runs
-    from reprocube.orchestration.check_options import CheckOptions
-    from reprocube.orchestration.check_session import check as check_command
+    from reprocube.check import runs as check_runs
+    from reprocube.check.options import CheckOptions
+    from reprocube.check.session import check as check_command
 
     monkeypatch.setattr(check_runs, "PROGRESS_EVERY_S", 0.3)
     lines = []
@@ -494,8 +494,8 @@ def test_the_slurm_batch_script_records_each_attempt_beside_the_output(tmp_path)
     """check_slurm's batch script, run by bash as SLURM would (no SLURM needed): the command's output, even
     one without a final newline or one that imitates a status line, never decides the exit status; each
     start's time and status go to files of their own, per SLURM_RESTART_COUNT; odd arguments stay one."""
-    from reprocube.orchestration.check_runs import Run
-    from reprocube.orchestration.check_slurm import _began, _ended, batch_script
+    from reprocube.check.runs import Run
+    from reprocube.check.slurm import _began, _ended, batch_script
 
     odd = 'it\'s $HOME `x` "q"\nline'
     command = [sys.executable, "-c", "import sys; print(sys.argv[1] == " + repr(odd) + ", end=''); sys.exit(3)", odd]

@@ -569,7 +569,7 @@ def test_f24_file_events_past_the_cap_hide_no_saves(tmp_path):
     (hook / "sitecustomize.py").write_text(
         "import sys\n"
         "if 'check' in sys.argv:\n"
-        "    import reprocube.orchestration.file_activity as file_activity\n"
+        "    import reprocube.check.file_activity as file_activity\n"
         "    file_activity.MAX_EVENTS = 1500\n"
     )
     source = """

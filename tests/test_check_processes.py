@@ -1,5 +1,5 @@
 """Nothing outlives `reprocube check`, and nothing stalls it (issue 53 item 6): each attempt runs under a
-guard (reprocube.orchestration.process_guard) that is the subreaper of everything the command starts and
+guard (reprocube.check.process_guard) that is the subreaper of everything the command starts and
 ends it all when the attempt ends or check dies; check never runs the --at-line pattern itself nor holds a
 line; --copy inputs are checked before any run. Every test runs real processes and real signals, with
 tiny scripts (no training): a double-forked setsid daemon, a SIGKILL of check, a backtracking pattern,
@@ -142,7 +142,7 @@ def test_a_script_that_sigkills_its_guard_leaves_no_daemon_behind(tmp_path, toke
 def test_the_sweep_after_a_killed_guard_spares_the_other_runs_guard(tmp_path, token):
     """--jobs 2: one attempt's command kills its guard while another run's attempt goes on; the sweep at
     the first attempt's end kills the orphaned daemon and nothing of the other run."""
-    from reprocube.orchestration.process_guard import start_guarded
+    from reprocube.check.process_guard import start_guarded
 
     env = dict(os.environ)
     with open(tmp_path / "other.log", "w") as other_log, open(tmp_path / "killer.log", "w") as killer_log:

@@ -192,13 +192,13 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
     """Truth without reprocube: uninterrupted and stopped-and-rerun end the same, and so does a rerun whose
     checkpoint was poisoned (NaN weights): the restart never uses the state it reads. Its probe and its
     reads looked like a resume. With a start-up of 1.5 s (a framework's import) its restarts take no longer
-    than a resumed run would, so only the poisoned restart (given its state, weights moved) tells: not-proven;
+    than a resumed run would, so only the moved-weights restart (given its state, weights moved) tells: not-proven;
     it makes the swapped restart redundant, which does not run."""
     assert_state_never_used(tmp_path, "epoch 2 saved")
     proc, result = check(tmp_path, "discards_state.py", env_extra={"START_S": "1.5"})
     assert result is not None and result["verdict"] == "not-proven", said(result)
     assert "so it never used those weights" in result["summary"], said(result)
-    assert [r["name"] for r in result["runs"]][-2:] == ["stopped", "poisoned-2"]
+    assert [r["name"] for r in result["runs"]][-2:] == ["stopped", "moved-2"]
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_a_restart_that_reads_its_checkpoint_and_trains_again_from_scratch_never
 def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_moved_weights(tmp_path, variant):
     """Round 7's F2, F6 and F15', round 8's G1, G2, G4, G8, G11, G14 and G15: each passed (some with a caveat only). Truth
     without reprocube: the script stopped at epoch 2 and rerun with its checkpoint's weights moved ends as an
-    uninterrupted run does. check's poisoned restart does the same to a copy of the stopped run's state at
+    uninterrupted run does. check's moved-weights restart does the same to a copy of the stopped run's state at
     its last stop (the weights alone, found by the fingerprints the probe records) and sees the uninterrupted
     run's outputs: not-proven."""
     env = {"START_S": "1.5", **variant}
@@ -248,7 +248,7 @@ def test_a_restart_that_never_uses_the_weights_it_reads_is_caught_by_moved_weigh
     proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", *log, env_extra=env)
     assert result is not None and result["verdict"] != "resume-exact", said(result)
     assert result["verdict"] == "not-proven", said(result)
-    assert result["stage"] == "poison" and "so it never used those weights" in result["summary"], said(result)
+    assert result["stage"] == "moved-weights" and "so it never used those weights" in result["summary"], said(result)
 
 
 SLOW_STEPS = {"START_S": "0.3", "STEP_S": "0.1"}  # 2.4 s of updates before the stop at epoch 3
@@ -284,10 +284,10 @@ def test_without_a_control_a_restart_that_resumes_is_not_taken_for_one_that_trai
     assert result is not None and result["verdict"] == "resume-exact", said(result)
     [stop] = result["stop_evidence"]
     assert stop["effective"] is True, stop
-    # The poisoned restart (in a slot of its own: no control) used its moved weights: its first loss, at step
+    # The moved-weights restart (in a slot of its own: no control) used its moved weights: its first loss, at step
     # 25, is not the uninterrupted run's, and it was ended there rather than run to its end.
     assert "its weights moved, used them (another loss at its first update (step 25)" in result["summary"], said(result)
-    [poisoned] = [run for run in result["runs"] if run["name"] == "poisoned-1"]
+    [poisoned] = [run for run in result["runs"] if run["name"] == "moved-1"]
     assert len(poisoned["attempts"]) == 1 and poisoned["attempts"][0]["stop"].startswith("SIGTERM once")
     assert not poisoned["attempts"][0]["stopped_early"]
 
@@ -316,7 +316,7 @@ def test_a_restart_that_exports_a_finished_checkpoint_and_retrains_otherwise_nev
     # The swapped restart gets the control's state at its stop (step 8 of seed 1), trains the rest with the
     # weights it never loaded and writes the uninterrupted run's model: it did not continue.
     assert result["verdict"] != "resume-exact", said(result)
-    assert result["stage"] in ("swap", "poison"), said(result)
+    assert result["stage"] in ("swap", "moved-weights"), said(result)
 
 
 def test_a_state_directory_moved_out_of_the_work_directory_is_state_from_elsewhere(tmp_path):
@@ -353,7 +353,7 @@ def test_a_state_directory_moved_out_of_the_work_directory_is_state_from_elsewhe
 
 def test_a_correct_resume_whose_checkpoint_path_holds_the_seed_passes(tmp_path):
     """Truth: stopped and rerun, it ends as the uninterrupted run does. Its weights are saved as text, so no
-    poisoned restart can run (said) and the swapped restart is what tells: it finds the control's
+    moved-weights restart can run (said) and the swapped restart is what tells: it finds the control's
     runs/seed1/ckpt.npz under runs/seed0/ (the uninterrupted run's name) and continues from it, so it does
     not make the check not-proven: resume-exact."""
     env = {"WEIGHTS_AS_TEXT": "1"}
@@ -509,7 +509,7 @@ def test_state_kept_on_a_ram_disk_is_named_where_the_check_passes(tmp_path):
     assert result is not None, proc.stdout
     if result["verdict"] == "resume-exact":
         assert any("state kept outside the run's directories" in line for line in result["not_checked"]), said(result)
-        # The poisoned restart, in another directory, found no RAM-disk state and used its moved weights: true
+        # The moved-weights restart, in another directory, found no RAM-disk state and used its moved weights: true
         # of it, and why state outside the directories is named.
         assert (
             "weights moved, used them (stop 1: another loss at its first update than the stopped run"
@@ -522,8 +522,8 @@ def test_a_correct_restart_that_checks_its_checkpoint_is_not_called_unproven(tmp
     """Round 8's G3: a correct script that keeps a sha256 beside its checkpoint and starts fresh where the
     checkpoint fails it. Truth without reprocube: stopped at epoch 2 and rerun it ends as the uninterrupted
     run does, and with its weights moved (the checksum made again where anyone can) it does not: it uses
-    them. A plain sha256 is made again for the poisoned restart, which then uses its moved weights: a pass.
-    A keyed one cannot be: the poisoned restart begins again at step 1 (the probe), which tells nothing, and
+    them. A plain sha256 is made again for the moved-weights restart, which then uses its moved weights: a pass.
+    A keyed one cannot be: the moved-weights restart begins again at step 1 (the probe), which tells nothing, and
     is named, not taken for a restart that never used its weights."""
     import hashlib
 
@@ -563,13 +563,13 @@ def test_a_restart_that_uses_only_later_checkpoints_is_caught_at_the_earlier_sto
     assert_state_never_used(tmp_path, "epoch 1 saved", env_extra=env)
     proc, result = check(tmp_path, "discards_state.py", "--at-line", "saved", "--stops", "2", env_extra=env)
     assert result is not None and result["verdict"] == "not-proven", said(result)
-    assert result["stage"] == "poison" and "after stop 1, its weights moved" in result["summary"], said(result)
+    assert result["stage"] == "moved-weights" and "after stop 1, its weights moved" in result["summary"], said(result)
 
 
 def test_a_restart_that_writes_where_its_checkpoint_says_is_never_blamed_on_the_resume(tmp_path):
     """Round 9's H1: a correct script whose run directory is made absolute and kept in its checkpoint (as
     args saved in a checkpoint are); a restart writes where the checkpoint says. Truth without reprocube:
-    stopped at epoch 2 and rerun in its directory, it ends as the uninterrupted run does. A poisoned restart,
+    stopped at epoch 2 and rerun in its directory, it ends as the uninterrupted run does. A moved-weights restart,
     given a copy of the stopped run's state, wrote its moved weights into the stopped run's directory after
     that run ended, and check blamed the resume (resume-differs). The stopped run's outputs are now recorded
     when it ends and checked before they are compared: the check is void, naming why."""
@@ -596,7 +596,7 @@ def test_a_restart_that_tells_its_own_directory_apart_is_never_said_to_use_its_w
     """Round 8's G18: its own run's checkpoint (a run id from its work directory) sends a restart to train
     again from step 1 unrecorded (its weights never used); another directory's starts a new run from the
     weights at step 1. Truth without reprocube: stopped at epoch 2 and rerun with the weights moved in place,
-    it ends as the uninterrupted run does. A poisoned restart, in another directory, took the other path:
+    it ends as the uninterrupted run does. A moved-weights restart, in another directory, took the other path:
     its first update was step 1 where the stopped run's restart made step 17. That tells nothing: no pass
     says the restarts used their weights, and the plain replay line stays."""
     env = {"START_S": "1.5", "SEED_FROM_CHECKPOINT": "1", "RUN_ID": "1"}

@@ -1,4 +1,4 @@
-"""check's file watcher (reprocube.orchestration.file_activity) where what it watches changes under it: it
+"""check's file watcher (reprocube.check.file_activity) where what it watches changes under it: it
 must never stop seeing and still say it saw everything (a save it missed reads as no save: a correct
 resume called state-leaked, seen on an H200 on 2026-11-27), and never print a traceback."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import time
 
-from reprocube.orchestration import file_activity
-from reprocube.orchestration.file_activity import FileActivity
+from reprocube.check import file_activity
+from reprocube.check.file_activity import FileActivity
 
 
 def wait_for(condition, seconds: float = 5.0) -> bool:
@@ -68,8 +68,8 @@ def test_a_restarts_read_and_its_next_save_read_from_one_batch_keep_their_order(
     """On a busy machine the watcher reads a restart's read of its checkpoint and its next save of it in one
     batch, stamped with one time: the read came first, so the restart read what was saved before the stop
     (test_check_adversary's F21 was not-resumed, 'read none of the 1 file saved', 1 run in 4 under load)."""
-    from reprocube.orchestration.file_activity import Event
-    from reprocube.orchestration.stop_evidence import _restart_reads
+    from reprocube.check.file_activity import Event
+    from reprocube.check.stop_evidence import _restart_reads
 
     activity = FileActivity({"work": tmp_path})
     activity.events = [Event(10.0, "read", "work/ckpt.pkl"), Event(10.0, "write", "work/ckpt.pkl", 64)]
@@ -86,7 +86,7 @@ def test_whether_a_process_group_catches_a_signal_is_read_from_proc():
     import subprocess
     import sys
 
-    from reprocube.orchestration.check_runs import _group_catches
+    from reprocube.check.runs import _group_catches
 
     for handler, expected in (("signal.SIG_DFL", False), ("lambda *a: None", True)):
         code = (

@@ -1,4 +1,4 @@
-"""formats/poisoned_tensors.py: what check's poisoned restart is given. Every floating-point value of a
+"""formats/moved_tensors.py: what check's moved-weights restart is given. Every floating-point value of a
 checkpoint moved by one (finite), read back by the library that wrote it; integers, RNG states and other files left
 byte for byte; a file that claims a format and lies about its sizes refused before anything is allocated."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reprocube.errors import CheckpointError
-from reprocube.formats.poisoned_tensors import poison
+from reprocube.formats.moved_tensors import poison
 
 
 def digest(path) -> str:

@@ -524,8 +524,8 @@ def test_each_kind_of_output_a_and_b_can_have(tmp_path, monkeypatch):
     import os
 
     import reprocube.formats.script_receipt as script_receipt
+    from reprocube.check.reproduction import _outputs
     from reprocube.formats.script_receipt import write_script_receipt
-    from reprocube.orchestration.script_reproduction import _outputs
 
     names = ["file", "to-link", "gone", "link-to-file", "link-both", "fifo-gone", "same"]
     digest = hashlib.sha256(b"same").hexdigest()

@@ -1,12 +1,12 @@
-"""The swapped restart's plan (reprocube.orchestration.state_swap.plan_swap) on directories made here: which
+"""The swapped restart's plan (reprocube.check.swapped_restart.plan_swap) on directories made here: which
 of the control's files land where, when nothing could tell, and that nothing unbounded is read."""
 
 from __future__ import annotations
 
 import pytest
 
-from reprocube.orchestration import state_swap
-from reprocube.orchestration.state_swap import plan_swap
+from reprocube.check import swapped_restart as state_swap
+from reprocube.check.swapped_restart import plan_swap
 
 
 def places(root, name: str, files: dict[str, bytes]) -> dict:

@@ -409,7 +409,7 @@ def _flatten(tree, prefix: str) -> list[tuple[str, object]]:
 
 
 def array_fingerprint(tensor) -> int:
-    """One host tensor's fingerprint as the probe records it (check's poisoned restart finds a checkpoint's
+    """One host tensor's fingerprint as the probe records it (check's moved-weights restart finds a checkpoint's
     weights by it): the sum modulo 2**32 of its mixed 32-bit patterns (other widths cast to float32)."""
     import numpy as np
 

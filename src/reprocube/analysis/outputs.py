@@ -315,7 +315,12 @@ def content_difference(name: str, a: bytes, b: bytes, ignore_fields: list[str] =
 def _tensors_difference(ta: dict, tb: dict) -> dict:
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
-        return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
+        # Every value read the same (tensors, numbers, texts): other bytes only (pickle's memo, member order)
+        return {
+            "detail": "the bytes differ, every value is identical (a layout difference)",
+            "tensor": None,
+            "layout": True,
+        }
     first = rows[0]
     return {
         "tensor": first,

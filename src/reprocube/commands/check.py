@@ -5,17 +5,17 @@ seed (the negative control: its outputs must differ, else the check is void), an
 times by a real signal and started again after each stop until it ends. The declared outputs of the
 stopped run are then compared with the first uninterrupted run's: bytes, then tensors, keys or lines.
 This module reads the options (the command line or DIR/check.yaml); the check itself is
-reprocube.orchestration.check_session."""
+reprocube.check.session."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from reprocube.check.copy_inputs import check_copies
+from reprocube.check.options import OPTIONS, YAML_TYPES, CheckOptions
+from reprocube.check.session import check
 from reprocube.errors import ConfigError
-from reprocube.orchestration.check_options import OPTIONS, YAML_TYPES, CheckOptions
-from reprocube.orchestration.check_session import check
-from reprocube.orchestration.copy_inputs import check_copies
 from reprocube.orchestration.options import add_options
 from reprocube.results.check_result import VERDICTS
 from reprocube.untrusted import MAX_YAML_BYTES, parse_yaml, read_bytes

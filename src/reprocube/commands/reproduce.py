@@ -7,12 +7,13 @@ of the seed-to-seed spread. SOURCE is read only: nothing is ever written under i
 
 Run A is the published run (its receipt), run B is this machine's retraining of A's config. This module
 reads the options and hands over once: a run's receipt to reprocube.orchestration.run_reproduction, a
-script's (written by `reprocube check`) to reprocube.orchestration.script_reproduction."""
+script's (written by `reprocube check`) to reprocube.check.reproduction."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from reprocube.check.reproduction import reproduce_script
 from reprocube.errors import EXIT_DIFFERENT, EXIT_LOSSES_ONLY, EXIT_OK, ConfigError
 from reprocube.files import safe_name
 from reprocube.formats.script_receipt import is_script_receipt, read_script_receipt, receipt_format
@@ -20,7 +21,6 @@ from reprocube.orchestration.children import print_now
 from reprocube.orchestration.options import add_options
 from reprocube.orchestration.reproduce_options import OPTIONS, SCRIPT_OPTIONS, ReproduceOptions
 from reprocube.orchestration.run_reproduction import reproduce_run
-from reprocube.orchestration.script_reproduction import reproduce_script
 from reprocube.results.script_reproduce_result import VERDICTS as SCRIPT_VERDICTS
 from reprocube.training.receipt import RECEIPT_FORMAT
 

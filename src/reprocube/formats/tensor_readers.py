@@ -295,7 +295,7 @@ def read_torch(data: bytes, where: str) -> dict[str, np.ndarray]:
 
 def torch_storage_dtypes(data: bytes, where: str) -> dict[str, np.dtype]:
     """A `torch.save` file's storages: zip member name ("<prefix>data/<key>") -> the dtype its tensors
-    read it as (the restricted unpickler's, read_torch's): what check's poisoned restart moves."""
+    read it as (the restricted unpickler's, read_torch's): what check's moved-weights restart moves."""
     _, unpickler = _unpickled_torch(data, where)
     return {f"{unpickler.prefix}data/{key}": stored.array.dtype for key, stored in unpickler.storages.items()}
 

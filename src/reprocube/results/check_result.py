@@ -15,14 +15,35 @@ from reprocube.errors import (
 from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
 
+
+def _upgrade_2(value: dict) -> dict:
+    """Version 2 to 3: the rule that gave the verdict was not recorded (null); the restarts given the stopped
+    run's state with its weights moved were named "poisoned-N" and their stage "poison"."""
+    renamed = {f"poisoned-{stop}": f"moved-{stop}" for stop in range(1, 101)}
+    runs = value.get("runs")
+    if isinstance(runs, list):
+        value["runs"] = [
+            {**run, "name": renamed.get(run.get("name"), run.get("name"))} if isinstance(run, dict) else run
+            for run in runs
+        ]
+    comparisons = value.get("comparisons")
+    if isinstance(comparisons, dict):
+        value["comparisons"] = {renamed.get(k, k): v for k, v in comparisons.items()}
+    if value.get("stage") == "poison":
+        value["stage"] = "moved-weights"
+    return {**value, "rule": None}
+
+
 CHECK_RESULT = ResultFile(
     "check.json",
-    version=2,  # 2: "probe"
+    version=3,  # 2: "probe"; 3: "rule", the moved-weights restarts named so (run moved-N, stage moved-weights)
+    upgrades=((2, _upgrade_2),),
     keys=(
         "command",  # the argv checked, as given
         "verdict",  # VERDICTS
         "summary",  # the verdict in one line
         "stage",  # where the verdict was decided: repeat, control, resume (or the run that failed)
+        "rule",  # the rule of check.verdict's table that gave the verdict (null in a file of version 2)
         "outputs",  # the declared --output paths, and the --ignore globs
         "stop_seed",  # what --stop-seed replays
         "stops",  # the planned stops, in words
@@ -66,6 +87,7 @@ def read_check(path: Path) -> dict:
         "verdict": fields.one_of("verdict", tuple(VERDICTS)),
         "summary": fields.text("summary"),
         "stage": fields.text("stage"),
+        "rule": fields.nullable("rule", fields.text),
         "command": fields.texts("command"),
         "stop_seed": fields.integer("stop_seed"),
         "not_checked": fields.texts("not_checked"),
@@ -85,9 +107,9 @@ RUN_NAMES = (
     "clean-10",
     "control",
     "stopped",
-    "swapped",  # the restart given the control's state (orchestration/state_swap.py)
-    # the restarts given the stopped run's state after a stop, its weights moved (orchestration/poisoned_restart.py)
-    *(f"poisoned-{stop}" for stop in range(1, 101)),
+    "swapped",  # the restart given the control's state (check/swapped_restart.py)
+    # the restarts given the stopped run's state after a stop, its weights moved (check/moved_weights.py)
+    *(f"moved-{stop}" for stop in range(1, 101)),
 )
 HOW_RESUMED = ("first", "given", "matched", "assumed")
 

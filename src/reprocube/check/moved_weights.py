@@ -1,11 +1,11 @@
-"""Whether a restart uses the weights it reads: `reprocube check`'s poisoned restarts.
+"""Whether a restart uses the weights it reads: `reprocube check`'s moved-weights restarts.
 
 A restart that reads its step (and seed) from its checkpoint, throws the weights away and trains the steps
 before again without recording them ends with the same bits as one that resumed, and so does one that
 restores only some of its checkpoints (rounds 7 and 8). What tells them apart is what the adversarial rounds
 did by hand: the stopped run's directories as they were after a stop (copied then), given to one more
 restart in a fresh directory with the weights moved (each value plus one: finite, so a script that refuses
-non-finite weights takes them; formats.poisoned_tensors). Which tensors are the weights: with the probe,
+non-finite weights takes them; formats.moved_tensors). Which tensors are the weights: with the probe,
 those whose fingerprint is one the probe recorded of a tensor as training had made it (trained_fingerprints:
 a learning rate, a loss history or statistics saved beside them stay as they were, since moving them
 changes a restart that trains again too); without it, every floating-point tensor of the state files.
@@ -29,17 +29,17 @@ from pathlib import Path
 
 from reprocube.analysis.outputs import compare_outputs
 from reprocube.analysis.probe_trace import AttemptTrace, read_trace, steps_of
+from reprocube.check.runs import Run, outputs_written
 from reprocube.errors import CheckpointError
-from reprocube.formats.poisoned_tensors import file_digests, poison, reseal
-from reprocube.orchestration.check_runs import Run, outputs_written
+from reprocube.formats.moved_tensors import file_digests, move_by_one, reseal
 from reprocube.probe import array_fingerprint
 
-MAX_POISONED_STOPS = 10  # the last stops whose state is given moved (with the probe: each costs a start-up)
+MAX_MOVED_STOPS = 10  # the last stops whose state is given moved (with the probe: each costs a start-up)
 UNREADABLE_LOOKS = 50  # how often a trace that cannot be read is looked at again
 
 
 @dataclass
-class PoisonedRestart:
+class MovedWeightsRestart:
     """One restart given the stopped run's state after its stop number `stop`, weights moved."""
 
     stop: int
@@ -58,7 +58,7 @@ class PoisonedRestart:
 
     @property
     def name(self) -> str:
-        return f"poisoned-{self.stop}"
+        return f"moved-{self.stop}"
 
 
 def trained_fingerprints(trace: AttemptTrace | None) -> frozenset[int]:
@@ -99,7 +99,7 @@ _HALF_DTYPES = _half_dtypes()
 
 
 def move_weights(
-    restart: PoisonedRestart, files: dict[str, Path], originals: dict[str, Path], chosen: Callable | None
+    restart: MovedWeightsRestart, files: dict[str, Path], originals: dict[str, Path], chosen: Callable | None
 ) -> None:
     """The tensors of `files` (the restart's, by name) that `chosen` accepts (all, where None) moved by one:
     restart.moved, where any was; restart.unmoved, the others. A checksum of a moved file kept in another (a
@@ -108,7 +108,7 @@ def move_weights(
     restart.moved, restart.unmoved, digests = [], [], {}
     for name, path in files.items():
         try:
-            count = poison(path, chosen)
+            count = move_by_one(path, chosen)
         except (CheckpointError, OSError) as exc:
             restart.unreadable = restart.unreadable or f"{name}: {exc}"
             count = None
@@ -121,7 +121,7 @@ def move_weights(
                 reseal(path, digests)
 
 
-def first_update_rule(restart: PoisonedRestart, clean: Run, stopped: Run) -> Callable[[], bool]:
+def first_update_rule(restart: MovedWeightsRestart, clean: Run, stopped: Run) -> Callable[[], bool]:
     """The restart's stop (check's own, polled): due once its first recorded update tells something, and
     then it need not run on (the check is spared the rest of its run):
     - it began again: its first update is the uninterrupted run's first, where the stopped run's restart
@@ -212,7 +212,7 @@ def _first_step(trace: AttemptTrace) -> int | None:
     return given if given is not None else None if trace.resumed is None else trace.resumed + 1
 
 
-def judge(restart: PoisonedRestart, clean: Run, outputs: list[str], ignore: list[str]) -> dict | None:
+def judge(restart: MovedWeightsRestart, clean: Run, outputs: list[str], ignore: list[str]) -> dict | None:
     """After the restart ran: restart.never_used (the declared outputs it wrote, each the uninterrupted
     run's bit for bit) or restart.note (why it tells nothing), where its first update did not decide; the
     comparison of its outputs, where they were compared."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from reprocube.orchestration.check_runs import SIGNALS
+from reprocube.check.runs import SIGNALS
 from reprocube.orchestration.options import Option
 
 LAUNCHERS = ("local", "slurm")

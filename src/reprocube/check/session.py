@@ -12,6 +12,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from reprocube.analysis.outputs import collect, compare_outputs, parse_ignore
@@ -24,13 +25,33 @@ from reprocube.analysis.probe_trace import (
     read_trace,
     steps_of,
 )
-from reprocube.errors import CheckpointError, ConfigError
-from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
-from reprocube.formats.env import collect_env
-from reprocube.formats.output_files import link_above
-from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
-from reprocube.orchestration.check_options import CheckOptions
-from reprocube.orchestration.check_runs import (
+from reprocube.check.comparisons import first_difference_words as _first
+from reprocube.check.comparisons import identical_words as _identical
+from reprocube.check.comparisons import layout_as_same, own_value_difference
+from reprocube.check.copy_inputs import check_copies, copy_inputs
+from reprocube.check.evidence import (
+    ControlEvidence,
+    Evidence,
+    MovedEvidence,
+    MovedRestart,
+    RepeatEvidence,
+    StoppedEvidence,
+    SwapEvidence,
+)
+from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
+from reprocube.check.file_activity import MERGE_S, FileActivity, state_key
+from reprocube.check.moved_weights import (
+    MAX_MOVED_STOPS,
+    MovedWeightsRestart,
+    first_update_rule,
+    judge,
+    move_weights,
+    tensor_fingerprints,
+    trained_fingerprints,
+)
+from reprocube.check.options import CheckOptions
+from reprocube.check.process_guard import end_all_guards
+from reprocube.check.runs import (
     SIGNALS,
     Run,
     Stop,
@@ -38,41 +59,28 @@ from reprocube.orchestration.check_runs import (
     failure_line,
     outputs_written,
     planned_stops,
+    with_a_wait,
 )
-from reprocube.orchestration.check_slurm import check_slurm, execute_slurm
-from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
-from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
-from reprocube.orchestration.file_activity import MERGE_S, FileActivity, state_key
-from reprocube.orchestration.poisoned_restart import (
-    MAX_POISONED_STOPS,
-    PoisonedRestart,
-    first_update_rule,
-    judge,
-    move_weights,
-    tensor_fingerprints,
-    trained_fingerprints,
-)
-from reprocube.orchestration.process_guard import end_all_guards
-from reprocube.orchestration.state_swap import copy_budget, place, plan_restart, plan_swap, snapshot, state_files
-from reprocube.orchestration.stop_evidence import leaked_state, stop_evidence
-from reprocube.results.check_result import same_but_for_fields, write_check
+from reprocube.check.slurm import check_slurm, execute_slurm
+from reprocube.check.stop_evidence import leaked_state, stop_evidence
+from reprocube.check.swapped_restart import copy_budget, place, plan_restart, plan_swap, snapshot, state_files
+from reprocube.check.verdict import decide
+from reprocube.errors import CheckpointError, ConfigError
+from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
+from reprocube.formats.env import collect_env
+from reprocube.formats.output_files import link_above
+from reprocube.formats.script_receipt import input_digests, output_digests, refused_seed_variable, write_script_receipt
+from reprocube.results.check_result import write_check
 from reprocube.terminal import counted, one_line
 
 # A last attempt that resumed at least RESUMED_LATE of the way into the training yet took SLOW_RESTART of an
 # uninterrupted run's time or more did not show that it resumed (its expected share is 1 - RESUMED_LATE).
 RESUMED_LATE, SLOW_RESTART = 0.3, 0.9
-SUSPECTS = (
-    "unseeded generators (Python's random, NumPy, the framework's: torch.manual_seed, tf.random.set_seed, a JAX "
-    "key), seeds from the clock or os.urandom, PYTHONHASHSEED (the order of a set or of unordered iteration), "
-    "non-deterministic kernels and thread counts "
-    "(torch.use_deterministic_algorithms, TF_DETERMINISTIC_OPS, XLA flags, cuDNN/oneDNN autotuning), data-loader "
-    "workers, and timestamps or absolute paths written into the outputs (--ignore them)"
-)
 
 
 def check(options: CheckOptions, echo=print) -> dict:
     """check.json's content, once written. Under --launcher slurm each run is a SLURM job with
-    options.slurm's sbatch options, each stop a requeue (reprocube.orchestration.check_slurm). --jobs: how
+    options.slurm's sbatch options, each stop a requeue (reprocube.check.slurm). --jobs: how
     many runs go at once (the clean runs together, then the control beside the stopped run); None: this
     machine's cores, at most 2 (one job under SLURM)."""
     started = time.perf_counter()
@@ -119,14 +127,14 @@ class CheckSession:
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
         self.beside: FileActivity | None = None  # what is written beside the runs' directories (watch_beside_runs)
         repeat = range(1, options.repeat + 1)
-        poisoned = (f"poisoned-{k}" for k in range(1, options.stops + 1))
-        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", *poisoned})
-        self.swap_note: str | None = "not run"  # why there is none (None: a poisoned restart made it redundant)
-        # the poisoned restarts (poisoned_restarts), one per stop whose state is given with its weights moved
-        self.poisoned: list[PoisonedRestart] = []
+        moved = (f"moved-{k}" for k in range(1, options.stops + 1))
+        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", *moved})
+        self.swap_note: str | None = "not run"  # why there is none (None: a moved-weights restart made it redundant)
+        # the moved-weights restarts (moved_weights_restarts), one per stop whose state is given with its weights moved
+        self.moved_restarts: list[MovedWeightsRestart] = []
         self.weights: frozenset[int] = frozenset()  # the trained weights' fingerprints (the probe's), if any
-        self.poison_note = "not run"  # why there is none
-        self.stopped_ended = threading.Event()  # the poisoned restarts start after it (poisoned_restarts)
+        self.moved_note = "not run"  # why there is none
+        self.stopped_ended = threading.Event()  # the moved-weights restarts start after it (moved_weights_restarts)
         self.stopped: Run | None = None
         self.control: Run | None = None
         # the control's directories as they were after its last save but one (snapshot_control), and after
@@ -221,7 +229,7 @@ class CheckSession:
         copied as it runs (snapshot_control)."""
         ended = threading.Event()
         copier = threading.Thread(target=self.snapshot_control, args=(run, ended), name="control-state", daemon=True)
-        after_stop = self.snapshot_stopped if run.name == "stopped" and self.poisoned else None
+        after_stop = self.snapshot_stopped if run.name == "stopped" and self.moved_restarts else None
         with run.activity:
             if run.name == "control" and self.snapshot_after:
                 copier.start()
@@ -236,15 +244,16 @@ class CheckSession:
                     copier.join()
                 if run.name in ("control", "stopped"):  # what later restarts must not change (tampered)
                     run.output_digests = reference_digests(run.work, self.outputs)
-                if run.name == "stopped":  # whatever came of its stops: the poisoned restarts wait no longer
+                if run.name == "stopped":  # whatever came of its stops: the moved-weights restarts wait no longer
                     self.stopped_ended.set()
-                    for restart in self.poisoned:
+                    for restart in self.moved_restarts:
                         if not restart.ready.is_set():
                             restart.note = f"the stopped run's stop {restart.stop} did not land"
                             restart.ready.set()
 
     def compared(self, run: Run, against: Run, explain: bool = True) -> dict:
-        comparison = compare_outputs(against.work, run.work, self.outputs, self.ignore, explain)
+        # a file the same in every value, other bytes, is the same (check.comparisons)
+        comparison = layout_as_same(compare_outputs(against.work, run.work, self.outputs, self.ignore, explain))
         for path in comparison["not_compared"]:
             detail = next(f["detail"] for f in comparison["files"] if f["path"] == path)
             self.result["not_checked"].append(f"{path} in {run.name} against {against.name}: {detail}")
@@ -261,17 +270,18 @@ class CheckSession:
         )
         return failure_line(run) + (hint if beside else "")
 
-    def finish(self, verdict: str, stage: str, summary: str) -> dict:
+    def finish(self, verdict: str, stage: str, summary: str, rule: str) -> dict:
         dirs = EvidenceDirs.of(self.out)
         try:
             dirs.verify(self.out)  # check.json and check.md go into --out itself, never through a link
         except DirectoryReplaced:
             pass
         if dirs.replaced is not None and dirs.replaced.directory == dirs.out:
-            verdict, summary = "command-failed", dirs.message()
+            verdict, summary, rule = "command-failed", dirs.message(), "directories_replaced"
         self.result.update(
             verdict=verdict,
             stage=stage,
+            rule=rule,
             summary=one_line(f"{verdict}: {summary}"),
             wall_s=round(time.perf_counter() - self.started, 1),
         )
@@ -298,105 +308,17 @@ class CheckSession:
         except DirectoryReplaced:
             pass
         if dirs.replaced is not None:
-            return self.finish("command-failed", "repeat", dirs.message())
+            return self.judge(Evidence(replaced=dirs.message()))
         # clean-1's outputs as they are now: what every later run is compared against (unchanged, checked then)
         clean[0].output_digests = reference_digests(clean[0].work, self.outputs)
-        failed = next((run for run in clean if run.exit != 0), None)
-        if failed is not None:
-            return self.finish("command-failed", failed.name, self.failure(failed))
         self.limit = timeout or max(120.0, 5 * max(run.attempts[-1].seconds for run in clean))
-        written = collect(clean[0].work, self.outputs, [])
-        unwritten = [o for o in self.outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in written)]
-        linked = next((link_above(clean[0].work, o) for o in unwritten if link_above(clean[0].work, o)), None)
-        if linked is not None:
-            return self.finish(
-                "command-failed",
-                "clean-1",
-                f"{linked.relative_to(clean[0].work)} is a symbolic link: the declared outputs under it are never "
-                "read through it (each run's would be one file elsewhere): declare files the run writes in its "
-                "work directory",
-            )
-        activity = clean[0].activity
-        gone = [
-            o
-            for o in unwritten
-            if activity is not None
-            and any(e.path == f"work/{o}" or e.path.startswith(f"work/{o.rstrip('/')}/") for e in activity.writes())
-        ]
-        if gone:  # clean-1 wrote it (inotify saw it): another process removed it before check read it
-            return self.finish(
-                "state-leaked",
-                "repeat",
-                f"clean-1 wrote the declared output {gone[0]}, and it was then removed or replaced by another "
-                "process (another run's command, beside it?) before check compared it; resume was not tested",
-            )
-        if unwritten:
-            return self.finish(
-                "command-failed",
-                "clean-1",
-                f"it did not write the declared output {unwritten[0]}"
-                + (f" (nor {', '.join(unwritten[1:])})" if len(unwritten) > 1 else "")
-                + ": a typo in --output, or the script writes it elsewhere",
-            )
-        if not collect(clean[0].work, self.outputs, self.ignore):
-            raise ConfigError(f"--ignore {' '.join(self.ignore)}: ignores every declared output; nothing is compared")
-        first_updates: dict[str, int | None] = {}
-        for run in clean[1:]:
-            comparison = self.compared(run, clean[0])
-            self.result["comparisons"]["repeat"].append(comparison)
-            if not any(f.get("compared", True) for f in comparison["files"]):
-                return self.finish(
-                    "command-failed",
-                    run.name,
-                    "none of its declared outputs could be compared with clean-1's (links, which are never "
-                    "followed, special files, one file shared by the runs, or too large: see not checked): "
-                    "declare the files the training writes in its work directory",
-                )
-            traced = _repeat_trace(clean[0], run, self.result, first_updates)
-            if not comparison["identical"] or traced:
-                where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
-                leaked = leaked_state(clean, first_updates)
-                if leaked:
-                    return self.finish("state-leaked", "repeat", f"{leaked}; resume was not tested")
-                if self.jobs > 1 and clean[0].activity is not None and not clean[0].activity.state_keys():
-                    # Runs at once that keep no checkpoint in their own directories may have shared one
-                    # elsewhere (a fixed path): their disagreement does not show non-determinism.
-                    return self.finish(
-                        "not-resumed",
-                        "repeat",
-                        f"two uninterrupted runs that ran at once differ ({where}), and they saved no checkpoint "
-                        "in their own directories (work, HOME, TMPDIR): they may have shared one kept elsewhere, "
-                        "so this does not show the script non-deterministic, and resume cannot be tested without "
-                        "a checkpoint check sees. Run with --jobs 1 to tell the two apart",
-                    )
-                return self.finish(
-                    "not-deterministic",
-                    "repeat",
-                    f"two uninterrupted runs differ ({where}); resume was not tested. Usual suspects: {SUSPECTS}",
-                )
-        leaked = leaked_state(clean, first_updates)
-        if leaked:
-            return self.finish("state-leaked", "repeat", f"{leaked}; resume was not tested")
-        try:  # a new directory in --out: never one the command planted there, nor through a link
-            dirs.absent(self.out / "receipt")
-            receipt = _write_receipt(
-                self.out,
-                clean[0],
-                self.options.copy,
-                self.outputs,
-                self.ignore,
-                self.result["environment"],
-                self.seed_env,
-                self.result["not_checked"],
-            )
-        except FileExistsError:  # planted between the look and the write
-            try:
-                dirs.absent(self.out / "receipt")
-            except DirectoryReplaced:
-                pass
-            return self.finish("command-failed", "receipt", dirs.message() or "receipt: planted by the command")
-        except DirectoryReplaced:
-            return self.finish("command-failed", "receipt", dirs.message())
+        repeat = self.repeat_evidence()
+        verdict = self.judge(self.evidence(repeat=repeat))
+        if verdict is not None:
+            return verdict
+        receipt, refused = self.receipt()
+        if refused is not None:
+            return self.judge(self.evidence(repeat=replace(repeat, receipt_refused=refused)))
         self.echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
         return None
 
@@ -405,7 +327,8 @@ class CheckSession:
         the control's first (a void check says so whatever the stopped run did)."""
         plan, why_not = self.plan_stops(stop_seed)
         if plan is None:
-            return self.finish("not-resumed", "stopped", why_not)
+            return self.judge(self.evidence(no_saves=why_not))
+        plan = with_a_wait(plan)
         self.result["stops"] = "; ".join(stop.describe() for stop in plan)
         stopped = self.stopped = self.new_run("stopped")
         clean = self.clean[0]
@@ -428,28 +351,39 @@ class CheckSession:
             self.swap_note = "no control run's state to give a restart (--seed-env or --seed-arg)"
         then = {"control": self.swapped_restart} if len(planned) > 1 else {}
         if self.slurm is not None:
-            self.poison_note = "a SLURM job's directories are not copied at its stops"
+            self.moved_note = "a SLURM job's directories are not copied at its stops"
         elif not stopped.state:
-            self.poison_note = "the uninterrupted run saved no file as it went (no state to move)"
+            self.moved_note = "the uninterrupted run saved no file as it went (no state to move)"
         else:
             # With the probe, every stop's state (the weights found by their fingerprints; a restart that used
             # them is ended at its first update); without it, the last stop's alone (each runs to its end).
             self.weights = trained_fingerprints(self.clean_trace())
             last = len(plan)
-            stops = range(max(1, last - MAX_POISONED_STOPS + 1), last + 1) if self.weights else [last]
-            self.poisoned = [PoisonedRestart(stop) for stop in stops]
+            stops = range(max(1, last - MAX_MOVED_STOPS + 1), last + 1) if self.weights else [last]
+            self.moved_restarts = [MovedWeightsRestart(stop) for stop in stops]
             control_run = planned[0][0] if len(planned) > 1 else None
             if self.jobs == 1:  # after the stopped run, one run at a time
-                then = {"stopped": lambda _: self.poisoned_then_swapped(control_run)}
+                then = {"stopped": lambda _: self.moved_then_swapped(control_run)}
             elif control_run is not None:  # in the control's slot once it ended
-                then["control"] = self.poisoned_then_swapped
+                then["control"] = self.moved_then_swapped
             else:  # in the stopped run's slot, after it
-                then["stopped"] = lambda _: self.poisoned_then_swapped(None)
+                then["stopped"] = lambda _: self.moved_then_swapped(None)
         *control, stopped = self.ran_together(planned, then=then)
-        for extra in (self.swapped, *(r.run for r in self.poisoned)):
+        for extra in (self.swapped, *(r.run for r in self.moved_restarts)):
             if extra is not None:
                 self.result["runs"].append(extra.as_dict())
-        return (control and self.control_verdict(control[0])) or self.stopped_verdict(stopped, plan)
+        # The verdict, stage by stage: each part is gathered only where the table has not decided yet.
+        parts: dict = self.tampering()
+        if control:
+            parts["control"] = self.control_evidence(control[0])
+        parts["stopped"] = self.stopped_evidence(stopped, plan)
+        verdict = self.judge(self.evidence(**parts))
+        if verdict is not None:
+            return verdict
+        parts.update(
+            swap=self.swap_evidence(), moved=self.moved_evidence(), written_beside=tuple(self.written_beside_runs())
+        )
+        return self.judge(self.evidence(**parts))
 
     def snapshot_control(self, control: Run, ended: threading.Event) -> None:
         """While the control runs: once it has saved its state as often as an uninterrupted run does but
@@ -492,10 +426,10 @@ class CheckSession:
         self.control_state_note = "it ended before its last save but one was seen"
 
     def snapshot_stopped(self, stopped: Run) -> None:
-        """After each of the stopped run's stops whose state a poisoned restart is given, its processes all
+        """After each of the stopped run's stops whose state a moved-weights restart is given, its processes all
         gone: a copy of its directories, what its next attempt finds (snapshot/stopped-N/)."""
         landed = len(stopped.attempts)
-        restart = next((r for r in self.poisoned if r.stop == landed), None)
+        restart = next((r for r in self.moved_restarts if r.stop == landed), None)
         if restart is None:
             return
         into = {label: self.out / "snapshot" / f"stopped-{landed}" / label for label in stopped.activity.places}
@@ -511,21 +445,21 @@ class CheckSession:
             restart.note = f"the stopped run's state at stop {landed} was not copied: {why_not}"
         restart.ready.set()
 
-    def poisoned_restarts(self) -> None:
-        """The poisoned restarts (orchestration.poisoned_restart), once the stopped run has ended (its outputs
+    def moved_weights_restarts(self) -> None:
+        """The moved-weights restarts (check.moved_weights), once the stopped run has ended (its outputs
         recorded: one that writes where a path kept in its checkpoint says cannot change them unseen, round
         9's H16), the last stop's first; none after one that never used its weights (no pass then)."""
         self.stopped_ended.wait()
-        for restart in reversed(self.poisoned):
+        for restart in reversed(self.moved_restarts):
             restart.ready.wait()
-            self.poisoned_restart(restart)
+            self.moved_weights_restart(restart)
             comparison = judge(restart, self.clean[0], self.outputs, self.ignore)
             if comparison is not None:
                 self.result["comparisons"][restart.name] = comparison
             if restart.never_used:
                 break
 
-    def poisoned_restart(self, restart: PoisonedRestart) -> None:
+    def moved_weights_restart(self, restart: MovedWeightsRestart) -> None:
         """The command restarted once more in a fresh directory holding the stopped run's files as they were
         after `restart.stop` (all but its --copy inputs), its weights moved, with the stopped run's seed."""
         if restart.state is None:
@@ -576,7 +510,7 @@ class CheckSession:
         until = first_update_rule(restart, clean, self.stopped)
         # A restart from a stop trains less than an uninterrupted run: bounded by that run's time, and some,
         # not by the watchdog's (moved weights can keep a solver or a retry loop from ever returning: H12).
-        limit = min(self.limit, POISONED_TIME * clean.attempts[-1].seconds + POISONED_SLACK_S)
+        limit = min(self.limit, MOVED_TIME * clean.attempts[-1].seconds + MOVED_SLACK_S)
         self.execute(run, [Stop(until=until, ends_run=True)], limit, {})
 
     def clean_trace(self) -> AttemptTrace | None:
@@ -585,40 +519,6 @@ class CheckSession:
             return read_trace(self.clean[0].probe_trace(1))
         except CheckpointError:
             return None
-
-    def poison_shown(self, landed: int) -> str:
-        """What the poisoned restarts showed, for a pass: the stops after which a restart used its moved
-        weights, said; each other stop's reason under not checked, with the replay it leaves open (all of
-        it where none showed anything)."""
-        used = [r for r in self.poisoned if r.used and r.weights_only]
-        for restart in self.poisoned:
-            if restart not in used:
-                self.result["not_checked"].append(
-                    f"whether the restart after stop {restart.stop} used the weights it read (a restart given its "
-                    f"state with its weights moved): {restart.note}"
-                )
-        if not self.poisoned:
-            self.result["not_checked"].append(f"whether the restarts used the weights they read: {self.poison_note}")
-        # A poisoned restart runs in another directory: a script can take another path there (a run id
-        # from its directory: round 8's G18), or its first loss can move through another trained tensor (an
-        # EMA copy: G16). So the replay stays named even where every stop's restart used its weights.
-        shown = {r.stop for r in used}
-        if shown and len(shown) == landed:
-            self.result["not_checked"].append(REPLAY_AFTER_POISON)
-        else:
-            self.result["not_checked"].append(REPLAY_NOT_CHECKED)
-        if not used:
-            return ""
-        if len(used) == 1:
-            return (
-                f"; a restart given its state after stop {used[0].stop}, in another directory, its weights moved, "
-                f"used them ({used[0].used})"
-            )
-        each = "; ".join(f"stop {r.stop}: {r.used}" for r in sorted(used, key=lambda r: r.stop))
-        stops = " and ".join(str(r.stop) for r in sorted(used, key=lambda r: r.stop))
-        return (
-            f"; restarts given its state after stops {stops}, in another directory, weights moved, used them ({each})"
-        )
 
     @contextlib.contextmanager
     def watch_beside_runs(self):
@@ -644,13 +544,13 @@ class CheckSession:
         written = {e.path for e in self.beside.writes() if e.path.split("/")[1] not in self.run_names}
         return sorted(written)
 
-    def poisoned_then_swapped(self, control: Run | None) -> None:
-        """The poisoned restarts, then the swapped restart only where none of them told anything (each
-        costs a start-up: a poisoned restart that shows whether the weights were used makes the swap, which
+    def moved_then_swapped(self, control: Run | None) -> None:
+        """The moved-weights restarts, then the swapped restart only where none of them told anything (each
+        costs a start-up: a moved-weights restart that shows whether the weights were used makes the swap, which
         asks the same of another seed's state, redundant; the swap still serves where no weights could be
         moved: a pickle, HDF5, Orbax)."""
-        self.poisoned_restarts()
-        if any(r.used or r.never_used for r in self.poisoned):
+        self.moved_weights_restarts()
+        if any(r.used or r.never_used for r in self.moved_restarts):
             self.swap_note = None  # not needed
         elif control is not None:
             self.swapped_restart(control)
@@ -658,7 +558,7 @@ class CheckSession:
     def swapped_restart(self, control: Run) -> None:
         """After the control, in its slot: the command restarted in a fresh directory holding what the control
         left (its outputs apart), under the uninterrupted run's names, with the uninterrupted run's seed
-        (reprocube.orchestration.state_swap): whether a restart continues from the state it finds."""
+        (reprocube.check.swapped_restart): whether a restart continues from the state it finds."""
         clean = self.clean[0]
         if control.exit != 0 or clean.activity is None or control.activity is None:
             self.swap_note = "the control run did not end well"
@@ -685,41 +585,6 @@ class CheckSession:
         )
         self.execute(swapped, [], self.limit, self.result.get("launcher", {}).get("jobs", {}))
         self.swapped = swapped
-
-    def swap_evidence(self) -> dict | None:
-        """Where the swapped restart wrote the uninterrupted run's outputs bit for bit: {"files": them} (it
-        did not continue from the state it found). None otherwise, and what it could not tell is said in not
-        checked; outputs that differ add no claim (reprocube.orchestration.state_swap says why)."""
-        not_shown = "whether a restart continues from the state it reads (a restart given another seed's state)"
-        swapped = self.swapped
-        if swapped is None:
-            if self.swap_note is not None:  # None: a poisoned restart told it (poisoned_then_swapped)
-                self.result["not_checked"].append(f"{not_shown}: {self.swap_note}")
-            return None
-        if swapped.exit != 0:
-            self.result["not_checked"].append(f"{not_shown}: it failed ({failure_line(swapped)})")
-            return None
-        comparison = compare_outputs(self.clean[0].work, swapped.work, self.outputs, self.ignore, explain=False)
-        written = outputs_written(swapped, comparison)  # an output placed with the control's files shows nothing
-        self.result["comparisons"]["swap"] = {"run": "swapped", "against": self.clean[0].name, **comparison}
-        if not written:
-            self.result["not_checked"].append(f"{not_shown}: it wrote no declared output")
-            return None
-        if all(f["same"] for f in written):
-            return {"files": [f["path"] for f in written]}
-        if _trained_nothing(self.clean[0], swapped):
-            # Given a finished run's state, a restart that begins again unrecorded and one that resumes
-            # both have nothing left to train: other outputs show nothing (round 6's "already complete:
-            # export" branch made a restart that never loads its weights pass this way).
-            state = (
-                "its state after its last save but one"
-                if self.control_state
-                else "its finished state: nothing was left to train"
-            )
-            self.result["not_checked"].append(
-                f"{not_shown}: the restart given the control's state made no update ({state})"
-            )
-        return None
 
     def plan_stops(self, stop_seed: int) -> tuple[list[Stop] | None, str]:
         """The stops asked for, or the default ones: each a share of the time between two of an
@@ -754,233 +619,188 @@ class CheckSession:
             gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
         return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
 
-    def tampered(self, stage: str) -> dict | None:
-        """The verdict where the command replaced check's directories, or changed the outputs of clean-1,
-        the control or the stopped run after it ended (recorded then: nothing can be compared with them);
-        None where neither."""
+    # --- the evidence, stage by stage, and the verdict -------------------------------------------------
+    def evidence(self, **parts) -> Evidence:
+        """The record so far: what every stage shares, and the parts given."""
+        return Evidence(
+            seeded=bool(self.seed_env or self.seed_arg),
+            jobs=self.jobs,
+            not_checked=tuple(self.result["not_checked"]),
+            **parts,
+        )
+
+    def judge(self, evidence: Evidence) -> dict | None:
+        """The table's verdict on the evidence, written; None where it decided nothing yet."""
+        verdict = decide(evidence)
+        if verdict is None:
+            return None
+        self.result["not_checked"] += list(verdict.not_checked)
+        return self.finish(verdict.name, verdict.stage, verdict.summary, verdict.rule)
+
+    def repeat_evidence(self) -> RepeatEvidence:
+        """The uninterrupted runs: whether each ran, clean-1 wrote what was declared, and they agree (the
+        first problem found ends the look, as the rules would judge it)."""
+        clean = self.clean
+        failed = next((run for run in clean if run.exit != 0), None)
+        if failed is not None:
+            return RepeatEvidence(failed=(failed.name, self.failure(failed)))
+        written = collect(clean[0].work, self.outputs, [])
+        unwritten = [o for o in self.outputs if not any(n == o or n.startswith(o.rstrip("/") + "/") for n in written)]
+        linked = next((link_above(clean[0].work, o) for o in unwritten if link_above(clean[0].work, o)), None)
+        if linked is not None:
+            return RepeatEvidence(linked_output=str(linked.relative_to(clean[0].work)))
+        activity = clean[0].activity
+        gone = [
+            o
+            for o in unwritten
+            if activity is not None
+            and any(e.path == f"work/{o}" or e.path.startswith(f"work/{o.rstrip('/')}/") for e in activity.writes())
+        ]
+        if gone:  # clean-1 wrote it (inotify saw it): another process removed it before check read it
+            return RepeatEvidence(removed_output=gone[0])
+        if unwritten:
+            return RepeatEvidence(unwritten=tuple(unwritten))
+        if not collect(clean[0].work, self.outputs, self.ignore):
+            raise ConfigError(f"--ignore {' '.join(self.ignore)}: ignores every declared output; nothing is compared")
+        first_updates: dict[str, int | None] = {}
+        for run in clean[1:]:
+            comparison = self.compared(run, clean[0])
+            self.result["comparisons"]["repeat"].append(comparison)
+            if not any(f.get("compared", True) for f in comparison["files"]):
+                return RepeatEvidence(uncomparable=run.name)
+            traced = _repeat_trace(clean[0], run, self.result, first_updates)
+            if not comparison["identical"] or traced:
+                where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
+                shared = clean[0].activity is not None and not clean[0].activity.state_keys()
+                own = None if traced else own_value_difference(clean[0], run, comparison, self.outputs)
+                return RepeatEvidence(
+                    differs=where, own_value=own, leaked=leaked_state(clean, first_updates), shared_elsewhere=shared
+                )
+        return RepeatEvidence(leaked=leaked_state(clean, first_updates))
+
+    def receipt(self) -> tuple[Path | None, str | None]:
+        """clean-1's receipt, in a new directory of --out (never one the command planted, nor through a link);
+        or why it could not be written there."""
+        dirs = EvidenceDirs.of(self.out)
+        try:
+            dirs.absent(self.out / "receipt")
+            return _write_receipt(
+                self.out,
+                self.clean[0],
+                self.options.copy,
+                self.outputs,
+                self.ignore,
+                self.result["environment"],
+                self.seed_env,
+                self.result["not_checked"],
+            ), None
+        except FileExistsError:  # planted between the look and the write
+            try:
+                dirs.absent(self.out / "receipt")
+            except DirectoryReplaced:
+                pass
+            return None, dirs.message() or "receipt: planted by the command"
+        except DirectoryReplaced:
+            return None, dirs.message()
+
+    def tampering(self) -> dict:
+        """Evidence parts where the command replaced check's directories, or changed the outputs of clean-1,
+        the control or the stopped run after it ended (recorded then: nothing can be compared with them)."""
         if EvidenceDirs.of(self.out).replaced is not None:
-            return self.finish("command-failed", stage, EvidenceDirs.of(self.out).message())
+            return {"replaced": EvidenceDirs.of(self.out).message()}
         for run in (self.clean[0], self.control, self.stopped):
             if run is None or run.output_digests is None:
                 continue
             changed = changed_output(run.work, self.outputs, run.output_digests)
-            if changed:
-                # the control's and the stopped run's: a later restart given a copy of its state (round 9's H1)
-                how = (
-                    ""
-                    if run is self.clean[0]
-                    else " (a restart given a copy of its state, following a path kept in the checkpoint?)"
-                )
-                return self.finish(
-                    "state-leaked",
-                    stage,
-                    f"{run.name}'s outputs changed after it ended ({changed}): another run changed them{how}, so "
-                    "nothing can be compared with them; resume was not judged",
-                )
-        return None
+            if changed:  # the control's and the stopped run's: a later restart given a copy of its state
+                return {"changed_after": (run.name, changed, run is not self.clean[0])}
+        return {}
 
-    def control_verdict(self, control: Run) -> dict | None:
+    def control_evidence(self, control: Run) -> ControlEvidence:
         """A run with another seed must write other outputs."""
-        tampered = self.tampered("control")
-        if tampered is not None:
-            return tampered
         if control.exit != 0:
-            return self.finish("command-failed", "control", self.failure(control))
-        self.result["comparisons"]["control"] = self.compared(
-            control, self.clean[0], explain=False
-        )  # differing is enough
+            return ControlEvidence(failed=self.failure(control))
+        comparison = self.compared(control, self.clean[0], explain=False)  # differing is enough
+        self.result["comparisons"]["control"] = comparison
         leaked = leaked_state([*self.clean, control], {}) if control.attempts[-1].exit == 0 else None
-        if self.result["comparisons"]["control"]["identical"]:
-            return self.finish(
-                "state-leaked" if leaked else "control-void",
-                "control",
-                "a run with another seed wrote the same outputs: "
-                + (f"{leaked}" if leaked else "they do not depend on the training, so their agreement proves nothing"),
-            )
-        return None
+        return ControlEvidence(identical=comparison["identical"], leaked=leaked)
 
-    def stopped_verdict(self, stopped: Run, plan: list[Stop]) -> dict:
-        """The run stopped and restarted after each stop, against the first clean run: the verdict."""
-        tampered = self.tampered("stopped")
-        if tampered is not None:
-            return tampered
+    def stopped_evidence(self, stopped: Run, plan: list[Stop]) -> StoppedEvidence:
+        """The run stopped and restarted after each stop, against the first clean run."""
         landed = stopped.stops_landed
+        base = StoppedEvidence(how=self.how, planned=len(plan), landed=landed, clean_saves=stopped.clean_saves)
         if stopped.exit != 0:
-            return self.finish("command-failed", "stopped", f"after {counted(landed, 'stop')}: {self.failure(stopped)}")
-        leaked = leaked_state([*self.clean, stopped], {}) if landed == 0 else None
-        if leaked:
-            return self.finish("state-leaked", "stopped", f"its first attempt ended before its stop: {leaked}")
+            return replace(base, failed=self.failure(stopped))
         if landed == 0:
-            return self.finish(
-                "no-stop-landed",
-                "stopped",
-                "the command finished before its first stop: resume was not "
-                "tested (stop earlier: --at SECONDS, --at-file GLOB or --at-line REGEX)",
-            )
+            return replace(base, leaked=leaked_state([*self.clean, stopped], {}))
         comparison = self.compared(stopped, self.clean[0])
         self.result["comparisons"]["resume"] = comparison
+        before = len(self.result["not_checked"])
         traced = _resume_trace(self.clean[0], stopped, self.result, same_clock=self.slurm is None)
-        evidence = stop_evidence(
-            stopped, self.result["probe"] and self.result["probe"].get("resume"), files_bind=self.slurm is None
-        )
-        self.result["stop_evidence"] = evidence
-        effective = [e for e in evidence if e["effective"]]
-        restarts = f"after {counted(landed, 'stop')} by {self.how} ({len(effective)} of {len(plan)} effective)"
-        if traced["before_stops"]:
-            return self.finish(
-                "not-deterministic",
-                "resume",
-                f"the stopped run departs from the uninterrupted one before its first stop ({traced['before_stops']}): "
-                f"not resume's doing; two agreeing uninterrupted runs do not exclude a rarer non-determinism "
-                f"(--repeat N). Usual suspects: {SUSPECTS}",
-            )
-        elsewhere = [e for e in evidence if e.get("elsewhere")]
-        if elsewhere:  # the probe says a restart resumed; its own files say not from its own checkpoint
-            named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in elsewhere)
-            what = (
-                ""
-                if comparison["identical"] and not traced["differs"]
-                else " What differs is not shown to be resume's."
-            )
-            return self.finish("state-leaked", "resume", f"{restarts}: {named}.{what}")
-        if not comparison["identical"] or traced["differs"]:
-            found = [x for x in (traced["differs"], None if comparison["identical"] else _first(comparison)) if x]
-            if not found:  # nothing differs that was compared: the outputs could not be read
-                found = ["no declared output could be compared (see not checked)"]
-            if not effective and not traced["differs"] and not any(e.get("read") for e in evidence):
-                # no restart was shown to resume, nor read a checkpoint: nothing ties the difference to a resume
-                named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
-                return self.finish(
-                    "not-resumed",
-                    "resume",
-                    f"{restarts}: {named}. The outputs differ ({'; '.join(found)}), but no restart was shown to "
-                    "resume, so nothing ties that to a resume: a restart that began again over what an earlier "
-                    "attempt left, or state outside the run's directories (another run's)",
-                )
-            return self.finish(
-                "resume-differs",
-                "resume",
-                f"{restarts}, {'; '.join(found)}. Two agreeing uninterrupted runs do not exclude "
-                "a rarer non-determinism: --repeat N tells them apart",
-            )
-        void = [e for e in evidence if not e["effective"]]
-        if void:
-            named = "; ".join(f"stop {e['stop']}: {e['how']}" for e in void)
-            return self.finish(
-                "not-resumed",
-                "resume",
-                f"{restarts}: {named}. The same outputs show only that the script is deterministic: "
-                "resume was not tested there",
-            )
-        unproven = _unproven(evidence, comparison, self.result["probe"], stopped, self.clean)
-        if unproven:
-            return self.finish(
-                "not-proven",
-                "resume",
-                f"{restarts}, every declared output compared is {_identical(comparison)}, but the "
-                f"resume is not proven: {'; '.join(unproven)}",
-            )
-        swap = self.swap_evidence()
-        if swap is not None:
-            return self.finish(
-                "not-proven",
-                "swap",
-                f"{restarts}, every declared output compared is {_identical(comparison)}, but the "
-                f"resume is not proven: a restart given another seed's state (what the control left "
-                f"{'after its last save but one' if self.control_state else 'when it ended'}, in a fresh directory, under this "
-                f"run's names) wrote the uninterrupted run's "
-                f"{', '.join(swap['files'][:3])} bit for bit, so it did not continue from the state it found "
-                "(it starts again, perhaps retraining what it had saved, or it refuses another run's "
-                "checkpoint); the restarts above may have done the same (logs/swapped.log)",
-            )
-        caught = next((r for r in self.poisoned if r.never_used), None)
-        if caught is not None:
-            return self.finish(
-                "not-proven",
-                "poison",
-                f"{restarts}, every declared output compared is {_identical(comparison)}, but the resume is not "
-                f"proven: a restart given this run's state after stop {caught.stop}, its "
-                f"{'weights' if caught.weights_only else 'floating-point values'} moved by one "
-                f"({', '.join(caught.moved[:3])}), wrote the uninterrupted run's {', '.join(caught.never_used[:3])} "
-                "bit for bit: nothing moved reached them, so it never used those weights (it trains again from "
-                "the step and seed it reads, or keeps its weights elsewhere: another file, outside its "
-                "directories; or it refuses a changed checkpoint, a checksum's doing, and then this cannot "
-                f"tell); the restarts above may have done the same (logs/{caught.name}.log)",
-            )
-        outside = self.written_beside_runs()
-        if outside:
-            return self.finish(
-                "state-leaked",
-                "outside",
-                f"{restarts}, every declared output compared is {_identical(comparison)}, but the command wrote "
-                f"outside its run's directories, beside them in --out's {', '.join(outside[:3])}: what it "
-                "keeps there every attempt finds, and a restart on another machine does not, so the resume is "
-                "not proven (keep all state in the work directory)",
-            )
-        caveat = "; no negative control" if not (self.seed_env or self.seed_arg) else ""
-        updates = (
-            f" and so is each of its {counted(traced['compared'], 'update')} (the probe)" if traced["compared"] else ""
-        )
-        not_checked = self.result["not_checked"]
-        if any("the probe's traces, unreadable" in line for line in not_checked):
-            updates += "; the probe's traces could not be read (not checked)"
-        elif traced["compared"] and any(line.startswith("the updates at steps") for line in not_checked):
-            updates += " it recorded (not all: see not checked)"
-        how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in evidence)
-        # A restart that reads its step (and its seed) from the checkpoint and trains the updates before it
-        # again unrecorded ends with the same bits (round 7): a poisoned restart that used its moved weights
-        # shows it did not, for its stop; nothing here shows it for the others.
-        not_checked.append(OUTSIDE_NOT_CHECKED)
-        poison_shown = self.poison_shown(landed)
-        more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
-        unchecked = f"; not checked: {not_checked[0]}{more} (check.md)"
-        saves = f" of the uninterrupted run's {stopped.clean_saves}" if stopped.clean_saves > 0 else ""
-        moments = (
-            f"; at these moments only: each stop came after its attempt's first save, so after the first "
-            f"{counted(len(plan), 'save')}{saves} (more --stops, or --at-line, reaches later ones)"
-            if any(stop.fraction is not None for stop in plan)
-            else ""
-        )
-        return self.finish(
-            "resume-exact",
-            "resume",
-            f"stopped {counted(landed, 'time')} by {self.how} and restarted, every stop effective ({how}); "
-            f"every declared output is {_identical(comparison)}{updates}{poison_shown}{caveat}{moments}{unchecked}",
+        added = self.result["not_checked"][before:]
+        probe = self.result["probe"] and self.result["probe"].get("resume")
+        stops = stop_evidence(stopped, probe, files_bind=self.slurm is None)
+        self.result["stop_evidence"] = stops
+        return replace(
+            base,
+            before_stops=traced["before_stops"],
+            trace_differs=traced["differs"],
+            outputs_identical=comparison["identical"],
+            first_output_difference=None if comparison["identical"] else _first(comparison),
+            identical_words=_identical(comparison),
+            stops=tuple(stops),
+            unproven=tuple(_unproven(stops, comparison, self.result["probe"], stopped, self.clean)),
+            updates_compared=traced["compared"],
+            traces_unreadable=any("the probe's traces, unreadable" in line for line in self.result["not_checked"]),
+            updates_partial=any(line.startswith("the updates at steps") for line in added),
+            stops_after_first_save=any(stop.fraction is not None for stop in plan),
+            restart_waits_varied=self.slurm is None and any(stop.wait_s for stop in plan[:landed]),
         )
 
+    def swap_evidence(self) -> SwapEvidence:
+        """What the swapped restart told: the uninterrupted run's outputs it wrote bit for bit (it did not
+        continue from the state it found), or why it tells nothing; outputs that differ add no claim
+        (check.swapped_restart says why)."""
+        swapped, last_but_one = self.swapped, self.control_state is not None
+        if swapped is None:
+            return SwapEvidence(note=self.swap_note, not_needed=self.swap_note is None)
+        if swapped.exit != 0:
+            return SwapEvidence(note=f"it failed ({failure_line(swapped)})")
+        comparison = compare_outputs(self.clean[0].work, swapped.work, self.outputs, self.ignore, explain=False)
+        written = outputs_written(swapped, comparison)  # an output placed with the control's files shows nothing
+        self.result["comparisons"]["swap"] = {"run": "swapped", "against": self.clean[0].name, **comparison}
+        if not written:
+            return SwapEvidence(note="it wrote no declared output")
+        if all(f["same"] for f in written):
+            return SwapEvidence(same_files=tuple(f["path"] for f in written), from_last_save_but_one=last_but_one)
+        if _trained_nothing(self.clean[0], swapped):
+            # Given a finished run's state, a restart that begins again unrecorded and one that resumes both
+            # have nothing left to train: other outputs show nothing.
+            state = (
+                "its state after its last save but one"
+                if last_but_one
+                else "its finished state: nothing was left to train"
+            )
+            return SwapEvidence(note=f"the restart given the control's state made no update ({state})")
+        return SwapEvidence()
 
-def _identical(comparison: dict) -> str:
-    """How the outputs a comparison found the same are the same: bit for bit, or but for what --ignore
-    FILE:KEY (or a Keras archive's save date) left out of a file whose bytes differ."""
-    fields = [f["path"] for f in comparison["files"] if same_but_for_fields(f)]
-    if not fields:
-        return "bit-identical to an uninterrupted run's"
-    return (
-        f"identical to an uninterrupted run's (bit for bit but {', '.join(fields[:3])}"
-        f"{' and more' if len(fields) > 3 else ''}: the same but for the fields left out, other bytes)"
-    )
+    def moved_evidence(self) -> MovedEvidence:
+        restarts = tuple(
+            MovedRestart(
+                stop=r.stop,
+                name=r.name,
+                moved=tuple(r.moved),
+                weights_only=r.weights_only,
+                used=r.used,
+                never_used=tuple(r.never_used),
+                note=r.note,
+            )
+            for r in self.moved_restarts
+        )
+        return MovedEvidence(restarts=restarts, note=self.moved_note)
 
 
-# What the poisoned restart cannot show: it runs in another directory, so state a script keeps at a path
-# derived from its own (round 7's F1: /dev/shm/<hash of its work directory>) is found by its restarts here,
-# and not by it, nor by a restart on another machine.
-OUTSIDE_NOT_CHECKED = (
-    "state kept outside the run's directories at a path its restarts find again (/dev/shm, a fixed path, one "
-    "named after the work directory): the restarts here could read it, the poisoned restart (in another "
-    "directory) could not; only a restart on another machine shows it (reprocube reproduce there)"
-)
-POISONED_TIME, POISONED_SLACK_S = 2.0, 30.0  # a poisoned restart's time: at most this x a clean run's, and this
-REPLAY_AFTER_POISON = (
-    "whether the stopped run's own restarts used the weights they read: the poisoned restarts did (another "
-    "first loss with the weights moved), but they ran in another directory, where a script can take another "
-    "path (a run id from its directory), and a first loss can move through another trained tensor the probe "
-    "records (an EMA copy)"
-)
-REPLAY_NOT_CHECKED = (
-    "whether the restarts used the weights they read, rather than training the updates before their first "
-    "again unrecorded (a deterministic replay ends with the same bits): only timing speaks to that, and a cache "
-    "or work a restart skips can hide a replay"
-)
+MOVED_TIME, MOVED_SLACK_S = 2.0, 30.0  # a moved-weights restart's time: at most this x a clean run's, and this
 SNAPSHOT_POLL_S = 0.01  # how often the control's saves are looked at while it runs
 QUIET_S = 2 * MERGE_S  # no write of its state for this long: its save is whole (a model, then its optimizer)
 
@@ -1328,14 +1148,3 @@ def _last_line(run: Run) -> str:
     except OSError:
         return "no output yet"
     return f"its last line: {lines[-1][:120]}" if lines else "no output yet"
-
-
-def _first(comparison: dict) -> str:
-    if comparison["missing"]:
-        return f"{comparison['missing'][0]} was written by neither run"
-    differing = [f for f in comparison["files"] if not f["same"] and f.get("compared", True)]
-    if not differing:
-        return "no declared output was written"
-    first = next((f for f in differing if f.get("tensor")), differing[0])  # the weights first, then the rest
-    others = len(differing) - 1
-    return f"{first['path']} differs: {first['detail']}" + (f" (and {counted(others, 'other file')})" if others else "")

@@ -30,8 +30,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from reprocube.check.file_activity import state_key
 from reprocube.files import sha256_regular, walk_below
-from reprocube.orchestration.file_activity import state_key
 
 MAX_ENTRIES = 100_000  # walked in one run's directories
 MAX_BYTES_RATIO = 2  # the control's files copied: at most this many times the uninterrupted run's bytes

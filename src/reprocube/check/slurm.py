@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from reprocube.check.runs import Attempt, Run, Stop, entries_below
 from reprocube.errors import ConfigError
-from reprocube.orchestration.check_runs import Attempt, Run, Stop, entries_below
 from reprocube.orchestration.children import PROGRESS_EVERY_S, STOPPED, TIMED_OUT, ProgressReport, watch_child
 from reprocube.probe import ENV as PROBE_ENV
 

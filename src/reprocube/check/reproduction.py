@@ -20,6 +20,8 @@ from pathlib import Path
 
 from reprocube.analysis.match_plan import session_settings, settings_text
 from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
+from reprocube.check.copy_inputs import check_copies, copy_inputs
+from reprocube.check.runs import Run, execute, failure_line
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty
 from reprocube.formats.env import collect_env
@@ -32,9 +34,7 @@ from reprocube.formats.script_receipt import (
     input_digests,
     outputs_named,
 )
-from reprocube.orchestration.check_runs import Run, execute, failure_line
 from reprocube.orchestration.children import environment_with
-from reprocube.orchestration.copy_inputs import check_copies, copy_inputs
 from reprocube.results.script_reproduce_result import write_script_reproduce
 from reprocube.terminal import counted, one_line
 

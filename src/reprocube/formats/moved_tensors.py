@@ -1,5 +1,5 @@
-"""A checkpoint's floating-point tensors moved, in a copy check made: what `reprocube check`'s poisoned
-restart is given (reprocube.orchestration.check_session). Every value becomes itself plus one: finite, so a
+"""A checkpoint's floating-point tensors moved, in a copy check made: what `reprocube check`'s moved-weights
+restart is given (reprocube.check.session). Every value becomes itself plus one: finite, so a
 script that refuses non-finite weights (an assert, a divergence guard) still takes them, and far enough
 that a restart that uses them computes another loss; one that writes the uninterrupted run's outputs bit
 for bit from them never used them.
@@ -39,7 +39,7 @@ NPY_MAGIC = b"\x93NUMPY"
 Chosen = Callable[[np.ndarray], bool]  # which floating-point tensors to move (None: all)
 
 
-def poison(path: Path, chosen: Chosen | None = None) -> int | None:
+def move_by_one(path: Path, chosen: Chosen | None = None) -> int | None:
     """Move every floating-point tensor of the file at `path` (a regular file check placed) that `chosen`
     accepts (all, where None) by one, by a new file renamed over it. The number of tensors moved; None
     where the file is in no format written here (left as it is). CheckpointError where it claims a format

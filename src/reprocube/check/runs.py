@@ -2,7 +2,7 @@
 own, run to completion or stopped by a real signal at planned moments and started again, each attempt
 timed and its output logged. The command runs in its own process group (a signal reaches the script and
 its workers, as a scheduler's does), under a guard that is the subreaper of all it starts and ends them
-all with the attempt or when check dies, however (reprocube.orchestration.process_guard), and is bounded
+all with the attempt or when check dies, however (reprocube.check.process_guard), and is bounded
 by a watchdog."""
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
+from reprocube.check.file_activity import FileActivity
+from reprocube.check.process_guard import GuardedCommand, start_guarded
 from reprocube.files import walk_below
 from reprocube.orchestration.children import (
     PROGRESS_EVERY_S,
@@ -29,12 +32,10 @@ from reprocube.orchestration.children import (
     last_error_line,
     watch_child,
 )
-from reprocube.orchestration.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.orchestration.file_activity import FileActivity
-from reprocube.orchestration.process_guard import GuardedCommand, start_guarded
 from reprocube.probe import ENV as PROBE_ENV
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
+RESTART_WAIT_S = 1.0  # the last stop's restart comes this long after it (the others at once)
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
 EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit (at most
 # what the attempt's watchdog leaves)
@@ -52,12 +53,17 @@ class Stop:
     line: str | None = None
     after_save: float | None = None
     fraction: float | None = None  # a planned stop: its share of the uninterrupted run's time between saves
-    # check's own stops: when this says so (the poisoned restart's: once it showed what it had to), and then
+    # check's own stops: when this says so (the moved-weights restart's: once it showed what it had to), and then
     # the run ends, restarted no more
     until: Callable[[], bool] | None = field(default=None, compare=False)
     ends_run: bool = False
+    wait_s: float = 0.0  # how long after this stop its restart starts (state that expires with time shows)
 
     def describe(self) -> str:
+        later = f", its restart {self.wait_s:g} s later" if self.wait_s else ""
+        return self._moment() + later
+
+    def _moment(self) -> str:
         if self.until is not None:
             return "once its first update had told enough (check's own stop)"
         if self.file_glob is not None:
@@ -85,6 +91,12 @@ class Stop:
                 first = run.first_saves[attempt_start] = saves[0] if saves else None
             return first is not None and time.perf_counter() >= first + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
+
+
+def with_a_wait(plan: list[Stop]) -> list[Stop]:
+    """The plan with its last stop's restart RESTART_WAIT_S later than the others' (which start at once): a
+    restart whose state expires with time (a wall-clock budget kept in the checkpoint) then differs."""
+    return [*plan[:-1], replace(plan[-1], wait_s=RESTART_WAIT_S)] if plan else plan
 
 
 def planned_stops(count: int, save_gap_s: float, seed: int) -> list[Stop]:
@@ -212,6 +224,7 @@ def execute(
             break
         if after_stop is not None:
             after_stop(run)
+        time.sleep(stop.wait_s)
     return run
 
 
@@ -297,7 +310,7 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
 
 def _copy_output(child: GuardedCommand, log, pattern: re.Pattern | None, on_line) -> None:
     """The reader of an attempt: its guard copies the output into the log and matches the line stop's
-    pattern (check never runs a pattern, nor holds a line: reprocube.orchestration.process_guard);
+    pattern (check never runs a pattern, nor holds a line: reprocube.check.process_guard);
     on_line is called at a matching line. Returns once all the output is in the log."""
     if pattern is not None:
         child.on_matched(on_line)

@@ -20,8 +20,8 @@ state that another run left outside its directories (`leaked_state`)."""
 
 from __future__ import annotations
 
-from reprocube.orchestration.check_runs import Run
-from reprocube.orchestration.file_activity import state_key
+from reprocube.check.file_activity import state_key
+from reprocube.check.runs import Run
 from reprocube.terminal import counted
 
 MTIME_SLACK_S = 0.01  # a file's mtime is the kernel's coarse time: up to a tick (4 ms at 250 Hz) early
