@@ -53,10 +53,9 @@ LONGEST_FILES_FIRST = (
     "test_gpu_check.py",  # ~220
     "test_verify_compare_report.py",  # ~210
     "test_real_data.py",  # ~130
-    "test_check_truth.py",  # ~150-250, the ground-truth matrix of check (a PyTorch cell pays import torch 8 times)
-    "test_frameworks.py",  # the trainers' rows of docs/frameworks.md, each a check
-    "test_check.py",  # ~110
-    "test_check_adversary.py",  # each finding of an adversary, one check
+    "test_ground_truth.py",  # ~150-250, check's ground-truth matrix (a PyTorch cell pays import torch 8 times)
+    "test_check_command.py",  # ~110
+    "test_stops_and_resume_findings.py",  # each finding of an adversary, one check
     "test_children.py",  # ~110
     "test_trust.py",  # ~100
 )

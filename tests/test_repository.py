@@ -47,4 +47,6 @@ def test_the_files_make_test_hands_out_first_exist():
     from conftest import LONGEST_FILES_FIRST
 
     tests = Path(__file__).parent
-    assert [name for name in LONGEST_FILES_FIRST if not (tests / name).is_file()] == []
+    found = {path.name for path in tests.rglob("test_*.py")}
+    assert [name for name in LONGEST_FILES_FIRST if name not in found] == []
+    assert len(set(LONGEST_FILES_FIRST)) == len(LONGEST_FILES_FIRST), "a file named twice: its first place wins"

@@ -2,7 +2,7 @@
 started, no file read. Each row is one case the verdict must handle, the adversary findings of rounds 1-9
 and round 10 among them, reduced to what their runs showed; the row names the verdict, the stage, the rule
 that must give it and words the summary must (and must not) hold. The ground-truth matrix
-(tests/test_check_truth.py) and a few end-to-end checks per rule family run the same rules on real runs."""
+(tests/check/test_ground_truth.py) and a few end-to-end checks per rule family run the same rules on real runs."""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from reprocube.check import file_activity
 from reprocube.check.file_activity import FileActivity
 
@@ -67,7 +69,7 @@ def test_a_watcher_that_fails_on_an_event_says_it_did_not_see_everything(tmp_pat
 def test_a_restarts_read_and_its_next_save_read_from_one_batch_keep_their_order(tmp_path):
     """On a busy machine the watcher reads a restart's read of its checkpoint and its next save of it in one
     batch, stamped with one time: the read came first, so the restart read what was saved before the stop
-    (test_check_adversary's F21 was not-resumed, 'read none of the 1 file saved', 1 run in 4 under load)."""
+    (test_stops_and_resume_findings's F21 was not-resumed, 'read none of the 1 file saved', 1 run in 4 under load)."""
     from reprocube.check.file_activity import Event
     from reprocube.check.stop_evidence import _restart_reads
 
@@ -79,6 +81,7 @@ def test_a_restarts_read_and_its_next_save_read_from_one_batch_keep_their_order(
     assert _restart_reads(activity, {"work/ckpt.pkl"}, 9.0, 20.0) == []
 
 
+@pytest.mark.process
 def test_whether_a_process_group_catches_a_signal_is_read_from_proc():
     """What decides whether a stop's save may have come after its signal (round 7's F17): a group whose
     processes do not catch SIGTERM die of it at once."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reprocube.errors import CheckpointError
-from reprocube.formats.moved_tensors import poison
+from reprocube.formats.moved_tensors import move_by_one
 
 
 def digest(path) -> str:
@@ -25,7 +25,7 @@ def test_npy_floats_move_by_one_and_integers_are_left(tmp_path):
     np.save(tmp_path / "f.npy", np.asfortranarray(w))
     np.save(tmp_path / "step.npy", np.arange(3))
     before = digest(tmp_path / "step.npy")
-    assert poison(tmp_path / "w.npy") == 1 and poison(tmp_path / "f.npy") == 1 and poison(tmp_path / "step.npy") == 0
+    assert move_by_one(tmp_path / "w.npy") == 1 and move_by_one(tmp_path / "f.npy") == 1 and move_by_one(tmp_path / "step.npy") == 0
     for name in ("w.npy", "f.npy"):
         moved = np.load(tmp_path / name)
         assert moved.dtype == np.float32 and np.array_equal(moved, w + 1), name
@@ -37,7 +37,7 @@ def test_npz_members_keep_their_compression_and_only_floats_change(tmp_path, sav
     rng_state = np.random.default_rng(0).integers(0, 2**32, size=4, dtype=np.uint32)
     save(tmp_path / "ckpt.npz", w=np.ones((3, 3)), half=np.ones(2, np.float16), step=np.array(7), rng=rng_state)
     methods = {i.filename: i.compress_type for i in zipfile.ZipFile(tmp_path / "ckpt.npz").infolist()}
-    assert poison(tmp_path / "ckpt.npz") == 2
+    assert move_by_one(tmp_path / "ckpt.npz") == 2
     assert {i.filename: i.compress_type for i in zipfile.ZipFile(tmp_path / "ckpt.npz").infolist()} == methods
     with np.load(tmp_path / "ckpt.npz") as loaded:
         assert (loaded["w"] == 2).all() and (loaded["half"] == 2).all() and np.isfinite(loaded["w"]).all()
@@ -56,7 +56,7 @@ def test_torch_storages_of_floats_become_nan_and_the_rest_loads_as_saved(tmp_pat
         "half": torch.ones(2, dtype=torch.bfloat16),
     }
     torch.save(saved, tmp_path / "ckpt.pt")
-    assert poison(tmp_path / "ckpt.pt") == 3  # weight, bias, the bfloat16 tensor
+    assert move_by_one(tmp_path / "ckpt.pt") == 3  # weight, bias, the bfloat16 tensor
     loaded = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert all(torch.equal(loaded["model"][k], v + 1) for k, v in saved["model"].items())
     assert torch.equal(loaded["half"], saved["half"] + 1)
@@ -68,7 +68,7 @@ def test_safetensors_floats_move_in_place(tmp_path):
     safetensors = pytest.importorskip("safetensors.numpy")
     safetensors.save_file({"w": np.ones(4, np.float32), "n": np.arange(3)}, tmp_path / "m.safetensors")
     size = (tmp_path / "m.safetensors").stat().st_size
-    assert poison(tmp_path / "m.safetensors") == 1
+    assert move_by_one(tmp_path / "m.safetensors") == 1
     loaded = safetensors.load_file(tmp_path / "m.safetensors")
     assert (loaded["w"] == 2).all() and (loaded["n"] == np.arange(3)).all()
     assert (tmp_path / "m.safetensors").stat().st_size == size
@@ -77,11 +77,11 @@ def test_safetensors_floats_move_in_place(tmp_path):
 def test_other_files_are_left_untouched(tmp_path):
     for name, blob in {"state.json": b'{"step": 3}', "x.pkl": b"\x80\x04K\x03.", "empty": b""}.items():
         (tmp_path / name).write_bytes(blob)
-        assert poison(tmp_path / name) is None
+        assert move_by_one(tmp_path / name) is None
         assert (tmp_path / name).read_bytes() == blob
     with zipfile.ZipFile(tmp_path / "a.zip", "w") as archive:
         archive.writestr("notes.txt", "hello")
-    assert poison(tmp_path / "a.zip") is None
+    assert move_by_one(tmp_path / "a.zip") is None
 
 
 def test_a_header_that_declares_more_than_the_file_holds_is_refused_and_the_file_left(tmp_path):
@@ -90,7 +90,7 @@ def test_a_header_that_declares_more_than_the_file_holds_is_refused_and_the_file
     blob = b"\x93NUMPY\x01\x00" + len(header + "\n").to_bytes(2, "little") + (header + "\n").encode() + bytes(16)
     (tmp_path / "big.npy").write_bytes(blob)
     with pytest.raises(CheckpointError, match="big.npy"):
-        poison(tmp_path / "big.npy")
+        move_by_one(tmp_path / "big.npy")
     assert (tmp_path / "big.npy").read_bytes() == blob
 
 
@@ -99,7 +99,7 @@ def test_a_link_is_never_followed_nor_written_through(tmp_path):
     before = digest(tmp_path / "real.npy")
     os.symlink(tmp_path / "real.npy", tmp_path / "link.npy")
     with pytest.raises(CheckpointError, match="symbolic link"):
-        poison(tmp_path / "link.npy")
+        move_by_one(tmp_path / "link.npy")
     assert digest(tmp_path / "real.npy") == before and (tmp_path / "link.npy").is_symlink()
 
 
@@ -110,7 +110,7 @@ def test_an_npz_member_that_is_not_read_is_kept_and_the_others_move(tmp_path):
     state = np.random.default_rng(0).bit_generator.state
     np.savez(tmp_path / "ckpt.npz", w=np.ones(3, np.float32), rng=state)
     os.utime(tmp_path / "ckpt.npz", ns=(1_000_000_000, 2_000_000_000))
-    assert poison(tmp_path / "ckpt.npz") == 1
+    assert move_by_one(tmp_path / "ckpt.npz") == 1
     assert (tmp_path / "ckpt.npz").stat().st_mtime_ns == 2_000_000_000
     with np.load(tmp_path / "ckpt.npz", allow_pickle=True) as loaded:
         assert (loaded["w"] == 2).all() and loaded["rng"].item() == state

@@ -1,5 +1,5 @@
 """Regression tests for the third adversarial round against `reprocube check` (2026-11-27): each finding's
-script (tests/check_round3/, the adversary's own reproduction, NumPy only) checked by a real `reprocube
+script (tests/check/scripts/verbatim/, the adversary's own reproduction, NumPy only) checked by a real `reprocube
 check`. The truth of each is what the script can do (no load code: it cannot resume; a typo in the
 checkpoint's name: it never loads it; exact weights, step and generator saved and restored: it resumes),
 measured by the adversary with sha256 of uninterrupted and stopped-and-rerun outputs, and where cheap here
@@ -35,7 +35,7 @@ from helpers import reprocube
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-SCRIPTS = Path(__file__).parent / "check_round3"
+SCRIPTS = Path(__file__).parent / "scripts" / "verbatim"
 EXIT = {
     "resume-exact": 0,
     "resume-differs": 6,

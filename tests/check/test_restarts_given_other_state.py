@@ -1,5 +1,5 @@
 """Regression tests for the fourth adversarial round against `reprocube check`: each finding's script
-(tests/check_round4/, NumPy only) checked by a real `reprocube check`.
+(tests/check/scripts/, NumPy only) checked by a real `reprocube check`.
 
 - F4: a command that replaced check's own directories (logs, probe, home, tmp) with symbolic links to a
   directory outside --out, or planted a link where check makes one (receipt, work/stopped, --out itself),
@@ -24,7 +24,7 @@ from helpers import reprocube
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-SCRIPTS = Path(__file__).parent / "check_round4"
+SCRIPTS = Path(__file__).parent / "scripts"
 EXIT = {
     "resume-exact": 0,
     "resume-differs": 6,

@@ -59,11 +59,11 @@ saved and the restart is a fresh run: shown for `none`, and for the PyTorch defe
 stops); `after-save` of `ckpt-at-end` (its only save follows the training: the stop interrupts nothing);
 one of `mid-epoch` and `after-save` for the defects that a restart from any checkpoint shows the same
 way (optimizer, data-position, fifo, directory, outside); PyTorch `rng` after a save (the PyTorch example
-of tests/test_check.py is that cell), PyTorch `data-position`, `ckpt-at-end` and the rest (NumPy's show
+of tests/check/test_check_command.py is that cell), PyTorch `data-position`, `ckpt-at-end` and the rest (NumPy's show
 them at a tenth of the cost: a PyTorch cell pays `import torch` in each of its 8 runs); a negative
 control (--seed-env: one more run per cell, and control-void is a void verdict, always allowed).
 
-Run alone: `.venv/bin/pytest -q tests/test_check_truth.py -p no:randomly`: 200 s on this 2-CPU machine
+Run alone: `.venv/bin/pytest -q tests/check/test_ground_truth.py -p no:randomly`: 200 s on this 2-CPU machine
 while other work kept its load near 3, 250-275 s near 6-7; the three PyTorch cells are half of it."""
 
 from __future__ import annotations

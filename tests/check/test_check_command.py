@@ -23,7 +23,7 @@ from helpers import error_lines, reprocube, wait_until
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NUMPY = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--epochs", "4", "--sleep", "0.1"]
 OUTPUTS = ["--output", "final.npz", "--output", "metrics.csv"]
 # A small script's "checkpoint": its step count, read back when there (a restart resumes from it) and saved
