@@ -330,6 +330,21 @@ def test_an_attempt_that_runs_on_after_the_signal_is_no_effective_stop(case, tmp
     assert "trained nothing" in result["summary"]
 
 
+def test_an_attempt_that_outlives_the_signal_with_the_probe_is_named_so(tmp_path):
+    """Round 10: a script that ignores SIGTERM and trains to its end, calling the probe, was said to have
+    "made every update before the signal (a line printed late)", from its last update overall; its last
+    update before the signal says it trained on after it. Truth: the stopped attempt's log says it went on."""
+    source = (
+        textwrap.dedent(IGNORES_SIGTERM)
+        .replace("STATUS", "from reprocube import probe")
+        .replace("    print(f\"epoch {e} saved\"", "    probe.step(float(np.sum(w)), {'w': w}, step=e + 1)\n    probe.checkpoint(e + 1)\n    print(f\"epoch {e} saved\"")
+    )
+    proc, result = check(tmp_path, {"train.py": source}, "--output", "final.npy", "--seed-env", "SEED", "--stops", "1")
+    assert "(preempted: checkpoint written)" in stopped_log(tmp_path)  # the truth: it trained on after the signal
+    assert result["verdict"] == "not-resumed", said(result)
+    assert "outlived the signal" in result["summary"] and "printed late" not in result["summary"], said(result)
+
+
 def test_f11_a_stop_during_an_in_place_save_and_a_restart_from_scratch_is_not_resumed(tmp_path):
     """F11: the checkpoint written in place, slowly (half, a pause, the rest): the stop lands mid-write, the
     restart cannot load it and starts from scratch (its RNG saved: resume itself would be exact)."""

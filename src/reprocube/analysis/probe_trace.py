@@ -340,6 +340,10 @@ def compare_stopped(
         }
         if offset:
             entry["label_offset"] = offset  # the script's step numbers minus the steps its bits are
+        signal = _nth(signals, number) if signals else None
+        if signal is not None:  # its last update before its stop's signal (one that trained on made more)
+            made_at = step_times(trace, start + offset)
+            entry["last_before_signal"] = max((s - offset for s, at in made_at.items() if at <= signal), default=start)
         if number > 1 and start > 0 and not began_again and starts is not None:
             late = _late_first_update(clean, trace, min(steps), starts[0], _nth(starts[1], number))
             if late is not None:

@@ -113,6 +113,14 @@ def _judged(
         return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
     last = (traced or {}).get("reference_last")
     if before is not None and before.get("steps") and last and before.get("last_step", 0) >= last:
+        if before.get("last_before_signal", last) < last:  # the signal came mid-training, the updates went on
+            return {
+                "effective": False,
+                "survived": True,
+                "how": f"attempt {number} outlived the signal: it trained on after it, from step "
+                f"{before['last_before_signal'] + 1} to the uninterrupted run's last update {last} (the probe), so "
+                "the stop interrupted no training (the script ignores or defers the signal and does not stop)",
+            }
         return {
             "effective": False,
             "how": f"attempt {number} had made every update of an uninterrupted run before the signal (the "
