@@ -25,7 +25,11 @@ def test_npy_floats_move_by_one_and_integers_are_left(tmp_path):
     np.save(tmp_path / "f.npy", np.asfortranarray(w))
     np.save(tmp_path / "step.npy", np.arange(3))
     before = digest(tmp_path / "step.npy")
-    assert move_by_one(tmp_path / "w.npy") == 1 and move_by_one(tmp_path / "f.npy") == 1 and move_by_one(tmp_path / "step.npy") == 0
+    assert (
+        move_by_one(tmp_path / "w.npy") == 1
+        and move_by_one(tmp_path / "f.npy") == 1
+        and move_by_one(tmp_path / "step.npy") == 0
+    )
     for name in ("w.npy", "f.npy"):
         moved = np.load(tmp_path / name)
         assert moved.dtype == np.float32 and np.array_equal(moved, w + 1), name

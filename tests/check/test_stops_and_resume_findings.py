@@ -337,7 +337,10 @@ def test_an_attempt_that_outlives_the_signal_with_the_probe_is_named_so(tmp_path
     source = (
         textwrap.dedent(IGNORES_SIGTERM)
         .replace("STATUS", "from reprocube import probe")
-        .replace("    print(f\"epoch {e} saved\"", "    probe.step(float(np.sum(w)), {'w': w}, step=e + 1)\n    probe.checkpoint(e + 1)\n    print(f\"epoch {e} saved\"")
+        .replace(
+            '    print(f"epoch {e} saved"',
+            "    probe.step(float(np.sum(w)), {'w': w}, step=e + 1)\n    probe.checkpoint(e + 1)\n    print(f\"epoch {e} saved\"",
+        )
     )
     proc, result = check(tmp_path, {"train.py": source}, "--output", "final.npy", "--seed-env", "SEED", "--stops", "1")
     assert "(preempted: checkpoint written)" in stopped_log(tmp_path)  # the truth: it trained on after the signal

@@ -64,7 +64,7 @@ from reprocube.check.runs import (
 from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import leaked_state, stop_evidence
 from reprocube.check.swapped_restart import copy_budget, place, plan_restart, plan_swap, snapshot, state_files
-from reprocube.check.verdict import decide
+from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
 from reprocube.errors import CheckpointError, ConfigError
 from reprocube.files import claim_new_or_empty, names_regular_file, safe_name
 from reprocube.formats.env import collect_env
@@ -76,6 +76,7 @@ from reprocube.terminal import counted, one_line
 # A last attempt that resumed at least RESUMED_LATE of the way into the training yet took SLOW_RESTART of an
 # uninterrupted run's time or more did not show that it resumed (its expected share is 1 - RESUMED_LATE).
 RESUMED_LATE, SLOW_RESTART = 0.3, 0.9
+MORE_CLEAN_RUNS = 2  # uninterrupted runs started where the stopped run differs (per-process non-determinism)
 
 
 def check(options: CheckOptions, echo=print) -> dict:
@@ -126,9 +127,9 @@ class CheckSession:
         self.clean: list[Run] = []
         self.swapped: Run | None = None  # the restart given the control's state (swapped_restart)
         self.beside: FileActivity | None = None  # what is written beside the runs' directories (watch_beside_runs)
-        repeat = range(1, options.repeat + 1)
         moved = (f"moved-{k}" for k in range(1, options.stops + 1))
-        self.run_names = frozenset({*(f"clean-{i}" for i in repeat), "control", "stopped", "swapped", *moved})
+        clean = (f"clean-{i}" for i in range(1, options.repeat + 1 + MORE_CLEAN_RUNS))
+        self.run_names = frozenset({*clean, "control", "stopped", "swapped", *moved})
         self.swap_note: str | None = "not run"  # why there is none (None: a moved-weights restart made it redundant)
         # the moved-weights restarts (moved_weights_restarts), one per stop whose state is given with its weights moved
         self.moved_restarts: list[MovedWeightsRestart] = []
@@ -377,6 +378,8 @@ class CheckSession:
         if control:
             parts["control"] = self.control_evidence(control[0])
         parts["stopped"] = self.stopped_evidence(stopped, plan)
+        if wants_more_uninterrupted_runs(self.evidence(**parts)):
+            parts["stopped"] = self.more_uninterrupted_runs(parts["stopped"])
         verdict = self.judge(self.evidence(**parts))
         if verdict is not None:
             return verdict
@@ -756,6 +759,26 @@ class CheckSession:
             stops_after_first_save=any(stop.fraction is not None for stop in plan),
             restart_waits_varied=self.slurm is None and any(stop.wait_s for stop in plan[:landed]),
         )
+
+    def more_uninterrupted_runs(self, stopped: StoppedEvidence) -> StoppedEvidence:
+        """MORE_CLEAN_RUNS more uninterrupted runs, together, each against clean-1: where one differs too,
+        the script differs from one process to the next (two that agreed were lucky), not on resume."""
+        first = self.options.repeat + 1
+        names = [f"clean-{n}" for n in range(first, first + MORE_CLEAN_RUNS)]
+        self.echo(
+            one_line(f"  the stopped run differs: {len(names)} more uninterrupted runs tell whether every process does")
+        )
+        runs = self.ran_together([(self.new_run(name), [], self.limit) for name in names])
+        for run in runs:
+            if run.exit != 0:
+                continue  # a failure here tells nothing of determinism; the stopped run's difference stands
+            comparison = self.compared(run, self.clean[0])
+            self.result["comparisons"]["repeat"].append(comparison)
+            traced = _repeat_trace(self.clean[0], run, self.result, {})
+            if not comparison["identical"] or traced:
+                where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
+                return replace(stopped, per_process_differs=f"{run.name}: {where}", more_clean_runs=len(runs))
+        return replace(stopped, more_clean_runs=sum(1 for run in runs if run.exit == 0))
 
     def swap_evidence(self) -> SwapEvidence:
         """What the swapped restart told: the uninterrupted run's outputs it wrote bit for bit (it did not

@@ -322,6 +322,18 @@ def resume_exact(ev: Evidence) -> Verdict | None:
     return _v("resume-exact", "resume", summary, added)
 
 
+# --- what the conductor asks before it believes a difference ----------------------------------------------
+def wants_more_uninterrupted_runs(ev: Evidence) -> bool:
+    """Whether the verdict would blame the resume for a difference that more uninterrupted runs could show
+    to be the script's from one process to the next (two that agreed were lucky): asked once."""
+    verdict = decide(ev)
+    return (
+        verdict is not None
+        and verdict.rule in ("differs_but_no_resume_shown", "resume_differs")
+        and not ev.stopped.more_clean_runs
+    )
+
+
 # --- what the rules share -----------------------------------------------------------------------------
 def _restarts_gathered(ev: Evidence) -> bool:
     """The last stage's evidence is in: the stopped run's, and what the restarts given another state told

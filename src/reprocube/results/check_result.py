@@ -105,6 +105,8 @@ RUN_NAMES = (
     "clean-8",
     "clean-9",
     "clean-10",
+    "clean-11",  # past --repeat: the uninterrupted runs started where the stopped run differs
+    "clean-12",
     "control",
     "stopped",
     "swapped",  # the restart given the control's state (check/swapped_restart.py)
