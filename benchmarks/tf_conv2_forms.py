@@ -20,8 +20,8 @@ from pathlib import Path
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # as the trainer sets it
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 STEPS, ROUNDS = 500, 5
 

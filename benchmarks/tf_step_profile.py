@@ -19,11 +19,11 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from reprocube.config import load_config  # noqa: E402
-from reprocube.data.sampler import EpochSampler  # noqa: E402
-from reprocube.data.store import load_dataset  # noqa: E402
-from reprocube.training.backend import STEPS_PER_CALL, create_backend  # noqa: E402
-from reprocube.training.state import EpochTotals  # noqa: E402
+from reprocube.config import load_config
+from reprocube.data.sampler import EpochSampler
+from reprocube.data.store import load_dataset
+from reprocube.training.backend import STEPS_PER_CALL, create_backend
+from reprocube.training.state import EpochTotals
 
 GRAPH_PREFIXES = {
     "while/body/_1/gradient_tape/while/net_1/": "grad/",

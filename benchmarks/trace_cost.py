@@ -231,7 +231,7 @@ def receipt_bytes(framework: str, data_dir: Path, work: Path, threads: int) -> d
     )
     raw = (work / framework / "receipt.json").read_bytes()
     receipt = json.loads(raw)
-    compact = lambda value: len(json.dumps(value, separators=(",", ":")))  # noqa: E731  (as written)
+    compact = lambda value: len(json.dumps(value, separators=(",", ":")))  # as written
     trace = receipt["trace"]
     return {
         "steps": trace["steps"],

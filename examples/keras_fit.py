@@ -17,10 +17,10 @@ import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-from reprocube import probe  # noqa: E402
+from reprocube import probe
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=6)

@@ -300,7 +300,7 @@ def test_resume_auto_sets_a_damaged_checkpoint_aside_and_resumes_from_the_newest
     assert "resumed from" in proc.stdout and "step-000024" in proc.stdout
     digest = lambda run: json.loads((run / "checkpoints" / "epoch-0002" / "manifest.json").read_text())[
         "weights_digest"
-    ]  # noqa: E731
+    ]
     assert digest(run_copy) == digest(reference)
 
 

@@ -50,7 +50,14 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
 
 
-UPPER = ("reprocube.orchestration", "reprocube.check", "reprocube.pages", "reprocube.commands", "reprocube.cli", "reprocube.__main__")
+UPPER = (
+    "reprocube.orchestration",
+    "reprocube.check",
+    "reprocube.pages",
+    "reprocube.commands",
+    "reprocube.cli",
+    "reprocube.__main__",
+)
 
 
 def _layer(module: str) -> str:

@@ -184,7 +184,7 @@ def test_a_restart_beginning_with_a_first_record_the_run_repeated_began_again(tm
     resume (resume-differs) where the outputs were identical."""
     lines = lambda records: (
         [{"probe": 1}, {"names": ["w"]}]
-        + [  # noqa: E731
+        + [
             {"index": i, "step": None, "loss": f"{r:08x}", "loss_dtype": "float32", "fingerprints": [r]}
             for i, r in enumerate(records, start=1)
         ]

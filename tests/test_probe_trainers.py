@@ -118,7 +118,7 @@ def test_the_transformers_callback_is_inert_outside_check(tmp_path, monkeypatch)
 
 
 def lightning_fit(where, callbacks, ckpt_path=None):
-    L = pytest.importorskip("lightning")  # noqa: N806
+    L = pytest.importorskip("lightning")
 
     class Net(L.LightningModule):
         def __init__(self):

@@ -64,7 +64,7 @@ def _job(job_id: str) -> dict[str, str]:
 
 def _wait_for(predicate, timeout: float, what: str, log: Path):
     """wait_until, polling SLURM once a second, with the job's log in the message."""
-    job_log = lambda: f"; job log:\n{log.read_text() if log.exists() else '(none)'}"  # noqa: E731
+    job_log = lambda: f"; job log:\n{log.read_text() if log.exists() else '(none)'}"
     return wait_until(predicate, timeout=timeout, what=what, interval=1, detail=job_log)
 
 

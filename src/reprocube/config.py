@@ -459,7 +459,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, missing), b.get(key, missing)
         if va is missing or vb is missing or json.dumps(va, sort_keys=True) != json.dumps(vb, sort_keys=True):
-            show = lambda v: "<absent>" if v is missing else json.dumps(v)  # noqa: E731
+            show = lambda v: "<absent>" if v is missing else json.dumps(v)
             lines.append(f"{key}: {show(va)} -> {show(vb)}")
     return lines
 

@@ -87,16 +87,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """This process's umask (read by setting it and back: there is no other way)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
+def entry_size(path: Path, missing: int = 0) -> int:
+    """The size of the entry at path, a link's own (never followed); `missing` where there is none."""
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return missing
+
+
 def make_temp_file(directory: Path, final_name: str) -> tuple[int, Path]:
     """A temp file beside its final name (so the rename is atomic), with normal permissions."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{final_name}.", suffix=".partial")
-    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the final file should follow the umask
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; the final file should follow the umask
     return fd, Path(tmp)
 
 

@@ -121,9 +121,9 @@ def standard_streams_opened() -> None:
                 os.close(null)
             os.set_inheritable(fd, True)  # the children's too
     if sys.stdout is None:
-        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
     if sys.stderr is None:
-        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
 
 
 def raw_stderr():

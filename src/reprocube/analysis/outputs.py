@@ -1,7 +1,8 @@
 """Two sets of a training script's outputs (files and directories in two work directories, or two paths
 given to `reprocube diff`), compared: bytes first; where the bytes differ, the tensors by name in the
-formats researchers save (safetensors, `.pt`/`.pth` read with `torch.load(weights_only=True)` only, `.npz`
-and `.npy` without pickles, Keras `.h5`, Orbax checkpoint directories), and JSON, CSV and text line by
+formats researchers save (safetensors, `.pt`/`.pth` zips read by reprocube's own restricted unpickler
+without importing torch or running any pickle's code (formats.tensor_readers), `.npz` and `.npy` without
+pickles, Keras `.h5`, Orbax checkpoint directories), and JSON, CSV and text line by
 line; the first differing tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
 An Orbax checkpoint (a directory holding Orbax's `_METADATA`: a JSON object with its tree_metadata) is
 one output compared by its tensors: its array files hold random names; every other file in it that Orbax
@@ -75,7 +76,7 @@ def _ignored(name: str, globs: list[str]) -> bool:
     return any(fnmatch.fnmatch(name, glob) for glob in globs)
 
 
-def _under(name: str, output: str) -> bool:
+def under_output(name: str, output: str) -> bool:
     """Whether `name` (relative to the work directory) is the declared output or lies under it."""
     declared = posixpath.normpath(output)
     return declared == "." or name == declared or name.startswith(declared.rstrip("/") + "/")
@@ -101,7 +102,7 @@ def compare_outputs(a_root: Path, b_root: Path, outputs: list[str], ignore: list
     globs, fields = parse_ignore(ignore)
     raw_a, raw_b = walk_outputs(a_root, outputs), walk_outputs(b_root, outputs)
     written = {*raw_a, *raw_b}
-    missing = [o for o in outputs if not any(_under(n, o) for n in written)]
+    missing = [o for o in outputs if not any(under_output(n, o) for n in written)]
     ignored = sorted(n for n in written if _ignored(n, globs))
     a = {n: p for n, p in raw_a.items() if n not in ignored}
     b = {n: p for n, p in raw_b.items() if n not in ignored}
@@ -201,7 +202,7 @@ def _orbax_difference(a: Path, b: Path) -> dict:
     for side, path in (("A", a), ("B", b)):
         try:
             trees.append(load_orbax(path))
-        except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
+        except Exception as exc:  # Orbax and TensorStore meeting someone else's files
             errors.append(f"{side}: {type(exc).__name__}: {one_line(str(exc))[:200]}")
             missing = missing and isinstance(exc, ImportError)
     if errors:
@@ -307,7 +308,7 @@ def content_difference(name: str, a: bytes, b: bytes, ignore_fields: list[str] =
             return _first_key(parse_json(a, "A", CheckpointError), parse_json(b, "B", CheckpointError))
         if suffix in TEXT_SUFFIXES:
             return _first_line(a, b)
-    except Exception as exc:  # noqa: BLE001  (a reader meeting someone else's file: a difference, named)
+    except Exception as exc:  # a reader meeting someone else's file: a difference, named
         return {"detail": f"the bytes differ; the file could not be read as {suffix}: {one_line(str(exc))[:200]}"}
     return {"detail": f"the bytes differ ({len(a)} vs {len(b)} bytes; a format this comparison does not read)"}
 

@@ -240,7 +240,7 @@ class FileActivity:
                 moved_from.pop(cookie, None)  # renamed within the tree: its watches are labelled anew below
             try:
                 self._event(wd, mask, os.fsdecode(raw), now)
-            except Exception as error:  # noqa: BLE001 (whatever it was, what happened there was not all seen)
+            except Exception as error:
                 # A watcher that stopped seeing, or missed one event, must never leave `complete` True: a
                 # save it missed would read as no save (an H200 run, 2026-11-27: a file gone between a new
                 # directory's listing and its stat ended the thread, and check called a correct resume

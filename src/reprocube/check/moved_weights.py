@@ -29,10 +29,16 @@ from pathlib import Path
 
 from reprocube.analysis.outputs import compare_outputs
 from reprocube.analysis.probe_trace import AttemptTrace, read_trace, steps_of
-from reprocube.check.runs import Run, outputs_written
+from reprocube.check.evidence import MovedEvidence, MovedRestart
+from reprocube.check.evidence_dirs import EvidenceDirs
+from reprocube.check.file_activity import state_key
+from reprocube.check.runs import Run, Stop, outputs_written
+from reprocube.check.slots import Conductor
+from reprocube.check.swapped_restart import copy_places, place, plan_restart
 from reprocube.errors import CheckpointError
 from reprocube.formats.moved_tensors import file_digests, move_by_one, reseal
 from reprocube.probe import array_fingerprint
+from reprocube.terminal import one_line
 
 MAX_MOVED_STOPS = 10  # the last stops whose state is given moved (with the probe: each costs a start-up)
 UNREADABLE_LOOKS = 50  # how often a trace that cannot be read is looked at again
@@ -242,3 +248,166 @@ def judge(restart: MovedWeightsRestart, clean: Run, outputs: list[str], ignore: 
     else:  # a moved loss history read back does this too: only the first update tells
         restart.note = "it wrote other outputs, which a value read back beside the weights can explain"
     return {"run": run.name, "against": clean.name, **comparison}
+
+
+MOVED_TIME, MOVED_SLACK_S = 2.0, 30.0  # a moved-weights restart's time: at most this x a clean run's, and this
+
+
+class MovedWeightsRestarts:
+    """The restart kind given the stopped run's state after a stop, its weights moved by one: its hooks, which
+    the conductor (check.session) calls in order: `plan` before the runs, `after_stop` after each of the
+    stopped run's stops (its directories copied), `stopped_ended` once that run ended, `start` in a slot
+    after it, `evidence` for the verdict."""
+
+    def __init__(self, conductor: Conductor):
+        self.conductor = conductor
+        self.restarts: list[MovedWeightsRestart] = []  # one per stop whose state is given, weights moved
+        self.weights: frozenset[int] = frozenset()  # the trained weights' fingerprints (the probe's), if any
+        self.note = "not run"  # why there are none
+        self.ended = threading.Event()  # the stopped run ended: the restarts start only then
+
+    def plan(self, stops: int, stopped: Run) -> bool:
+        """Which stops' states are given (with the probe, the last MAX_MOVED_STOPS: a restart that used its
+        weights is ended at its first update; without it, the last stop's alone, which runs to its end);
+        whether any is."""
+        if self.conductor.slurm is not None:
+            self.note = "a SLURM job's directories are not copied at its stops"
+        elif not stopped.state:
+            self.note = "the uninterrupted run saved no file as it went (no state to move)"
+        else:
+            self.weights = trained_fingerprints(_clean_trace(self.conductor.clean[0]))
+            given = range(max(1, stops - MAX_MOVED_STOPS + 1), stops + 1) if self.weights else [stops]
+            self.restarts = [MovedWeightsRestart(stop) for stop in given]
+        return bool(self.restarts)
+
+    def after_stop(self, stopped: Run) -> None:
+        """After a stop whose state a restart is given, its processes all gone: a copy of the stopped run's
+        directories, what its next attempt finds (snapshot/stopped-N/)."""
+        landed = len(stopped.attempts)
+        restart = next((r for r in self.restarts if r.stop == landed), None)
+        if restart is None:
+            return
+        out = self.conductor.out
+        into = {label: out / "snapshot" / f"stopped-{landed}" / label for label in stopped.activity.places}
+        why_not = copy_places(out, stopped.activity.places, into, self.conductor.clean[0])
+        if why_not is None:
+            restart.state = into
+        else:
+            restart.note = f"the stopped run's state at stop {landed} was not copied: {why_not}"
+        restart.ready.set()
+
+    def stopped_ended(self) -> None:
+        """Whatever came of its stops: the restarts wait no longer."""
+        self.ended.set()
+        for restart in self.restarts:
+            if not restart.ready.is_set():
+                restart.note = f"the stopped run's stop {restart.stop} did not land"
+                restart.ready.set()
+
+    def start(self) -> None:
+        """Once the stopped run has ended (its outputs recorded: one that writes where a path kept in its
+        checkpoint says cannot change them unseen, round 9's H16), the last stop's first; none after one that
+        never used its weights (no pass then)."""
+        conductor = self.conductor
+        self.ended.wait()
+        for restart in reversed(self.restarts):
+            restart.ready.wait()
+            self._restart(restart)
+            comparison = judge(restart, conductor.clean[0], conductor.outputs, conductor.ignore)
+            if comparison is not None:
+                conductor.result["comparisons"][restart.name] = comparison
+            if restart.never_used:
+                break
+
+    def told(self) -> bool:
+        """Whether one showed whether its weights were used (the swapped restart is then needless)."""
+        return any(r.used or r.never_used for r in self.restarts)
+
+    def runs(self) -> list[Run]:
+        return [r.run for r in self.restarts if r.run is not None]
+
+    def evidence(self) -> MovedEvidence:
+        restarts = tuple(
+            MovedRestart(
+                stop=r.stop,
+                name=r.name,
+                moved=tuple(r.moved),
+                weights_only=r.weights_only,
+                used=r.used,
+                never_used=tuple(r.never_used),
+                note=r.note,
+            )
+            for r in self.restarts
+        )
+        return MovedEvidence(restarts=restarts, note=self.note)
+
+    def _restart(self, restart: MovedWeightsRestart) -> None:
+        """The command restarted once more in a fresh directory holding the stopped run's files as they were
+        after `restart.stop` (all but its --copy inputs), its weights moved, with the stopped run's seed."""
+        conductor = self.conductor
+        if restart.state is None:
+            return
+        clean = conductor.clean[0]
+        plan = plan_restart(restart.state, [Path(c).name for c in conductor.options.copy])
+        run = conductor.new_run(restart.name)
+        if EvidenceDirs.of(conductor.out).replaced is not None:
+            restart.note = "its directories were replaced by the command (see the verdict)"
+            return
+        try:
+            place(plan, run.activity.places)
+        except OSError as exc:
+            restart.note = one_line(f"the stopped run's files could not be placed ({exc.strerror or exc})")
+            return
+        places = run.activity.places
+        files = {p.target: places[p.target.partition("/")[0]] / p.target.partition("/")[2] for p in plan}
+        if not self._move(restart, files, {p.target: p.source for p in plan}, clean):
+            return
+        conductor.echo(
+            one_line(
+                f"  {restart.name}: {' '.join(run.command)} (in the stopped run's files after stop {restart.stop}, "
+                f"weights moved by one in {', '.join(restart.moved[:3])})"
+            )
+        )
+        restart.run = run
+        until = first_update_rule(restart, clean, conductor.stopped)
+        # A restart from a stop trains less than an uninterrupted run: bounded by that run's time, and some,
+        # not by the watchdog's (moved weights can keep a solver or a retry loop from ever returning: H12).
+        limit = min(conductor.limit, MOVED_TIME * clean.attempts[-1].seconds + MOVED_SLACK_S)
+        conductor.execute(run, [Stop(until=until, ends_run=True)], limit, {})
+
+    def _move(
+        self, restart: MovedWeightsRestart, files: dict[str, Path], originals: dict[str, Path], clean: Run
+    ) -> bool:
+        """The weights moved in the placed files: with the probe, the tensors whose fingerprints it recorded
+        as trained, wherever they are; without it, every floating-point tensor of the state files (a first
+        loss then tells nothing). Whether any was; restart.note says why not."""
+        weights = self.weights
+        if weights:
+            move_weights(restart, files, originals, lambda array: tensor_fingerprints(array) & weights)
+            restart.weights_only = bool(restart.moved)
+            if not restart.moved:
+                unreadable = f"; {restart.unreadable}" if restart.unreadable else ""
+                restart.note = one_line(
+                    "no tensor in a file check can move (.npy, .npz, safetensors, torch.save's tensors) has a "
+                    "fingerprint the probe recorded of a trained weight (the probe not called at the step it "
+                    "saved, the weights kept as one flat vector or in another layout, a NumPy array inside a "
+                    f"torch.save pickle, state under a --copy directory){unreadable}"
+                )
+                return False
+        else:
+            keys = clean.activity.state_keys()
+            move_weights(restart, {n: p for n, p in files.items() if state_key(n) in keys}, originals, None)
+        if not restart.moved:
+            restart.note = (
+                "no state file holds floating-point tensors in a format check can move (.npy, .npz, "
+                f"safetensors, torch.save's zip): {', '.join(restart.unmoved[:3]) or 'none placed'}"
+            )
+        return bool(restart.moved)
+
+
+def _clean_trace(clean: Run) -> AttemptTrace | None:
+    """clean-1's probe trace (rank 0), None without one or where it cannot be read."""
+    try:
+        return read_trace(clean.probe_trace(1))
+    except CheckpointError:
+        return None

@@ -1,14 +1,22 @@
 """`reprocube check`'s options, each defined once (OPTIONS: name, type, default, help), from which both the
 command line (reprocube.commands.check) and DIR/check.yaml (--script-dir) are made; and CheckOptions, the
-frozen whole that check() and its CheckSession are handed."""
+frozen whole that check() and its CheckSession are handed; `validate`, every refusal of them."""
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from reprocube.check.runs import SIGNALS
+from reprocube.analysis.outputs import parse_ignore
+from reprocube.check.copy_inputs import check_copies
+from reprocube.check.runs import SIGNALS, Stop
+from reprocube.errors import ConfigError
+from reprocube.files import safe_name
+from reprocube.formats.script_receipt import refused_seed_variable
 from reprocube.orchestration.options import Option
+from reprocube.terminal import one_line
 
 LAUNCHERS = ("local", "slurm")
 
@@ -92,3 +100,79 @@ class CheckOptions:
     def slurm(self) -> list[str] | None:
         """The sbatch options of every job under --launcher slurm; None: the runs go here."""
         return list(self.slurm_option) if self.launcher == "slurm" else None
+
+
+def validate(options: CheckOptions) -> None:
+    """Every refusal of check's options, before anything runs: one line naming the option (ConfigError)."""
+    command, outputs, copies, out = list(options.command), list(options.output), list(options.copy), options.out
+    repeat, stops, timeout, stop_seed = options.repeat, options.stops, options.timeout, options.stop_seed
+    at, at_file, at_line, seed_env, seed_arg = (
+        options.at,
+        options.at_file,
+        options.at_line,
+        options.seed_env,
+        options.seed_arg,
+    )
+    if not command:
+        raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
+    if repeat < 2 or repeat > 10:
+        raise ConfigError(f"--repeat must be from 2 to 10 (two uninterrupted runs tell determinism), got {repeat}")
+    if stops < 1 or stops > 20:
+        raise ConfigError(f"--stops must be from 1 to 20, got {stops}")
+    if sum(x is not None for x in (at, at_file, at_line)) > 1:
+        raise ConfigError("give at most one of --at, --at-file and --at-line")
+    if seed_env and seed_arg:
+        raise ConfigError("give one of --seed-env and --seed-arg")
+    if seed_arg is not None and "{seed}" not in seed_arg:
+        raise ConfigError(f"--seed-arg {seed_arg!r} holds no {{seed}}")
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ConfigError(f"--timeout must be a number of seconds > 0, got {timeout}")
+    for output in outputs:
+        if Path(output).is_absolute() or ".." in Path(output).parts or not output.strip():
+            raise ConfigError(f"--output {output!r}: a path inside the work directory (relative, without ..)")
+    if at is not None:
+        _seconds(at)
+    if any("\0" in text for text in [*command, *outputs, seed_env or "", seed_arg or "", at_line or ""]):
+        raise ConfigError("a NUL character in the command, an --output, the seed option or --at-line")
+    # Before anything runs: a link, a tree too deep, one holding --out (the default one too).
+    default = Path(f"check-{safe_name(Path(command[-1]).stem or 'command')}")  # as _workspace names it
+    check_copies(copies, out if out is not None else default)
+    refused = refused_seed_variable(seed_env) if seed_env is not None else None
+    if refused:
+        raise ConfigError(f"--seed-env {one_line(seed_env)[:64]!r} {refused}")
+    if stop_seed is not None and not 0 <= stop_seed < 2**63:
+        raise ConfigError(f"--stop-seed must be from 0 to 2**63-1, got {str(stop_seed)[:30]}")
+    if at_line is not None:
+        try:
+            re.compile(at_line)
+        except re.error as exc:
+            raise ConfigError(f"--at-line {at_line[:40]!r} is not a regular expression ({exc})") from None
+    if options.slurm is not None and options.signal != "TERM":
+        raise ConfigError(
+            "--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after KillWait): --signal "
+            "cannot be chosen"
+        )
+    globs, _ = parse_ignore(list(options.ignore))  # a malformed FILE:KEY is refused here, before any run
+    if outputs and all(any(fnmatch.fnmatch(o, g) for g in globs) for o in outputs):
+        raise ConfigError("--ignore matches every --output: nothing would be compared")
+    if options.jobs is not None and not 1 <= options.jobs <= 16:
+        raise ConfigError(f"--jobs must be from 1 to 16, got {options.jobs}")
+
+
+def _seconds(at: str) -> list[float]:
+    try:
+        values = [float(part) for part in at.split(",")]
+    except ValueError:
+        raise ConfigError(f"--at {at!r}: give seconds separated by commas, e.g. 2.5,4") from None
+    if not values or not all(0 < v < float("inf") for v in values):
+        raise ConfigError(f"--at {at!r}: each stop must be a number of seconds > 0")
+    return values
+
+
+def stops_asked(count: int, at, at_file, at_line) -> list[Stop]:
+    """The stops --at, --at-file or --at-line asked for."""
+    if at is not None:
+        return [Stop(seconds=s) for s in _seconds(at)]
+    if at_file is not None:
+        return [Stop(file_glob=at_file)] * count
+    return [Stop(line=at_line)] * count

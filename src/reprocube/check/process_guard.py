@@ -36,6 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from reprocube.runtime.procfs import load_prctl, proc_stat
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
@@ -44,13 +46,6 @@ MAX_LINE = 1 << 20  # of a longer line, its first and its last MAX_LINE bytes ar
 GRACE_S = 5.0  # after the SIGTERM that ends an attempt, how long the command may take before SIGKILL
 SWEEP_S = 10.0  # how long the guard goes on SIGKILLing descendants (one in uninterruptible sleep may linger)
 DRAIN_S = 2.0  # after the last descendant, how long output may still come (a pipe end passed to a stranger)
-
-
-def _prctl():
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
 
 
 def _tree(root: int, spared: frozenset[int] = frozenset()) -> dict[int, bool]:
@@ -64,12 +59,9 @@ def _tree(root: int, spared: frozenset[int] = frozenset()) -> dict[int, bool]:
     for name in listed:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append((int(name), fields[0] != b"Z"))
+        stat = proc_stat(name)
+        if stat is not None:
+            children.setdefault(stat.parent, []).append((int(name), stat.state != b"Z"))
     found, frontier = {}, [root]
     while frontier:
         for pid, alive in children.get(frontier.pop(), ()):
@@ -91,12 +83,10 @@ def _signal_found(found: dict[int, bool], root: int, signum: int) -> int:
         except (AttributeError, OSError):
             pidfd = None
         try:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as stat:
-                    parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+            stat = proc_stat(pid)
+            if stat is None:
                 continue  # gone
-            if parent != root and parent not in found:
+            if stat.parent != root and stat.parent not in found:
                 continue  # the pid was recycled by a process that is not ours
             if pidfd is not None:
                 signal.pidfd_send_signal(pidfd, signum)
@@ -303,7 +293,7 @@ def _guard(argv: list[str]) -> int:
     status_fd, control_fd, parent, line = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     command = argv[5:]
     guard = _Guard(status_fd, control_fd, re.compile(line[1:]) if line.startswith("+") else None)
-    prctl = _prctl()
+    prctl = load_prctl(use_errno=True)
     if prctl is not None:
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     guard.wake_r, wake_w = os.pipe()
@@ -352,7 +342,7 @@ _SUBREAPER = {"set_here": False}  # whether check was made a subreaper here (and
 
 def _set_subreaper(on: bool) -> None:
     """Check a child subreaper while any guard lives (under _LIVE_LOCK): set where it was not already."""
-    prctl = _prctl()
+    prctl = load_prctl(use_errno=True)
     if prctl is None:
         return
     if on and not _SUBREAPER["set_here"]:

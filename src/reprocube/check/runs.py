@@ -33,6 +33,7 @@ from reprocube.orchestration.children import (
     watch_child,
 )
 from reprocube.probe import ENV as PROBE_ENV
+from reprocube.runtime.procfs import proc_stat
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
 RESTART_WAIT_S = 1.0  # the last stop's restart comes this long after it (the others at once)
@@ -327,10 +328,10 @@ def _group_catches(pid: int, signum: int) -> bool:
         return True
     bit = 1 << (signum - 1)
     for entry in entries:
+        stat = proc_stat(entry)
+        if stat is None or stat.group != group:
+            continue  # gone meanwhile, or another group's
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat_file:
-                if int(stat_file.read().rsplit(b")", 1)[1].split()[2]) != group:
-                    continue
             with open(f"/proc/{entry}/status", "rb") as status_file:
                 caught = next(line for line in status_file if line.startswith(b"SigCgt:"))
             if int(caught.split()[1], 16) & bit:

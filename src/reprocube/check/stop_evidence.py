@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from reprocube.check.file_activity import state_key
 from reprocube.check.runs import Run
+from reprocube.check.traces import missing_ranks
 from reprocube.terminal import counted
 
 MTIME_SLACK_S = 0.01  # a file's mtime is the kernel's coarse time: up to a tick (4 ms at 250 Hz) early
@@ -353,3 +354,65 @@ def leaked_state(clean: list[Run], first_updates: dict[str, int | None]) -> str 
                 "cache warm (a dataset or compiled code at a fixed path); the probe's first update would tell"
             )
     return None
+
+
+# A last attempt that resumed at least RESUMED_LATE of the way into the training yet took SLOW_RESTART of an
+# uninterrupted run's time or more did not show that it resumed (its expected share is 1 - RESUMED_LATE).
+RESUMED_LATE, SLOW_RESTART = 0.3, 0.9
+
+
+def unproven(evidence: list[dict], comparison: dict, probe: dict | None, stopped: Run, clean: list[Run]) -> list[str]:
+    """What keeps identical outputs after effective stops from proving the resume: a restart shown by its
+    files only (it read a checkpoint and saved as often as it should: it may still have begun again, e.g.
+    with rotated checkpoints or saves skipped for steps already saved), a declared output not compared,
+    a rank whose trace is missing, file activity not all seen (the probe's word was not checked against
+    what the restarts read), a last attempt that took as long as an uninterrupted run although it resumed
+    well into the training (it may have redone, unrecorded, the steps before)."""
+    reasons = []
+    activity = stopped.activity
+    if activity is not None and not activity.complete:
+        reasons.append(f"what the restarts read was not all seen ({activity.why_incomplete})")
+    resume = (probe or {}).get("resume") or {}
+    last = next((a for a in resume.get("attempts", []) if a["attempt"] == len(stopped.attempts)), None)
+    total, whole = resume.get("reference_last") or 0, min((r.attempts[-1].seconds for r in clean), default=0)
+    if (
+        last
+        and last.get("steps")
+        and total
+        and whole
+        and stopped.attempts[-1].exit == 0
+        and _training_dominates(clean[0])
+    ):
+        share = last["resumed_at"] / total
+        took = stopped.attempts[-1].seconds
+        if share >= RESUMED_LATE and took >= SLOW_RESTART * whole:
+            reasons.append(
+                f"attempt {len(stopped.attempts)} took {took:.1f} s, as long as an uninterrupted run ({whole:.1f} s), "
+                f"though its first update is step {last['resumed_at'] + 1} of {total}: it may have redone the "
+                "steps before without recording them"
+            )
+    by_files = [e["stop"] for e in evidence if e["effective"] and e.get("by") == "files"]
+    if by_files:
+        reasons.append(
+            f"{'stops' if len(by_files) > 1 else 'stop'} {', '.join(map(str, by_files))} shown by files only (a "
+            "restart read a checkpoint; whether it applied it or began again, only the probe shows: "
+            "from reprocube import probe, docs/check.md)"
+        )
+    unread = comparison.get("not_compared") or []
+    if unread:
+        reasons.append(f"{', '.join(unread[:3])} not compared (see not checked)")
+    missing = missing_ranks(resume)
+    if missing:
+        reasons.append(missing)
+    return reasons
+
+
+def _training_dominates(clean: Run) -> bool:
+    """Whether an uninterrupted run's first save came in the first half of it: its start-up (importing a
+    framework, loading data) is then a small part, and a restart's duration tells how much it trained."""
+    activity = clean.activity
+    if activity is None or not clean.attempts:
+        return False
+    began = clean.began + clean.attempts[0].started_s
+    saves = activity.save_moments(since=began, state=clean.state or activity.state_keys())
+    return bool(saves) and saves[0] - began <= 0.5 * clean.attempts[-1].seconds

@@ -27,11 +27,20 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube.check.file_activity import state_key
-from reprocube.files import sha256_regular, walk_below
+from reprocube.analysis.outputs import compare_outputs, under_output
+from reprocube.check.evidence import SwapEvidence
+from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
+from reprocube.check.file_activity import MERGE_S, state_key
+from reprocube.check.runs import Run, failure_line, outputs_written
+from reprocube.check.slots import Conductor
+from reprocube.check.traces import trained_nothing
+from reprocube.files import entry_size, sha256_regular, walk_below
+from reprocube.terminal import counted, one_line
 
 MAX_ENTRIES = 100_000  # walked in one run's directories
 MAX_BYTES_RATIO = 2  # the control's files copied: at most this many times the uninterrupted run's bytes
@@ -96,7 +105,7 @@ def plan_swap(
             if key in keys and target in present:
                 landings.append((origin, clean[target_label] / target_relative))
     # The size first: nothing unbounded is read, not even to compare it.
-    size = sum(_size(p.source) for p in plan)
+    size = sum(entry_size(p.source) for p in plan)
     if size > copy_budget(clean):
         return [], f"the control left {size >> 20} MiB, more than {MAX_BYTES_RATIO}x what the uninterrupted run did"
     if not any(not _same_bytes(origin, landing) for origin, landing in landings):
@@ -124,7 +133,7 @@ def _given(source: str, target: str, keys: frozenset[str], outputs: list[str], c
     if _copy_input(source, copies):
         return False
     target_label, _, target_relative = target.partition("/")
-    output = target_label == "work" and any(_under(target_relative, o) for o in outputs)
+    output = target_label == "work" and any(under_output(target_relative, o) for o in outputs)
     return not output or state_key(source) in keys
 
 
@@ -138,7 +147,9 @@ def copy_budget(clean: dict[str, Path]) -> int:
     """The most bytes of the control's copied: MAX_BYTES_RATIO times what the uninterrupted run left, and
     64 MiB more."""
     files = regular_files(clean)
-    return MAX_BYTES_RATIO * sum(_size(clean[f.partition("/")[0]] / f.partition("/")[2]) for f in files) + (64 << 20)
+    return MAX_BYTES_RATIO * sum(entry_size(clean[f.partition("/")[0]] / f.partition("/")[2]) for f in files) + (
+        64 << 20
+    )
 
 
 def state_files(places: dict[str, Path], keys: frozenset[str]) -> dict[str, tuple[int, int, int]]:
@@ -158,7 +169,7 @@ def snapshot(places: dict[str, Path], into: dict[str, Path], budget: int) -> str
     the caller), as place() copies: the state a run has now, kept while it goes on. None, or why nothing was copied (more than `budget` bytes); OSError where a file could not be."""
     files = regular_files(places)
     sources = [places[f.partition("/")[0]] / f.partition("/")[2] for f in files]
-    size = sum(_size(source) for source in sources)
+    size = sum(entry_size(source) for source in sources)
     if size > budget:
         return f"it left {size >> 20} MiB, more than {MAX_BYTES_RATIO}x what the uninterrupted run did"
     place([Placement(source, f) for source, f in zip(sources, files, strict=True)], into)
@@ -201,17 +212,130 @@ def place(plan: list[Placement], places: dict[str, Path]) -> None:
             os.close(directory)
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.lstat().st_size
-    except OSError:
-        return 0
-
-
 def _same_bytes(a: Path, b: Path) -> bool:
     return sha256_regular(a) == sha256_regular(b)
 
 
-def _under(name: str, output: str) -> bool:
-    output = output.rstrip("/")
-    return name == output or name.startswith(output + "/")
+SNAPSHOT_POLL_S = 0.01  # how often the control's saves are looked at while it runs
+QUIET_S = 2 * MERGE_S  # no write of its state for this long: its save is whole (a model, then its optimizer)
+
+
+class SwappedRestart:
+    """The restart kind given the control's state: its hooks, which the conductor (check.session) calls in
+    order: `plan` before the runs, `watch` while the control runs (its state copied after its last save but
+    one), `start` in the control's slot once it ended, `evidence` for the verdict."""
+
+    def __init__(self, conductor: Conductor):
+        self.conductor = conductor
+        self.run: Run | None = None
+        self.note: str | None = "not run"  # why it tells nothing (None: a moved-weights restart made it needless)
+        self.state: dict[str, Path] | None = None  # the control's directories after its last save but one
+        self.after_saves = 0  # after how many of the control's saves to copy them (0: not copied)
+        self.state_note = "not copied as it ran"  # why its finished state is given instead
+
+    def plan(self, control: Run | None, stopped: Run) -> None:
+        if control is None:
+            self.note = "no control run's state to give a restart (--seed-env or --seed-arg)"
+        elif self.conductor.slurm is None and stopped.state:  # (a SLURM job's files are not watched as it runs)
+            control.state = stopped.state
+            self.after_saves = max(1, stopped.clean_saves - 1)  # -1 (saves that follow the clock): 1
+
+    def watch(self, control: Run, ended: threading.Event) -> None:
+        """While the control runs: once it has saved its state as often as an uninterrupted run does but
+        once, and written nothing of it for QUIET_S, a copy of its directories, what the swapped restart is
+        given. A finished run's state leaves a restart nothing to train (one that never loads its weights and
+        exports a finished checkpoint as it finds it passed that way); this one leaves it the run's last
+        stretch (little to train: the check costs little more). Where the control saved again during the
+        copy, or ended first, nothing is kept, and its finished state is given (said)."""
+        activity, keys, wanted, out = control.activity, control.state, self.after_saves, self.conductor.out
+        counted_events, saves, written = -1, 0, []
+        while not ended.wait(SNAPSHOT_POLL_S):
+            if len(activity.events) != counted_events:  # looked through again only when something happened
+                counted_events = len(activity.events)
+                saves = len(activity.save_moments(state=keys))
+                written = [e for e in activity.writes() if state_key(e.path) in keys]
+            if saves > wanted:
+                self.state_note = "it saved again before its state could be copied"
+                return
+            if saves < wanted or not written or time.perf_counter() - written[-1].at < QUIET_S:
+                continue
+            into = {label: out / "snapshot" / "control" / label for label in activity.places}
+            before = state_files(activity.places, keys)
+            why_not = copy_places(out, activity.places, into, self.conductor.clean[0])
+            if why_not is None and state_files(activity.places, keys) != before:  # the copy may mix two saves
+                why_not = "it saved again while its state was being copied"
+            if why_not is None:
+                self.state = into
+            else:
+                self.state_note = f"its state was not copied as it ran: {why_not}"
+            return
+        self.state_note = "it ended before its last save but one was seen"
+
+    def start(self, control: Run) -> None:
+        """After the control, in its slot: the command restarted in a fresh directory holding what the control
+        left (its outputs apart), under the uninterrupted run's names, with the uninterrupted run's seed:
+        whether a restart continues from the state it finds."""
+        conductor = self.conductor
+        clean = conductor.clean[0]
+        if control.exit != 0 or clean.activity is None or control.activity is None:
+            self.note = "the control run did not end well"
+            return
+        copies = [Path(c).name for c in conductor.options.copy]
+        given = self.state or control.activity.places
+        plan, why_not = plan_swap(clean.activity.places, given, clean.activity.state_keys(), conductor.outputs, copies)
+        if not plan:
+            self.note = why_not
+            return
+        swapped = conductor.new_run("swapped")
+        if EvidenceDirs.of(conductor.out).replaced is not None:
+            self.note = "its directories were replaced by the command (see the verdict)"
+            return
+        try:
+            place(plan, swapped.activity.places)
+        except OSError as exc:  # a name taken twice, a link on the way: never written through, no traceback
+            self.note = one_line(f"the control's files could not be placed ({exc.strerror or exc})")
+            return
+        when = "after its last save but one" if self.state else f"at its end: {self.state_note}"
+        conductor.echo(
+            one_line(f"  swapped: {' '.join(swapped.command)} (in the control's {counted(len(plan), 'file')}, {when})")
+        )
+        conductor.execute(swapped, [], conductor.limit, conductor.result.get("launcher", {}).get("jobs", {}))
+        self.run = swapped
+
+    def evidence(self) -> SwapEvidence:
+        """What it told: the uninterrupted run's outputs it wrote bit for bit (it did not continue from the
+        state it found), or why it tells nothing; outputs that differ add no claim (see above)."""
+        conductor, swapped, last_but_one = self.conductor, self.run, self.state is not None
+        if swapped is None:
+            return SwapEvidence(note=self.note, not_needed=self.note is None)
+        if swapped.exit != 0:
+            return SwapEvidence(note=f"it failed ({failure_line(swapped)})")
+        clean = conductor.clean[0]
+        comparison = compare_outputs(clean.work, swapped.work, conductor.outputs, conductor.ignore, explain=False)
+        written = outputs_written(swapped, comparison)  # an output placed with the control's files shows nothing
+        conductor.result["comparisons"]["swap"] = {"run": "swapped", "against": clean.name, **comparison}
+        if not written:
+            return SwapEvidence(note="it wrote no declared output")
+        if all(f["same"] for f in written):
+            return SwapEvidence(same_files=tuple(f["path"] for f in written), from_last_save_but_one=last_but_one)
+        if trained_nothing(clean, swapped):
+            # Given a finished run's state, a restart that begins again unrecorded and one that resumes both
+            # have nothing left to train: other outputs show nothing.
+            state = (
+                "its state after its last save but one"
+                if last_but_one
+                else "its finished state: nothing was left to train"
+            )
+            return SwapEvidence(note=f"the restart given the control's state made no update ({state})")
+        return SwapEvidence()
+
+
+def copy_places(out: Path, places: dict[str, Path], into: dict[str, Path], clean: Run) -> str | None:
+    """A run's directories copied into check's own (made first, never through a link), within the budget an
+    uninterrupted run's size sets; why not, where they could not be."""
+    try:
+        for directory in into.values():
+            EvidenceDirs.of(out).make(directory)
+        return snapshot(places, into, copy_budget(clean.activity.places))
+    except (DirectoryReplaced, OSError) as exc:
+        return one_line(f"its files could not be copied ({getattr(exc, 'strerror', None) or exc})")

@@ -149,7 +149,7 @@ def _verify_framework(framework: str, cfg, user: list[str], out) -> dict:
 
 def _table(rows) -> str:
     widths = [max(len(str(r[i])) for r in rows + [("framework", "check", "result", "")]) for i in range(3)]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))
     return "\n".join(
         [line(("framework", "check", "result")), line(["-" * w for w in widths])]
         + [line(r[:3]) + ("" if r[3] else "   <-- FAIL") for r in rows]

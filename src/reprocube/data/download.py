@@ -86,7 +86,7 @@ def _local_sources(source_dir: str):
 
 def _open_local(path: Path) -> BinaryIO:
     """A local source file, only if it is a regular file (a FIFO or a device could block or never end)."""
-    file = open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))  # noqa: SIM115
+    file = open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))
     if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
         file.close()
         raise DataError("not a regular file")
@@ -100,7 +100,7 @@ def _missing() -> BinaryIO:
 
 def _open_url(url: str) -> BinaryIO:
     try:
-        return urllib.request.urlopen(url, timeout=TIMEOUT_S)  # noqa: S310 (http(s) mirrors from config)
+        return urllib.request.urlopen(url, timeout=TIMEOUT_S)  # http(s) mirrors from config
     except urllib.error.HTTPError as exc:
         raise DataError(f"HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:

@@ -50,7 +50,7 @@ def move_by_one(path: Path, chosen: Chosen | None = None) -> int | None:
         found = _moved_file(data, where, chosen)
     except CheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001  (a hostile file meeting zipfile or NumPy: one line, never a traceback)
+    except Exception as exc:  # a hostile file meeting zipfile or NumPy: one line, never a traceback
         raise CheckpointError(
             f"{where}: cannot be rewritten ({type(exc).__name__}: {one_line(str(exc))[:200]})"
         ) from None

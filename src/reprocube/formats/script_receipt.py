@@ -208,7 +208,7 @@ def output_digests(found: dict[str, Path], notes: list[str] | None = None) -> di
             continue
         try:
             digests[name] = _tensors_digest(path)
-        except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
+        except Exception as exc:  # Orbax and TensorStore meeting someone else's files
             digests.update({f"{name}/{inner}": sha256_regular(file) for inner, file in files_below(path).items()})
             if notes is not None:
                 notes.append(
@@ -275,7 +275,7 @@ def outputs_named(work: Path, names: set[str], declared: list[str]) -> FoundOutp
         elif kinds[relative] == ORBAX:
             try:
                 digests[relative] = _tensors_digest(path)
-            except Exception as exc:  # noqa: BLE001  (Orbax and TensorStore meeting someone else's files)
+            except Exception as exc:  # Orbax and TensorStore meeting someone else's files
                 why = f"{type(exc).__name__}: {one_line(str(exc))[:200]}"
                 kinds[relative] = f"a directory that Orbax cannot read ({why})"
         elif kinds[relative] == REGULAR:

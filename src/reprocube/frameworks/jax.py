@@ -144,7 +144,7 @@ class JaxBackend:
         self.tx = optax.sgd(cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
         self.run_key = jax.random.key(cfg.seed)
         init_key, self.dropout_key = jax.random.split(self.run_key)
-        to_nhwc = lambda images: jnp.asarray(images.transpose(0, 2, 3, 1))  # noqa: E731  (copied to the device once)
+        to_nhwc = lambda images: jnp.asarray(images.transpose(0, 2, 3, 1))  # copied to the device once
         self.x_train, self.x_test = to_nhwc(dataset.train.images), to_nhwc(dataset.test.images)
         self.y_train = jax.nn.one_hot(dataset.train.labels, dataset.num_classes, dtype=jnp.float32)
         self.y_test = jax.nn.one_hot(dataset.test.labels, dataset.num_classes, dtype=jnp.float32)

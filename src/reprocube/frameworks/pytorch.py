@@ -13,19 +13,19 @@ from collections.abc import Callable
 # cuBLAS reads this when CUDA initialises: it must be set before torch touches the GPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.overrides import TorchFunctionMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from reprocube.errors import CheckpointError, ConfigError  # noqa: E402
-from reprocube.formats.trace import tensor_digest, text_digest  # noqa: E402
-from reprocube.frameworks.torch_sgd import MomentumSGD  # noqa: E402
-from reprocube.training.backend import STEPS_PER_CALL, check_arrays  # noqa: E402
-from reprocube.training.state import EpochTotals, FrameworkState  # noqa: E402
+from reprocube.errors import CheckpointError, ConfigError
+from reprocube.formats.trace import tensor_digest, text_digest
+from reprocube.frameworks.torch_sgd import MomentumSGD
+from reprocube.training.backend import STEPS_PER_CALL, check_arrays
+from reprocube.training.state import EpochTotals, FrameworkState
 
 MOMENTUM_PREFIX = "momentum_buffer."
 CPU_GENERATOR = "torch.cpu"

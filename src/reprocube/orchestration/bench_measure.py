@@ -125,10 +125,10 @@ def _warm_up(backend, sampler, pipeline) -> float:
     backend.set_epoch_totals(EpochTotals())
     if pipeline is None:
         backend.begin_epoch(order)
-        steps = lambda first, end: backend.train_steps(sampler.steps_bounds(first, end), first)  # noqa: E731
+        steps = lambda first, end: backend.train_steps(sampler.steps_bounds(first, end), first)
     else:
         pipeline.start(0, order, 0, None)
-        steps = lambda first, end: backend.train_batches(pipeline.next_batches(end - first), first)  # noqa: E731
+        steps = lambda first, end: backend.train_batches(pipeline.next_batches(end - first), first)
     started = time.perf_counter()
     steps(0, 1)
     backend.group_losses()

@@ -3,7 +3,6 @@ study's runs and its Hydra launcher) builds, runs and reads them here, one way."
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import signal
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprocube.errors import TrainingError
+from reprocube.files import entry_size
+from reprocube.runtime.procfs import load_prctl
 from reprocube.training.metrics import last_logged_step
 
 MAX_ERROR_LINE = 300
@@ -37,16 +38,7 @@ PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGTERM
 
 
-def _load_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).prctl  # loaded here: the forked child only calls it
-    except (OSError, AttributeError):
-        return None
-
-
-_prctl = _load_prctl()
+_prctl = load_prctl()  # loaded here: the forked child only calls it
 
 
 def _die_with_parent():
@@ -176,7 +168,7 @@ class ProgressWatch:
         self.last_sizes, self.last_change, self.warned_at = None, time.monotonic(), 0.0
 
     def poll(self, child: subprocess.Popen) -> None:
-        sizes = [_size(path) for path in (self.log, *self.progress)]
+        sizes = [entry_size(path, missing=-1) for path in (self.log, *self.progress)]
         now = time.monotonic()
         if sizes != self.last_sizes:
             self.last_sizes, self.last_change, self.warned_at = sizes, now, 0.0
@@ -298,13 +290,6 @@ def run_watched(
         if child.poll() is None:  # an exception here (Ctrl-C): the child does not outlive the wait
             _end(child)
     return child.returncode
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return -1
 
 
 def _end(child: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -2,8 +2,8 @@
 [KEY=VALUE ...]`: replay global step N of a run in this process and environment with every operation
 recorded (reprocube.training.replay), and write OPS.json (read and compared by reprocube.analysis.first_differing_operation).
 The overrides may only change places (data_dir=...): the run's own config is replayed. Exit 0 when
-written; 2 for a framework whose operations cannot be recorded yet (TensorFlow, JAX) or a bad argument;
-3 data, 4 checkpoint, as `reprocube train`. Run it in a fresh process under the environment to test
+written; 2 for a run whose framework is not one of reprocube's three, a step outside the run, an override
+that is not a place or a bad argument; 3 data, 4 checkpoint, as `reprocube train`. Run it in a fresh process under the environment to test
 (ONEDNN_MAX_CPU_ISA=..., ATEN_CPU_CAPABILITY=...): those are read when the framework loads."""
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def _read_first_divergence(fields: Fields) -> dict | None:
     first = fields.nullable("first_divergence", fields.mapping)
     if first is None:
         return None
-    integer = lambda key: first.integer(key)  # noqa: E731 (nullable steps)
+    integer = lambda key: first.integer(key)  # nullable steps
     return {
         "step": first.integer("step", 1),
         "epoch": first.nullable("epoch", integer),

@@ -52,7 +52,7 @@ def _jax_not_found():
 
 
 with lines_dropped(START_UP_CHATTER), _jax_not_found():
-    import keras  # noqa: E402
-    import tensorflow as tf  # noqa: E402
+    import keras
+    import tensorflow as tf
 
 __all__ = ["keras", "tf"]

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from reprocube.errors import CheckpointError, ConfigError, ReprocubeError, SignatureError
-from reprocube.files import fsync_dir, write_json_atomic
+from reprocube.files import current_umask, fsync_dir, write_json_atomic
 from reprocube.formats.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
 from reprocube.formats.script_receipt import parse_script_receipt
 from reprocube.terminal import one_line
@@ -209,7 +209,7 @@ def generate_key(private_key_path: Path) -> Path:
     )
     _write_new_file(private_key_path, private_pem, 0o600)
     try:
-        _write_new_file(public_key_path, public_pem, 0o644 & ~_umask())
+        _write_new_file(public_key_path, public_pem, 0o644 & ~current_umask())
     except BaseException:  # no half pair left behind: the private key is ours, just written
         private_key_path.unlink(missing_ok=True)
         raise
@@ -326,12 +326,6 @@ def _raw(public_key: Ed25519PublicKey) -> bytes:
 def _kind(key) -> str:
     name = type(key).__name__.removesuffix("PrivateKey").removesuffix("PublicKey")
     return f"an {name}" if name[:1] in "AEIORX" else f"a {name}"  # an RSA, an EC, an Ed448, a DSA
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _write_new_file(path: Path, data: bytes, mode: int) -> None:
