@@ -45,7 +45,7 @@ SURVIVED = {
     "how": "attempt 1 trained on after the signal to its end (it outlived the signal: the stop interrupted nothing)",
 }
 
-STOPPED = StoppedEvidence(how="SIGTERM", planned=1, landed=1, stops=(EFFECTIVE,), restart_waits_varied=True)
+STOPPED = StoppedEvidence(how="SIGTERM", planned=1, landed=1, stops=(EFFECTIVE,), restart_wait_s=1.0)
 STOPPED_TWO = replace(STOPPED, planned=2, landed=2, stops=(EFFECTIVE, EFFECTIVE_2))
 USED = MovedRestart(stop=1, name="moved-1", moved=("ckpt.pt",), weights_only=True, used="its first loss 2.1 vs 2.3")
 NEVER_USED = MovedRestart(stop=1, name="moved-1", moved=("ckpt.pt",), weights_only=True, never_used=("model.pt",))
@@ -455,13 +455,22 @@ ROWS = [
         id="the pass without a control",
     ),
     Row(
-        stopped(restart_waits_varied=False),
+        stopped(restart_wait_s=0.0),
         "resume-exact",
         "resume",
         "resume_exact",
         names=(table.NO_WAIT,),
         origin="round 10: a wall-clock budget kept in the checkpoint",
         id="every restart came at once: named",
+    ),
+    Row(
+        PASSING,
+        "resume-exact",
+        "resume",
+        "resume_exact",
+        names=(table.WAITED.format(seconds="1"),),
+        origin="round 10: a checkpoint stale after 2 s passed a 1 s wait",
+        id="a restart waited 1 s: a longer absence named",
     ),
     Row(
         stopped(

@@ -47,6 +47,7 @@ from reprocube.formats.tensor_readers import (
     read_npz,
     read_safetensors,
     read_torch,
+    torch_structure,
 )
 from reprocube.results.wording import difference_size
 from reprocube.terminal import one_line
@@ -303,7 +304,10 @@ def content_difference(name: str, a: bytes, b: bytes, ignore_fields: list[str] =
             return _keras_difference(a, b, one_line(name))
         if suffix in TENSOR_SUFFIXES:
             ta, tb = load_tensors(suffix, a, f"{name} (A)"), load_tensors(suffix, b, f"{name} (B)")
-            return _tensors_difference(ta, tb)
+            found = _tensors_difference(ta, tb)
+            if found["tensor"] is None and suffix in (".pt", ".pth"):
+                return _torch_layout(a, b, name)
+            return found
         if suffix == ".json":
             return _first_key(parse_json(a, "A", CheckpointError), parse_json(b, "B", CheckpointError))
         if suffix in TEXT_SUFFIXES:
@@ -316,17 +320,29 @@ def content_difference(name: str, a: bytes, b: bytes, ignore_fields: list[str] =
 def _tensors_difference(ta: dict, tb: dict) -> dict:
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
-        # Every value read the same (tensors, numbers, texts): other bytes only (pickle's memo, member order)
-        return {
-            "detail": "the bytes differ, every value is identical (a layout difference)",
-            "tensor": None,
-            "layout": True,
-        }
+        return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
     first = rows[0]
     return {
         "tensor": first,
         "detail": f"tensor {first['tensor']}: {difference_size(first)} "
         f"({len(rows)} of {len(set(ta) | set(tb))} tensors differ)",
+    }
+
+
+def _torch_layout(a: bytes, b: bytes, name: str) -> dict:
+    """Two torch.save files whose every tensor and value read the same: a layout difference only where
+    everything torch would load is the same too, types, keys and nesting included (torch_structure)."""
+    if torch_structure(a, f"{name} (A)") == torch_structure(b, f"{name} (B)"):
+        return {
+            "detail": "the bytes differ, everything torch would load is identical, every type and key too (a "
+            "layout difference: pickle's memo or the archive's order)",
+            "tensor": None,
+            "layout": True,
+        }
+    return {
+        "detail": "the bytes differ, every tensor is identical, but what torch would load is not (a value's "
+        "type, a key's type, the nesting, a set, a Parameter, or how tensors share storage)",
+        "tensor": None,
     }
 
 

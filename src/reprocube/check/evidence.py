@@ -58,7 +58,7 @@ class StoppedEvidence:
     clean_saves: int = 0  # how often the uninterrupted run saved (-1: it follows the clock)
     stops_after_first_save: bool = False  # default stops: each a share of a save interval
     survived: tuple[int, ...] = ()  # stops whose signal the command outlived: it trained on to its end
-    restart_waits_varied: bool = False  # some restart came a while after its stop
+    restart_wait_s: float = 0.0  # the longest a restart waited after its stop (0: each came at once)
     per_process_differs: str | None = None  # more uninterrupted runs, started because this one differs
     more_clean_runs: int = 0  # how many such runs were started (0: none)
 

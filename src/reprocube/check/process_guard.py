@@ -36,7 +36,22 @@ import threading
 import time
 from collections.abc import Callable
 
-from reprocube.runtime.procfs import load_prctl, proc_stat
+
+def _procfs():
+    """reprocube's one /proc reader and prctl loader (runtime/procfs.py, standard library only), loaded by its
+    path: the guard runs as a script (python -I -S), with no reprocube on its path."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "procfs.py")
+    spec = importlib.util.spec_from_file_location("_reprocube_guard_procfs", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_PROCFS = _procfs()
+load_prctl, proc_stat = _PROCFS.load_prctl, _PROCFS.proc_stat
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -530,7 +530,7 @@ class CheckSession:
             traces_unreadable=any("the probe's traces, unreadable" in line for line in self.result["not_checked"]),
             updates_partial=any(line.startswith("the updates at steps") for line in added),
             stops_after_first_save=any(stop.fraction is not None for stop in plan),
-            restart_waits_varied=self.slurm is None and any(stop.wait_s for stop in plan[:landed]),
+            restart_wait_s=max((s.wait_s for s in plan[:landed]), default=0.0) if self.slurm is None else 0.0,
         )
 
     def more_uninterrupted_runs(self, stopped: StoppedEvidence) -> StoppedEvidence:

@@ -419,9 +419,10 @@ def _moved_shown(ev: Evidence) -> str:
 
 
 def _wait_lines(ev: Evidence) -> tuple[str, ...]:
-    """Every restart came at once: state that expires with time (a wall-clock budget kept in the
-    checkpoint) was never tried."""
-    return () if ev.stopped is None or ev.stopped.restart_waits_varied else (NO_WAIT,)
+    """State that expires with time (a wall-clock budget, a lease kept in the checkpoint) is tried only as
+    far as a restart waited: never where every restart came at once, up to the wait where one waited."""
+    waited = ev.stopped.restart_wait_s if ev.stopped is not None else 0.0
+    return (WAITED.format(seconds=f"{waited:g}"),) if waited else (NO_WAIT,)
 
 
 # --- the words ----------------------------------------------------------------------------------------
@@ -539,4 +540,9 @@ REPLAY_NOT_CHECKED = (
 NO_WAIT = (
     "state that expires with time (a wall-clock budget or a lease kept in the checkpoint): every restart came "
     "at once after its stop, none a while later"
+)
+WAITED = (
+    "state that expires with time (a wall-clock budget or a lease kept in the checkpoint) over more than "
+    "{seconds} s: the last restart came {seconds} s after its stop, the others at once; a longer absence (a "
+    "preemption of minutes) was not tried"
 )

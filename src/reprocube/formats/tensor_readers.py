@@ -18,6 +18,7 @@ Every failure is one CheckpointError naming the file."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import pickle
@@ -300,6 +301,71 @@ def torch_storage_dtypes(data: bytes, where: str) -> dict[str, np.dtype]:
     return {f"{unpickler.prefix}data/{key}": stored.array.dtype for key, stored in unpickler.storages.items()}
 
 
+def torch_structure(data: bytes, where: str) -> str:
+    """A digest of everything a `torch.save` file holds as torch would load it: each value with its type (a
+    tensor, a Parameter and its arguments, a NumPy array, a set, a torch.Size, a dict or an OrderedDict and
+    its attributes, a list, a tuple, text or bytes), every key as the type it is, in order; a tensor's dtype,
+    size, stride, offset and which storage it shares. Not pickle's memo or framing, nor the archive's member
+    order: two files of one digest differ only in how their bytes are laid out."""
+    value, unpickler = _unpickled_torch(data, where)
+    digest, storages, visits = hashlib.sha256(), {}, [0]
+
+    def put(tag: str, payload: bytes = b"") -> None:
+        digest.update(tag.encode() + len(payload).to_bytes(8, "little") + payload)
+
+    def walk(item, depth: int) -> None:
+        visits[0] += 1
+        if depth > MAX_NESTING or visits[0] > 2 * MAX_VALUES:
+            raise CheckpointError(f"{where}: nested more than {MAX_NESTING} deep or more than {MAX_VALUES} values")
+        if item is None or isinstance(item, bool | int | float | complex | str | bytes | bytearray):
+            put(type(item).__name__, _scalar_bytes(item))
+        elif isinstance(item, np.ndarray):
+            rebuilt = unpickler.tensors.get(id(item))
+            if rebuilt is None:
+                put("ndarray", f"{item.dtype.str}{item.shape}".encode())
+            else:
+                storage, offset, size, stride, rest = rebuilt
+                index = storages.setdefault(id(storage), len(storages))
+                put("tensor", repr((item.dtype.str, index, offset, tuple(size), tuple(stride))).encode())
+                walk(rest, depth + 1)
+                walk(unpickler.parameters.get(id(item)), depth + 1)  # None: no Parameter
+            put("data", item.tobytes())
+        elif isinstance(item, _ArrayRecord | _StorageData):
+            walk(item.array, depth + 1)
+        elif isinstance(item, _DTypeRecord):
+            put("dtype", item.dtype.str.encode())
+        elif isinstance(item, _Namespace):
+            put("namespace")
+            walk(dict(item.fields), depth + 1)
+        elif isinstance(item, dict):
+            put(type(item).__name__, str(len(item)).encode())
+            for key, inner in item.items():
+                walk(key, depth + 1)
+                walk(inner, depth + 1)
+            walk(getattr(item, "state", None), depth + 1)
+        elif isinstance(item, list | tuple):
+            put(type(item).__name__, str(len(item)).encode())
+            for inner in item:
+                walk(inner, depth + 1)
+        elif isinstance(item, type) and issubclass(item, _Inert):
+            put("global", item.global_name.encode())
+        else:
+            raise CheckpointError(f"{where}: a value of type {type(item).__name__} is not read")
+
+    walk(value, 0)
+    return digest.hexdigest()
+
+
+def _scalar_bytes(item) -> bytes:
+    if isinstance(item, float):
+        return struct.pack("<d", item)  # its bits: -0.0 and a NaN's payload are kept
+    if isinstance(item, complex):
+        return struct.pack("<dd", item.real, item.imag)
+    if isinstance(item, str):
+        return item.encode("utf-8", "surrogatepass")
+    return bytes(item) if isinstance(item, bytes | bytearray) else repr(item).encode()
+
+
 def _unpickled_torch(data: bytes, where: str):
     if not data.startswith(b"PK"):
         raise CheckpointError(
@@ -441,6 +507,14 @@ class _Mapping(dict):
         self.state = state
 
 
+class _SetItems(tuple):
+    """A set or frozenset's items, told apart from a tuple (torch_structure)."""
+
+
+class _SizeItems(tuple):
+    """A torch.Size's dimensions, told apart from a tuple (torch_structure)."""
+
+
 class _StorageData:
     """A torch storage read from the archive: a flat array of its dtype."""
 
@@ -497,18 +571,21 @@ def _stand_ins(unpickler: _Unpickler) -> dict[tuple[str, str], type]:
 
     class Size(_Inert):
         def __new__(cls, dims=()):
-            return tuple(dims)
+            return _SizeItems(dims)
 
     class Set(_Inert):
         def __new__(cls, items=()):
-            return tuple(items)
+            return _SetItems(items)
 
     class RebuildTensor(_Inert):
         def __new__(cls, storage, offset, size, stride, *rest):
-            return _tensor(storage, offset, size, stride, unpickler.budget)
+            tensor = _tensor(storage, offset, size, stride, unpickler.budget)
+            unpickler.tensors[id(tensor)] = (storage, offset, size, stride, rest)
+            return tensor
 
     class RebuildParameter(_Inert):
         def __new__(cls, data, *rest):
+            unpickler.parameters[id(data)] = rest  # (requires_grad, backward_hooks)
             return data
 
     class Namespace(_Namespace):
@@ -525,6 +602,8 @@ def _stand_ins(unpickler: _Unpickler) -> dict[tuple[str, str], type]:
         ("torch", "Size"): Size,
         ("builtins", "set"): Set,
         ("builtins", "frozenset"): Set,
+        ("__builtin__", "set"): Set,  # protocol 2 (torch.save's) names builtins so
+        ("__builtin__", "frozenset"): Set,
         ("argparse", "Namespace"): Namespace,
         ("torch._utils", "_rebuild_tensor_v2"): RebuildTensor,
         ("torch._utils", "_rebuild_parameter"): RebuildParameter,
@@ -595,6 +674,10 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(stream)
         self.archive, self.prefix, self.where, self.budget = archive, prefix, where, budget
         self.table, self.storages = _stand_ins(self), {}
+        # what torch_structure tells apart and the plain values do not: id(array) -> (storage, offset, size,
+        # stride, the rest of its rebuild's arguments); id(array) -> a Parameter's (requires_grad, hooks)
+        self.tensors: dict[int, tuple] = {}
+        self.parameters: dict[int, tuple] = {}
 
     def find_class(self, module: str, name: str):
         stand_in = self.table.get((module, name))

@@ -1,6 +1,6 @@
 """Linux process facts, read in one place: a process's /proc/<pid>/stat fields (its state, parent and process
-group) and the C library's prctl (None where there is none: not Linux, no libc symbol). Light: the process
-guard imports it in a fresh process."""
+group) and the C library's prctl (None where there is none: not Linux, no libc symbol). The standard
+library only: check's process guard, a script run by `python -I -S`, loads this file by its path."""
 
 from __future__ import annotations
 
