@@ -151,3 +151,97 @@ def test_an_upgrade_adds_only_what_is_missing_and_never_a_version_it_does_not_kn
     for odd in (True, 2.0, "2", 4):  # True == 1 and 2.0 == 2 in a dict lookup: never an upgrade
         with pytest.raises(CheckpointError, match="is not 3"):
             schema.check({VERSION_KEY: odd, "a": 1}, "x")
+
+
+# Every result file's contract as last recorded: its version, its keys and, where it has them, its verdicts.
+# A change to a contract without a version bump fails here; a bumped one asks for the record to be made
+# again (REPROCUBE_RECORD_SCHEMAS=1), so that the change is seen in review.
+GOLDEN_SCHEMAS = Path(__file__).parent / "golden_result_schemas.json"
+
+
+def _contracts() -> dict:
+    from reprocube.results import check_result, reproduce_result, script_reproduce_result
+    from reprocube.results.script_reproduce_result import SCRIPT_REPRODUCE_RESULT
+
+    verdicts = {
+        CHECK_RESULT.name: dict(check_result.VERDICTS),
+        REPRODUCE_RESULT.name: list(reproduce_result.VERDICTS),
+        SCRIPT_REPRODUCE_RESULT.name: dict(script_reproduce_result.VERDICTS),
+    }
+    return {
+        schema.name: {
+            "version": schema.version,
+            "keys": list(schema.keys),
+            "optional_keys": list(schema.optional_keys),
+            "verdicts": verdicts.get(schema.name),
+        }
+        for schema in (*SCHEMAS, SCRIPT_REPRODUCE_RESULT)
+    }
+
+
+def contract_change(now: dict, recorded: dict) -> str | None:
+    """What is wrong with the contracts now against the record: None where they are the same."""
+    for name, contract in now.items():
+        before = recorded.get(name)
+        if before == contract:
+            continue
+        if before is not None and contract["version"] == before["version"]:
+            return (
+                f"{name}: its keys or verdicts changed and its version ({contract['version']}) did not: bump it, "
+                "with an upgrade from the last one (results/schema.py)"
+            )
+        return f"{name}: version {contract['version']} is new: record it (REPROCUBE_RECORD_SCHEMAS=1)"
+    if set(recorded) != set(now):
+        return "a result file was added or removed: record it (REPROCUBE_RECORD_SCHEMAS=1)"
+    return None
+
+
+def test_no_result_file_changes_its_keys_or_verdicts_without_a_version_bump():
+    import os
+
+    now = _contracts()
+    if os.environ.get("REPROCUBE_RECORD_SCHEMAS") == "1":
+        GOLDEN_SCHEMAS.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+    assert contract_change(now, json.loads(GOLDEN_SCHEMAS.read_text())) is None
+
+
+def test_the_contract_record_sees_a_key_or_a_verdict_added_without_a_bump():
+    recorded = _contracts()
+    added_key = json.loads(json.dumps(recorded))
+    added_key["check.json"]["keys"].append("new_key")
+    assert "did not: bump it" in contract_change(added_key, recorded)
+    added_verdict = json.loads(json.dumps(recorded))
+    added_verdict["check.json"]["verdicts"]["new-verdict"] = 9
+    assert "did not: bump it" in contract_change(added_verdict, recorded)
+    bumped = json.loads(json.dumps(added_key))
+    bumped["check.json"]["version"] += 1
+    assert "is new: record it" in contract_change(bumped, recorded)
+
+
+def test_a_check_json_of_version_2_is_upgraded_to_3(tmp_path):
+    """check.json 2 had no rule, and named its moved-weights restarts poisoned-N, stage poison."""
+    from reprocube.results.check_result import read_check_page
+
+    version_2 = {
+        VERSION_KEY: 2,
+        "command": ["python", "train.py"],
+        "verdict": "not-proven",
+        "summary": "not-proven: ...",
+        "stage": "poison",
+        "outputs": {"paths": ["final.npy"], "ignore": []},
+        "stop_seed": 1,
+        "stops": "",
+        "signal": "TERM",
+        "runs": [{"name": "poisoned-1", "attempts": []}],
+        "comparisons": {"repeat": [], "poisoned-1": {}},
+        "not_checked": [],
+        "probe": None,
+        "environment": {},
+        "wall_s": 1.0,
+    }
+    path = tmp_path / "check.json"
+    path.write_text(json.dumps(version_2))
+    fields = CHECK_RESULT.read(path)
+    assert fields.value["rule"] is None and fields.value["stage"] == "moved-weights"
+    assert [run["name"] for run in fields.value["runs"]] == ["moved-1"] and "moved-1" in fields.value["comparisons"]
+    assert read_check_page(path)["runs"][0]["name"] == "moved-1"

@@ -135,7 +135,7 @@ ROWS = [
         Evidence(repeat=RepeatEvidence(differs="model.pt differs", leaked="clean-2's first update is step 9")),
         "state-leaked",
         "repeat",
-        "clean_runs_leaked_and_differ",
+        "clean_runs_leaked",
         ("step 9", "resume was not tested"),
         origin="round 3: a16 (state in HOME)",
         id="clean runs differ, one began where another ended",
@@ -144,7 +144,7 @@ ROWS = [
         Evidence(repeat=RepeatEvidence(leaked="clean-2 took a fraction of clean-1's time")),
         "state-leaked",
         "repeat",
-        "clean_runs_leaked_and_differ",
+        "clean_runs_leaked",
         ("fraction",),
         id="clean runs agree, one began from another's state",
     ),
@@ -598,3 +598,21 @@ def test_verdict_table_rules_are_short():
 
     for name, function in table.RULES:
         assert len(inspect.getsource(function).splitlines()) <= 25, name
+
+
+def test_docs_check_md_tables_every_rule_as_the_table_decides_it():
+    """docs/check.md's verdict table is the rule table in words: every rule once, in order, each with a
+    verdict its rows give and that verdict's exit status."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "check.md").read_text()
+    documented = re.findall(r"^\| `([a-z_]+)` \| `([a-z-]+)` \| (\d+) \|", text, re.MULTILINE)
+    assert [rule for rule, _, _ in documented] == [name for name, _ in table.RULES]
+    given: dict[str, set[str]] = {}
+    for row in ROWS:
+        if row.verdict is not None:
+            given.setdefault(row.rule, set()).add(row.verdict)
+    for rule, verdict, status in documented:
+        assert verdict in given[rule], (rule, verdict, given[rule])
+        assert int(status) == VERDICTS[verdict], (rule, verdict, status)

@@ -103,7 +103,7 @@ def outputs_uncomparable(ev: Evidence) -> Verdict | None:
 
 
 @rule
-def clean_runs_leaked_and_differ(ev: Evidence) -> Verdict | None:
+def clean_runs_leaked(ev: Evidence) -> Verdict | None:
     repeat = ev.repeat
     if repeat is None or not repeat.leaked:
         return None

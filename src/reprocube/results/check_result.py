@@ -191,7 +191,8 @@ def markdown(result: dict) -> str:
     lines = [
         "# reprocube check",
         "",
-        f"**Verdict: {result['verdict']}** (exit {VERDICTS[result['verdict']]})",
+        f"**Verdict: {result['verdict']}** (exit {VERDICTS[result['verdict']]}; rule `{result['rule']}`, "
+        "docs/check.md)",
         "",
         md_text(result["summary"]),
         "",
