@@ -26,7 +26,8 @@ import pytest
 
 from reprocube.analysis.outputs import compare_outputs, content_difference
 from reprocube.errors import CheckpointError
-from reprocube.formats.tensor_readers import MAX_DECODED_BYTES, read_npy, read_safetensors, read_torch
+from reprocube.formats.tensor_readers import MAX_DECODED_BYTES, read_npy, read_safetensors
+from reprocube.formats.torch_pickle import read_torch
 
 from helpers import reprocube
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from reprocube.analysis.first_differing_operation import first_differing_operation, read_ops
+from reprocube.analysis.first_differing_operation import first_differing_operation
 from reprocube.config import config_hash
 from reprocube.errors import CheckpointError
+from reprocube.formats.ops_format import read_ops
 from reprocube.orchestration.operation_replay import nondeterministic_operation
 from reprocube.training.checkpoint import manifest_self_digest
 
@@ -268,7 +269,7 @@ def test_the_reader_refuses_what_is_no_regular_bounded_json_file(tmp_path, monke
     link.symlink_to(good)
     with pytest.raises(CheckpointError, match="symbolic link"):
         read_ops(link)
-    monkeypatch.setattr("reprocube.analysis.first_differing_operation.MAX_OPS_BYTES", 100)
+    monkeypatch.setattr("reprocube.formats.ops_format.MAX_OPS_BYTES", 100)
     with pytest.raises(CheckpointError, match="more than the 100 allowed"):
         read_ops(good)
 

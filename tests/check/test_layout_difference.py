@@ -1,5 +1,5 @@
 """A torch.save file the same as another in every value but not in bytes is a layout difference only where
-everything torch would load is the same, types, keys and nesting included (formats.tensor_readers'
+everything torch would load is the same, types, keys and nesting included (formats.torch_pickle's
 torch_structure, analysis.outputs' comparison): round 10's helper passed five broken resumes whose final
 file had every tensor the same and a key's type, a tensor's class or the nesting changed. Files made here by
 torch itself; the truth of each pair read back with torch.load."""
@@ -11,7 +11,7 @@ import io
 import pytest
 
 from reprocube.analysis.outputs import content_difference
-from reprocube.formats.tensor_readers import torch_structure
+from reprocube.formats.torch_pickle import torch_structure
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reprocube.errors import CheckpointError
-from reprocube.formats.moved_tensors import move_by_one
+from reprocube.formats.checkpoint_formats import move_by_one
 
 
 def digest(path) -> str:

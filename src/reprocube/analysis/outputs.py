@@ -1,7 +1,7 @@
 """Two sets of a training script's outputs (files and directories in two work directories, or two paths
 given to `reprocube diff`), compared: bytes first; where the bytes differ, the tensors by name in the
 formats researchers save (safetensors, `.pt`/`.pth` zips read by reprocube's own restricted unpickler
-without importing torch or running any pickle's code (formats.tensor_readers), `.npz` and `.npy` without
+without importing torch or running any pickle's code (formats.torch_pickle), `.npz` and `.npy` without
 pickles, Keras `.h5`, Orbax checkpoint directories), and JSON, CSV and text line by
 line; the first differing tensor, key or line named, with the ULP statistics of reprocube.analysis.tensors.
 An Orbax checkpoint (a directory holding Orbax's `_METADATA`: a JSON object with its tree_metadata) is
@@ -31,6 +31,7 @@ import yaml
 
 from reprocube.analysis.tensors import tensor_differences
 from reprocube.errors import CheckpointError, ConfigError
+from reprocube.formats.checkpoint_formats import SUFFIXES, by_name
 from reprocube.formats.output_files import (
     MAX_OUTPUT_BYTES,
     ORBAX_TIMES,
@@ -41,19 +42,14 @@ from reprocube.formats.output_files import (
 )
 from reprocube.formats.tensor_readers import (
     KERAS_VOLATILE,
-    read_hdf5,
     read_keras,
-    read_npy,
-    read_npz,
-    read_safetensors,
-    read_torch,
-    torch_structure,
 )
+from reprocube.formats.torch_pickle import torch_structure
 from reprocube.results.wording import difference_size
 from reprocube.terminal import one_line
 from reprocube.untrusted import compose_yaml, parse_json, read_bytes
 
-TENSOR_SUFFIXES = (".safetensors", ".pt", ".pth", ".npz", ".npy", ".h5", ".keras")
+TENSOR_SUFFIXES = SUFFIXES  # the tensor formats of formats.checkpoint_formats
 TEXT_SUFFIXES = (".json", ".jsonl", ".csv", ".txt", ".log", ".tsv", ".yaml", ".yml")
 
 
@@ -556,19 +552,12 @@ def _rows_without(data: bytes, columns: list[str], found: set[str], suffix: str,
 
 
 def load_tensors(suffix: str, data: bytes, where: str = "the file") -> dict[str, np.ndarray]:
-    """name -> array of a tensor file, through reprocube.formats.tensor_readers: nothing in the file is run,
-    every size it declares checked before anything is allocated."""
-    if suffix == ".safetensors":
-        return read_safetensors(data, where)
-    if suffix == ".npy":
-        return {"array": read_npy(data, where)}
-    if suffix == ".npz":
-        return read_npz(data, where)
-    if suffix in (".pt", ".pth"):
-        return read_torch(data, where)
-    if suffix == ".keras" and data.startswith(b"PK"):
-        return {f"weights/{k}": v for k, v in read_keras(data, where)["weights"].items()}
-    return read_hdf5(data, where)  # Keras .weights.h5 / .h5
+    """name -> array of a tensor file, by the handler its suffix names (formats.checkpoint_formats): nothing
+    in the file is run, every size it declares checked before anything is allocated."""
+    handler = by_name(suffix)
+    if handler is None:
+        raise CheckpointError(f"{where}: {suffix} is no tensor format read here")
+    return handler.read(data, where)
 
 
 def _first_key(a, b, path: str = "") -> dict:

@@ -36,7 +36,8 @@ from reprocube.check.runs import Run, Stop, outputs_written
 from reprocube.check.slots import Conductor
 from reprocube.check.swapped_restart import copy_places, place, plan_restart
 from reprocube.errors import CheckpointError
-from reprocube.formats.moved_tensors import file_digests, move_by_one, reseal
+from reprocube.formats.checkpoint_formats import move_by_one
+from reprocube.formats.moved_tensors import file_digests, reseal
 from reprocube.probe import array_fingerprint
 from reprocube.terminal import one_line
 

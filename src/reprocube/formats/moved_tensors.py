@@ -1,5 +1,6 @@
 """A checkpoint's floating-point tensors moved, in a copy check made: what `reprocube check`'s moved-weights
-restart is given (reprocube.check.session). Every value becomes itself plus one: finite, so a
+restart is given (reprocube.check.moved_weights), each format's mover named in formats.checkpoint_formats'
+table, which dispatches to it (move_by_one). Every value becomes itself plus one: finite, so a
 script that refuses non-finite weights (an assert, a divergence guard) still takes them, and far enough
 that a restart that uses them computes another loss; one that writes the uninterrupted run's outputs bit
 for bit from them never used them.
@@ -27,58 +28,12 @@ from reprocube.formats.tensor_readers import (
     Budget,
     read_npy,
     read_safetensors,
-    torch_storage_dtypes,
     zip_members,
 )
-from reprocube.terminal import one_line
+from reprocube.formats.torch_pickle import torch_storage_dtypes
 from reprocube.untrusted import read_bytes
 
-NPY_MAGIC = b"\x93NUMPY"
-
-
 Chosen = Callable[[np.ndarray], bool]  # which floating-point tensors to move (None: all)
-
-
-def move_by_one(path: Path, chosen: Chosen | None = None) -> int | None:
-    """Move every floating-point tensor of the file at `path` (a regular file check placed) that `chosen`
-    accepts (all, where None) by one, by a new file renamed over it. The number of tensors moved; None
-    where the file is in no format written here (left as it is). CheckpointError where it claims a format
-    and cannot be read; OSError where it cannot be written."""
-    data = read_bytes(path, MAX_DECODED_BYTES, CheckpointError)
-    where, chosen = str(path), chosen or (lambda _: True)
-    try:
-        found = _moved_file(data, where, chosen)
-    except CheckpointError:
-        raise
-    except Exception as exc:  # a hostile file meeting zipfile or NumPy: one line, never a traceback
-        raise CheckpointError(
-            f"{where}: cannot be rewritten ({type(exc).__name__}: {one_line(str(exc))[:200]})"
-        ) from None
-    if found is None:
-        return None
-    blob, count = found
-    if count:
-        _replace(path, blob)
-    return count
-
-
-def _moved_file(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int] | None:
-    """The file's new bytes and how many tensors moved; None where it is in no format written here."""
-    if data.startswith(NPY_MAGIC):
-        blob, count = _npy(data, where, chosen)
-    elif data.startswith(b"PK"):
-        members = zip_members(data, where, Budget(where))
-        if any(name.endswith("/data.pkl") for name in members):
-            blob, count = _torch(data, members, where, chosen)
-        elif members and all(name.endswith(".npy") for name in members):
-            blob, count = _npz(data, members, where, chosen)
-        else:
-            return None
-    elif _looks_like_safetensors(data):
-        blob, count = _safetensors(data, where, chosen)
-    else:
-        return None
-    return blob, count
 
 
 def _moved(array: np.ndarray, chosen: Chosen) -> bytes | None:
@@ -95,7 +50,7 @@ def _moved(array: np.ndarray, chosen: Chosen) -> bytes | None:
     return moved.tobytes(order="F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C")
 
 
-def _npy(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
+def move_npy(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
     array = read_npy(data, where)
     moved = _moved(array, chosen)
     if moved is None:
@@ -103,18 +58,20 @@ def _npy(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
     return data[: len(data) - array.nbytes] + moved, 1
 
 
-def _npz(data: bytes, members: dict[str, bytes], where: str, chosen: Chosen) -> tuple[bytes, int]:
+def move_npz(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
+    members = zip_members(data, where, Budget(where))
     rewritten, count = {}, 0
     for name, blob in members.items():
         try:
-            rewritten[name], set_here = _npy(blob, f"{where}: {name}", chosen)
+            rewritten[name], set_here = move_npy(blob, f"{where}: {name}", chosen)
         except CheckpointError:  # a member not read (a pickled object: an RNG state's dict) is kept as it was
             rewritten[name], set_here = blob, 0
         count += set_here
     return _rezip(data, rewritten), count
 
 
-def _torch(data: bytes, members: dict[str, bytes], where: str, chosen: Chosen) -> tuple[bytes, int]:
+def move_torch(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
+    members = zip_members(data, where, Budget(where))
     rewritten, count = dict(members), 0
     for name, dtype in torch_storage_dtypes(data, where).items():
         blob = members[name]
@@ -138,11 +95,7 @@ def _rezip(original: bytes, members: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-def _looks_like_safetensors(data: bytes) -> bool:
-    return len(data) > 9 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") <= len(data) - 8
-
-
-def _safetensors(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
+def move_safetensors(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
     tensors = read_safetensors(data, where)  # every offset checked against the file
     blob, count = bytearray(data), 0
     base = np.frombuffer(data, dtype=np.uint8)
@@ -156,7 +109,7 @@ def _safetensors(data: bytes, where: str, chosen: Chosen) -> tuple[bytes, int]:
     return bytes(blob), count
 
 
-def _replace(path: Path, blob: bytes) -> None:
+def replace_file(path: Path, blob: bytes) -> None:
     """The new bytes in a file made new beside `path` (O_EXCL, never through a link), renamed over it."""
     temp = path.with_name(f".{path.name}.moved")
     times = path.lstat()
@@ -196,5 +149,5 @@ def reseal(path: Path, digests: dict[bytes, bytes]) -> bool:
         new = new.replace(old, moved).replace(old.upper(), moved.upper())
     if new == data:
         return False
-    _replace(path, new)
+    replace_file(path, new)
     return True

@@ -18,12 +18,8 @@ Every failure is one CheckpointError naming the file."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
-import pickle
-import re
-import struct
 import zipfile
 
 import numpy as np
@@ -60,20 +56,20 @@ class Budget:
 def element_count(shape, where: str) -> int:
     """The number of elements of a declared shape: a list of at most MAX_DIMS integers >= 0."""
     if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
-        raise CheckpointError(f"{where}: the shape {_short(shape)} is not a list of at most {MAX_DIMS} sizes")
+        raise CheckpointError(f"{where}: the shape {short(shape)} is not a list of at most {MAX_DIMS} sizes")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise CheckpointError(f"{where}: the shape {_short(shape)} is not a list of sizes >= 0")
+        raise CheckpointError(f"{where}: the shape {short(shape)} is not a list of sizes >= 0")
     return math.prod(shape)
 
 
-def _short(value) -> str:
+def short(value) -> str:
     text = one_line(repr(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _numeric(dtype: np.dtype, where: str) -> np.dtype:
     if dtype.hasobject or dtype.kind not in "biufcSU" or dtype.itemsize == 0:
-        raise CheckpointError(f"{where}: the dtype {_short(str(dtype))} is not read (numbers and fixed strings only)")
+        raise CheckpointError(f"{where}: the dtype {short(str(dtype))} is not read (numbers and fixed strings only)")
     return dtype
 
 
@@ -91,13 +87,13 @@ def read_npy(data: bytes, where: str) -> np.ndarray:
         else:
             raise ValueError(f"format version {version} is not read")
     except (ValueError, SyntaxError, TypeError, EOFError, OverflowError) as exc:
-        raise CheckpointError(f"{where}: not a NumPy .npy header ({_short(str(exc))})") from None
+        raise CheckpointError(f"{where}: not a NumPy .npy header ({short(str(exc))})") from None
     dtype = _numeric(dtype, where)
     count = element_count(shape, where)
     offset = stream.tell()
     if count * dtype.itemsize != len(data) - offset:
         raise CheckpointError(
-            f"{where}: the header declares {_short(shape)} {dtype} ({count * dtype.itemsize} bytes); "
+            f"{where}: the header declares {short(shape)} {dtype} ({count * dtype.itemsize} bytes); "
             f"the file holds {len(data) - offset}"
         )
     array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
@@ -110,7 +106,7 @@ def zip_members(data: bytes, where: str, budget: Budget) -> dict[str, bytes]:
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except ZIP_ERRORS as exc:
-        raise CheckpointError(f"{where}: not a zip archive ({_short(str(exc))})") from None
+        raise CheckpointError(f"{where}: not a zip archive ({short(str(exc))})") from None
     members: dict[str, bytes] = {}
     with archive:
         infos = archive.infolist()
@@ -127,7 +123,7 @@ def zip_members(data: bytes, where: str, budget: Budget) -> dict[str, bytes]:
                 with archive.open(info) as member:
                     blob = member.read(info.file_size + 1)  # zipfile stops at the declared size
             except ZIP_ERRORS as exc:
-                raise CheckpointError(f"{where}: {name} cannot be read ({_short(str(exc))})") from None
+                raise CheckpointError(f"{where}: {name} cannot be read ({short(str(exc))})") from None
             if len(blob) != info.file_size:
                 raise CheckpointError(f"{where}: {name} holds {len(blob)} bytes, not the {info.file_size} declared")
             members[info.filename] = blob
@@ -144,7 +140,7 @@ def read_npz(data: bytes, where: str, budget: Budget | None = None) -> dict[str,
 
 
 # --- safetensors ----------------------------------------------------------------------------------------
-def _safetensors_dtypes() -> dict[str, np.dtype]:
+def safetensors_dtypes() -> dict[str, np.dtype]:
     dtypes = {
         "BOOL": np.dtype(np.bool_),
         "U8": np.dtype("u1"),
@@ -187,7 +183,7 @@ def read_safetensors(data: bytes, where: str) -> dict[str, np.ndarray]:
     header = parse_json(data[8 : 8 + length], f"{where}: the safetensors header", CheckpointError)
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: the safetensors header is not a JSON object")
-    body, dtypes, arrays = 8 + length, _safetensors_dtypes(), {}
+    body, dtypes, arrays = 8 + length, safetensors_dtypes(), {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -196,7 +192,7 @@ def read_safetensors(data: bytes, where: str) -> dict[str, np.ndarray]:
             raise CheckpointError(f"{place}: not {{dtype, shape, data_offsets}}")
         dtype = dtypes.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
         if dtype is None:
-            raise CheckpointError(f"{place}: the dtype {_short(entry['dtype'])} is not read")
+            raise CheckpointError(f"{place}: the dtype {short(entry['dtype'])} is not read")
         count = element_count(entry["shape"], place)
         offsets = entry["data_offsets"]
         if not (
@@ -205,10 +201,10 @@ def read_safetensors(data: bytes, where: str) -> dict[str, np.ndarray]:
             and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             and 0 <= offsets[0] <= offsets[1] <= len(data) - body
         ):
-            raise CheckpointError(f"{place}: data_offsets {_short(offsets)} outside the {len(data) - body} data bytes")
+            raise CheckpointError(f"{place}: data_offsets {short(offsets)} outside the {len(data) - body} data bytes")
         if offsets[1] - offsets[0] != count * dtype.itemsize:
             raise CheckpointError(
-                f"{place}: {_short(entry['shape'])} {entry['dtype']} is {count * dtype.itemsize} bytes, "
+                f"{place}: {short(entry['shape'])} {entry['dtype']} is {count * dtype.itemsize} bytes, "
                 f"its offsets hold {offsets[1] - offsets[0]}"
             )
         arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=body + offsets[0]).reshape(entry["shape"])
@@ -257,7 +253,7 @@ def read_hdf5(data: bytes, where: str, budget: Budget | None = None) -> dict[str
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CheckpointError(f"{where}: not a readable HDF5 file ({_short(str(exc))})") from None
+        raise CheckpointError(f"{where}: not a readable HDF5 file ({short(str(exc))})") from None
     return arrays
 
 
@@ -284,471 +280,6 @@ def read_keras(data: bytes, where: str) -> dict:
     if "model.weights.h5" not in members:
         raise CheckpointError(f"{where}: a zip without model.weights.h5 (not a Keras 3 .keras file)")
     return parts
-
-
-# --- torch.save ---------------------------------------------------------------------------------------
-def read_torch(data: bytes, where: str) -> dict[str, np.ndarray]:
-    """A `torch.save` file (the zip format) as dotted names -> arrays: tensors, NumPy arrays, numbers and
-    the other plain values it holds (a text or None as its repr's bytes)."""
-    value, _ = _unpickled_torch(data, where)
-    return flatten(plain(value, where), where)
-
-
-def torch_storage_dtypes(data: bytes, where: str) -> dict[str, np.dtype]:
-    """A `torch.save` file's storages: zip member name ("<prefix>data/<key>") -> the dtype its tensors
-    read it as (the restricted unpickler's, read_torch's): what check's moved-weights restart moves."""
-    _, unpickler = _unpickled_torch(data, where)
-    return {f"{unpickler.prefix}data/{key}": stored.array.dtype for key, stored in unpickler.storages.items()}
-
-
-def torch_structure(data: bytes, where: str) -> str:
-    """A digest of everything a `torch.save` file holds as torch would load it: each value with its type (a
-    tensor, a Parameter and its arguments, a NumPy array, a set, a torch.Size, a dict or an OrderedDict and
-    its attributes, a list, a tuple, text or bytes), every key as the type it is, in order; a tensor's dtype,
-    size, stride, offset and which storage it shares. Not pickle's memo or framing, nor the archive's member
-    order: two files of one digest differ only in how their bytes are laid out."""
-    value, unpickler = _unpickled_torch(data, where)
-    digest, storages, visits = hashlib.sha256(), {}, [0]
-
-    def put(tag: str, payload: bytes = b"") -> None:
-        digest.update(tag.encode() + len(payload).to_bytes(8, "little") + payload)
-
-    def walk(item, depth: int) -> None:
-        visits[0] += 1
-        if depth > MAX_NESTING or visits[0] > 2 * MAX_VALUES:
-            raise CheckpointError(f"{where}: nested more than {MAX_NESTING} deep or more than {MAX_VALUES} values")
-        if item is None or isinstance(item, bool | int | float | complex | str | bytes | bytearray):
-            put(type(item).__name__, _scalar_bytes(item))
-        elif isinstance(item, np.ndarray):
-            rebuilt = unpickler.tensors.get(id(item))
-            if rebuilt is None:
-                put("ndarray", f"{item.dtype.str}{item.shape}".encode())
-            else:
-                storage, offset, size, stride, rest = rebuilt
-                index = storages.setdefault(id(storage), len(storages))
-                put("tensor", repr((item.dtype.str, index, offset, tuple(size), tuple(stride))).encode())
-                walk(rest, depth + 1)
-                walk(unpickler.parameters.get(id(item)), depth + 1)  # None: no Parameter
-            put("data", item.tobytes())
-        elif isinstance(item, _ArrayRecord | _StorageData):
-            walk(item.array, depth + 1)
-        elif isinstance(item, _DTypeRecord):
-            put("dtype", item.dtype.str.encode())
-        elif isinstance(item, _Namespace):
-            put("namespace")
-            walk(dict(item.fields), depth + 1)
-        elif isinstance(item, dict):
-            put(type(item).__name__, str(len(item)).encode())
-            for key, inner in item.items():
-                walk(key, depth + 1)
-                walk(inner, depth + 1)
-            walk(getattr(item, "state", None), depth + 1)
-        elif isinstance(item, list | tuple):
-            put(type(item).__name__, str(len(item)).encode())
-            for inner in item:
-                walk(inner, depth + 1)
-        elif isinstance(item, type) and issubclass(item, _Inert):
-            put("global", item.global_name.encode())
-        else:
-            raise CheckpointError(f"{where}: a value of type {type(item).__name__} is not read")
-
-    walk(value, 0)
-    return digest.hexdigest()
-
-
-def _scalar_bytes(item) -> bytes:
-    if isinstance(item, float):
-        return struct.pack("<d", item)  # its bits: -0.0 and a NaN's payload are kept
-    if isinstance(item, complex):
-        return struct.pack("<dd", item.real, item.imag)
-    if isinstance(item, str):
-        return item.encode("utf-8", "surrogatepass")
-    return bytes(item) if isinstance(item, bytes | bytearray) else repr(item).encode()
-
-
-def _unpickled_torch(data: bytes, where: str):
-    if not data.startswith(b"PK"):
-        raise CheckpointError(
-            f"{where}: not a zip-format torch.save file (the legacy format, a TorchScript archive or another "
-            "pickle is not read: save with torch.save's default format)"
-        )
-    budget = Budget(where)
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except ZIP_ERRORS as exc:
-        raise CheckpointError(f"{where}: not a zip archive ({_short(str(exc))})") from None
-    with archive:
-        pickles = [i for i in archive.infolist() if re.fullmatch(r"[^/]+/data\.pkl", i.filename)]
-        if len(pickles) != 1:
-            raise CheckpointError(f"{where}: {len(pickles)} data.pkl records (a torch.save zip has one)")
-        prefix = pickles[0].filename[: -len("data.pkl")]
-        if pickles[0].file_size > MAX_HEADER_BYTES:
-            raise CheckpointError(f"{where}: data.pkl is {pickles[0].file_size} bytes (at most {MAX_HEADER_BYTES})")
-        byteorder = _member(archive, prefix + "byteorder", where, budget, optional=True)
-        if byteorder not in (None, b"little"):
-            raise CheckpointError(f"{where}: byteorder {_short(byteorder)} (only little-endian files are read)")
-        pkl = _member(archive, pickles[0].filename, where, budget)
-        unpickler = _Unpickler(io.BytesIO(pkl), archive, prefix, where, budget)
-        try:
-            value = unpickler.load()
-        except CheckpointError:
-            raise
-        except (
-            pickle.UnpicklingError,
-            ValueError,
-            TypeError,
-            KeyError,
-            IndexError,
-            EOFError,
-            AttributeError,
-            RecursionError,
-            MemoryError,
-            OverflowError,
-            struct.error,
-        ) as exc:
-            raise CheckpointError(
-                f"{where}: data.pkl cannot be read ({type(exc).__name__}: {_short(str(exc))})"
-            ) from None
-    return value, unpickler
-
-
-def _member(archive, name: str, where: str, budget: Budget, optional: bool = False) -> bytes | None:
-    try:
-        info = archive.getinfo(name)
-    except KeyError:
-        if optional:
-            return None
-        raise CheckpointError(f"{where}: {one_line(name)} is missing") from None
-    if info.compress_type not in ZIP_METHODS:
-        raise CheckpointError(f"{where}: {one_line(name)} is compressed with method {info.compress_type} (not read)")
-    budget.charge(info.file_size, one_line(name))
-    try:
-        with archive.open(info) as member:
-            blob = member.read(info.file_size + 1)
-    except ZIP_ERRORS as exc:
-        raise CheckpointError(f"{where}: {one_line(name)} cannot be read ({_short(str(exc))})") from None
-    if len(blob) != info.file_size:
-        raise CheckpointError(f"{where}: {one_line(name)} holds {len(blob)} bytes, not the {info.file_size} declared")
-    return blob
-
-
-class _Inert:
-    """A global a pickle named, as our own stand-in: creating or calling it (NEWOBJ, REDUCE) runs only
-    the stand-in's code, which builds plain data; BUILD gives it only data."""
-
-    global_name = "?"
-
-    def __setstate__(self, state) -> None:
-        raise CheckpointError(f"state given to {self.global_name}, which takes none")
-
-
-class _ArrayRecord(_Inert):
-    """numpy's _reconstruct(ndarray, (0,), b'b') followed by BUILD (version, shape, dtype, fortran, bytes)."""
-
-    global_name = "numpy.ndarray"
-    array = None
-
-    def __setstate__(self, state) -> None:
-        if isinstance(state, tuple) and len(state) == 5:
-            state = state[1:]
-        if not (isinstance(state, tuple) and len(state) == 4):
-            raise CheckpointError("an ndarray's state is not (shape, dtype, fortran, bytes)")
-        shape, dtype, fortran, raw = state
-        self.array = _array(raw, dtype, shape, bool(fortran), "an ndarray")
-
-
-class _DTypeRecord(_Inert):
-    global_name = "numpy.dtype"
-
-    def __init__(self, dtype: np.dtype):
-        self.dtype = dtype
-
-    def __setstate__(self, state) -> None:  # (version, byteorder, subarray, names, fields, ...)
-        if not (isinstance(state, tuple) and len(state) >= 5 and state[2] is None and state[3] is None):
-            raise CheckpointError("a structured or subarray dtype is not read")
-        if state[1] in (">", "<"):
-            self.dtype = self.dtype.newbyteorder(state[1])
-        elif state[1] not in ("|", "="):
-            raise CheckpointError(f"a dtype byte order {_short(state[1])}")
-
-
-_DTYPE_TEXT = re.compile(r"[<>|=]?(b1|bool|[iu][1248]|f[248]|c(8|16)|[SU]\d{1,6})\Z")
-
-
-def _dtype_of(value) -> np.dtype:
-    if isinstance(value, _DTypeRecord):
-        return value.dtype
-    if isinstance(value, _StorageData):
-        return value.array.dtype
-    raise CheckpointError(f"{_short(value)} is not a dtype")
-
-
-def _array(raw, dtype, shape, fortran: bool, what: str) -> np.ndarray:
-    dtype = _dtype_of(dtype)
-    if not isinstance(raw, bytes | bytearray):
-        raise CheckpointError(f"{what}'s data is not bytes")
-    count = element_count(shape, what)
-    if count * dtype.itemsize != len(raw):
-        raise CheckpointError(
-            f"{what} declares {_short(shape)} {dtype}, {count * dtype.itemsize} bytes; it holds {len(raw)}"
-        )
-    return np.frombuffer(bytes(raw), dtype=dtype, count=count).reshape(shape, order="F" if fortran else "C")
-
-
-class _Mapping(dict):
-    """An OrderedDict as a dict, with the attributes BUILD gives it (a state dict's `_metadata`),
-    compared under the name `__state__`."""
-
-    state = None
-
-    def __setstate__(self, state) -> None:
-        if not isinstance(state, dict):
-            raise CheckpointError("an OrderedDict's state is not a mapping")
-        self.state = state
-
-
-class _SetItems(tuple):
-    """A set or frozenset's items, told apart from a tuple (torch_structure)."""
-
-
-class _SizeItems(tuple):
-    """A torch.Size's dimensions, told apart from a tuple (torch_structure)."""
-
-
-class _StorageData:
-    """A torch storage read from the archive: a flat array of its dtype."""
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-
-class _Namespace(_Inert):
-    global_name = "argparse.Namespace"
-
-    def __setstate__(self, state) -> None:
-        if not isinstance(state, dict):
-            raise CheckpointError("an argparse.Namespace's state is not a mapping")
-        self.fields = getattr(self, "fields", {})
-        self.fields.update(state)
-
-
-def _stand_ins(unpickler: _Unpickler) -> dict[tuple[str, str], type]:
-    """(module, name) -> the stand-in returned for it."""
-
-    class OrderedDict(_Inert):
-        def __new__(cls, items=()):
-            return _Mapping(items)
-
-    class Encode(_Inert):  # protocol 2 writes bytes as _codecs.encode(text, "latin1")
-        def __new__(cls, text, encoding="latin1"):
-            if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-                raise CheckpointError("_codecs.encode of something other than latin-1 text")
-            return text.encode("latin-1")
-
-    class DType(_Inert):
-        def __new__(cls, spec, align=False, copy=True):
-            if not (isinstance(spec, str) and _DTYPE_TEXT.match(spec)):
-                raise CheckpointError(f"a dtype {_short(spec)} (numbers and fixed strings only)")
-            return _DTypeRecord(np.dtype(spec))
-
-    class NDArray(_Inert):
-        def __new__(cls, *args):
-            raise CheckpointError("numpy.ndarray called directly")
-
-    class Reconstruct(_Inert):
-        def __new__(cls, subtype=None, shape=None, typecode=None):
-            if subtype is not NDArray:
-                raise CheckpointError("_reconstruct of something other than numpy.ndarray")
-            return _ArrayRecord()
-
-    class Scalar(_Inert):
-        def __new__(cls, dtype, raw=b""):
-            return _array(raw, dtype, (), False, "a NumPy scalar")
-
-    class FromBuffer(_Inert):
-        def __new__(cls, buffer, dtype, shape, order="C"):
-            return _array(buffer, dtype, shape, order == "F", "an ndarray")
-
-    class Size(_Inert):
-        def __new__(cls, dims=()):
-            return _SizeItems(dims)
-
-    class Set(_Inert):
-        def __new__(cls, items=()):
-            return _SetItems(items)
-
-    class RebuildTensor(_Inert):
-        def __new__(cls, storage, offset, size, stride, *rest):
-            tensor = _tensor(storage, offset, size, stride, unpickler.budget)
-            unpickler.tensors[id(tensor)] = (storage, offset, size, stride, rest)
-            return tensor
-
-    class RebuildParameter(_Inert):
-        def __new__(cls, data, *rest):
-            unpickler.parameters[id(data)] = rest  # (requires_grad, backward_hooks)
-            return data
-
-    class Namespace(_Namespace):
-        def __new__(cls, *args, **kwargs):  # NEWOBJ, then BUILD with its attributes
-            namespace = _Namespace.__new__(_Namespace)
-            namespace.fields = dict(kwargs)
-            return namespace
-
-    table: dict[tuple[str, str], type] = {
-        ("collections", "OrderedDict"): OrderedDict,
-        ("_codecs", "encode"): Encode,
-        ("numpy", "dtype"): DType,
-        ("numpy", "ndarray"): NDArray,
-        ("torch", "Size"): Size,
-        ("builtins", "set"): Set,
-        ("builtins", "frozenset"): Set,
-        ("__builtin__", "set"): Set,  # protocol 2 (torch.save's) names builtins so
-        ("__builtin__", "frozenset"): Set,
-        ("argparse", "Namespace"): Namespace,
-        ("torch._utils", "_rebuild_tensor_v2"): RebuildTensor,
-        ("torch._utils", "_rebuild_parameter"): RebuildParameter,
-    }
-    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        table[(module, "_reconstruct")] = Reconstruct
-        table[(module, "scalar")] = Scalar
-    for module in ("numpy.core.numeric", "numpy._core.numeric"):
-        table[(module, "_frombuffer")] = FromBuffer
-    for name, dtype in _STORAGES.items():
-        table[("torch", name)] = type(name, (_Inert,), {"dtype": dtype})
-    for (module, name), stand_in in table.items():
-        stand_in.global_name = f"{module}.{name}"
-    return table
-
-
-def _storage_dtypes() -> dict[str, np.dtype]:
-    names = {
-        "FloatStorage": "<f4",
-        "DoubleStorage": "<f8",
-        "HalfStorage": "<f2",
-        "LongStorage": "<i8",
-        "IntStorage": "<i4",
-        "ShortStorage": "<i2",
-        "CharStorage": "i1",
-        "ByteStorage": "u1",
-        "BoolStorage": "?",
-        "ComplexFloatStorage": "<c8",
-        "ComplexDoubleStorage": "<c16",
-        "UInt16Storage": "<u2",
-        "UInt32Storage": "<u4",
-        "UInt64Storage": "<u8",
-    }
-    dtypes = {name: np.dtype(code) for name, code in names.items()}
-    dtypes["BFloat16Storage"] = _safetensors_dtypes()["BF16"]
-    return dtypes
-
-
-_STORAGES = _storage_dtypes()
-
-
-def _tensor(storage, offset, size, stride, budget: Budget) -> np.ndarray:
-    """A tensor as torch rebuilds it (a strided view of a storage), with every index checked to lie in
-    the storage, then copied out contiguous: a copy (of an expanded, stride-0 or transposed view, which
-    may be far larger than its storage) charged to the file's `budget` before it is made."""
-    if not isinstance(storage, _StorageData):
-        raise CheckpointError("a tensor rebuilt from something other than a storage")
-    flat = storage.array
-    count = element_count(size, "a tensor")
-    element_count(stride, "a tensor's strides")
-    if len(size) != len(stride) or not (isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0):
-        raise CheckpointError(f"a tensor's size {_short(size)}, stride {_short(stride)}, offset {_short(offset)}")
-    if count == 0:
-        return np.zeros(size, flat.dtype)
-    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
-    if last >= flat.size:
-        raise CheckpointError(f"a tensor {_short(size)} at offset {offset} reaches past its storage of {flat.size}")
-    view = np.lib.stride_tricks.as_strided(
-        flat[offset:], shape=tuple(size), strides=tuple(s * flat.itemsize for s in stride), writeable=False
-    )
-    if not view.flags.c_contiguous:  # a copy: charged first (a view of its own storage's bytes is not)
-        budget.charge(count * flat.itemsize, f"a tensor {_short(size)} with strides {_short(stride)}")
-    return np.ascontiguousarray(view)
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, stream, archive, prefix: str, where: str, budget: Budget):
-        super().__init__(stream)
-        self.archive, self.prefix, self.where, self.budget = archive, prefix, where, budget
-        self.table, self.storages = _stand_ins(self), {}
-        # what torch_structure tells apart and the plain values do not: id(array) -> (storage, offset, size,
-        # stride, the rest of its rebuild's arguments); id(array) -> a Parameter's (requires_grad, hooks)
-        self.tensors: dict[int, tuple] = {}
-        self.parameters: dict[int, tuple] = {}
-
-    def find_class(self, module: str, name: str):
-        stand_in = self.table.get((module, name))
-        if stand_in is None:
-            raise CheckpointError(
-                f"{self.where}: the pickle names {one_line(str(module))}.{one_line(str(name))}, which is not read "
-                "(only tensors, NumPy arrays and plain values are; nothing a pickle names is run)"
-            )
-        return stand_in
-
-    def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise CheckpointError(f"{self.where}: a persistent id {_short(pid)} (a torch storage was expected)")
-        _, kind, key, _location, numel = pid
-        dtype = getattr(kind, "dtype", None)
-        if not (isinstance(kind, type) and issubclass(kind, _Inert) and isinstance(dtype, np.dtype)):
-            raise CheckpointError(f"{self.where}: a storage of type {_short(kind)}")
-        if not (isinstance(key, str) and re.fullmatch(r"\d{1,20}", key)):
-            raise CheckpointError(f"{self.where}: a storage key {_short(key)}")
-        if not (isinstance(numel, int) and not isinstance(numel, bool) and numel >= 0):
-            raise CheckpointError(f"{self.where}: a storage of {_short(numel)} elements")
-        if key not in self.storages:
-            name = f"{self.prefix}data/{key}"
-            info = self.archive.getinfo(name) if name in self.archive.namelist() else None
-            if info is None or info.file_size != numel * dtype.itemsize:
-                held = "is missing" if info is None else f"holds {info.file_size} bytes"
-                raise CheckpointError(f"{self.where}: storage {key} of {numel} x {dtype} {held}")
-            blob = _member(self.archive, name, self.where, self.budget)
-            self.storages[key] = _StorageData(np.frombuffer(blob, dtype=dtype, count=numel))
-        stored = self.storages[key]
-        if stored.array.dtype != dtype:
-            return _StorageData(stored.array.view(dtype)) if stored.array.nbytes % dtype.itemsize == 0 else stored
-        return stored
-
-
-def plain(value, where: str):
-    """The unpickled value as plain data (dicts, lists, tuples, numbers, text, bytes, arrays): each
-    object converted once (a pickle may share one object many times), nesting at most MAX_NESTING."""
-    done: dict[int, object] = {}
-
-    def convert(item, depth: int):
-        if depth > MAX_NESTING:
-            raise CheckpointError(f"{where}: nested more than {MAX_NESTING} deep")
-        if item is None or isinstance(item, bool | int | float | complex | str | bytes | np.ndarray):
-            return item
-        if id(item) in done:
-            return done[id(item)]
-        if isinstance(item, _ArrayRecord):
-            if item.array is None:
-                raise CheckpointError(f"{where}: an ndarray without its data")
-            result = item.array
-        elif isinstance(item, _StorageData):
-            result = item.array
-        elif isinstance(item, _DTypeRecord):
-            result = str(item.dtype)
-        elif isinstance(item, _Namespace):
-            result = {k: convert(v, depth + 1) for k, v in item.fields.items()}
-        elif isinstance(item, dict):
-            result = {k: convert(v, depth + 1) for k, v in item.items()}
-            if getattr(item, "state", None) is not None:
-                result["__state__"] = convert(item.state, depth + 1)
-        elif isinstance(item, list | tuple):
-            result = type(item)(convert(v, depth + 1) for v in item)
-        elif isinstance(item, type) and issubclass(item, _Inert):
-            result = f"<{item.global_name}>"
-        else:
-            raise CheckpointError(f"{where}: a value of type {type(item).__name__} is not read")
-        done[id(item)] = result
-        return result
-
-    return convert(value, 0)
 
 
 def flatten(value, where: str, prefix: str = "") -> dict[str, np.ndarray]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from reprocube.analysis.first_differing_operation import KERNELS_ONLY, first_differing_operation, read_ops
+from reprocube.analysis.first_differing_operation import KERNELS_ONLY, first_differing_operation
 from reprocube.errors import ReprocubeError
+from reprocube.formats.ops_format import read_ops
 from reprocube.orchestration.children import last_error_line, python_module_command
 from reprocube.training.backend import FRAMEWORKS
 

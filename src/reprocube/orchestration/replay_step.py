@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         return EXIT_CONFIG if exc.code else 0
 
     def run() -> int:
-        from reprocube.analysis.first_differing_operation import read_ops
+        from reprocube.formats.ops_format import read_ops
         from reprocube.training.replay import plan_replay, replay
 
         plan = plan_replay(args.run, args.step, args.overrides, args.config_file)
