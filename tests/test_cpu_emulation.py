@@ -17,8 +17,8 @@ import pytest
 
 from reprocube.analysis.match_plan import AVX2_CAPS, match_plan, session_settings
 from reprocube.formats.env import MASKED_NOTE, collect_env
-from reprocube.orchestration.run_reproduction import match_recipe
-from reprocube.results.reproduce_result import what_to_do
+from reprocube.orchestration.reproduce_reruns import match_recipe
+from reprocube.results.reproduce_wording import what_to_do
 from reprocube.runtime.cpu_emulation import (
     CHECKED_MODELS,
     EMULATOR,

@@ -21,7 +21,7 @@ from reprocube import errors
 from reprocube.cli import _parser
 from reprocube.commands import COMMANDS
 from reprocube.config import NON_RESULT_KEYS, flatten_keys, load_config, to_plain
-from reprocube.orchestration.run_reproduction import PLACE_KEYS
+from reprocube.orchestration.reproduce_inputs import PLACE_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "reprocube"

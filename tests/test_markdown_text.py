@@ -95,7 +95,8 @@ FORGEABLE = ("run_a", "summary", "source", "run_b", "causes", "match", "a_sessio
 
 @pytest.mark.parametrize("payload", [FORGED[0], FORGED[1], FORGED[4], FORGED[5]])
 def test_a_reproduce_report_full_of_forged_values_keeps_its_shape(payload):
-    from reprocube.results.reproduce_result import REPRODUCE_RESULT, markdown
+    from reprocube.results.reproduce_result import REPRODUCE_RESULT
+    from reprocube.results.reproduce_wording import markdown
 
     clean = REPRODUCE_RESULT.check(json.loads(REPRODUCE_V2.read_text()), "fixture").value
     forged = copy.deepcopy(clean)

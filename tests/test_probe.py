@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from reprocube import probe
-from reprocube.analysis.probe_trace import compare_stopped, read_trace
+from reprocube.analysis.probe_trace import read_trace
+from reprocube.analysis.probe_trace_comparison import compare_stopped
 from reprocube.errors import CheckpointError
 from reprocube.formats.trace import fingerprint
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from reprocube import probe
-from reprocube.analysis.probe_trace import compare_stopped, read_trace
+from reprocube.analysis.probe_trace import read_trace
+from reprocube.analysis.probe_trace_comparison import compare_stopped
 
 keras = pytest.importorskip("keras")
 

@@ -15,14 +15,13 @@ import pytest
 
 from reprocube import probe
 from reprocube.analysis import probe_trace
-from reprocube.analysis.probe_trace import (
+from reprocube.analysis.probe_trace import read_rank_traces, read_trace
+from reprocube.analysis.probe_trace_comparison import (
     cause_hint,
     compare_ranks,
     compare_stopped,
     compare_stopped_ranks,
     describe_difference,
-    read_rank_traces,
-    read_trace,
 )
 from reprocube.errors import CheckpointError
 

@@ -525,7 +525,7 @@ def test_a_setting_that_changes_only_the_losses_is_losses_only_by_the_fingerprin
 
 
 def test_a_recipe_line_unsets_sets_and_quotes_as_a_shell_reads_it():
-    from reprocube.results.reproduce_result import recipe_lines
+    from reprocube.results.reproduce_wording import recipe_lines
 
     recipe = [{"env": {"ATEN_CPU_CAPABILITY": None, "XLA_FLAGS": "--a --b"}, "argv": ["reprocube", "train", "x=a b"]}]
     assert recipe_lines(recipe) == ["env -u ATEN_CPU_CAPABILITY XLA_FLAGS='--a --b' reprocube train 'x=a b'"]

@@ -12,7 +12,7 @@ from reprocube.analysis.receipt_comparison import compare_receipts
 from reprocube.config import DOTTED_NAME
 from reprocube.formats.env import refused_match_setting
 from reprocube.formats.env_comparison import NOT_NUMERIC
-from reprocube.results.reproduce_result import TOO_MANY_SESSIONS
+from reprocube.results.reproduce_wording import TOO_MANY_SESSIONS
 from reprocube.runtime.cpu_emulation import CHECKED_MODELS, EMULATOR, INSTALL_HINT, NOT_INSTALLED, model_for
 from reprocube.terminal import pasteable
 from reprocube.training.receipt import Receipt

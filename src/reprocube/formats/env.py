@@ -50,7 +50,7 @@ ENV_PREFIXES = ("ONEDNN_", "DNNL_", "ATEN_", "OMP_", "KMP_", "MKL_", "XLA_", "JA
 # variable it records (PYTHONPATH, LD_PRELOAD, XLA_FLAGS=--xla_dump_to=...) could run code or write files
 # here, so it is reported, never applied (docs/security.md, "What a receipt can do").
 _ISA_NAME = r"[A-Za-z0-9_]{1,32}"
-_COUNT = r"[1-9][0-9]{0,2}|10[01][0-9]|102[0-4]"  # 1..1024 threads (config.MAX_THREADS)
+_COUNT = r"[1-9][0-9]{0,2}|10[01][0-9]|102[0-4]"  # 1..1024 threads (config_validation.MAX_THREADS)
 _XLA_FLAG = r"--xla_cpu_[a-z0-9_]{1,60}=[A-Za-z0-9_.]{1,32}|--xla_gpu_deterministic_ops=(true|false)"
 MATCHABLE_ENV_VARS = {
     "ONEDNN_MAX_CPU_ISA": _ISA_NAME,

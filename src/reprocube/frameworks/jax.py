@@ -11,9 +11,7 @@ is sized by the CPUs this process may use: it is pinned to `threads` CPUs."""
 
 from __future__ import annotations
 
-import inspect
 import os
-import re
 from collections.abc import Callable
 
 import flax
@@ -21,13 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import linen as nn
 from flax import traverse_util
-from jax.extend import core as jax_core
 
 from reprocube.errors import CheckpointError, ConfigError
-from reprocube.formats.ops_format import STEP_INPUT
-from reprocube.formats.trace import tensor_digest, text_digest
+from reprocube.frameworks.jax_model import Net, count_correct, flat_params, nll_sum, path_name, weights_fingerprint
+from reprocube.frameworks.jax_op_recorder import JaxprRecorder
 from reprocube.runtime import compilation_cache
 from reprocube.training.backend import STEPS_PER_CALL, check_arrays
 from reprocube.training.state import EpochTotals, FrameworkState
@@ -55,79 +51,6 @@ def _prepare_xla(cfg) -> None:
     if hasattr(os, "sched_setaffinity"):
         # With fewer CPUs than `threads`, XLA's pool is smaller: env.json records the effective count.
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: cfg.threads])
-
-
-class Net(nn.Module):
-    """conv 1->10 k5, pool, relu, conv 10->20 k5, Dropout2d, pool, relu, dense 320->50, relu, dropout,
-    dense 10 (channels-last). `conv2_as_matmul`: conv2 computed as image patches times its kernel (the
-    same parameters; other bits)."""
-
-    num_classes: int = 10
-    conv2_as_matmul: bool = False
-
-    @nn.compact
-    def __call__(self, x, train: bool):
-        x = nn.Conv(10, (5, 5), padding="VALID", name="conv1")(x)
-        x = nn.relu(_max_pool_2x2(x))
-        if self.conv2_as_matmul:
-            x = PatchConv(20, (5, 5), name="conv2")(x)
-        else:
-            x = nn.Conv(20, (5, 5), padding="VALID", name="conv2")(x)
-        x = nn.Dropout(0.5, broadcast_dims=(1, 2), deterministic=not train, name="conv2_drop")(x)  # whole channels
-        x = nn.relu(_max_pool_2x2(x))
-        x = x.reshape((x.shape[0], -1))
-        x = nn.relu(nn.Dense(50, name="fc1")(x))
-        x = nn.Dropout(0.5, deterministic=not train, name="fc1_drop")(x)
-        return nn.Dense(self.num_classes, name="fc2")(x)
-
-
-class PatchConv(nn.Module):
-    """nn.Conv's VALID convolution (the same `kernel` and `bias`, initialised alike) as the input's image
-    patches, cut by slicing, times the kernel reshaped to a matrix. On XLA's CPU backend a step is ~15%
-    faster with conv2 in this form: its input gradient, a convolution there, becomes a matrix product and
-    the sum of sliced windows (benchmarks/README.md). For conv1 (one input channel) it is not faster."""
-
-    features: int
-    kernel_size: tuple[int, int]
-
-    @nn.compact
-    def __call__(self, x):
-        (kh, kw), channels = self.kernel_size, x.shape[-1]
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (kh, kw, channels, self.features))
-        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-        oh, ow = x.shape[1] - kh + 1, x.shape[2] - kw + 1
-        # (n, oh, ow, kh*kw*channels): window position major, channel minor, as the kernel's HWIO rows
-        patches = jnp.concatenate([x[:, i : i + oh, j : j + ow, :] for i in range(kh) for j in range(kw)], axis=-1)
-        return patches @ kernel.reshape(-1, self.features) + bias
-
-
-def _max_pool_2x2(x):
-    """2x2 max pooling, stride 2, as a reshape and a max: the same forward values as nn.max_pool, and on
-    XLA's CPU backend a much cheaper gradient than reduce_window's select-and-scatter (about 15% of the
-    whole step here). A tie sends the gradient to every maximum instead of the first."""
-    n, h, w, c = x.shape
-    return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
-
-
-def _fingerprint(params):
-    """Each weight's float32 bits summed as uint32 (wrapping: modulo 2**32), in sorted name order, inside
-    the jitted step (reprocube.formats.trace.fingerprint)."""
-    flat = _flat_params(params)
-    leaves = [flat[path] for path in sorted(flat, key=".".join)]
-    return jnp.stack([_mix(jax.lax.bitcast_convert_type(leaf, jnp.uint32)).sum(dtype=jnp.uint32) for leaf in leaves])
-
-
-def _mix(x):
-    """reprocube.formats.trace.mix on uint32 (the product wraps modulo 2**32)."""
-    return x ^ (x * x)
-
-
-def _nll_sum(logits, one_hot):
-    return -jnp.sum(jax.nn.log_softmax(logits) * one_hot)
-
-
-def _count_correct(logits, one_hot):
-    return jnp.sum(jnp.argmax(logits, axis=1) == jnp.argmax(one_hot, axis=1), dtype=jnp.int32)
 
 
 class JaxBackend:
@@ -202,20 +125,20 @@ class JaxBackend:
 
         def loss_fn(p):
             logits = self.model.apply({"params": p}, images, train=True, rngs={"dropout": step_key})
-            return _nll_sum(logits, one_hot) / batch_size, logits
+            return nll_sum(logits, one_hot) / batch_size, logits
 
         (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         loss_sum, correct = totals
-        totals = (loss_sum + loss * batch_size, correct + _count_correct(logits, one_hot))
-        return params, opt_state, totals, loss, _fingerprint(params)
+        totals = (loss_sum + loss * batch_size, correct + count_correct(logits, one_hot))
+        return params, opt_state, totals, loss, weights_fingerprint(params)
 
     def _step_loop_fn(self, params, opt_state, totals, x_train, y_train, order, starts, count, batch_size, first_step):
         """_train_step_fn for the first `count` of `starts` (STEPS_PER_CALL long, the rest unused), in one
         loop on the device: the losses and fingerprints come back STEPS_PER_CALL long, `count` of them set."""
         losses = jnp.zeros((STEPS_PER_CALL,), jnp.float32)
-        fingerprints = jnp.zeros((STEPS_PER_CALL, len(_flat_params(params))), jnp.uint32)
+        fingerprints = jnp.zeros((STEPS_PER_CALL, len(flat_params(params))), jnp.uint32)
 
         def step(i, carry):
             params, opt_state, totals, losses, fingerprints = carry
@@ -230,7 +153,7 @@ class JaxBackend:
         images = jax.lax.dynamic_slice_in_dim(x_test, lo, batch_size)
         one_hot = jax.lax.dynamic_slice_in_dim(y_test, lo, batch_size)
         logits = self.model.apply({"params": params}, images, train=False)
-        return _nll_sum(logits, one_hot), _count_correct(logits, one_hot)
+        return nll_sum(logits, one_hot), count_correct(logits, one_hot)
 
     def begin_epoch(self, order: np.ndarray) -> None:
         self._order = jnp.asarray(order.astype(np.int32))
@@ -306,9 +229,9 @@ class JaxBackend:
 
     # --- state ----------------------------------------------------------------------------------
     def export_state(self) -> FrameworkState:
-        weights = {".".join(path): np.asarray(leaf) for path, leaf in _flat_params(self.params).items()}
+        weights = {".".join(path): np.asarray(leaf) for path, leaf in flat_params(self.params).items()}
         optimizer = {
-            _path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(self.opt_state)[0]
+            path_name(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(self.opt_state)[0]
         }
         return FrameworkState(weights, optimizer, {RUN_KEY: np.asarray(jax.random.key_data(self.run_key))})
 
@@ -319,7 +242,7 @@ class JaxBackend:
             raise CheckpointError(
                 "checkpoint's JAX run key differs from the one this seed and PRNG implementation give"
             )
-        params = _flat_params(self.params)
+        params = flat_params(self.params)
         check_arrays(
             "weights", state.weights, {".".join(path): (leaf.shape, leaf.dtype) for path, leaf in params.items()}
         )
@@ -327,7 +250,7 @@ class JaxBackend:
             {path: jnp.asarray(state.weights[".".join(path)]) for path in params}
         )
         leaves, treedef = jax.tree_util.tree_flatten_with_path(self.opt_state)
-        names = [_path_name(path) for path, _ in leaves]
+        names = [path_name(path) for path, _ in leaves]
         check_arrays(
             "optimizer tensors",
             state.optimizer,
@@ -345,7 +268,7 @@ class JaxBackend:
         (2 ULP at step 3 on an AVX-512 CPU); each kernel's outputs come from a second evaluation of it on
         the same inputs (_evaluated_apart), since returning the step's own changed its weights on an AVX2
         CPU. The replay checks each time that recording changed nothing."""
-        recorder = _JaxprRecorder()
+        recorder = JaxprRecorder()
         compiled = self._train_step, self._train_batch
         self._train_step = recorder.recording(self._train_step_fn, static_argnums=(TRAIN_STEP_BATCH_SIZE,))
         self._train_batch = recorder.recording(self._batch_step)
@@ -367,136 +290,3 @@ def _rows(parts: list[tuple[jax.Array, int | None]], dtype) -> np.ndarray:
         for v, (_, count) in zip(values, parts, strict=True)
     ]
     return np.concatenate(rows).astype(dtype, copy=False) if rows else np.zeros((0,), dtype)
-
-
-# --- recording one step's operations (reprocube.training.replay) -------------------------------------------------
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # a function's repr: not the same in two processes
-
-
-RECORDED_KERNELS = ("conv_general_dilated", "dot_general")  # XLA runs them as library calls, unfused
-
-
-class _JaxprRecorder:
-    """A function's jaxpr re-traced equation by equation, nested calls (jit, custom derivatives) inlined,
-    into one jitted program that also returns its inputs and each kernel's inputs and outputs; where each
-    ran comes from its name stack (`transpose(...)`: the backward pass; Flax's module names)."""
-
-    def __init__(self):
-        self.ops: list[dict] = []
-
-    def recording(self, fn, static_argnums: tuple[int, ...] = ()):
-        def call(*args):
-            closed, shapes = jax.make_jaxpr(fn, static_argnums=static_argnums, return_shape=True)(*args)
-            dynamic = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in static_argnums])
-            sites: list[tuple[str, str, str]] = []  # each primitive's name, where and parameters, in order
-
-            def instrumented(consts, flat):
-                values: list[tuple[list, list]] = []
-                return _evaluate(closed.jaxpr, consts, flat, "", sites, values), values
-
-            outputs, values = jax.jit(instrumented)(closed.consts, dynamic)
-            # The step's inputs first, one entry each, named: where the state entering the step differs.
-            names = [n for n in inspect.signature(fn).parameters][: len(args)]
-            named = {n: a for i, (n, a) in enumerate(zip(names, args, strict=True)) if i not in static_argnums}
-            leaves = jax.tree_util.tree_flatten_with_path(named)[0]
-            sites[:0] = [(STEP_INPUT, f"step input {_path_name(path)}", text_digest("")) for path, _ in leaves]
-            values[:0] = [([leaf], []) for _, leaf in leaves]
-            for (op, where, params), (inputs, results) in zip(sites, values, strict=True):
-                self.ops.append(
-                    {
-                        "index": len(self.ops),
-                        "op": op,
-                        "where": where,
-                        "params": params,
-                        "inputs": [_op_digest(value) for value in inputs],
-                        "outputs": [_op_digest(value) for value in results],
-                    }
-                )
-            return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), outputs)
-
-        return call
-
-
-def _evaluate(jaxpr, consts, args, stack: str, sites: list, values: list) -> list:
-    """jax.core.eval_jaxpr, keeping each kernel's inputs and outputs (in `values`) and, once, its name,
-    place and parameters (in `sites`)."""
-    env = {}
-
-    def read(var):
-        return var.val if isinstance(var, jax_core.Literal) else env[var]
-
-    for var, value in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = value
-    for var, value in zip(jaxpr.invars, args, strict=True):
-        env[var] = value
-    for eqn in jaxpr.eqns:
-        inputs = [read(var) for var in eqn.invars]
-        where = "/".join(part for part in (stack, str(eqn.source_info.name_stack)) if part)
-        inner = _inner_jaxpr(eqn)
-        if inner is not None:
-            outputs = _evaluate(inner.jaxpr, inner.consts, inputs, where, sites, values)
-        else:
-            with eqn.ctx.manager:  # as jax.core.eval_jaxpr binds it
-                result = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
-            outputs = list(result) if eqn.primitive.multiple_results else [result]
-            if eqn.primitive.name in RECORDED_KERNELS:
-                sites.append(
-                    (
-                        f"jax.{eqn.primitive.name}",
-                        _where(where),
-                        text_digest(_ADDRESS.sub("", repr(sorted(eqn.params.items())))),
-                    )
-                )
-                values.append((inputs, _evaluated_apart(eqn, inputs)))
-        for var, value in zip(eqn.outvars, outputs, strict=True):
-            if not isinstance(var, jax_core.DropVar):
-                env[var] = value
-    return [read(var) for var in jaxpr.outvars]
-
-
-def _evaluated_apart(eqn, inputs: list) -> list:
-    """A kernel's outputs as the recording returns them: the same kernel evaluated a second time on the
-    same inputs, behind an optimization barrier (so that XLA neither merges it with the step's own nor
-    fuses it). Returning the step's own output gives it a second user, and XLA then stops fusing a
-    weight gradient's matrix product into the optimizer's update: on an AVX2 CPU that changed the
-    updated weights (the replay's check caught it); the step's own kernels keep their users."""
-    apart = jax.lax.optimization_barrier(list(inputs))
-    with eqn.ctx.manager:
-        result = eqn.primitive.bind(*apart, **eqn.primitive.get_bind_params(eqn.params))
-    return list(result) if eqn.primitive.multiple_results else [result]
-
-
-def _inner_jaxpr(eqn):
-    """A call's own jaxpr (closed), to evaluate inline; None for a primitive."""
-    if eqn.primitive.name not in _CALLS:
-        return None
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        inner = eqn.params.get(key)
-        if isinstance(inner, jax_core.ClosedJaxpr):
-            return inner
-        if isinstance(inner, jax_core.Jaxpr):
-            return jax_core.ClosedJaxpr(inner, ())
-    return None
-
-
-def _where(stack: str) -> str:
-    """`forward, conv1`, `backward, fc2`, `step` (the optimizer, the totals), from a name stack."""
-    phase = "backward" if "transpose(" in stack else "forward" if "jvp(" in stack else "step"
-    scopes = [part for part in re.sub(r"\w+\(|\)", "", stack).split("/") if part and part != "Net"]
-    return f"{phase}, {scopes[-1]}" if scopes else phase
-
-
-def _op_digest(value) -> str:
-    array = value
-    if hasattr(array, "dtype") and jax.dtypes.issubdtype(array.dtype, jax.dtypes.extended):
-        array = jax.random.key_data(array)  # a typed PRNG key: its bits
-    return tensor_digest(np.asarray(array))
-
-
-def _flat_params(params) -> dict[tuple[str, ...], jax.Array]:
-    return traverse_util.flatten_dict(flax.core.unfreeze(params))
-
-
-def _path_name(path) -> str:
-    return ".".join(str(getattr(p, "name", getattr(p, "key", getattr(p, "idx", p)))) for p in path)

@@ -20,13 +20,9 @@ from reprocube.files import refuse_inside_checkpoints, write_file_atomic
 from reprocube.pages.check_page import is_check_dir, read_check_dir, write_check_page
 from reprocube.pages.html import ENV_ROWS, STYLE, STYLE_RUNS, img, png
 from reprocube.pages.plots import plt
-from reprocube.pages.reproduction_page import (
-    read_reproduction,
-    reproduction_dir,
-    reproduction_figures,
-    reproduction_html,
-    write_reproduction_page,
-)
+from reprocube.pages.reproduction_figures import reproduction_figures
+from reprocube.pages.reproduction_page import read_reproduction, reproduction_dir, write_reproduction_page
+from reprocube.pages.reproduction_sections import reproduction_html
 from reprocube.pages.study_figure import box_plot
 from reprocube.results.compare_result import summary_line
 from reprocube.results.study_result import STUDY_RESULT, read_study, summary_lines

@@ -17,7 +17,7 @@ from reprocube.errors import ConfigError
 EMULATOR = "qemu-x86_64"
 INSTALL_HINT = "apt-get install qemu-user"
 # The start of --match's `cannot` line where QEMU would emulate A's CPU but is not installed: this machine
-# could give A's bits (reproduce_result.what_to_do says how), not "a machine with A's setting".
+# could give A's bits (reproduce_wording.what_to_do says how), not "a machine with A's setting".
 NOT_INSTALLED = f"A's CPU exactly without {EMULATOR}"
 # QEMU's models checked to give a real machine's bits: the model, its vendor as /proc/cpuinfo names it, and
 # the ISA flags (env.ISA_FLAGS) that machine had. Only these are used: a model gives a machine's bits

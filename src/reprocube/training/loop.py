@@ -33,7 +33,7 @@ from reprocube.training.checkpoint import (
 )
 from reprocube.training.metrics import MetricsHistory
 from reprocube.training.preemption import StopRequest
-from reprocube.training.receipt import build_receipt, write_receipt
+from reprocube.training.receipt_writer import build_receipt, write_receipt
 from reprocube.training.rng import seed_host_rng
 from reprocube.training.runs import RunDirectory, open_run
 from reprocube.training.state import SESSION_ENV, SESSION_FROM_STEP, EpochTotals, FrameworkState, Position, TrainState

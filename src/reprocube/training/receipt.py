@@ -10,27 +10,18 @@ signature does: reprocube.training.signing)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprocube import __version__
-from reprocube.config import NON_RESULT_KEYS, config_hash, config_hash_matches
-from reprocube.errors import CheckpointError, ReprocubeError
-from reprocube.files import write_json_atomic
-from reprocube.formats.trace import FINGERPRINT_KEYS, LOSS_KEYS, TENSOR_DIGEST, StepTrace, tensor_digest
+from reprocube.config import NON_RESULT_KEYS, config_hash_matches
+from reprocube.errors import CheckpointError
+from reprocube.formats.trace import FINGERPRINT_KEYS, LOSS_KEYS, TENSOR_DIGEST, StepTrace
 from reprocube.training.backend import WEIGHT_NAMES
-from reprocube.training.checkpoint import HEX_DIGEST, NAME_PATTERN, epoch_name, read_checkpoint, step_name
-from reprocube.training.metrics import (
-    DETERMINISTIC_EPOCH_FIELDS,
-    MetricsHistory,
-    check_epoch_record,
-    read_epoch_records,
-)
+from reprocube.training.checkpoint import HEX_DIGEST, NAME_PATTERN
+from reprocube.training.metrics import DETERMINISTIC_EPOCH_FIELDS, check_epoch_record
 from reprocube.untrusted import Fields, parse_json, read_bytes
 
 RECEIPT = "receipt.json"
@@ -79,86 +70,12 @@ def not_evidence(path: tuple) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _source_file_digests() -> dict[str, bytes]:
-    """sha256 of each of reprocube's installed source files (every .py and .yaml under the package), by
-    relative path."""
-    root = Path(__file__).resolve().parents[1]  # the package, above this room
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file())
-    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).digest() for path in files}
-
-
-def source_sha256() -> str:
-    """sha256 over reprocube's installed source, path by path: two installs with equal digests run the same
-    reprocube code."""
-    digest = hashlib.sha256()
-    for name, file_digest in _source_file_digests().items():
-        digest.update(name.encode() + b"\0")
-        digest.update(file_digest)
-    return digest.hexdigest()
-
-
-def source_files() -> dict[str, str]:
-    """64 bits of each source file's sha256, by relative path: which files two installs differ in."""
-    return {name: file_digest.hex()[:16] for name, file_digest in _source_file_digests().items()}
-
-
 def _canonical(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def self_digest(receipt: dict) -> str:
     return hashlib.sha256(_canonical({k: v for k, v in receipt.items() if k != SELF_DIGEST})).hexdigest()
-
-
-def build_receipt(
-    config: dict,
-    env: dict,
-    history: MetricsHistory,
-    trace: StepTrace,
-    position,
-    checkpoints: Path,
-    sessions: list[dict] | None = None,
-):
-    """`env` is this process's environment; `sessions` every process's ({from_step, env}, this one last)."""
-    present = (
-        sorted(p.name for p in checkpoints.iterdir() if NAME_PATTERN.match(p.name)) if checkpoints.is_dir() else []
-    )
-    receipt = {
-        "format": RECEIPT_FORMAT,
-        "version": RECEIPT_VERSION,
-        "reprocube": {"version": __version__, "source_sha256": source_sha256(), "source_files": source_files()},
-        "config": config,
-        "config_hash": config_hash(config),
-        "dataset": {
-            "name": config["dataset"]["name"],
-            "payload_sha256": {key: spec["sha256"] for key, spec in sorted(config["dataset"]["files"].items())},
-        },
-        "env": env,
-        "position": position.as_dict(),
-        "complete": position.epoch >= config["epochs"] and position.step_in_epoch == 0,
-        "epochs": history.epochs,
-        "checkpoints": present,
-        "trace": trace.to_json(),
-        "sessions": _session_records(sessions or [{"from_step": trace.first_step, "env": env}], env, position),
-    }
-    receipt[SELF_DIGEST] = self_digest(receipt)
-    return receipt
-
-
-def _session_records(sessions: list[dict], env: dict, position) -> list[dict]:
-    """Each session's steps (from_step + 1 .. to_step) and environment; null where it is the receipt's env
-    (the last session's, usually every session's: written once)."""
-    ends = [s["from_step"] for s in sessions[1:]] + [position.global_step]
-    return [
-        {"from_step": s["from_step"], "to_step": end, "env": None if s["env"] == env else s["env"]}
-        for s, end in zip(sessions, ends, strict=True)
-    ]
-
-
-def write_receipt(run_path: Path, receipt: dict) -> None:
-    # Compact: the trace's base64 is most of it, and indentation would add a fifth to the rest.
-    write_json_atomic(run_path / RECEIPT, receipt, indent=None, sort_keys=True, compact=True)
 
 
 @dataclass
@@ -259,95 +176,6 @@ def parse_receipt(raw: bytes, path: Path, error: type[CheckpointError] = Checkpo
     return Receipt(
         path, raw, value, config, env, epochs, trace, fields.boolean("complete"), global_step, epoch, sessions
     )
-
-
-def is_run_directory(path: Path) -> bool:
-    """A directory a training run wrote (its marker or checkpoints/, as runs.RunDirectory.is_run says): its
-    receipt.json describes its checkpoints, not just itself."""
-    return os.path.lexists(path / ".reprocube-run") or os.path.lexists(path / "checkpoints")
-
-
-def check_own_receipt(run: Path, receipt: Receipt, error: type[ReprocubeError]) -> None:
-    """That `receipt` (read from run/receipt.json) is the run directory `run`'s own, as its checkpoints and
-    metrics.jsonl show: the checkpoints it lists are exactly those run/checkpoints holds; each is whole
-    (every file against its verified manifest), at the position its name says, of the receipt's config, with
-    the weights the receipt records there (an epoch's weights_digest; the trace's tensor digests at its
-    step); the one at the receipt's position holds the receipt's config, trace and epoch records (the
-    trainer writes them together); and metrics.jsonl's epoch records are the receipt's. Another run's receipt
-    copied in, or a checkpoint or metrics.jsonl changed since, is one line naming the file (`error`)."""
-    where = run / RECEIPT
-    checkpoints = run / "checkpoints"
-    if checkpoints.is_symlink() or not checkpoints.is_dir():
-        raise error(f"{run} has no checkpoints/ directory: nothing there shows that {where} is this run's")
-    held = sorted(p.name for p in checkpoints.iterdir() if NAME_PATTERN.match(p.name))
-    listed = receipt.value["checkpoints"]
-    for name in held:
-        if name not in listed:
-            raise error(
-                f"{checkpoints / name} is not a checkpoint {where} lists ({', '.join(listed[-3:]) or 'none'}"
-                f"{', ...' if len(listed) > 3 else ''}): the receipt is another run's, or older than this run"
-            )
-    for name in listed:
-        if name not in held:
-            raise error(f"{where} lists checkpoint {name}, which {checkpoints} does not hold: it is not this run's")
-    position = receipt.value["position"]
-    at = epoch_name(receipt.epoch) if position["step_in_epoch"] == 0 else step_name(receipt.global_step)
-    if at not in held:
-        raise error(f"{where} ends at {at}, which {checkpoints} does not hold: it is not this run's")
-    records = {record["epoch"]: record for record in receipt.epochs}
-    boundaries = {boundary.step: boundary.tensors for boundary in receipt.trace.boundaries}
-    for name in held:
-        try:
-            checkpoint = read_checkpoint(checkpoints / name)
-        except CheckpointError as exc:
-            raise error(f"{exc} (so {where} cannot be shown to be this run's)") from None
-        manifest, path = checkpoint.manifest, checkpoint.path
-        named = epoch_name(manifest.epoch) if manifest.step_in_epoch == 0 else step_name(manifest.global_step)
-        if named != name:
-            raise error(f"{path}: its manifest is at {named}, not where its name says")
-        if manifest.config_hash is not None and not config_hash_matches(receipt.config, manifest.config_hash):
-            raise error(f"{path}: its config_hash is not {where}'s config's: the receipt is another run's")
-        record = records.get(manifest.epoch) if manifest.step_in_epoch == 0 else None
-        if record is not None and record["weights_digest"] != manifest.weights_digest:
-            raise error(f"{path}: its weights are not the ones {where} records for epoch {manifest.epoch}")
-        expected = boundaries.get(manifest.global_step)
-        if expected is None and manifest.global_step > receipt.trace.first_step:
-            raise error(f"{path}: {where}'s trace records no weights at its global step {manifest.global_step}")
-        weights = checkpoint.content.weights
-        if expected is not None and receipt.trace.tensor_names:
-            digests = [tensor_digest(weights[n]) if n in weights else None for n in receipt.trace.tensor_names]
-            if digests != expected:
-                raise error(
-                    f"{path}: its weights are not the ones {where}'s trace records at global step "
-                    f"{manifest.global_step}: the receipt is another run's"
-                )
-        if name == at:
-            held_epochs = (manifest.fields.get("metrics") or {}).get("epochs")
-            state = checkpoint.content.state if isinstance(checkpoint.content.state, dict) else {}
-            for what, mine in (
-                ("config.json", checkpoint.content.config == receipt.config),
-                ("trace (state.json)", state.get("trace") == receipt.value["trace"]),
-                ("epoch records (manifest.json)", held_epochs == receipt.epochs),
-            ):
-                if not mine:
-                    raise error(f"{path}: its {what} is not {where}'s: the receipt is another run's")
-    _check_own_metrics(run, receipt, error)
-
-
-def _check_own_metrics(run: Path, receipt: Receipt, error: type[ReprocubeError]) -> None:
-    """metrics.jsonl's epoch records (as written: every key) are the receipt's."""
-    metrics, where = run / "metrics.jsonl", run / RECEIPT
-    if not os.path.lexists(metrics):
-        raise error(f"{run} holds no metrics.jsonl: nothing there shows that {where} is this run's")
-    logged = [{k: v for k, v in record.items() if k != "kind"} for record in read_epoch_records(metrics, error)]
-    for mine, theirs in zip(logged, receipt.epochs, strict=False):
-        if mine != theirs:
-            raise error(f"{metrics}: the record of epoch {mine['epoch']} is not the one {where} holds")
-    if len(logged) != len(receipt.epochs):
-        raise error(
-            f"{metrics} records {len(logged)} epochs, {where} {len(receipt.epochs)}: the receipt is not "
-            "this run's, or the run went on after it (resume it to its end)"
-        )
 
 
 MAX_SESSIONS = 1000

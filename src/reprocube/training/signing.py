@@ -34,14 +34,8 @@ from reprocube.formats.script_receipt import FORMAT as SCRIPT_RECEIPT_FORMAT
 from reprocube.formats.script_receipt import parse_script_receipt
 from reprocube.terminal import one_line
 from reprocube.training.checkpoint import MANIFEST, NAME_PATTERN
-from reprocube.training.receipt import (
-    RECEIPT,
-    RECEIPT_FORMAT,
-    SIGNATURE_FILE,
-    check_own_receipt,
-    is_run_directory,
-    parse_receipt,
-)
+from reprocube.training.receipt import RECEIPT, RECEIPT_FORMAT, SIGNATURE_FILE, parse_receipt
+from reprocube.training.receipt_ownership import check_own_receipt, is_run_directory
 from reprocube.untrusted import MAX_JSON_BYTES, Fields, parse_json, read_bytes
 
 SIGNATURE_FORMAT = "reprocube-signature"
@@ -68,7 +62,7 @@ def signature_path(receipt_path: Path) -> Path:
 def signable_receipt(source: Path) -> tuple[Path, bytes]:
     """What `reprocube sign SOURCE` may sign: (the receipt's path, the exact bytes checked). SOURCE is a run
     directory whose receipt.json is that run's own (its checkpoints and metrics.jsonl agree with it:
-    receipt.check_own_receipt), or a receipt given as such: a file, or a directory without checkpoints
+    receipt_ownership.check_own_receipt), or a receipt given as such: a file, or a directory without checkpoints
     holding receipt.json, that reads strictly as a run's receipt or a script's (`check`'s). A receipt.json
     inside a run directory is that run's, and checked as such. Anything else (another run's receipt copied
     into a run, a checkpoint or metrics.jsonl changed since, a file that is no receipt, a symbolic link) is
