@@ -24,7 +24,8 @@ import h5py
 import numpy as np
 import pytest
 
-from reprocube.analysis.outputs import compare_outputs, content_difference
+from reprocube.analysis.output_content import content_difference
+from reprocube.analysis.outputs import compare_outputs
 from reprocube.errors import CheckpointError
 from reprocube.formats.tensor_readers import MAX_DECODED_BYTES, read_npy, read_safetensors
 from reprocube.formats.torch_pickle import read_torch

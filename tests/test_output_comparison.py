@@ -237,3 +237,39 @@ def test_a_keras_archive_is_compared_by_its_weights_and_config_without_date_save
     (b / "model.keras").write_bytes(keras_archive(weights, "x", {"class_name": "Sequential", "units": 5}))
     [entry] = compare_outputs(a, b, ["model.keras"], [])["files"]
     assert entry["same"] is False and entry["key"] == "config.json:units", entry
+
+
+def test_an_ignored_field_held_by_one_file_only_or_elsewhere_is_a_difference(tmp_path):
+    """Round 10: `--ignore metrics.csv:time` hid a column the resumed run's file did not have at all; a
+    field is left out only where both files hold it, at one place."""
+    a, b = runs(tmp_path)
+    (a / "metrics.csv").write_text("step,loss,time\n1,0.5,3.1\n")
+    (b / "metrics.csv").write_text("step,loss\n1,0.5\n")
+    (a / "run.json").write_text(json.dumps({"loss": 0.5, "time": 3.1}))
+    (b / "run.json").write_text(json.dumps({"loss": 0.5}))
+    (a / "moved.csv").write_text("step,loss,time\n1,0.5,3.1\n")
+    (b / "moved.csv").write_text("time,step,loss\n4.2,1,0.5\n")
+    (a / "same.csv").write_text("step,loss,time\n1,0.5,3.1\n")
+    (b / "same.csv").write_text("step,loss,time\n1,0.5,9.9\n")
+    ignore = ["*.csv:time", "run.json:time"]
+    files = {
+        f["path"]: f
+        for f in compare_outputs(a, b, ["metrics.csv", "run.json", "moved.csv", "same.csv"], ignore)["files"]
+    }
+    for name in ("metrics.csv", "run.json", "moved.csv"):
+        assert files[name]["same"] is False and "only, or at another place" in files[name]["detail"], files[name]
+    assert files["same.csv"]["same"] is True
+
+
+def test_an_orbax_tree_of_other_keys_or_containers_is_a_difference(tmp_path):
+    """Round 10: {"params": {"w": w}} and {"params.w": w} flatten to one name; Orbax restores them as other
+    trees. The tree's structure is compared with its tensors."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    a, b = runs(tmp_path)
+    w = np.arange(3, dtype=np.float32)
+    for side, tree in ((a, {"params": {"w": w}}), (b, {"params.w": w})):
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save((side / "final").absolute(), tree)
+        checkpointer.wait_until_finished()
+    entries = {f["path"]: f for f in compare_outputs(a, b, ["final"], [])["files"]}
+    assert entries["final"]["same"] is False and "the tree is not" in entries["final"]["detail"], entries["final"]

@@ -50,3 +50,24 @@ def test_the_files_make_test_hands_out_first_exist():
     found = {path.name for path in tests.rglob("test_*.py")}
     assert [name for name in LONGEST_FILES_FIRST if name not in found] == []
     assert len(set(LONGEST_FILES_FIRST)) == len(LONGEST_FILES_FIRST), "a file named twice: its first place wins"
+
+
+def test_no_module_is_over_500_lines_and_no_function_of_check_over_60():
+    """One responsibility per module: a module that grows past 500 lines holds two; check's functions are
+    read as rules and steps, each at most 60 lines."""
+    import ast
+
+    package = ROOT / "src" / "reprocube"
+    long_modules = [
+        f"{p.relative_to(package)}: {n}"
+        for p in sorted(package.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 500
+    ]
+    assert not long_modules, long_modules
+    long_functions = [
+        f"{p.name}:{node.name}: {node.end_lineno - node.lineno + 1}"
+        for p in sorted((package / "check").glob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert not long_functions, long_functions

@@ -53,12 +53,14 @@ def test_a_script_that_saves_its_generator_resumes_exactly(tmp_path):
     assert stopped["stops_landed"] == 2 and len(stopped["attempts"]) == 3
     assert [a["exit"] for a in stopped["attempts"]] == [-signal.SIGTERM, -signal.SIGTERM, 0]
     assert result["comparisons"]["control"]["identical"] is False  # the outputs depend on the training
-    # The schema's strict reader: two things left unchecked, what no run on this machine can show (state at a
-    # path outside the run's directories that its restarts find again), and what the moved-weights restarts (the
+    # The schema's strict reader: three things left unchecked, what no run on this machine can show (state at a
+    # path outside the run's directories that its restarts find again), what the moved-weights restarts (the
     # state after each stop, its weights moved, in another directory) cannot: they recorded another first
-    # loss, so they used their weights, but the stopped run's own restarts ran elsewhere. That made the swapped
-    # restart (the control's state, copied as it ran after its last save but one) redundant: it did not run.
-    outside, replay = read_check(tmp_path / "out" / "check.json")["not_checked"]
+    # loss, so they used their weights, but the stopped run's own restarts ran elsewhere (that made the swapped
+    # restart, the control's state copied as it ran after its last save but one, redundant: it did not run);
+    # and state that expires with time, tried only as far as the last restart's wait.
+    outside, replay, waited = read_check(tmp_path / "out" / "check.json")["not_checked"]
+    assert waited.startswith("state that expires with time") and "the last restart came 1 s after its stop" in waited
     assert replay.startswith("whether the stopped run's own restarts used the weights they read: the moved-weights")
     assert (
         outside.startswith("state kept outside the run's directories")

@@ -10,8 +10,8 @@ import io
 
 import pytest
 
-from reprocube.analysis.outputs import content_difference
-from reprocube.formats.torch_pickle import torch_structure
+from reprocube.analysis.output_content import content_difference
+from reprocube.formats.torch_structure import torch_structure
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -67,6 +67,25 @@ PAIRS = {
     "a list or a tuple": ({"w": weights(), "shape": [4]}, {"w": weights(), "shape": (4,)}),
     "an int or a bool": ({"w": weights(), "flag": 1}, {"w": weights(), "flag": True}),
     "-0.0 or 0.0": ({"w": weights(), "lr": 0.0}, {"w": weights(), "lr": -0.0}),
+    # round 10's second helper: a NumPy scalar against a 0-d array (caseA)
+    "a NumPy scalar": (
+        {"w": weights(), "first": np.float32(0.5)},
+        {"w": weights(), "first": np.array(0.5, np.float32)},
+    ),
+    # the bytes of a tensor's storage outside its view, which torch loads (caseB)
+    "a storage beyond the view": (
+        {"w": torch.arange(16, dtype=torch.float32)[:8]},
+        {"w": torch.cat([torch.arange(8, dtype=torch.float32), torch.zeros(8)])[:8]},
+    ),
+    "one list held twice": ((lambda shared: {"a": shared, "b": shared})([1, 2]), {"a": [1, 2], "b": [1, 2]}),
+    "one tensor held twice": (
+        (lambda t: {"a": t, "b": t})(weights()),
+        (lambda t: {"a": t[:], "b": t[:]})(weights()),
+    ),
+    "an array's memory order": (
+        {"w": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))},
+        {"w": np.ascontiguousarray(np.arange(6, dtype=np.float32).reshape(2, 3))},
+    ),
 }
 
 

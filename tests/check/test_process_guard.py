@@ -142,7 +142,7 @@ def test_a_script_that_sigkills_its_guard_leaves_no_daemon_behind(tmp_path, toke
 def test_the_sweep_after_a_killed_guard_spares_the_other_runs_guard(tmp_path, token):
     """--jobs 2: one attempt's command kills its guard while another run's attempt goes on; the sweep at
     the first attempt's end kills the orphaned daemon and nothing of the other run."""
-    from reprocube.check.process_guard import start_guarded
+    from reprocube.check.guarded_command import start_guarded
 
     env = dict(os.environ)
     with open(tmp_path / "other.log", "w") as other_log, open(tmp_path / "killer.log", "w") as killer_log:

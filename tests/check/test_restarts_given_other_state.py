@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import reprocube
@@ -609,3 +610,67 @@ def test_a_restart_that_tells_its_own_directory_apart_is_never_said_to_use_its_w
         assert any(
             line.startswith("whether the restarts used the weights they read, rather") for line in result["not_checked"]
         )
+
+
+def test_a_replay_labelled_off_by_one_is_never_said_to_use_its_weights(tmp_path):
+    """Round 10: the moved-weights restart's first loss was set against the uninterrupted run's update of
+    the same label; with the script's labels off that is another update, and a replay passed with "weights
+    moved, used them". Truth, without reprocube: the state after a stop with its weights moved, rerun,
+    writes the uninterrupted run's final.npz bit for bit."""
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+
+    script = (SCRIPTS / "replays_with_labels_off.py").read_text()
+    env = {**os.environ, "SEED": "0"}
+    env.pop("REPROCUBE_PROBE", None)
+    whole, moved = tmp_path / "truth" / "whole", tmp_path / "truth" / "moved"
+    for directory in (whole, moved):
+        directory.mkdir(parents=True)
+        (directory / "train.py").write_text(script)
+    subprocess.run([sys.executable, "train.py"], cwd=whole, env=env, check=True, capture_output=True)
+    proc = subprocess.Popen([sys.executable, "train.py"], cwd=moved, env=env, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "step 4 saved" in line:
+            proc.kill()
+            break
+    proc.wait()
+    with np.load(moved / "ckpt.npz") as checkpoint:
+        state = {k: checkpoint[k] for k in checkpoint.files}
+    np.savez(moved / "ckpt.npz", **{**state, "w": state["w"] + 1})
+    subprocess.run([sys.executable, "train.py"], cwd=moved, env=env, check=True, capture_output=True)
+    digest = [hashlib.sha256((d / "final.npz").read_bytes()).hexdigest() for d in (whole, moved)]
+    assert digest[0] == digest[1]  # the truth: it never uses the weights it reads
+    shutil.rmtree(tmp_path / "truth")
+    proc, result = check(tmp_path, "replays_with_labels_off.py")
+    assert result["verdict"] != "resume-exact" and "used them" not in result["summary"], said(result)
+
+
+def test_a_replay_whose_checkpoint_folder_is_named_by_a_hash_is_caught_by_the_swap(tmp_path):
+    """Round 10: the swapped restart paired the control's files with the uninterrupted run's by their names;
+    a folder named by a hash of the seed paired nothing, nothing was placed, and a replay (in a pickle, which
+    no moved-weights restart moves) passed. Now the state files are paired by the order each run wrote
+    them. Truth, without reprocube: another seed's checkpoint under this run's name changes nothing."""
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+
+    script = (SCRIPTS / "hashed_folder_replay.py").read_text()
+    whole, given = tmp_path / "truth" / "whole", tmp_path / "truth" / "given"
+    for directory in (whole, given):
+        directory.mkdir(parents=True)
+        (directory / "train.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if k != "REPROCUBE_PROBE"}
+    subprocess.run([sys.executable, "train.py"], cwd=whole, env={**env, "SEED": "0"}, check=True, capture_output=True)
+    subprocess.run([sys.executable, "train.py"], cwd=given, env={**env, "SEED": "1"}, check=True, capture_output=True)
+    (given / "final.npz").unlink()
+    ours = hashlib.sha1(b"seed=0").hexdigest()[:8]
+    (given / "runs" / hashlib.sha1(b"seed=1").hexdigest()[:8]).rename(given / "runs" / ours)
+    subprocess.run([sys.executable, "train.py"], cwd=given, env={**env, "SEED": "0"}, check=True, capture_output=True)
+    digests = [hashlib.sha256((d / "final.npz").read_bytes()).hexdigest() for d in (whole, given)]
+    assert digests[0] == digests[1]  # the truth: it never continues from the state it reads
+    shutil.rmtree(tmp_path / "truth")
+    proc, result = check(tmp_path, "hashed_folder_replay.py")
+    assert result["verdict"] == "not-proven" and result["rule"] == "swapped_restart_ignored_state", said(result)

@@ -95,6 +95,7 @@ class MovedEvidence:
 @dataclass(frozen=True)
 class Evidence:
     seeded: bool = False  # --seed-env or --seed-arg: a negative control ran
+    reached: str | None = None  # the stage the runs reached: where a verdict on the whole check is decided
     jobs: int = 1
     replaced: str | None = None  # check's own directories replaced by the command: in words
     changed_after: tuple[str, str, bool] | None = None  # (run, what changed, a restart's copy?) after it ended

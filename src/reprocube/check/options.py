@@ -11,7 +11,8 @@ from pathlib import Path
 
 from reprocube.analysis.outputs import parse_ignore
 from reprocube.check.copy_inputs import check_copies
-from reprocube.check.runs import SIGNALS, Stop
+from reprocube.check.runs import SIGNALS
+from reprocube.check.stops import seconds_of
 from reprocube.errors import ConfigError
 from reprocube.files import safe_name
 from reprocube.formats.script_receipt import refused_seed_variable
@@ -131,7 +132,7 @@ def validate(options: CheckOptions) -> None:
         if Path(output).is_absolute() or ".." in Path(output).parts or not output.strip():
             raise ConfigError(f"--output {output!r}: a path inside the work directory (relative, without ..)")
     if at is not None:
-        _seconds(at)
+        seconds_of(at)
     if any("\0" in text for text in [*command, *outputs, seed_env or "", seed_arg or "", at_line or ""]):
         raise ConfigError("a NUL character in the command, an --output, the seed option or --at-line")
     # Before anything runs: a link, a tree too deep, one holding --out (the default one too).
@@ -157,22 +158,3 @@ def validate(options: CheckOptions) -> None:
         raise ConfigError("--ignore matches every --output: nothing would be compared")
     if options.jobs is not None and not 1 <= options.jobs <= 16:
         raise ConfigError(f"--jobs must be from 1 to 16, got {options.jobs}")
-
-
-def _seconds(at: str) -> list[float]:
-    try:
-        values = [float(part) for part in at.split(",")]
-    except ValueError:
-        raise ConfigError(f"--at {at!r}: give seconds separated by commas, e.g. 2.5,4") from None
-    if not values or not all(0 < v < float("inf") for v in values):
-        raise ConfigError(f"--at {at!r}: each stop must be a number of seconds > 0")
-    return values
-
-
-def stops_asked(count: int, at, at_file, at_line) -> list[Stop]:
-    """The stops --at, --at-file or --at-line asked for."""
-    if at is not None:
-        return [Stop(seconds=s) for s in _seconds(at)]
-    if at_file is not None:
-        return [Stop(file_glob=at_file)] * count
-    return [Stop(line=at_line)] * count

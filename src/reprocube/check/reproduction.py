@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from reprocube.analysis.match_plan import session_settings, settings_text
-from reprocube.analysis.probe_trace import describe_difference, first_difference, read_trace, steps_of
+from reprocube.analysis.probe_trace import read_trace, steps_of
+from reprocube.analysis.probe_trace_comparison import describe_difference, first_difference
 from reprocube.check.copy_inputs import check_copies, copy_inputs
 from reprocube.check.runs import Run, execute, failure_line
 from reprocube.errors import CheckpointError, ConfigError
@@ -88,40 +89,44 @@ def reproduce_script(
     result["causes"] = causes
     differs = _differs(result)
     if differs and match:
-        plan = session_settings(receipt.env, result["environment"])
-        if plan["settings"]:
-            matched, again = run_b("b-matched", plan["settings"])
-            ok = matched.exit == 0 and not _differs({**result, **again})
-            shown = settings_text(plan["settings"], result["environment"])
-            result["match"] = {
-                "settings": plan["settings"],
-                "cannot": plan["cannot"],
-                "bit_identical": ok,
-                "summary": f"with {shown}, B reproduces A bit for bit" if ok else f"with {shown}, B still differs",
-            }
-        else:
-            result["match"] = {
-                "settings": {},
-                "cannot": plan["cannot"],
-                "bit_identical": None,
-                "summary": "nothing this machine can emulate differs from A"
-                + (f" ({'; '.join(plan['cannot'])})" if plan["cannot"] else ""),
-            }
+        result["match"] = _matched(receipt, result, run_b)
+    return _finish(result, out, *_verdict(result, differs), started, echo)
+
+
+def _verdict(result: dict, differs: str | None) -> tuple[str, str]:
+    """The reproduction's verdict and its summary: differs, partly-checked (something not compared, named)
+    or bit-identical."""
     if differs:
-        return _finish(result, out, "differs", differs, started, echo)
+        return "differs", differs
     compared_text = _compared_text(result)
     if result["not_checked"]:
-        return _finish(
-            result,
-            out,
-            "partly-checked",
-            f"nothing compared differs ({compared_text}); not checked: " + "; ".join(result["not_checked"]),
-            started,
-            echo,
+        return "partly-checked", f"nothing compared differs ({compared_text}); not checked: " + "; ".join(
+            result["not_checked"]
         )
-    return _finish(
-        result, out, "bit-identical", f"everything A's receipt records reproduced ({compared_text})", started, echo
-    )
+    return "bit-identical", f"everything A's receipt records reproduced ({compared_text})"
+
+
+def _matched(receipt: ScriptReceipt, result: dict, run_b) -> dict:
+    """--match: B run once more under A's settings this machine can emulate (ISA caps, thread variables),
+    and whether that reproduces A bit for bit; what cannot be emulated, named."""
+    plan = session_settings(receipt.env, result["environment"])
+    if not plan["settings"]:
+        return {
+            "settings": {},
+            "cannot": plan["cannot"],
+            "bit_identical": None,
+            "summary": "nothing this machine can emulate differs from A"
+            + (f" ({'; '.join(plan['cannot'])})" if plan["cannot"] else ""),
+        }
+    matched, again = run_b("b-matched", plan["settings"])
+    ok = matched.exit == 0 and not _differs({**result, **again})
+    shown = settings_text(plan["settings"], result["environment"])
+    return {
+        "settings": plan["settings"],
+        "cannot": plan["cannot"],
+        "bit_identical": ok,
+        "summary": f"with {shown}, B reproduces A bit for bit" if ok else f"with {shown}, B still differs",
+    }
 
 
 def _a_trace(receipt: ScriptReceipt):

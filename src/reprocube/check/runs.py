@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
-import random
 import re
 import shlex
 import signal
@@ -18,12 +17,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
 from reprocube.check.file_activity import FileActivity
-from reprocube.check.process_guard import GuardedCommand, start_guarded
+from reprocube.check.guarded_command import GuardedCommand, start_guarded
 from reprocube.files import walk_below
 from reprocube.orchestration.children import (
     PROGRESS_EVERY_S,
@@ -36,7 +35,6 @@ from reprocube.probe import ENV as PROBE_ENV
 from reprocube.runtime.procfs import proc_stat
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "USR1": signal.SIGUSR1, "KILL": signal.SIGKILL}
-RESTART_WAIT_S = 1.0  # the last stop's restart comes this long after it (the others at once)
 POLL_S = 0.02  # how often a file trigger looks: a checkpoint written in well under a second is still caught
 EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its checkpoint and exit (at most
 # what the attempt's watchdog leaves)
@@ -92,21 +90,6 @@ class Stop:
                 first = run.first_saves[attempt_start] = saves[0] if saves else None
             return first is not None and time.perf_counter() >= first + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
-
-
-def with_a_wait(plan: list[Stop]) -> list[Stop]:
-    """The plan with its last stop's restart RESTART_WAIT_S later than the others' (which start at once): a
-    restart whose state expires with time (a wall-clock budget kept in the checkpoint) then differs."""
-    return [*plan[:-1], replace(plan[-1], wait_s=RESTART_WAIT_S)] if plan else plan
-
-
-def planned_stops(count: int, save_gap_s: float, seed: int) -> list[Stop]:
-    """`count` stops, each `fraction` of the uninterrupted run's time between two saves after its
-    attempt's first save (from right after it to just before the next), the fractions drawn from `seed`
-    (recorded: --stop-seed replays them)."""
-    rng = random.Random(seed)
-    fractions = [0.05 + 0.9 * rng.random() for _ in range(count)]
-    return [Stop(after_save=round(save_gap_s * f, 3), fraction=f) for f in fractions]
 
 
 @dataclass
@@ -200,6 +183,8 @@ def outputs_written(run: Run, comparison: dict) -> list[dict]:
 def failure_line(run: Run) -> str:
     """Why a run failed, in one line: its last attempt's exit status (or the watchdog), its time, what the
     command last said and where its log is."""
+    if not run.attempts:  # its directories were not check's any more when it was to start
+        return f"{run.name} never started (log: {run.log})"
     attempt = run.attempts[-1]
     status = "ended by the watchdog" if attempt.exit is None else f"exited {attempt.exit}"
     return f"{run.name} {status} after {attempt.seconds:.1f} s: {last_error_line(run.log)} (log: {run.log})"
@@ -246,19 +231,23 @@ def _open_log(path: Path, directory: int | None = None):
     return log
 
 
-def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: set[str], began: float) -> Attempt:
+def _run_log(run: Run):
+    """The run's log, opened to append, its directories checked to be check's own right before (another
+    run's command, --jobs, may have replaced one meanwhile)."""
     if run.dirs is None:
         run.log.parent.mkdir(parents=True, exist_ok=True)
         run.probe.mkdir(parents=True, exist_ok=True)
-        log = _open_log(run.log)
-    else:  # right before: another run's command (--jobs) may have replaced one meanwhile
-        run.dirs.verify(*run.own_dirs())
-        directory = run.dirs.open_dir(run.log.parent)
-        try:
-            log = _open_log(run.log, directory)
-        finally:
-            os.close(directory)
-    with log:
+        return _open_log(run.log)
+    run.dirs.verify(*run.own_dirs())
+    directory = run.dirs.open_dir(run.log.parent)
+    try:
+        return _open_log(run.log, directory)
+    finally:
+        os.close(directory)
+
+
+def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: set[str], began: float) -> Attempt:
+    with _run_log(run) as log:
         log.write(f"$ {shlex.join(run.command)}\n")
         log.flush()
         env = {**run.env, PROBE_ENV: str(run.probe_trace(len(run.attempts) + 1).absolute())}  # it runs elsewhere

@@ -6,7 +6,6 @@ every update. Each stage that ends the check writes check.json and check.md with
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -14,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from reprocube.analysis.outputs import collect, compare_outputs
+from reprocube.check.beside_runs import BesideRuns
 from reprocube.check.comparisons import first_difference_words as _first
 from reprocube.check.comparisons import identical_words as _identical
 from reprocube.check.comparisons import layout_as_same, own_value_difference
@@ -25,22 +25,22 @@ from reprocube.check.evidence import (
     StoppedEvidence,
 )
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
-from reprocube.check.file_activity import FileActivity, state_key
+from reprocube.check.file_activity import FileActivity
+from reprocube.check.guarded_command import end_all_guards
 from reprocube.check.moved_weights import MovedWeightsRestarts
-from reprocube.check.options import CheckOptions, stops_asked, validate
-from reprocube.check.process_guard import end_all_guards
+from reprocube.check.options import CheckOptions, validate
+from reprocube.check.receipt import write_receipt
 from reprocube.check.runs import (
     SIGNALS,
     Run,
     Stop,
     execute,
     failure_line,
-    planned_stops,
-    with_a_wait,
 )
 from reprocube.check.slots import in_parallel, isolated_environment, last_line, workspace
 from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import leaked_state, stop_evidence, unproven
+from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
 from reprocube.check.traces import repeat_trace, resume_trace
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
@@ -48,7 +48,6 @@ from reprocube.errors import ConfigError
 from reprocube.files import names_regular_file
 from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
-from reprocube.formats.script_receipt import input_digests, output_digests, write_script_receipt
 from reprocube.results.check_result import write_check
 from reprocube.terminal import counted, one_line
 
@@ -70,7 +69,7 @@ def check(options: CheckOptions, echo=print) -> dict:
     session.result |= {"stop_seed": stop_seed, "signal": options.signal}
     session.announce()
     try:
-        with session.watch_beside_runs():
+        with session.beside:
             return session.clean_runs() or session.control_and_stopped_run(stop_seed)
     except KeyboardInterrupt:
         end_all_guards()  # the runs other threads wait on (--jobs) end too, not only the one here
@@ -91,7 +90,6 @@ class CheckSession:
         self.signum = SIGNALS[options.signal]
         self.how = "SLURM requeue" if self.slurm is not None else f"SIG{options.signal}"
         self.clean: list[Run] = []
-        self.beside: FileActivity | None = None  # what is written beside the runs' directories (watch_beside_runs)
         moved = (f"moved-{k}" for k in range(1, options.stops + 1))
         clean = (f"clean-{i}" for i in range(1, options.repeat + 1 + MORE_CLEAN_RUNS))
         self.run_names = frozenset({*clean, "control", "stopped", "swapped", *moved})
@@ -100,6 +98,7 @@ class CheckSession:
         # the restart kinds: each a component with hooks called in order (plan, while the runs go, start, evidence)
         self.swapped = SwappedRestart(self)
         self.moved = MovedWeightsRestarts(self)
+        self.beside = BesideRuns(out, self.run_names)  # what the commands write beside the runs' directories
         self.limit = 0.0  # the watchdog of each attempt after the first clean run
         self.result: dict = {
             "command": self.command,
@@ -270,7 +269,7 @@ class CheckSession:
         verdict = self.judge(self.evidence(repeat=repeat))
         if verdict is not None:
             return verdict
-        receipt, refused = self.receipt()
+        receipt, refused = write_receipt(self.out, self.clean[0], self.options, self.result)
         if refused is not None:
             return self.judge(self.evidence(repeat=replace(repeat, receipt_refused=refused)))
         self.echo(f"  receipt: {receipt} (reprocube reproduce {receipt.parent} -- CMD, on another machine)")
@@ -279,7 +278,7 @@ class CheckSession:
     def control_and_stopped_run(self, stop_seed: int) -> dict:
         """The negative control (if the command takes a seed) beside the stopped run, then their verdicts:
         the control's first (a void check says so whatever the stopped run did)."""
-        plan, why_not = self.plan_stops(stop_seed)
+        plan, why_not = plan_stops(self.options, self.clean[0], stop_seed)
         if plan is None:
             return self.judge(self.evidence(no_saves=why_not))
         plan = with_a_wait(plan)
@@ -312,44 +311,23 @@ class CheckSession:
         *ended, stopped = self.ran_together(planned, then=then)
         for extra in ([self.swapped.run] if self.swapped.run else []) + self.moved.runs():
             self.result["runs"].append(extra.as_dict())
-        # The verdict, stage by stage: each part is gathered only where the table has not decided yet.
-        parts: dict = self.tampering()
-        if ended:
+        # The verdict, stage by stage: each part is gathered only where the table has not decided yet (a run
+        # whose directories the command replaced never started: there is nothing of it to gather).
+        parts: dict = {"reached": "control" if ended else "stopped", **self.tampering()}
+        verdict = self.judge(self.evidence(**parts))
+        if verdict is None and ended:
             parts["control"] = self.control_evidence(ended[0])
+            verdict = self.judge(self.evidence(**parts))
+        if verdict is not None:
+            return verdict
         parts["stopped"] = self.stopped_evidence(stopped, plan)
         if wants_more_uninterrupted_runs(self.evidence(**parts)):
             parts["stopped"] = self.more_uninterrupted_runs(parts["stopped"])
         verdict = self.judge(self.evidence(**parts))
         if verdict is not None:
             return verdict
-        parts.update(
-            swap=self.swapped.evidence(), moved=self.moved.evidence(), written_beside=tuple(self.written_beside_runs())
-        )
+        parts.update(swap=self.swapped.evidence(), moved=self.moved.evidence(), written_beside=self.beside.written())
         return self.judge(self.evidence(**parts))
-
-    @contextlib.contextmanager
-    def watch_beside_runs(self):
-        """While the runs go: what any command writes in check's directories that hold the runs' own
-        (work/, home/, tmp/ under --out, "../" from a work directory), their trees unwatched. Nothing but the
-        runs' directories belongs there (--out was new or empty): whatever is written there, even if removed
-        later, is a run's state kept outside its own directories."""
-        dirs, places = EvidenceDirs.of(self.out), {p: self.out / p for p in ("work", "home", "tmp")}
-        try:
-            for directory in places.values():
-                dirs.make(directory)
-        except DirectoryReplaced:  # the verdict names it (the runs find it before they start)
-            yield
-            return
-        self.beside = FileActivity(places, unwatched=self.run_names)
-        with self.beside:
-            yield
-
-    def written_beside_runs(self) -> list[str]:
-        """What the commands wrote beside the runs' directories (watch_beside_runs), as out-relative paths."""
-        if self.beside is None:
-            return []
-        written = {e.path for e in self.beside.writes() if e.path.split("/")[1] not in self.run_names}
-        return sorted(written)
 
     def moved_then_swapped(self, control: Run | None) -> None:
         """The moved-weights restarts, then the swapped restart only where none of them told anything (each
@@ -361,39 +339,6 @@ class CheckSession:
             self.swapped.note = None  # not needed
         elif control is not None:
             self.swapped.start(control)
-
-    def plan_stops(self, stop_seed: int) -> tuple[list[Stop] | None, str]:
-        """The stops asked for, or the default ones: each a share of the time between two of an
-        uninterrupted run's saves after its attempt's first save. None (and why) where that run saved
-        nothing as it went (no file rewritten, no numbered series): no stop could follow a save and
-        still interrupt something."""
-        stops, at, at_file, at_line = (getattr(self.options, k) for k in ("stops", "at", "at_file", "at_line"))
-        if at is not None or at_file is not None or at_line is not None:
-            return stops_asked(stops, at, at_file, at_line), ""
-        clean = self.clean[0]
-        activity, attempt = clean.activity, clean.attempts[-1]
-        saves = activity.save_moments(state=activity.state_keys()) if activity is not None else []
-        seen = "" if activity is None or activity.complete else f" ({activity.why_incomplete})"
-        if len(saves) < 2:
-            return None, (
-                f"in {attempt.seconds:.1f} s the uninterrupted run rewrote no file as it went{seen} (a "
-                "checkpoint saved again and again, or a numbered series of them, in its work directory, "
-                "HOME or TMPDIR; files written once, like caches and outputs, are no checkpoint): no stop "
-                "can come after a save and still interrupt the run, so resume cannot be tested (a "
-                "checkpoint only at the end?). Stop it yourself with --at SECONDS, --at-file GLOB or "
-                "--at-line REGEX to see what a restart does"
-            )
-        # The time between two saves of one file (a checkpoint written as two files, the model and then the
-        # optimizer, is one save: the gap between its files is no interval between saves).
-        state = activity.state_keys()
-        per_file: dict[str, list[float]] = {}
-        for event in activity.writes():
-            if state_key(event.path) in state:
-                per_file.setdefault(event.path, []).append(event.at)
-        gaps = sorted(b - a for times in per_file.values() for a, b in zip(times, times[1:], strict=False))
-        if not gaps:  # a numbered series (each file written once): between its saves
-            gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
-        return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
 
     # --- the evidence, stage by stage, and the verdict -------------------------------------------------
     def evidence(self, **parts) -> Evidence:
@@ -453,31 +398,6 @@ class CheckSession:
                     differs=where, own_value=own, leaked=leaked_state(clean, first_updates), shared_elsewhere=shared
                 )
         return RepeatEvidence(leaked=leaked_state(clean, first_updates))
-
-    def receipt(self) -> tuple[Path | None, str | None]:
-        """clean-1's receipt, in a new directory of --out (never one the command planted, nor through a link);
-        or why it could not be written there."""
-        dirs = EvidenceDirs.of(self.out)
-        try:
-            dirs.absent(self.out / "receipt")
-            return _write_receipt(
-                self.out,
-                self.clean[0],
-                self.options.copy,
-                self.outputs,
-                self.ignore,
-                self.result["environment"],
-                self.seed_env,
-                self.result["not_checked"],
-            ), None
-        except FileExistsError:  # planted between the look and the write
-            try:
-                dirs.absent(self.out / "receipt")
-            except DirectoryReplaced:
-                pass
-            return None, dirs.message() or "receipt: planted by the command"
-        except DirectoryReplaced:
-            return None, dirs.message()
 
     def tampering(self) -> dict:
         """Evidence parts where the command replaced check's directories, or changed the outputs of clean-1,
@@ -552,28 +472,3 @@ class CheckSession:
                 where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
                 return replace(stopped, per_process_differs=f"{run.name}: {where}", more_clean_runs=len(runs))
         return replace(stopped, more_clean_runs=sum(1 for run in runs if run.exit == 0))
-
-
-def _write_receipt(
-    out: Path,
-    clean: Run,
-    copies: list[Path],
-    outputs: list[str],
-    ignore: list[str],
-    env: dict,
-    seed_env: str | None,
-    notes: list[str],
-) -> Path:
-    """The uninterrupted run's receipt (reprocube.formats.script_receipt), once two such runs agreed: what
-    `reprocube reproduce` retrains on another machine; what it records otherwise than asked, in notes."""
-    return write_script_receipt(
-        out / "receipt",
-        clean.command,
-        input_digests(copies),
-        outputs,
-        output_digests(collect(clean.work, outputs, ignore), notes),
-        clean.probe_trace(1),
-        clean.attempts[-1].seconds,
-        env,
-        {"variable": seed_env, "value": clean.env[seed_env]} if seed_env else None,
-    )

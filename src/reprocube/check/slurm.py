@@ -10,7 +10,6 @@ could imitate them). check's directory must be on a filesystem the compute nodes
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from reprocube.check.runs import Attempt, Run, Stop, entries_below
 from reprocube.errors import ConfigError
+from reprocube.files import entry_size
 from reprocube.orchestration.children import PROGRESS_EVERY_S, STOPPED, TIMED_OUT, ProgressReport, watch_child
 from reprocube.probe import ENV as PROBE_ENV
 
@@ -205,7 +205,7 @@ def _attempt(
     waited = watch_child(queued_still, POLL_S, queued, time.perf_counter, progress, timeout_s=timeout_s + 600)
     if waited.outcome == TIMED_OUT:
         return Attempt(queued - began, 0.0, None, None)  # never started: the watchdog
-    start, cursor, looked = time.perf_counter(), [_size(run.log)], time.perf_counter()
+    start, cursor, looked = time.perf_counter(), [entry_size(run.log)], time.perf_counter()
     given, signal_s = False, None
 
     def running() -> bool:  # the job's state asked every POLL_S; the marks looked at each tick
@@ -237,15 +237,7 @@ def _attempt(
     elif watched.outcome == TIMED_OUT:
         _run(["scancel", job])
         return Attempt(start - began, watched.seconds, None, None)
-    deadline = time.perf_counter() + COMMAND_TIMEOUT_S + 120  # SLURM's KillWait is 30 s by default
-    while not _ended(run, number) and time.perf_counter() < deadline:
-        # A requeue counts the restart at once, while the job is still COMPLETING: the attempt is over
-        # only once the job left RUNNING and COMPLETING (its processes are gone).
-        state = _state(job, state)
-        if state[0] not in RUNNING:
-            break
-        time.sleep(POLL_S)
-    ended = _ended(run, number)
+    ended = _wait_job_gone(run, job, number, state)
     status, finished = ended if ended else (KILLED, time.time())
     started_at = _began(run, number)
     seconds = finished - started_at if started_at is not None else time.perf_counter() - start
@@ -254,6 +246,19 @@ def _attempt(
         with open(run.log, "a") as log:
             log.write(f"[reprocube check: {note}, after {seconds:.2f} s]\n")
     return Attempt(start - began, seconds, status, note, stop is not None and not given, signal_s if given else None)
+
+
+def _wait_job_gone(run: Run, job: str, number: int, state: tuple[str, int]):
+    """The attempt's end as its marks say, once the job left RUNNING and COMPLETING (a requeue counts the
+    restart at once, while the job is still COMPLETING: the attempt is over only once its processes are
+    gone), or after SLURM's KillWait and some."""
+    deadline = time.perf_counter() + COMMAND_TIMEOUT_S + 120  # SLURM's KillWait is 30 s by default
+    while not _ended(run, number) and time.perf_counter() < deadline:
+        state = _state(job, state)
+        if state[0] not in RUNNING:
+            break
+        time.sleep(POLL_S)
+    return _ended(run, number)
 
 
 def _stop_came(stop: Stop, elapsed: float, run: Run, seen: set[str], cursor: list[int], start: float) -> bool:
@@ -290,10 +295,3 @@ def _began(run: Run, number: int) -> float | None:
 
 def _is_number(text: str) -> bool:
     return re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) is not None
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0

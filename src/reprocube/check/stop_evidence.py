@@ -8,7 +8,7 @@ command had saved something before it and the next attempt demonstrably continue
   start-up, the outputs at the end) are never a checkpoint, whatever a restart reads of them.
 - continued: with the probe, the next attempt's first update is past step 1 (the step it gave, or the
   uninterrupted run's step whose bits it equals), and came about when a resumed run's first update would,
-  not as late as the uninterrupted run reached that step (probe_trace's late_first_update: a restart
+  not as late as the uninterrupted run reached that step (probe_trace_comparison's late_first_update: a restart
   that retrained those updates without recording them); a restart that began at step 1 again never counts.
   Without the probe (or where it made no update), the next attempt read a saved state file and then
   saved again itself, and the attempt that ran to the end saved fewer times than the uninterrupted run
@@ -112,21 +112,9 @@ def _judged(
     )
     if probed is not None and (probed.get("from_scratch") or probed.get("began_again")):
         return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
-    last = (traced or {}).get("reference_last")
-    if before is not None and before.get("steps") and last and before.get("last_step", 0) >= last:
-        if before.get("last_before_signal", last) < last:  # the signal came mid-training, the updates went on
-            return {
-                "effective": False,
-                "survived": True,
-                "how": f"attempt {number} outlived the signal: it trained on after it, from step "
-                f"{before['last_before_signal'] + 1} to the uninterrupted run's last update {last} (the probe), so "
-                "the stop interrupted no training (the script ignores or defers the signal and does not stop)",
-            }
-        return {
-            "effective": False,
-            "how": f"attempt {number} had made every update of an uninterrupted run before the signal (the "
-            "probe): the stop interrupted no training (a line printed late, or a stop during its exit)",
-        }
+    interrupted_nothing = _interrupted_nothing(number, before, (traced or {}).get("reference_last"))
+    if interrupted_nothing is not None:
+        return interrupted_nothing
     if not saved and not announced:
         return {
             "effective": False,
@@ -135,44 +123,75 @@ def _judged(
             f"the signal; no checkpoint announced to the probe){seen}",
         }
     if probed is not None and probed.get("steps"):
-        if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
-            late = probed.get("late_first_update")
-            if late:
-                return {
-                    "effective": False,
-                    "how": f"attempt {number + 1}'s first update is step {late['step']} (the probe), but it came "
-                    f"{late['delay_s']} s after the attempt started, where the uninterrupted run made its first "
-                    f"update {late['reach_first_s']} s after its start and step {late['step']} after "
-                    f"{late['reach_step_s']} s: it trained the updates before again without recording them "
-                    "(began again), or spent that long before its first update (a data loader fast-forwarded "
-                    "batch by batch, a slow checkpoint load): timing cannot tell these apart, so the stop proves "
-                    "nothing",
-                }
-            # what the restart read of what the stopped attempt's own stop handler saved, if any caught the signal
-            handler_read = _read_after_signal(run, restart_from, restart_to, signal_at) if stopped.caught else set()
-            unread = _unread_state(run, saved, restart_from, restart_to, handler_read) if files_bind else None
-            if unread:
-                return {
-                    "effective": False,
-                    # what it resumed from is not this run's own checkpoint (it saved none)
-                    "elsewhere": unread.startswith("its run saved no state file"),
-                    "how": f"attempt {number + 1}'s first update is step "
-                    f"{probed['resumed_at'] + 1} (the probe), but {unread}",
-                }
-            after_signal = (
-                f"; from a file written after the signal ({', '.join(sorted(handler_read)[:2])}: the script's own "
-                "stop path): what it saves as it goes was not tested (--signal KILL tests it)"
-                if handler_read
-                else ""
-            )
-            return {
-                "effective": True,
-                "by": "probe",
-                "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)" + after_signal,
-            }
-        if probed["how"] in ("given", "matched", "first"):
-            return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
+        judged = _judged_by_probe(run, number, probed, saved, files_bind)
+        if judged is not None:
+            return judged
     return _judged_by_files(run, number, saved, restart_from, restart_to, seen)
+
+
+def _interrupted_nothing(number: int, before: dict | None, last: int | None) -> dict | None:
+    """A stop whose attempt had made every update of an uninterrupted run: it interrupted no training."""
+    if not (before is not None and before.get("steps") and last and before.get("last_step", 0) >= last):
+        return None
+    if before.get("last_before_signal", last) < last:  # the signal came mid-training, the updates went on
+        return {
+            "effective": False,
+            "survived": True,
+            "how": f"attempt {number} outlived the signal: it trained on after it, from step "
+            f"{before['last_before_signal'] + 1} to the uninterrupted run's last update {last} (the probe), so "
+            "the stop interrupted no training (the script ignores or defers the signal and does not stop)",
+        }
+    return {
+        "effective": False,
+        "how": f"attempt {number} had made every update of an uninterrupted run before the signal (the "
+        "probe): the stop interrupted no training (a line printed late, or a stop during its exit)",
+    }
+
+
+def _judged_by_probe(run: Run, number: int, probed: dict, saved: set[str], files_bind: bool) -> dict | None:
+    """A stop judged by the probe's word on its restart, borne out by what the restart read (files_bind);
+    None where the probe cannot place the restart (the files judge it then)."""
+    stopped, restart = run.attempts[number - 1], run.attempts[number]
+    signal_at = run.began + stopped.started_s + (stopped.signal_s if stopped.signal_s is not None else stopped.seconds)
+    restart_from, restart_to = run.began + restart.started_s, run.began + restart.started_s + restart.seconds
+    if probed["how"] in ("given", "matched") and probed["resumed_at"] > 0:
+        late = probed.get("late_first_update")
+        if late:
+            return {
+                "effective": False,
+                "how": f"attempt {number + 1}'s first update is step {late['step']} (the probe), but it came "
+                f"{late['delay_s']} s after the attempt started, where the uninterrupted run made its first "
+                f"update {late['reach_first_s']} s after its start and step {late['step']} after "
+                f"{late['reach_step_s']} s: it trained the updates before again without recording them "
+                "(began again), or spent that long before its first update (a data loader fast-forwarded "
+                "batch by batch, a slow checkpoint load): timing cannot tell these apart, so the stop proves "
+                "nothing",
+            }
+        # what the restart read of what the stopped attempt's own stop handler saved, if any caught the signal
+        handler_read = _read_after_signal(run, restart_from, restart_to, signal_at) if stopped.caught else set()
+        unread = _unread_state(run, saved, restart_from, restart_to, handler_read) if files_bind else None
+        if unread:
+            return {
+                "effective": False,
+                # what it resumed from is not this run's own checkpoint (it saved none)
+                "elsewhere": unread.startswith("its run saved no state file"),
+                "how": f"attempt {number + 1}'s first update is step "
+                f"{probed['resumed_at'] + 1} (the probe), but {unread}",
+            }
+        after_signal = (
+            f"; from a file written after the signal ({', '.join(sorted(handler_read)[:2])}: the script's own "
+            "stop path): what it saves as it goes was not tested (--signal KILL tests it)"
+            if handler_read
+            else ""
+        )
+        return {
+            "effective": True,
+            "by": "probe",
+            "how": f"attempt {number + 1} resumed at step {probed['resumed_at']} (the probe)" + after_signal,
+        }
+    if probed["how"] in ("given", "matched", "first"):
+        return {"effective": False, "how": f"attempt {number + 1} began again at step 1 (the probe)"}
+    return None
 
 
 def _unread_state(
@@ -272,6 +291,11 @@ def _saved(run: Run, signal_at: float, restart_from: float, killed: bool) -> set
     return {path for path, at in last.items() if at < signal_at + SIGNAL_SLACK_S or not killed}
 
 
+def _saved_as(path: str, saved: set[str]) -> str | None:
+    """The saved file a path is, or the saved directory holding it (an Orbax checkpoint)."""
+    return next((s for s in saved if path == s or path.startswith(s + "/")), None)
+
+
 def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float, restart_to: float, seen: str):
     """Without the probe's word: the restart read a saved state file (and, where it ran to the end, saved
     again after it), and the attempt that ran to the end saved fewer times than an uninterrupted run (one
@@ -281,17 +305,13 @@ def _judged_by_files(run: Run, number: int, saved: set[str], restart_from: float
         why = activity.why_incomplete if activity is not None else "not watched"
         return {"effective": False, "how": f"what attempt {number + 1} read and wrote was not all seen ({why})"}
     reads = _restart_reads(activity, saved, restart_from, restart_to)
-
-    def saved_as(path: str) -> str | None:  # the saved file, or the saved directory holding it (Orbax)
-        return next((s for s in saved if path == s or path.startswith(s + "/")), None)
-
     if not reads:
         return {
             "effective": False,
             "how": f"attempt {number + 1} read none of the {counted(len(saved), 'file')} saved before "
             f"the stop: it began again instead of resuming{seen}",
         }
-    read = {saved_as(e.path) for e in reads}
+    read = {_saved_as(e.path, saved) for e in reads}
     named = ", ".join(sorted(read)[:3])
     # The attempt that ran to its end must have saved the checkpoint it read again: else it trained
     # nothing from it (resumed after the last save, or read what an attempt that ran on after the signal

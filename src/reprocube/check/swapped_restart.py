@@ -73,11 +73,14 @@ def plan_swap(
     keys: frozenset[str],
     outputs: list[str],
     copies: list[str],
+    written: tuple[list[str], list[str]] = ([], []),
 ) -> tuple[list[Placement], str | None]:
     """Where each file the control left goes in the fresh run: its own name where the uninterrupted run has
     a file of that name, else the uninterrupted run's name for the same key where both have as many files
-    of it (paired in sorted order: seed1_epoch7, seed1_epoch8 onto seed0_epoch7, seed0_epoch8), else its
-    own. Not placed: the --copy inputs (the fresh run has its own) and declared outputs that are no state
+    of it (paired in sorted order: seed1_epoch7, seed1_epoch8 onto seed0_epoch7, seed0_epoch8), else, for
+    the state files whose names tell no pairing (a folder named by a hash of the seed), by what the runs did:
+    `written`, (the uninterrupted run's, the control's) state files in the order each run first wrote them,
+    paired in that order; else its own. Not placed: the --copy inputs (the fresh run has its own) and declared outputs that are no state
     file. An empty plan and why where there is nothing that could tell: no state file of the control's lands
     on one of the uninterrupted run's with other bytes, or the control left more than the uninterrupted
     run did (MAX_BYTES_RATIO times its bytes: nothing unbounded is copied)."""
@@ -88,11 +91,16 @@ def plan_swap(
     their_by_key: dict[str, list[str]] = {}
     for path in theirs:
         their_by_key.setdefault(state_key(path), []).append(path)
+    # State files no name pairs, paired by the order each run first wrote them (what the runs did).
+    clean_order, control_order = written
+    unnamed_control = [p for p in control_order if p in theirs and not by_key.get(state_key(p))]
+    unnamed_clean = [p for p in clean_order if p in ours and not their_by_key.get(state_key(p))]
+    by_order = dict(zip(unnamed_control, unnamed_clean, strict=False))
     present, plan = set(ours), []
     landings: list[tuple[Path, Path]] = []  # a control's state file and the uninterrupted run's it lands on
     for key, sources in sorted(their_by_key.items()):
         targets = sorted(by_key.get(key, []))
-        pairs = {s: s for s in sources}
+        pairs = {s: by_order.get(s, s) for s in sources}
         if not set(sources) <= present and len(targets) == len(sources):
             pairs = dict(zip(sorted(sources), targets, strict=True))
         for source, target in sorted(pairs.items()):
@@ -102,7 +110,7 @@ def plan_swap(
             target_label, _, target_relative = target.partition("/")
             origin = control[label] / relative
             plan.append(Placement(origin, target))
-            if key in keys and target in present:
+            if state_key(target) in keys and target in present:
                 landings.append((origin, clean[target_label] / target_relative))
     # The size first: nothing unbounded is read, not even to compare it.
     size = sum(entry_size(p.source) for p in plan)
@@ -114,6 +122,16 @@ def plan_swap(
             "checkpoint deleted at the end, one kept under another name, or one the seed does not change)"
         )
     return plan, None
+
+
+def first_written(activity, keys: frozenset[str]) -> list[str]:
+    """A run's state files (of `keys`) in the order it first wrote them: what pairs two runs' checkpoints
+    whose names tell nothing (check.file_activity's labelled paths)."""
+    seen: dict[str, None] = {}
+    for event in activity.writes():
+        if state_key(event.path) in keys:
+            seen.setdefault(event.path, None)
+    return list(seen)
 
 
 def plan_restart(given: dict[str, Path], copies: list[str]) -> list[Placement]:
@@ -282,7 +300,9 @@ class SwappedRestart:
             return
         copies = [Path(c).name for c in conductor.options.copy]
         given = self.state or control.activity.places
-        plan, why_not = plan_swap(clean.activity.places, given, clean.activity.state_keys(), conductor.outputs, copies)
+        keys = clean.activity.state_keys()
+        written = (first_written(clean.activity, keys), first_written(control.activity, control.activity.state_keys()))
+        plan, why_not = plan_swap(clean.activity.places, given, keys, conductor.outputs, copies, written)
         if not plan:
             self.note = why_not
             return

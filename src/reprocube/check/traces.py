@@ -5,13 +5,8 @@ What cannot be read or was not recorded goes into the result's not-checked lines
 
 from __future__ import annotations
 
-from reprocube.analysis.probe_trace import (
-    compare_ranks,
-    compare_stopped_ranks,
-    describe_difference,
-    read_rank_traces,
-    steps_of,
-)
+from reprocube.analysis.probe_trace import read_rank_traces, steps_of
+from reprocube.analysis.probe_trace_comparison import compare_ranks, compare_stopped_ranks, describe_difference
 from reprocube.check.runs import Run
 from reprocube.errors import CheckpointError
 from reprocube.terminal import counted
@@ -86,6 +81,30 @@ def repeat_trace(first: Run, again: Run, result: dict, first_updates: dict[str, 
     )
 
 
+def _first_difference_words(difference: dict | None, attempts: list[dict]) -> tuple[str | None, str | None]:
+    """The stopped run's first differing update in words: (before any stop, after one); None where none."""
+    if difference is None:
+        return None, None
+    details, step = describe_difference(difference, "uninterrupted", "resumed", hint=True), difference["step"]
+    attempt, stop = attempts[difference["attempt"] - 1], difference["after_stop"]
+    if not stop:  # not resume's doing: no hint at what a checkpoint lacks
+        return f"step {step} differs ({describe_difference(difference, 'uninterrupted', 'stopped')})", None
+    if difference.get("after_signal"):
+        return None, (
+            f"step {step}, an update attempt {difference['attempt']} recorded after stop {stop}'s signal (what "
+            f"the script did as it stopped), is the first update that differs ({details})"
+        )
+    if attempt["how"] == "assumed":
+        return None, (
+            f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
+            f"script announced at step {attempt['resumed_at']} ({details})"
+        )
+    return None, (
+        f"after stop {stop} (resumed at step {attempt['resumed_at']}), step {step} is the first update that "
+        f"differs ({details})"
+    )
+
+
 def resume_trace(clean: Run, stopped: Run, result: dict, same_clock: bool = True) -> dict:
     """The stopped run's probe traces against the uninterrupted run's: {"differs": the first differing
     update after a stop, or None; "before_stops": the first differing update where it came before any
@@ -115,27 +134,7 @@ def resume_trace(clean: Run, stopped: Run, result: dict, same_clock: bool = True
     if "error" in traced:
         return {**none, "differs": traced["error"]}
     difference, attempts = traced["first_difference"], traced["attempts"]
-    differs = before = None
-    if difference is not None:
-        details, step = describe_difference(difference, "uninterrupted", "resumed", hint=True), difference["step"]
-        attempt, stop = attempts[difference["attempt"] - 1], difference["after_stop"]
-        if not stop:  # not resume's doing: no hint at what a checkpoint lacks
-            before = f"step {step} differs ({describe_difference(difference, 'uninterrupted', 'stopped')})"
-        elif difference.get("after_signal"):
-            differs = (
-                f"step {step}, an update attempt {difference['attempt']} recorded after stop {stop}'s signal (what "
-                f"the script did as it stopped), is the first update that differs ({details})"
-            )
-        elif attempt["how"] == "assumed":
-            differs = (
-                f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
-                f"script announced at step {attempt['resumed_at']} ({details})"
-            )
-        else:
-            differs = (
-                f"after stop {stop} (resumed at step {attempt['resumed_at']}), "
-                f"step {step} is the first update that differs ({details})"
-            )
+    before, differs = _first_difference_words(difference, attempts)
     for attempt in attempts:
         if attempt.get("label_offset"):
             result["not_checked"].append(

@@ -98,9 +98,16 @@ def files_below(directory: Path) -> dict[str, Path]:
 
 
 def load_orbax(path: Path) -> dict[str, np.ndarray]:
-    """name -> array of an Orbax PyTree checkpoint: regular files and directories only (a link or a FIFO
-    inside is refused before Orbax opens anything), at most MAX_OUTPUT_BYTES in all; Orbax reads its
-    arrays through TensorStore and its metadata as JSON (no pickle)."""
+    """name -> array of an Orbax PyTree checkpoint (load_orbax_tree's arrays)."""
+    return load_orbax_tree(path)[0]
+
+
+def load_orbax_tree(path: Path) -> tuple[dict[str, np.ndarray], str]:
+    """name -> array of an Orbax PyTree checkpoint, and its tree's structure in words (its containers and
+    keys, as JAX's tree definition writes them, and each leaf's type): {"a": {"b": x}} and {"a.b": x} give one
+    name and another structure. Regular files and directories only (a link or a FIFO inside is refused
+    before Orbax opens anything), at most MAX_OUTPUT_BYTES in all; Orbax reads its arrays through
+    TensorStore and its metadata as JSON (no pickle)."""
     total = 0
     for directory, dirs, files in os.walk(path, followlinks=False):
         for name in [*dirs, *files]:
@@ -124,5 +131,7 @@ def load_orbax(path: Path) -> dict[str, np.ndarray]:
             continue  # a scalar or a value without array metadata
         budget.charge(element_count(tuple(shape), f"{path}: {name}") * np.dtype(dtype).itemsize, name)
     tree = checkpointer.restore(path.absolute())
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {jax.tree_util.keystr(keys, simple=True, separator="."): np.asarray(leaf) for keys, leaf in flat}
+    flat, definition = jax.tree_util.tree_flatten_with_path(tree)
+    arrays = {jax.tree_util.keystr(keys, simple=True, separator="."): np.asarray(leaf) for keys, leaf in flat}
+    structure = f"{definition}; leaves: {', '.join(type(leaf).__name__ for _, leaf in flat)}"
+    return arrays, structure

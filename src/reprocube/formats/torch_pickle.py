@@ -4,12 +4,11 @@ the archive's storages, every size, offset and stride checked against them; NumP
 OrderedDicts, sets, torch.Size, argparse.Namespace); any other is refused, named. torch is never imported.
 
 read_torch gives dotted names -> arrays (what outputs and tensors compare), torch_storage_dtypes the storages
-a moved-weights restart moves, torch_structure a digest of everything torch would load (types and keys
-included): what tells a layout difference from a real one."""
+a moved-weights restart moves; formats.torch_structure digests the whole unpickled graph (types and keys
+included), what tells a layout difference from a real one."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 import re
@@ -22,7 +21,6 @@ from reprocube.errors import CheckpointError
 from reprocube.formats.tensor_readers import (
     MAX_HEADER_BYTES,
     MAX_NESTING,
-    MAX_VALUES,
     ZIP_ERRORS,
     ZIP_METHODS,
     Budget,
@@ -38,83 +36,18 @@ from reprocube.terminal import one_line
 def read_torch(data: bytes, where: str) -> dict[str, np.ndarray]:
     """A `torch.save` file (the zip format) as dotted names -> arrays: tensors, NumPy arrays, numbers and
     the other plain values it holds (a text or None as its repr's bytes)."""
-    value, _ = _unpickled_torch(data, where)
+    value, _ = unpickled_torch(data, where)
     return flatten(plain(value, where), where)
 
 
 def torch_storage_dtypes(data: bytes, where: str) -> dict[str, np.dtype]:
     """A `torch.save` file's storages: zip member name ("<prefix>data/<key>") -> the dtype its tensors
     read it as (the restricted unpickler's, read_torch's): what check's moved-weights restart moves."""
-    _, unpickler = _unpickled_torch(data, where)
+    _, unpickler = unpickled_torch(data, where)
     return {f"{unpickler.prefix}data/{key}": stored.array.dtype for key, stored in unpickler.storages.items()}
 
 
-def torch_structure(data: bytes, where: str) -> str:
-    """A digest of everything a `torch.save` file holds as torch would load it: each value with its type (a
-    tensor, a Parameter and its arguments, a NumPy array, a set, a torch.Size, a dict or an OrderedDict and
-    its attributes, a list, a tuple, text or bytes), every key as the type it is, in order; a tensor's dtype,
-    size, stride, offset and which storage it shares. Not pickle's memo or framing, nor the archive's member
-    order: two files of one digest differ only in how their bytes are laid out."""
-    value, unpickler = _unpickled_torch(data, where)
-    digest, storages, visits = hashlib.sha256(), {}, [0]
-
-    def put(tag: str, payload: bytes = b"") -> None:
-        digest.update(tag.encode() + len(payload).to_bytes(8, "little") + payload)
-
-    def walk(item, depth: int) -> None:
-        visits[0] += 1
-        if depth > MAX_NESTING or visits[0] > 2 * MAX_VALUES:
-            raise CheckpointError(f"{where}: nested more than {MAX_NESTING} deep or more than {MAX_VALUES} values")
-        if item is None or isinstance(item, bool | int | float | complex | str | bytes | bytearray):
-            put(type(item).__name__, _scalar_bytes(item))
-        elif isinstance(item, np.ndarray):
-            rebuilt = unpickler.tensors.get(id(item))
-            if rebuilt is None:
-                put("ndarray", f"{item.dtype.str}{item.shape}".encode())
-            else:
-                storage, offset, size, stride, rest = rebuilt
-                index = storages.setdefault(id(storage), len(storages))
-                put("tensor", repr((item.dtype.str, index, offset, tuple(size), tuple(stride))).encode())
-                walk(rest, depth + 1)
-                walk(unpickler.parameters.get(id(item)), depth + 1)  # None: no Parameter
-            put("data", item.tobytes())
-        elif isinstance(item, _ArrayRecord | _StorageData):
-            walk(item.array, depth + 1)
-        elif isinstance(item, _DTypeRecord):
-            put("dtype", item.dtype.str.encode())
-        elif isinstance(item, _Namespace):
-            put("namespace")
-            walk(dict(item.fields), depth + 1)
-        elif isinstance(item, dict):
-            put(type(item).__name__, str(len(item)).encode())
-            for key, inner in item.items():
-                walk(key, depth + 1)
-                walk(inner, depth + 1)
-            walk(getattr(item, "state", None), depth + 1)
-        elif isinstance(item, list | tuple):
-            put(type(item).__name__, str(len(item)).encode())
-            for inner in item:
-                walk(inner, depth + 1)
-        elif isinstance(item, type) and issubclass(item, _Inert):
-            put("global", item.global_name.encode())
-        else:
-            raise CheckpointError(f"{where}: a value of type {type(item).__name__} is not read")
-
-    walk(value, 0)
-    return digest.hexdigest()
-
-
-def _scalar_bytes(item) -> bytes:
-    if isinstance(item, float):
-        return struct.pack("<d", item)  # its bits: -0.0 and a NaN's payload are kept
-    if isinstance(item, complex):
-        return struct.pack("<dd", item.real, item.imag)
-    if isinstance(item, str):
-        return item.encode("utf-8", "surrogatepass")
-    return bytes(item) if isinstance(item, bytes | bytearray) else repr(item).encode()
-
-
-def _unpickled_torch(data: bytes, where: str):
+def unpickled_torch(data: bytes, where: str):
     if not data.startswith(b"PK"):
         raise CheckpointError(
             f"{where}: not a zip-format torch.save file (the legacy format, a TorchScript archive or another "
@@ -180,7 +113,7 @@ def _member(archive, name: str, where: str, budget: Budget, optional: bool = Fal
     return blob
 
 
-class _Inert:
+class InertGlobal:
     """A global a pickle named, as our own stand-in: creating or calling it (NEWOBJ, REDUCE) runs only
     the stand-in's code, which builds plain data; BUILD gives it only data."""
 
@@ -190,7 +123,7 @@ class _Inert:
         raise CheckpointError(f"state given to {self.global_name}, which takes none")
 
 
-class _ArrayRecord(_Inert):
+class ArrayRecord(InertGlobal):
     """numpy's _reconstruct(ndarray, (0,), b'b') followed by BUILD (version, shape, dtype, fortran, bytes)."""
 
     global_name = "numpy.ndarray"
@@ -205,7 +138,7 @@ class _ArrayRecord(_Inert):
         self.array = _array(raw, dtype, shape, bool(fortran), "an ndarray")
 
 
-class _DTypeRecord(_Inert):
+class DTypeRecord(InertGlobal):
     global_name = "numpy.dtype"
 
     def __init__(self, dtype: np.dtype):
@@ -224,9 +157,9 @@ _DTYPE_TEXT = re.compile(r"[<>|=]?(b1|bool|[iu][1248]|f[248]|c(8|16)|[SU]\d{1,6}
 
 
 def _dtype_of(value) -> np.dtype:
-    if isinstance(value, _DTypeRecord):
+    if isinstance(value, DTypeRecord):
         return value.dtype
-    if isinstance(value, _StorageData):
+    if isinstance(value, StorageData):
         return value.array.dtype
     raise CheckpointError(f"{short(value)} is not a dtype")
 
@@ -263,14 +196,14 @@ class _SizeItems(tuple):
     """A torch.Size's dimensions, told apart from a tuple (torch_structure)."""
 
 
-class _StorageData:
+class StorageData:
     """A torch storage read from the archive: a flat array of its dtype."""
 
     def __init__(self, array: np.ndarray):
         self.array = array
 
 
-class _Namespace(_Inert):
+class NamespaceRecord(InertGlobal):
     global_name = "argparse.Namespace"
 
     def __setstate__(self, state) -> None:
@@ -283,62 +216,64 @@ class _Namespace(_Inert):
 def _stand_ins(unpickler: _Unpickler) -> dict[tuple[str, str], type]:
     """(module, name) -> the stand-in returned for it."""
 
-    class OrderedDict(_Inert):
+    class OrderedDict(InertGlobal):
         def __new__(cls, items=()):
             return _Mapping(items)
 
-    class Encode(_Inert):  # protocol 2 writes bytes as _codecs.encode(text, "latin1")
+    class Encode(InertGlobal):  # protocol 2 writes bytes as _codecs.encode(text, "latin1")
         def __new__(cls, text, encoding="latin1"):
             if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
                 raise CheckpointError("_codecs.encode of something other than latin-1 text")
             return text.encode("latin-1")
 
-    class DType(_Inert):
+    class DType(InertGlobal):
         def __new__(cls, spec, align=False, copy=True):
             if not (isinstance(spec, str) and _DTYPE_TEXT.match(spec)):
                 raise CheckpointError(f"a dtype {short(spec)} (numbers and fixed strings only)")
-            return _DTypeRecord(np.dtype(spec))
+            return DTypeRecord(np.dtype(spec))
 
-    class NDArray(_Inert):
+    class NDArray(InertGlobal):
         def __new__(cls, *args):
             raise CheckpointError("numpy.ndarray called directly")
 
-    class Reconstruct(_Inert):
+    class Reconstruct(InertGlobal):
         def __new__(cls, subtype=None, shape=None, typecode=None):
             if subtype is not NDArray:
                 raise CheckpointError("_reconstruct of something other than numpy.ndarray")
-            return _ArrayRecord()
+            return ArrayRecord()
 
-    class Scalar(_Inert):
+    class Scalar(InertGlobal):
         def __new__(cls, dtype, raw=b""):
-            return _array(raw, dtype, (), False, "a NumPy scalar")
+            scalar = _array(raw, dtype, (), False, "a NumPy scalar")
+            unpickler.scalars[id(scalar)] = scalar  # told apart from a 0-d array (torch_structure); held
+            return scalar
 
-    class FromBuffer(_Inert):
+    class FromBuffer(InertGlobal):
         def __new__(cls, buffer, dtype, shape, order="C"):
             return _array(buffer, dtype, shape, order == "F", "an ndarray")
 
-    class Size(_Inert):
+    class Size(InertGlobal):
         def __new__(cls, dims=()):
             return _SizeItems(dims)
 
-    class Set(_Inert):
+    class Set(InertGlobal):
         def __new__(cls, items=()):
             return _SetItems(items)
 
-    class RebuildTensor(_Inert):
+    class RebuildTensor(InertGlobal):
         def __new__(cls, storage, offset, size, stride, *rest):
             tensor = _tensor(storage, offset, size, stride, unpickler.budget)
-            unpickler.tensors[id(tensor)] = (storage, offset, size, stride, rest)
+            unpickler.tensors[id(tensor)] = (tensor, storage, offset, size, stride, rest)  # held: its id is not reused
             return tensor
 
-    class RebuildParameter(_Inert):
+    class RebuildParameter(InertGlobal):
         def __new__(cls, data, *rest):
-            unpickler.parameters[id(data)] = rest  # (requires_grad, backward_hooks)
+            unpickler.parameters[id(data)] = (data, *rest)  # (requires_grad, backward_hooks), the tensor held
             return data
 
-    class Namespace(_Namespace):
+    class Namespace(NamespaceRecord):
         def __new__(cls, *args, **kwargs):  # NEWOBJ, then BUILD with its attributes
-            namespace = _Namespace.__new__(_Namespace)
+            namespace = NamespaceRecord.__new__(NamespaceRecord)
             namespace.fields = dict(kwargs)
             return namespace
 
@@ -362,7 +297,7 @@ def _stand_ins(unpickler: _Unpickler) -> dict[tuple[str, str], type]:
     for module in ("numpy.core.numeric", "numpy._core.numeric"):
         table[(module, "_frombuffer")] = FromBuffer
     for name, dtype in _STORAGES.items():
-        table[("torch", name)] = type(name, (_Inert,), {"dtype": dtype})
+        table[("torch", name)] = type(name, (InertGlobal,), {"dtype": dtype})
     for (module, name), stand_in in table.items():
         stand_in.global_name = f"{module}.{name}"
     return table
@@ -397,7 +332,7 @@ def _tensor(storage, offset, size, stride, budget: Budget) -> np.ndarray:
     """A tensor as torch rebuilds it (a strided view of a storage), with every index checked to lie in
     the storage, then copied out contiguous: a copy (of an expanded, stride-0 or transposed view, which
     may be far larger than its storage) charged to the file's `budget` before it is made."""
-    if not isinstance(storage, _StorageData):
+    if not isinstance(storage, StorageData):
         raise CheckpointError("a tensor rebuilt from something other than a storage")
     flat = storage.array
     count = element_count(size, "a tensor")
@@ -426,6 +361,7 @@ class _Unpickler(pickle.Unpickler):
         # stride, the rest of its rebuild's arguments); id(array) -> a Parameter's (requires_grad, hooks)
         self.tensors: dict[int, tuple] = {}
         self.parameters: dict[int, tuple] = {}
+        self.scalars: dict[int, np.ndarray] = {}
 
     def find_class(self, module: str, name: str):
         stand_in = self.table.get((module, name))
@@ -441,7 +377,7 @@ class _Unpickler(pickle.Unpickler):
             raise CheckpointError(f"{self.where}: a persistent id {short(pid)} (a torch storage was expected)")
         _, kind, key, _location, numel = pid
         dtype = getattr(kind, "dtype", None)
-        if not (isinstance(kind, type) and issubclass(kind, _Inert) and isinstance(dtype, np.dtype)):
+        if not (isinstance(kind, type) and issubclass(kind, InertGlobal) and isinstance(dtype, np.dtype)):
             raise CheckpointError(f"{self.where}: a storage of type {short(kind)}")
         if not (isinstance(key, str) and re.fullmatch(r"\d{1,20}", key)):
             raise CheckpointError(f"{self.where}: a storage key {short(key)}")
@@ -454,10 +390,10 @@ class _Unpickler(pickle.Unpickler):
                 held = "is missing" if info is None else f"holds {info.file_size} bytes"
                 raise CheckpointError(f"{self.where}: storage {key} of {numel} x {dtype} {held}")
             blob = _member(self.archive, name, self.where, self.budget)
-            self.storages[key] = _StorageData(np.frombuffer(blob, dtype=dtype, count=numel))
+            self.storages[key] = StorageData(np.frombuffer(blob, dtype=dtype, count=numel))
         stored = self.storages[key]
         if stored.array.dtype != dtype:
-            return _StorageData(stored.array.view(dtype)) if stored.array.nbytes % dtype.itemsize == 0 else stored
+            return StorageData(stored.array.view(dtype)) if stored.array.nbytes % dtype.itemsize == 0 else stored
         return stored
 
 
@@ -473,15 +409,15 @@ def plain(value, where: str):
             return item
         if id(item) in done:
             return done[id(item)]
-        if isinstance(item, _ArrayRecord):
+        if isinstance(item, ArrayRecord):
             if item.array is None:
                 raise CheckpointError(f"{where}: an ndarray without its data")
             result = item.array
-        elif isinstance(item, _StorageData):
+        elif isinstance(item, StorageData):
             result = item.array
-        elif isinstance(item, _DTypeRecord):
+        elif isinstance(item, DTypeRecord):
             result = str(item.dtype)
-        elif isinstance(item, _Namespace):
+        elif isinstance(item, NamespaceRecord):
             result = {k: convert(v, depth + 1) for k, v in item.fields.items()}
         elif isinstance(item, dict):
             result = {k: convert(v, depth + 1) for k, v in item.items()}
@@ -489,7 +425,7 @@ def plain(value, where: str):
                 result["__state__"] = convert(item.state, depth + 1)
         elif isinstance(item, list | tuple):
             result = type(item)(convert(v, depth + 1) for v in item)
-        elif isinstance(item, type) and issubclass(item, _Inert):
+        elif isinstance(item, type) and issubclass(item, InertGlobal):
             result = f"<{item.global_name}>"
         else:
             raise CheckpointError(f"{where}: a value of type {type(item).__name__} is not read")

@@ -1,0 +1,81 @@
+"""Where the stopped run is stopped: the stops asked for (--at, --at-file, --at-line), or the default ones,
+each a share of the time between two of an uninterrupted run's saves after its attempt's first save, drawn
+from a seed (--stop-seed replays them); and the last stop's restart a while later than the others."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from reprocube.check.file_activity import state_key
+from reprocube.check.runs import Run, Stop
+from reprocube.errors import ConfigError
+
+RESTART_WAIT_S = 1.0  # the last stop's restart comes this long after it (the others at once)
+
+
+def plan_stops(options, clean: Run, stop_seed: int) -> tuple[list[Stop] | None, str]:
+    """The stops asked for, or the default ones: each a share of the time between two of an
+    uninterrupted run's saves after its attempt's first save. None (and why) where that run saved
+    nothing as it went (no file rewritten, no numbered series): no stop could follow a save and
+    still interrupt something. options: check's (check.options.CheckOptions)."""
+    stops, at, at_file, at_line = options.stops, options.at, options.at_file, options.at_line
+    if at is not None or at_file is not None or at_line is not None:
+        return stops_asked(stops, at, at_file, at_line), ""
+    activity, attempt = clean.activity, clean.attempts[-1]
+    saves = activity.save_moments(state=activity.state_keys()) if activity is not None else []
+    seen = "" if activity is None or activity.complete else f" ({activity.why_incomplete})"
+    if len(saves) < 2:
+        return None, (
+            f"in {attempt.seconds:.1f} s the uninterrupted run rewrote no file as it went{seen} (a "
+            "checkpoint saved again and again, or a numbered series of them, in its work directory, "
+            "HOME or TMPDIR; files written once, like caches and outputs, are no checkpoint): no stop "
+            "can come after a save and still interrupt the run, so resume cannot be tested (a "
+            "checkpoint only at the end?). Stop it yourself with --at SECONDS, --at-file GLOB or "
+            "--at-line REGEX to see what a restart does"
+        )
+    # The time between two saves of one file (a checkpoint written as two files, the model and then the
+    # optimizer, is one save: the gap between its files is no interval between saves).
+    state = activity.state_keys()
+    per_file: dict[str, list[float]] = {}
+    for event in activity.writes():
+        if state_key(event.path) in state:
+            per_file.setdefault(event.path, []).append(event.at)
+    gaps = sorted(b - a for times in per_file.values() for a, b in zip(times, times[1:], strict=False))
+    if not gaps:  # a numbered series (each file written once): between its saves
+        gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
+    return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
+
+
+def with_a_wait(plan: list[Stop]) -> list[Stop]:
+    """The plan with its last stop's restart RESTART_WAIT_S later than the others' (which start at once): a
+    restart whose state expires with time (a wall-clock budget kept in the checkpoint) then differs."""
+    return [*plan[:-1], replace(plan[-1], wait_s=RESTART_WAIT_S)] if plan else plan
+
+
+def planned_stops(count: int, save_gap_s: float, seed: int) -> list[Stop]:
+    """`count` stops, each `fraction` of the uninterrupted run's time between two saves after its
+    attempt's first save (from right after it to just before the next), the fractions drawn from `seed`
+    (recorded: --stop-seed replays them)."""
+    rng = random.Random(seed)
+    fractions = [0.05 + 0.9 * rng.random() for _ in range(count)]
+    return [Stop(after_save=round(save_gap_s * f, 3), fraction=f) for f in fractions]
+
+
+def seconds_of(at: str) -> list[float]:
+    try:
+        values = [float(part) for part in at.split(",")]
+    except ValueError:
+        raise ConfigError(f"--at {at!r}: give seconds separated by commas, e.g. 2.5,4") from None
+    if not values or not all(0 < v < float("inf") for v in values):
+        raise ConfigError(f"--at {at!r}: each stop must be a number of seconds > 0")
+    return values
+
+
+def stops_asked(count: int, at, at_file, at_line) -> list[Stop]:
+    """The stops --at, --at-file or --at-line asked for."""
+    if at is not None:
+        return [Stop(seconds=s) for s in seconds_of(at)]
+    if at_file is not None:
+        return [Stop(file_glob=at_file)] * count
+    return [Stop(line=at_line)] * count
