@@ -170,6 +170,7 @@ def test_a_directory_with_a_metadata_file_orbax_cannot_read_is_compared_file_by_
     assert comparison["identical"] is True and "all 2 identical" in comparison["files"][0]["detail"], comparison
 
 
+@pytest.mark.process
 def test_an_orbax_checkpoint_is_compared_by_its_tensors_and_the_scripts_files_beside_them(tmp_path):
     """Round 3 (F5, F11): a history.json saved in the Orbax directory, and Orbax's _CHECKPOINT_METADATA's
     custom_metadata, were never compared (the directory was its tensors only). Now both are; the step
