@@ -362,6 +362,14 @@ ROWS = [
         id="differs; more clean runs agreed",
     ),
     Row(
+        stopped(trace_differs="step 9 differs", more_clean_runs=2, more_clean_runs_through=9),
+        "resume-differs",
+        "resume",
+        "resume_differs",
+        ("agreed with the first up to step 9",),
+        id="differs; more clean runs agreed up to its first differing update",
+    ),
+    Row(
         stopped(outputs_identical=False, first_output_difference=None),
         "resume-differs",
         "resume",

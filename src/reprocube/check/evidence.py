@@ -60,7 +60,8 @@ class StoppedEvidence:
     survived: tuple[int, ...] = ()  # stops whose signal the command outlived: it trained on to its end
     restart_wait_s: float = 0.0  # the longest a restart waited after its stop (0: each came at once)
     per_process_differs: str | None = None  # more uninterrupted runs, started because this one differs
-    more_clean_runs: int = 0  # how many such runs were started (0: none)
+    more_clean_runs: int = 0  # how many such runs told something (0: none ran)
+    more_clean_runs_through: int | None = None  # they were compared up to this update only (then ended)
 
 
 @dataclass(frozen=True)

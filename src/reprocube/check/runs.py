@@ -64,7 +64,7 @@ class Stop:
 
     def _moment(self) -> str:
         if self.until is not None:
-            return "once its first update had told enough (check's own stop)"
+            return "once it had recorded what check needed of it (check's own stop)"
         if self.file_glob is not None:
             return f"when a new file matches {self.file_glob}"
         if self.line is not None:

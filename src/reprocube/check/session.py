@@ -42,7 +42,7 @@ from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import leaked_state, stop_evidence, unproven
 from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
-from reprocube.check.traces import repeat_trace, resume_trace
+from reprocube.check.traces import differs_through, recorded_through, repeat_trace, resume_trace
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
 from reprocube.errors import ConfigError
 from reprocube.files import names_regular_file
@@ -461,7 +461,24 @@ class CheckSession:
         self.echo(
             one_line(f"  the stopped run differs: {len(names)} more uninterrupted runs tell whether every process does")
         )
-        runs = self.ran_together([(self.new_run(name), [], self.limit) for name in names])
+        # With the probe's first differing update, each run is ended once it recorded that step: only the
+        # updates up to it are compared (the rest of the run would cost a whole run for nothing more).
+        difference = ((self.result["probe"] or {}).get("resume") or {}).get("first_difference")
+        through = difference["step"] if difference and difference.get("after_stop") else None
+        planned = [(self.new_run(name), [], self.limit) for name in names]
+        if through is not None:
+            planned = [
+                (run, [Stop(until=recorded_through(run, through), ends_run=True)], limit) for run, _, limit in planned
+            ]
+        runs = self.ran_together(planned)
+        if through is not None:
+            told = [
+                (run, differs_through(self.clean[0], run, through)) for run in runs if run.exit == 0 or run.stops_landed
+            ]
+            shown = next(((run, where) for run, where in told if where), None)
+            if shown is not None:
+                return replace(stopped, per_process_differs=f"{shown[0].name}: {shown[1]}", more_clean_runs=len(told))
+            return replace(stopped, more_clean_runs=len(told), more_clean_runs_through=through)
         for run in runs:
             if run.exit != 0:
                 continue  # a failure here tells nothing of determinism; the stopped run's difference stands

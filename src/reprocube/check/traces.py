@@ -5,8 +5,15 @@ What cannot be read or was not recorded goes into the result's not-checked lines
 
 from __future__ import annotations
 
-from reprocube.analysis.probe_trace import read_rank_traces, steps_of
-from reprocube.analysis.probe_trace_comparison import compare_ranks, compare_stopped_ranks, describe_difference
+from collections.abc import Callable
+
+from reprocube.analysis.probe_trace import read_rank_traces, read_trace, steps_of
+from reprocube.analysis.probe_trace_comparison import (
+    compare_ranks,
+    compare_stopped_ranks,
+    describe_difference,
+    first_difference,
+)
 from reprocube.check.runs import Run
 from reprocube.errors import CheckpointError
 from reprocube.terminal import counted
@@ -150,3 +157,33 @@ def resume_trace(clean: Run, stopped: Run, result: dict, same_clock: bool = True
             "after them: call probe.checkpoint right after each save)"
         )
     return {"differs": differs, "before_stops": before, "compared": traced["compared_steps"], "difference": difference}
+
+
+def recorded_through(run: Run, step: int) -> Callable[[], bool]:
+    """A check's own stop (polled): due once the run's first attempt recorded an update at or past `step`
+    (rank 0; a trace not readable yet is looked at again)."""
+
+    def due() -> bool:
+        try:
+            trace = read_trace(run.probe_trace(1))
+        except CheckpointError:
+            return False
+        return trace is not None and any(recorded >= step for recorded in steps_of(trace, 0))
+
+    return due
+
+
+def differs_through(clean: Run, run: Run, step: int) -> str | None:
+    """Where `run`'s first attempt's updates up to `step` first differ from clean-1's (rank 0), in words;
+    None where none does, or a trace cannot be read."""
+    try:
+        a, b = read_trace(clean.probe_trace(1)), read_trace(run.probe_trace(1))
+    except CheckpointError:
+        return None
+    if a is None or b is None:
+        return None
+    upto = [{k: v for k, v in steps_of(trace, 0).items() if k <= step} for trace in (a, b)]
+    difference = first_difference(*upto, a.names)
+    if difference is None:
+        return None
+    return f"step {difference['step']} is the first update that differs: {describe_difference(difference, 'clean-1', run.name)}"

@@ -278,7 +278,8 @@ def resume_differs(ev: Evidence) -> Verdict | None:
     s = ev.stopped
     if s is None or _nothing_differs(ev):
         return None
-    rarer = RARER_CHECKED if s.more_clean_runs else RARER
+    through = f" up to step {s.more_clean_runs_through}, the first that differs" if s.more_clean_runs_through else ""
+    rarer = RARER_CHECKED.format(through=through) if s.more_clean_runs else RARER
     return _v("resume-differs", "resume", f"{_restarts(ev)}, {_found(ev)}. {rarer}")
 
 

@@ -62,7 +62,8 @@ NOTHING_TIES = (
 )
 RARER = "Two agreeing uninterrupted runs do not exclude a rarer non-determinism: --repeat N tells them apart"
 RARER_CHECKED = (
-    "More uninterrupted runs, started because it differs, agreed with the first: not a non-determinism of the process"
+    "More uninterrupted runs, started because it differs, agreed with the first{through}: not a non-determinism of "
+    "the process"
 )
 VOID_STOPS = (
     "{restarts}: {named}. The same outputs show only that the script is deterministic: resume was not tested there"
