@@ -464,7 +464,9 @@ class CheckSession:
         # With the probe's first differing update, each run is ended once it recorded that step: only the
         # updates up to it are compared (the rest of the run would cost a whole run for nothing more).
         difference = ((self.result["probe"] or {}).get("resume") or {}).get("first_difference")
-        through = difference["step"] if difference and difference.get("after_stop") else None
+        # (Not under SLURM: a check's own stop there is a requeue, which starts the job again.)
+        ends_early = difference and difference.get("after_stop") and self.slurm is None
+        through = difference["step"] if ends_early else None
         planned = [(self.new_run(name), [], self.limit) for name in names]
         if through is not None:
             planned = [
