@@ -49,7 +49,6 @@ class StoppedEvidence:
     outputs_identical: bool = True
     first_output_difference: str | None = None  # the first declared output that differs, in words
     identical_words: str = "bit-identical to an uninterrupted run's"  # how the outputs are the same
-    layout_only: tuple[str, ...] = ()  # outputs whose every value is the same under a strict reader, bytes not
     stops: tuple[dict, ...] = ()  # stop_evidence: {"stop", "landed", "effective", "how", "by"?, ...}
     unproven: tuple[str, ...] = ()  # what keeps identical outputs from proving the resume
     updates_compared: int = 0

@@ -389,15 +389,21 @@ class CheckSession:
             self.result["comparisons"]["repeat"].append(comparison)
             if not any(f.get("compared", True) for f in comparison["files"]):
                 return RepeatEvidence(uncomparable=run.name)
-            traced = repeat_trace(clean[0], run, self.result, first_updates)
-            if not comparison["identical"] or traced:
-                where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
+            traced, where = self.against_clean_1(run, comparison, first_updates)
+            if where:
                 shared = clean[0].activity is not None and not clean[0].activity.state_keys()
                 own = None if traced else own_value_difference(clean[0], run, comparison, self.outputs)
                 return RepeatEvidence(
                     differs=where, own_value=own, leaked=leaked_state(clean, first_updates), shared_elsewhere=shared
                 )
         return RepeatEvidence(leaked=leaked_state(clean, first_updates))
+
+    def against_clean_1(self, run: Run, comparison: dict, first_updates: dict) -> tuple[str | None, str | None]:
+        """Where an uninterrupted run departs from clean-1: (its first differing update, from the probe; that
+        and its first differing output, in words); (None, None) where it does not."""
+        traced = repeat_trace(self.clean[0], run, self.result, first_updates)
+        found = [x for x in (traced, None if comparison["identical"] else _first(comparison)) if x]
+        return traced, "; ".join(found) or None
 
     def tampering(self) -> dict:
         """Evidence parts where the command replaced check's directories, or changed the outputs of clean-1,
@@ -486,8 +492,7 @@ class CheckSession:
                 continue  # a failure here tells nothing of determinism; the stopped run's difference stands
             comparison = self.compared(run, self.clean[0])
             self.result["comparisons"]["repeat"].append(comparison)
-            traced = repeat_trace(self.clean[0], run, self.result, {})
-            if not comparison["identical"] or traced:
-                where = "; ".join(x for x in (traced, None if comparison["identical"] else _first(comparison)) if x)
+            _, where = self.against_clean_1(run, comparison, {})
+            if where:
                 return replace(stopped, per_process_differs=f"{run.name}: {where}", more_clean_runs=len(runs))
         return replace(stopped, more_clean_runs=sum(1 for run in runs if run.exit == 0))
