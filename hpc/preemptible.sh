@@ -50,7 +50,8 @@ log "job ${SLURM_JOB_ID:-none} restart ${SLURM_RESTART_COUNT:-0} on $(hostname):
 # Job control gives reprocube its own process group (id = its pid), so that the signal reaches every
 # process of it: verify's and study's runs, singularity's child. It starts with USR1 ignored: SLURM's
 # warning can come seconds after the start (its timing is coarse), and during Python's start-up it
-# would kill the process; reprocube's own handler replaces the ignore once training starts.
+# would kill the process; reprocube's own handler replaces the ignore once training starts. (Apptainer's
+# starter does not pass the ignore on: inside a SIF, reprocube holds USR1 itself from its first line.)
 set -m
 ( trap '' USR1; exec "${reprocube[@]}" "$@" ) &
 child=$!

@@ -274,6 +274,45 @@ def signal_mid_epoch_then_resume_latest(framework, larger, reference, tmp_path, 
     assert deterministic_metrics(run_dir) == deterministic_metrics(reference)
 
 
+# reprocube's program with training's signal handlers installed 1 s late, after "set-up" is printed: a window in
+# which only what the program's start holds can keep SLURM's warning (in a SIF, a slow start under load).
+LATE_HANDLERS = """
+import sys, time
+from reprocube.training import preemption
+enter = preemption.StopRequest.__enter__
+def late(self):
+    print("set-up", flush=True)
+    time.sleep(1)
+    return enter(self)
+preemption.StopRequest.__enter__ = late
+from reprocube.__main__ import run
+sys.argv[0] = "reprocube"
+run()
+"""
+
+
+def test_slurms_warning_during_start_up_is_held_and_ends_in_a_checkpoint(larger, tmp_path):
+    """SLURM's warning (USR1) before training handles signals: it neither kills the process, as USR1 does by
+    default (a job in a SIF died so, 138: Apptainer does not pass preemptible.sh's ignore on), nor is lost:
+    the run stops after its first step with a checkpoint, exit 75."""
+    run_dir = tmp_path / "runs" / "warned"
+    args = ["train", "framework=pytorch", *larger.overrides(), *LARGER_ARGS, "run_name=warned"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LATE_HANDLERS, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "set-up\n", proc.communicate()
+    proc.send_signal(signal.SIGUSR1)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, (proc.returncode, stderr)
+    assert "stopped by SIGUSR1" in stdout
+    [checkpoint] = (run_dir / "checkpoints").glob("step-*")
+    assert manifest(checkpoint)["reason"] == "SIGUSR1" and manifest(checkpoint)["global_step"] == 1
+
+
 # --- refusals ---------------------------------------------------------------------------------
 
 

@@ -8,6 +8,24 @@ import signal
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
+_early_warning: str | None = None  # SIGUSR1's name once it came before StopRequest's handler
+
+
+def hold_early_warnings() -> None:
+    """SLURM's warning (SIGUSR1) held from the program's first line: it can come during start-up, and by
+    default it kills (a job warned while Python imported died, 138). hpc/preemptible.sh starts reprocube
+    with USR1 ignored, but Apptainer's starter does not pass an ignored signal on, so inside a SIF only this
+    holds it. A handler, not an ignore: a command reprocube starts (check's) gets USR1 as it would anyway;
+    the training's StopRequest takes a warning held here as its own (a checkpoint after the first step)."""
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, _hold)
+
+
+def _hold(_signum, _frame) -> None:
+    global _early_warning
+    _early_warning = signal.SIGUSR1.name
+
+
 class StopRequest:
     """Installs the handlers for its `with` block; `requested` tells the loop to stop."""
 
@@ -26,6 +44,7 @@ class StopRequest:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C twice: abort now
 
     def __enter__(self) -> StopRequest:
+        self.signal_name = _early_warning
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
