@@ -7,7 +7,7 @@
 #   make test SLURM=0        the same without the local SLURM cluster: the SLURM tests are skipped
 #   make test APPTAINER=0    the same without Apptainer: the Singularity tests are skipped (CONTAINERS=0 too:
 #                            the SIF is built from the Docker image)
-#   make test TEST_WORKERS=0 the test files one after another (default: two at a time)
+#   make test TEST_WORKERS=0 the test files one after another (default: three at a time)
 PYTHON ?= python3
 VENV := .venv
 # The MLCube launcher lives in its own venv (mlcube 0.0.9 pins omegaconf 2.1.0; hydra needs 2.3).
@@ -104,9 +104,11 @@ ifeq ($(SLURM),1)
 TEST_DEPS += slurm-setup
 TEST_ENV += REPROCUBE_SLURM_TESTS=1 SLURM_CONF=$(SLURM_DIR)/slurm.conf
 endif
-# Two test files at a time (pytest-xdist): the suite mostly waits (SLURM, Docker, watchdog stalls), and
+# Three test files at a time (pytest-xdist) on 2 cores: a third of the suite's wall time is waiting (SLURM,
+# Docker, check's stops and restarts, watchdog stalls), and a third worker fills it (2026-12-07, AMD EPYC
+# AVX-512, 2 CPUs: 2448 s with two, 2281 s with three, every test passing; benchmarks/test-suite.md).
 # tests/conftest.py hands out the longest files first. TEST_WORKERS=0 runs the files one after another.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: $(TEST_DEPS)
 	$(TEST_ENV) $(VENV)/bin/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,7 @@ def pytest_configure(config):
     run bit-identical to an uncached one; verify's fresh checks compile anew (test_verify_compare_report)."""
     # Hypothesis keeps what it finds in the source under .hypothesis/: outside the work tree.
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "reprocube-hypothesis")
-    # make test runs test files two at a time (pytest-xdist): the workers inherit the controller's
+    # make test runs test files three at a time (pytest-xdist): the workers inherit the controller's
     # environment, so they share its cache, and only the controller removes it.
     if "PYTEST_XDIST_WORKER" not in os.environ:
         cache = tempfile.mkdtemp(prefix="reprocube-tests-jax-cache-")
@@ -37,7 +39,7 @@ def pytest_configure(config):
         subprocess.Popen.__init__ = _no_process_unmarked
 
 
-# make test runs test files two at a time (pytest-xdist, `--dist loadfile --no-loadscope-reorder`), each
+# make test runs test files three at a time (pytest-xdist, `--dist loadfile --no-loadscope-reorder`), each
 # file on one worker, handed out in collection order as workers free up. The longest files go first so
 # that none of them starts last and runs alone (seconds: the files' slowest tests in the suite of
 # 2026-11-26 run two files at a time); the rest keep their order. test_repository.py checks the names.
@@ -59,6 +61,23 @@ LONGEST_FILES_FIRST = (
     "test_children.py",  # ~110
     "test_trust.py",  # ~100
 )
+
+
+# REPROCUBE_TEST_CPU=FILE (make test PYTEST_ARGS=... or the environment): one JSON line per test appended to
+# FILE: its id, the CPU seconds of its worker and of the children it waited for (not Docker's or SLURM's
+# processes), and its wall seconds; benchmarks/test_suite_cpu.py sums them per file (benchmarks/test-suite.md).
+TEST_CPU_RECORD = os.environ.get("REPROCUBE_TEST_CPU")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _record_cost(nodeid: str, cpu: float, wall: float) -> None:
+    record = {"id": nodeid, "cpu_s": round(_cpu_seconds() - cpu, 2), "wall_s": round(time.monotonic() - wall, 2)}
+    with open(TEST_CPU_RECORD, "a") as out:  # one short line per write: the workers' lines never interleave
+        out.write(json.dumps(record) + "\n")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -85,10 +104,13 @@ def _no_process_unmarked(self, *args, **kwargs):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _RUNNING.append(item.nodeid)
+    cpu, wall = _cpu_seconds(), time.monotonic()
     try:
         yield
     finally:
         _RUNNING.pop()
+        if TEST_CPU_RECORD:
+            _record_cost(item.nodeid, cpu, wall)
 
 
 @pytest.hookimpl(hookwrapper=True)
