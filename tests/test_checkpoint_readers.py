@@ -278,3 +278,20 @@ def test_an_orbax_checkpoint_is_checked_against_the_budget_by_its_metadata_befor
     monkeypatch.setattr(ocp.StandardCheckpointer, "restore", lambda *a, **k: pytest.fail("restored"))
     with pytest.raises(CheckpointError, match="w declares 48 bytes, past the 60 bytes"):
         outputs.load_orbax(tmp_path / "ckpt")
+
+
+def test_a_state_dicts_metadata_is_not_counted_as_tensors():
+    """A 2-tensor model's state dict as torch.save writes it: its `_metadata` version entries are no tensors
+    (a 4-tensor model once read "4 of 10 tensors differ"); where they differ, they are counted apart."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    a = saved({"model": model.state_dict()})
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    b_state = model.state_dict()
+    assert content_difference("m.pt", a, saved({"model": b_state}))["detail"].endswith("(1 of 2 tensors differ)")
+    b_state._metadata[""]["version"] = 2  # a module saved by another torch version
+    detail = content_difference("m.pt", a, saved({"model": b_state}))["detail"]
+    assert detail.startswith("tensor model.bias: ") and detail.endswith(
+        "(1 of 2 tensors differ; 1 metadata entry differs too)"
+    )

@@ -47,6 +47,29 @@ def worst_tensor(tensors: list[dict]) -> dict | None:
     )
 
 
+# reprocube.formats.torch_pickle's name for an object's pickled state: a state dict's `_metadata` (its
+# modules' version numbers) reads as `model.__state__._metadata..version`, values that are not tensors.
+PICKLED_STATE = "__state__"
+
+
+def _is_metadata(name: str) -> bool:
+    return PICKLED_STATE in name.split(".")
+
+
+def first_and_count(rows: list[dict], names: set[str]) -> tuple[dict, str]:
+    """Of two files' differing rows (tensor_differences, name order) over `names`: the row to name first
+    (a tensor before a state dict's metadata) and "k of n tensors differ", the metadata counted apart
+    (a 4-tensor model's state dict is 4 tensors, not 4 and its 6 version entries)."""
+    tensors = [row for row in rows if not _is_metadata(row["tensor"])]
+    total = sum(1 for name in names if not _is_metadata(name))
+    count = f"{len(tensors)} of {total} tensors differ"
+    metadata = len(rows) - len(tensors)
+    if metadata:
+        also = " too" if tensors else ""
+        count += f"; {metadata} metadata {'entry differs' if metadata == 1 else 'entries differ'}{also}"
+    return (tensors or rows)[0], count
+
+
 def difference_size(row: dict) -> str:
     """A tensor row's difference: the problem (only in one run, reshaped), else max abs and max ULP."""
     if row.get("problem"):
