@@ -44,9 +44,10 @@ class StopRequest:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C twice: abort now
 
     def __enter__(self) -> StopRequest:
-        self.signal_name = _early_warning
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        # Taken after the handlers: a warning that came while they were installed went to _hold.
+        self.signal_name = self.signal_name or _early_warning
         return self
 
     def __exit__(self, *exc) -> None:
