@@ -12,8 +12,10 @@ EXIT_TRAINING = 5
 EXIT_DIFFERENT = 6  # verify / compare: the runs are not bit-identical (a verdict, not an error)
 EXIT_LOSSES_ONLY = 7  # reproduce: the trained model is bit-identical, only the reported losses differ
 EXIT_NOT_DETERMINISTIC = 8  # check: two uninterrupted runs of the command differ (resume is not blamed)
-EXIT_CHECK_VOID = 9  # check: it proves nothing (the control did not differ, no stop landed, no restart resumed)
+EXIT_CHECK_VOID = 9  # check: no stop proved anything (the control did not differ, no stop landed, no restart resumed)
 EXIT_COMMAND_FAILED = 10  # check: the command failed (exit status, watchdog, or none of its outputs)
+EXIT_NOT_PROVEN = 11  # check: every compared output the same, but the resume is not proven (named)
+EXIT_STATE_LEAKED = 12  # check: a run began from, or wrote, state outside its own directories
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
 EXIT_OUTPUT_LOST = 120  # done, but stdout could not be written (its reader went away): Python's own status
 

@@ -200,7 +200,7 @@ def test_a_script_that_writes_garbage_as_its_trace_is_not_checked_there(tmp_path
     )
     # The outputs agree and the restart read its checkpoint, but with no readable trace nothing proves that
     # it applied it: not proven, never resume-exact.
-    assert proc.returncode == 9 and result["verdict"] == "not-proven", proc.stdout + proc.stderr
+    assert proc.returncode == 11 and result["verdict"] == "not-proven", proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     unread = [line for line in result["not_checked"] if "the probe's traces, unreadable" in line]
     assert len(unread) == 2 and "attempt-1.jsonl:2 is not a JSON object" in unread[0], result["not_checked"]
@@ -289,7 +289,7 @@ def test_an_output_that_cannot_be_read_is_not_checked_never_a_difference(tmp_pat
     )
     # What was compared is identical; the FIFO was not compared, and that (with the restart shown by its
     # files only) keeps the resume from being proven: never "every declared output is bit-identical".
-    assert proc.returncode == 9 and result["verdict"] == "not-proven", proc.stdout
+    assert proc.returncode == 11 and result["verdict"] == "not-proven", proc.stdout
     assert "out/pipe not compared" in result["summary"] and "every declared output is" not in result["summary"]
     assert any(line.startswith("out/pipe in clean-2 against clean-1: not compared") for line in result["not_checked"])
 

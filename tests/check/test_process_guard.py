@@ -184,7 +184,7 @@ def test_a_daemon_printing_after_the_script_exits_gives_no_traceback(tmp_path, t
     started = time.monotonic()
     proc = check(tmp_path, script_command(tmp_path, token, "printing"), "--at-line", "saved", "--stops", "1")
     no_traceback(proc)  # before: "ValueError: I/O operation on closed file" from the reader, per attempt
-    assert proc.returncode in (0, 9), proc.stdout + proc.stderr
+    assert proc.returncode in (0, 9, 11, 12), proc.stdout + proc.stderr
     assert running(token) == []
     assert time.monotonic() - started < 30  # before: 5 s more per attempt, waiting for the output's end
 
@@ -223,7 +223,7 @@ def test_200_mb_without_a_newline_is_read_in_bounded_memory(tmp_path, token):
         timeout=300,
     )
     no_traceback(proc)
-    assert proc.returncode in (0, 9), proc.stdout + proc.stderr  # `saved` ends the 200 MB line
+    assert proc.returncode in (0, 9, 11, 12), proc.stdout + proc.stderr  # `saved` ends the 200 MB line
     peak_mb, children_mb = (int(x) for x in proc.stdout.split("peak_mb")[-1].split())
     print(f"check's peak {peak_mb} MB, its children's {children_mb} MB")
     assert peak_mb < 200, peak_mb  # before: 834 MB (the whole line, as bytes and as text)
@@ -315,4 +315,4 @@ def test_a_copy_of_a_tree_within_the_depth_bound_is_copied_whole(tmp_path, token
 def test_a_script_that_makes_a_tree_1100_levels_deep_is_walked_without_recursion(tmp_path, token, deep_cleanup):
     proc = check(tmp_path, script_command(tmp_path, token, "deep"), "--at-file", "**/leaf*", "--stops", "1")
     no_traceback(proc)  # before: a RecursionError from listing the work directory (Path.rglob)
-    assert proc.returncode in (0, 9), proc.stdout + proc.stderr
+    assert proc.returncode in (0, 9, 11, 12), proc.stdout + proc.stderr

@@ -624,3 +624,14 @@ def test_docs_check_md_tables_every_rule_as_the_table_decides_it():
     for rule, verdict, status in documented:
         assert verdict in given[rule], (rule, verdict, given[rule])
         assert int(status) == VERDICTS[verdict], (rule, verdict, status)
+
+
+def test_a_ci_step_tells_each_kind_of_answer_by_its_exit_status():
+    """Issue 66 item 6: 'identical but not proven', 'no stop proved anything' and 'state leaked' are three
+    answers a CI step acts on differently (look at the trace, stop elsewhere, isolate the run): three statuses,
+    none shared with a pass, a difference, non-determinism or a failure."""
+    void = {VERDICTS[name] for name in ("control-void", "no-stop-landed", "not-resumed")}
+    assert len(void) == 1
+    kinds = [void.pop(), VERDICTS["not-proven"], VERDICTS["state-leaked"]]
+    others = {VERDICTS[name] for name in ("resume-exact", "resume-differs", "not-deterministic", "command-failed")}
+    assert len(set(kinds)) == 3 and not set(kinds) & others, (kinds, others)

@@ -10,7 +10,9 @@ from reprocube.errors import (
     EXIT_COMMAND_FAILED,
     EXIT_DIFFERENT,
     EXIT_NOT_DETERMINISTIC,
+    EXIT_NOT_PROVEN,
     EXIT_OK,
+    EXIT_STATE_LEAKED,
 )
 from reprocube.results.markdown_text import md_code, md_text
 from reprocube.results.schema import ResultFile
@@ -67,11 +69,11 @@ VERDICTS = {
     "control-void": EXIT_CHECK_VOID,
     "no-stop-landed": EXIT_CHECK_VOID,
     "not-resumed": EXIT_CHECK_VOID,  # a stop proved nothing: nothing saved before it, or the restart began again
-    "state-leaked": EXIT_CHECK_VOID,  # a run started from state another run left outside its directories
+    "state-leaked": EXIT_STATE_LEAKED,  # a run started from state another run left outside its directories
     # what was compared is identical, but the resume is not proven: restarts shown by their files only (no
     # probe), declared outputs not compared, ranks the probe did not hear from, or a restart given another
     # seed's state or the stopped run's with its weights moved that wrote the uninterrupted run's outputs
-    "not-proven": EXIT_CHECK_VOID,
+    "not-proven": EXIT_NOT_PROVEN,
     "command-failed": EXIT_COMMAND_FAILED,
 }
 
