@@ -230,3 +230,73 @@ def test_the_probe_refuses_wrong_steps_at_the_call_and_keeps_what_it_was_given(t
         ("float64", np.float64(7).tobytes().hex()),
     ]
     assert len({u.fingerprints for _, u in trace.updates}) == 1  # the same weights each time
+
+
+def test_watch_records_every_optimizer_step_as_the_two_calls_would(tmp_path, monkeypatch):
+    """Issue 66 item 7: `probe.watch(optimizer, model)` is the plain loop's one line. Each optimizer.step()
+    is recorded at once, with the model's weights after it (the same fingerprints `probe.step(loss, model)`
+    records) and a NaN loss (the optimizer never sees the loss); outside check it adds no hook."""
+    import torch
+
+    def train(watched: bool, path):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        recorder = probe._Recorder(str(path))
+        monkeypatch.setattr(probe, "_recorder", recorder)
+        monkeypatch.setattr(probe, "_started", True)
+        if watched:
+            assert probe.watch(optimizer, model) is optimizer
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = model(torch.randn(8, 4)).square().mean()
+            loss.backward()
+            optimizer.step()
+            if not watched:
+                probe.step(loss, model)
+        if watched:  # written at once: a stop that kills the loop loses none of them
+            assert len(read_trace(path).updates) == 3
+        recorder.flush()
+        return read_trace(path)
+
+    watched, called = train(True, tmp_path / "watched.jsonl"), train(False, tmp_path / "called.jsonl")
+    assert (
+        watched.names
+        == called.names
+        == sorted(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).state_dict())
+    )
+    assert [u.fingerprints for _, u in watched.updates] == [u.fingerprints for _, u in called.updates]
+    assert {(u.loss, u.loss_dtype) for _, u in watched.updates} == {(np.float64("nan").tobytes().hex(), "float64")}
+    monkeypatch.setattr(probe, "_recorder", None)  # outside check
+    optimizer = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    assert probe.watch(optimizer) is optimizer and not optimizer._optimizer_step_post_hooks
+
+
+def test_a_restart_nothing_places_is_counted_from_zero_and_no_cause_is_hinted(tmp_path):
+    """What probe.watch gives a restart whose first update is none the uninterrupted run made, with no
+    checkpoint announced: check said "step 1, after the checkpoint the script announced at step 0 (the same
+    loss ...): the forward pass agreed ... the optimizer's state" (nothing was announced, and two NaN losses
+    are no loss at all). Now: where it resumed is not known, and no suspect is singled out."""
+    from reprocube.analysis.probe_trace_comparison import cause_hint
+    from reprocube.check.traces import _first_difference_words
+
+    def write(name, steps):
+        nan = np.float64("nan").tobytes().hex()
+        lines = [{"probe": 1}, {"names": ["w"]}]
+        lines += [
+            {"index": i, "step": None, "loss": nan, "loss_dtype": "float64", "fingerprints": [s]}
+            for i, s in enumerate(steps, start=1)
+        ]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return read_trace(tmp_path / name)
+
+    clean = write("clean", range(1, 11))
+    result = compare_stopped(clean, [write("1", [1, 2, 3, 4]), write("2", [99, 6, 7, 8, 9, 10])])
+    attempt, first = result["attempts"][1], result["first_difference"]
+    assert (attempt["how"], attempt["last_announced"], first["step"]) == ("assumed", None, 1)
+    before, after = _first_difference_words(first, result["attempts"])
+    assert before is None and "where it resumed is not known; counted from step 0, it differs at step 1" in after
+    assert "no loss recorded (NaN in both)" in after and "announced at step" not in after
+    assert "forward pass agreed" not in after and "points at" not in after
+    hint = cause_hint(first)
+    assert hint.startswith("no loss recorded at update 1") and "optimizer's state" in hint and "data order" in hint

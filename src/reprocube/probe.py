@@ -9,6 +9,8 @@ which a resumed run departs from an uninterrupted one, and after which stop.
     torch.save(state, "ckpt.pt")
     probe.checkpoint(step)           # after the script wrote a checkpoint at this global step
 
+or, for a plain PyTorch loop, one line in place of `probe.step`: `probe.watch(optimizer, model)` (watch).
+
 It does nothing unless `reprocube check` runs the script: check sets REPROCUBE_PROBE to the file this
 attempt's trace goes to (the only variable the probe reads). Each step records the loss's exact bits and
 the weight fingerprint of reprocube's own trainers (per tensor, the sum modulo 2**32 of its mixed bit
@@ -190,6 +192,33 @@ def resumed(step: int) -> None:
     recorder = _active()
     if recorder is not None:
         recorder.resumed(int(step))
+
+
+def watch(optimizer, model=None):
+    """The one line for a plain PyTorch loop, in place of `probe.step`: `optimizer = probe.watch(optimizer,
+    model)` once, after the optimizer is built. Every `optimizer.step()` that updates the weights (a
+    GradScaler's skipped step is none; gradient accumulation's micro-batches call no step) is then recorded
+    with the weights after it: `model`'s state_dict (its buffers too), else the optimizer's parameters,
+    named `GROUP.INDEX`. The loss is not the optimizer's to see: it is recorded as NaN and the weights tell
+    where a run departs. Each record is written at once. No step number: check finds where each restart resumed by its first update's bits
+    (or say `probe.resumed(step)` after loading). Saves are found from the files the script writes; add
+    `probe.checkpoint(step)` after each one to place the stops exactly. Returns `optimizer`; inert outside
+    `reprocube check` (no hook is added)."""
+    if _active() is None:
+        return optimizer
+    if model is None:
+        params = {
+            f"{g}.{i}": p for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])
+        }
+    else:
+        params = model
+
+    def after_step(optimizer, args, kwargs):
+        _recorder.step(float("nan"), params, None)
+        _recorder.flush()  # written at once: a plain loop killed by the stop runs no atexit
+
+    optimizer.register_step_post_hook(after_step)
+    return optimizer
 
 
 def keras_callback():

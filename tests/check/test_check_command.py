@@ -385,6 +385,30 @@ def test_the_pytorch_example_its_bug_and_its_fix(tmp_path, save_rng, verdict):
         assert traced["first_difference"] is None and traced["compared_steps"] == traced["reference_steps"] == 192
 
 
+def test_the_one_line_probe_places_every_restart_by_its_bits(tmp_path):
+    """Issue 66 item 7: the PyTorch example with `probe.watch(optimizer, model)` in place of its two probe
+    calls (and no checkpoint announced): each restart is placed by its first update's bits, and all 192
+    updates are compared, as with the two calls."""
+    source = (EXAMPLES / "pytorch_mlp.py").read_text()
+    one_line = source.replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)",
+        "optimizer = probe.watch(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)",
+    )
+    one_line = one_line.replace("        probe.step(loss, model)\n", "").replace(
+        "    probe.checkpoint((epoch + 1)", "    ((epoch + 1)"
+    )
+    assert one_line.count("probe.") == 1
+    (tmp_path / "train.py").write_text(one_line)
+    command = [sys.executable, str(tmp_path / "train.py"), "--save-rng"]
+    proc, result = check(
+        tmp_path, "--output", "model.pt", "--output", "metrics.csv", "--at-line", "saved", command=command
+    )
+    assert result["verdict"] == "resume-exact", proc.stdout + proc.stderr
+    traced = result["probe"]["resume"]
+    assert [a["how"] for a in traced["attempts"]] == ["first", "matched", "matched"], traced["attempts"]
+    assert traced["first_difference"] is None and traced["compared_steps"] == traced["reference_steps"] == 192
+
+
 @pytest.mark.parametrize("reseed, verdict", [(True, "resume-differs"), (False, "resume-exact")])
 def test_the_flax_orbax_example_its_bug_and_its_fix(tmp_path, reseed, verdict):
     """Orbax checkpoints are compared by their tensors (their bytes never agree), and the JAX probe names

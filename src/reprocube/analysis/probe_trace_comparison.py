@@ -210,7 +210,9 @@ def describe_difference(difference: dict, a: str = "A", b: str = "B", hint: bool
     tensors = difference["tensors"]
     weights = f"weights differ in {_named(tensors)}" if tensors else "the weights after it are the same"
     where = f"on rank {difference['rank']}, " if difference.get("world", 1) > 1 else ""
-    if difference["loss_same"]:
+    if difference["loss_same"] and _no_loss(difference):
+        text = f"{where}no loss recorded (NaN in both); {weights}"
+    elif difference["loss_same"]:
         text = f"{where}the same loss; {weights}"
     else:
         text = f"{where}loss {difference['loss_b']} {b} vs {difference['loss_a']} {a}; {weights}"
@@ -226,6 +228,11 @@ def _named(tensors: list[str]) -> str:
 _STATISTICS = re.compile(r"running_mean|running_var|num_batches_tracked|moving_mean|moving_variance|batch_stats")
 
 
+def _no_loss(difference: dict) -> bool:
+    """Both losses NaN: what a probe given no loss records, never evidence that the forward passes agreed."""
+    return difference["loss_a"] == difference["loss_b"] == "nan"
+
+
 def cause_hint(difference: dict) -> str | None:
     """Where to look, from how update k differs. The update before it agreed in both runs, so the same
     weights went into update k: the same loss bits but other weights after it means the forward pass
@@ -234,6 +241,17 @@ def cause_hint(difference: dict) -> str | None:
     order, a random generator such as dropout's, or the model's own state such as batch-norm
     statistics). The tensors that differ are named. None where neither applies."""
     step, tensors = difference["step"], difference["tensors"]
+    if difference["loss_same"] and _no_loss(difference):
+        # NaN in both: the probe was given no loss (probe.watch, a trainer whose model returns none), so the
+        # forward pass and the update cannot be told apart: every suspect stays.
+        if not tensors:
+            return None
+        return (
+            f"no loss recorded at update {step}, and other weights after it ({_named(tensors)}): the data "
+            "order, a random generator, the model's state (batch-norm statistics) or the optimizer's state "
+            "(momentum, Adam's moments, the learning-rate schedule); give the probe the loss to tell the forward "
+            "pass from the update"
+        )
     if difference["loss_same"]:
         if not tensors:
             return None
