@@ -29,6 +29,7 @@ def train_one_epoch(tmp_path: Path, framework: str, *extra: str) -> dict:
         "dataset=fashion_mnist",
         "data_dir=data",
         "epochs=1",
+        "threads=1",  # learning does not depend on it; PyTorch's 2 threads cost 2-3x the CPU on a busy machine
         *extra,
         cwd=tmp_path,
         timeout=600,
