@@ -24,7 +24,7 @@ from helpers import reprocube
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-EXIT = {"resume-exact": 0, "resume-differs": 6, "not-deterministic": 8, "not-resumed": 9, "not-proven": 9}
+EXIT = {"resume-exact": 0, "resume-differs": 6, "not-deterministic": 8, "not-resumed": 9, "not-proven": 11}
 
 
 def check(tmp_path: Path, source: str, *options: str) -> dict:

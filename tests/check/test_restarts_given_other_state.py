@@ -30,8 +30,8 @@ EXIT = {
     "resume-exact": 0,
     "resume-differs": 6,
     "not-resumed": 9,
-    "not-proven": 9,
-    "state-leaked": 9,
+    "not-proven": 11,
+    "state-leaked": 12,
     "command-failed": 10,
 }
 

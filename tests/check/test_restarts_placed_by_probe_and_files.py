@@ -40,7 +40,7 @@ EXIT = {
     "resume-exact": 0,
     "resume-differs": 6,
     "not-resumed": 9,
-    "state-leaked": 9,
+    "state-leaked": 12,
     "not-deterministic": 8,
     "command-failed": 10,
 }

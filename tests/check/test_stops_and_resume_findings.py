@@ -49,7 +49,7 @@ from helpers import reprocube
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "not-proven": 9, "command-failed": 10}
+EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "not-proven": 11, "command-failed": 10}
 BYTECODE = {"PYTHONDONTWRITEBYTECODE": None}  # a user's default: Python writes __pycache__
 
 

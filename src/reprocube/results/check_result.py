@@ -38,8 +38,10 @@ def _upgrade_2(value: dict) -> dict:
 
 CHECK_RESULT = ResultFile(
     "check.json",
-    version=3,  # 2: "probe"; 3: "rule", the moved-weights restarts named so (run moved-N, stage moved-weights)
-    upgrades=((2, _upgrade_2),),
+    # 2: "probe"; 3: "rule", the moved-weights restarts named so (run moved-N, stage moved-weights); 4: the same
+    # keys, not-proven and state-leaked with exit statuses of their own (11, 12; were 9)
+    version=4,
+    upgrades=((2, _upgrade_2), (3, lambda value: value)),
     keys=(
         "command",  # the argv checked, as given
         "verdict",  # VERDICTS
