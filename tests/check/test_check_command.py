@@ -234,7 +234,7 @@ def test_the_default_stops_are_replayed_by_their_seed(tmp_path):
     command = [sys.executable, str(EXAMPLES / "numpy_sgd.py"), "--save-rng"]  # 8 epochs of 0.25 s
     proc, first = check(tmp_path, *args, command=command, name="a")
     assert proc.returncode == 0 and first["verdict"] == "resume-exact", proc.stdout
-    assert first["stop_seed"] == 7 and first["stops"].count("after the attempt's first save") == 2
+    assert first["stop_seed"] == 7 and first["stops"].count("after the attempt's first whole save") == 2
     _, again = check(tmp_path, *args, command=command, name="b")
     fractions = [re.findall(r"\((0\.\d+) of the time between two saves", r["stops"]) for r in (first, again)]
     assert len(fractions[0]) == 2 and fractions[0] == fractions[1]

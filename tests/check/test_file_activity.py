@@ -103,3 +103,76 @@ def test_whether_a_process_group_catches_a_signal_is_read_from_proc():
         finally:
             child.kill()
             child.wait()
+
+
+def _written(tmp_path, writes: list[tuple[float, str]]) -> FileActivity:
+    from reprocube.check.file_activity import Event
+
+    activity = FileActivity({"work": tmp_path})
+    activity.events = [Event(at, "write", path, 64) for at, path in writes]
+    return activity
+
+
+HF_FILES = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
+
+
+@pytest.mark.parametrize(
+    "case, writes, saves",
+    [
+        # The HF Trainer fills checkpoint-N/ file by file (an optimizer of GBs takes seconds): one save each.
+        (
+            "checkpoint folders",
+            [(t + 0.3 * i, f"work/out/checkpoint-{n}/{f}") for n, t in ((5, 10.0), (10, 20.0)) for i, f in enumerate(HF_FILES)],
+            [(10.0, 11.2, 5), (20.0, 21.2, 5)],
+        ),
+        # Lightning's epoch=...ckpt, then last.ckpt beside it: one save.
+        ("a checkpoint and its last copy", [(5.0, "work/ckpt/epoch=0-step=16.ckpt"), (5.4, "work/ckpt/last.ckpt"),
+                                            (9.0, "work/ckpt/epoch=1-step=32.ckpt"), (9.4, "work/ckpt/last.ckpt")],
+         [(5.0, 5.4, 2), (9.0, 9.4, 2)]),
+        # A model, then its optimizer (0.01 s or 0.4 s later): one save; the same file again is the next.
+        (
+            "a model and then its optimizer",
+            [(1.0, "work/model.pt"), (1.01, "work/optim.pt"), (1.5, "work/model.pt"), (1.9, "work/optim.pt")],
+            [(1.0, 1.01, 2), (1.5, 1.9, 2)],
+        ),
+        # The same file again is the next save, however soon; a save ends at a pause of SAVE_BURST_S.
+        ("the same file again", [(1.0, "work/c/a.pt"), (1.1, "work/c/a.pt"), (1.2, "work/c/b.pt"), (4.0, "work/c/c.pt")],
+         [(1.0, 1.0, 1), (1.1, 1.2, 2), (4.0, 4.0, 1)]),
+    ],
+)  # fmt: skip
+def test_a_save_is_every_file_the_script_wrote_for_it(tmp_path, case, writes, saves):
+    """Issue 66 item 1: a save is a burst of writes (a folder's files, a file and its companion), not each
+    file: the HF Trainer's 7 files a checkpoint made the time between two saves milliseconds, and every
+    default stop fell inside checkpoint-5/."""
+    activity = _written(tmp_path, writes)
+    found = activity.saves(state=frozenset(file_activity.state_key(p) for _, p in writes))
+    assert [(s.start, s.end, len(s.keys)) for s in found] == saves, case
+    assert activity.save_moments(state=frozenset(file_activity.state_key(p) for _, p in writes)) == [
+        s[0] for s in saves
+    ]
+
+
+def test_a_default_stop_waits_until_the_attempts_first_save_is_whole(tmp_path):
+    """The stop's moment counts from the last file of the attempt's first save (all the files an
+    uninterrupted run's save holds), never from its first: a restart then finds the checkpoint whole."""
+    from reprocube.check.file_activity import SAVE_BURST_S, state_key, whole_save
+    from reprocube.check.runs import Run, first_whole_save
+
+    clean = _written(
+        tmp_path,
+        [
+            (t + 0.3 * i, f"work/out/checkpoint-{n}/{f}")
+            for n, t in ((5, 1.0), (10, 3.0))
+            for i, f in enumerate(HF_FILES)
+        ],
+    )
+    state = clean.state_keys()
+    run = Run("stopped", tmp_path, tmp_path / "log", {}, [], tmp_path / "probe", state=state)
+    run.save_keys = whole_save(clean.saves(state=state))
+    assert run.save_keys == {state_key(f"work/out/checkpoint-5/{f}") for f in HF_FILES}
+    partial = [(20.0 + 0.3 * i, f"work/out/checkpoint-5/{f}") for i, f in enumerate(HF_FILES)]
+    run.activity = _written(tmp_path, partial[:3])
+    assert first_whole_save(run, 19.0, now=20.7) is None  # 3 of 5 files: not yet
+    assert first_whole_save(run, 19.0, now=20.6 + SAVE_BURST_S + 0.1) == 20.6  # nothing more came: whole as it is
+    run.activity = _written(tmp_path, partial)
+    assert first_whole_save(run, 19.0, now=21.2) == 21.2  # its last file: whole

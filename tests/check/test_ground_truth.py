@@ -89,7 +89,8 @@ from reprocube.results.check_result import VERDICTS
 from helpers import reprocube
 
 EXACT, DIFFERS, NOT_DETERMINISTIC, VOID, FAILED, REFUSED = 0, 6, 8, 9, 10, 2
-SAID_LESS = frozenset({VOID, FAILED})
+NOT_PROVEN, LEAKED = 11, 12  # each says less than a pass or a difference, as a void verdict does
+SAID_LESS = frozenset({VOID, NOT_PROVEN, LEAKED, FAILED})
 NON_DETERMINISM = {"clock-seed", "unordered", "timestamp"}
 STOPS = 2
 
@@ -492,11 +493,11 @@ def stopped_and_rerun(script: Script, path: Path, cwd: Path, stops: list[Stop], 
 
 def planned_stops(result: dict, clean_seconds: float) -> list[Stop]:
     """The default stops where check placed them (check.json's `stops`: seconds after each attempt started,
-    or after its first save, which the truth takes as its first `saved` line); if check never stopped the
+    or after its first whole save, which the truth takes as its first `saved` line); if check never stopped the
     script, the nominal ones: a third of a clean run after each start."""
     stops = []
     for text in filter(None, result.get("stops", "").split("; ")):
-        found = re.match(r"(\d+(?:\.\d+)?) s after the attempt(?:'s first (save)| started)", text)
+        found = re.match(r"(\d+(?:\.\d+)?) s after the attempt(?:'s first (whole save)| started)", text)
         assert found, f"check.json's stop {text!r}: the test does not know how to place it"
         stops.append(Stop("^saved" if found.group(2) else None, float(found.group(1))))
     return stops or [Stop(seconds=clean_seconds / (STOPS + 1))] * STOPS
@@ -528,6 +529,7 @@ def establish_truth(script: Script, path: Path, cache: dict, where: Path, result
 
 NAMES = {EXACT: "resume-exact", DIFFERS: "resume-differs", NOT_DETERMINISTIC: "not-deterministic"}
 NAMES |= {VOID: "a void verdict", FAILED: "command-failed", REFUSED: "refused (bad options)"}
+NAMES |= {NOT_PROVEN: "not-proven", LEAKED: "state-leaked"}
 
 
 def test_the_table_allows_no_more_than_its_truth():

@@ -696,3 +696,50 @@ def test_g6_a_probe_on_rank_0_only_does_not_prove_rank_1_resumed(tmp_path):
     assert result["verdict"] != "resume-exact"
     if result["verdict"] == "not-proven":
         assert "the probe heard from 1 rank of 2" in result["summary"]
+
+
+FOLDER_CHECKPOINTS = """
+    import glob, json, os, time
+    import numpy as np
+    rng = np.random.default_rng(int(os.environ.get("SEED", "0")))
+    w, start = np.zeros(8), 0
+    folders = sorted(glob.glob("out/checkpoint-*"), key=lambda d: int(d.rsplit("-", 1)[1]))
+    if folders:  # the HF Trainer's way: the newest folder, whole or not (a partial one fails here)
+        last = folders[-1]
+        w = np.load(f"{last}/weights.npy")
+        rng.bit_generator.state = json.load(open(f"{last}/rng.json"))
+        start = json.load(open(f"{last}/trainer_state.json"))["step"]
+        print(f"resumed at step {start}", flush=True)
+    for step in range(start, 12):
+        x = rng.standard_normal((16, 8))
+        w = w - 0.05 * x.T @ (x @ w - 1.0) / 16
+        time.sleep(0.05)
+        if (step + 1) % 3 == 0:  # a folder of 4 files, written one by one as a Trainer does
+            folder = f"out/checkpoint-{step + 1}"
+            os.makedirs(folder)
+            np.save(f"{folder}/weights.npy", w)
+            time.sleep(0.1)
+            np.save(f"{folder}/momentum.npy", w * 0)
+            time.sleep(0.1)
+            json.dump(rng.bit_generator.state, open(f"{folder}/rng.json", "w"))
+            time.sleep(0.1)
+            json.dump({"step": step + 1}, open(f"{folder}/trainer_state.json", "w"))
+            print(f"step {step + 1} saved", flush=True)
+    np.save("final.npy", w)
+"""
+
+
+def test_default_stops_come_after_a_whole_checkpoint_folder(tmp_path):
+    """Issue 66 item 1: a script that writes each checkpoint as a folder of 4 files, one by one, and resumes
+    from the newest folder. Each file was a save: the time between saves was the 0.1 s between two files,
+    every default stop fell inside a folder and every restart failed on it (command-failed). The truth,
+    stopped after whole folders: the resume is exact. check's default stops must now each come after a whole
+    folder, every stop effective and every output the same (not-proven: no probe, so no stronger verdict)."""
+    clean, stopped, restarts = truth(tmp_path, {"train.py": FOLDER_CHECKPOINTS}, "final.npy", r"step 6 saved", 1)
+    assert clean == stopped and restarts[0][0] == "resumed at step 6"
+    proc, result = check(tmp_path, {"train.py": FOLDER_CHECKPOINTS}, "--output", "final.npy", "--stops", "2")
+    assert result["verdict"] == "not-proven" and "(2 of 2 effective)" in result["summary"], said(result)
+    assert "shown by files only" in result["summary"], said(result)
+    assert result["stops"].count("after the attempt's first whole save") == 2
+    log = stopped_log(tmp_path)
+    assert log.count("resumed at step") == 2 and "Traceback" not in log, log

@@ -32,7 +32,10 @@ WATCHED = IN_ACCESS | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_FROM | IN_MOV
 EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), then the name
 MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
 MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
-MERGE_S = 0.02  # writes of different files closer than this are one save (a checkpoint and its metrics file)
+MERGE_S = 0.02  # a file read again within this is one read
+# Files of one save (a checkpoint directory's files, a checkpoint and its `last` copy, a model and then its
+# optimizer) follow each other within this: one save, however long each file took to write
+SAVE_BURST_S = 2.0
 SCAN_CLOSE_S = 1.0  # a file a new directory's scan saw, then closed within this: one write
 HEAD_BYTES = 64  # of a file written in place, kept to tell a log appended to from a checkpoint rewritten
 
@@ -50,6 +53,30 @@ class Event:
     # when its content last changed (its mtime, on time.perf_counter's clock): a file kept open and closed
     # as its process ends is seen written then, though nothing was written to it for a while
     modified: float | None = None
+
+
+@dataclass(frozen=True)
+class Save:
+    """One save of the command's state: its files' writes, from the first to the last."""
+
+    start: float
+    end: float
+    keys: frozenset[str]  # state_key of each file written
+
+    def joined_by(self, event: Event) -> bool:
+        """Whether this write of a state file is of the same save: another file than those written so far
+        (the same one again is the next save), within SAVE_BURST_S of the last (a checkpoint directory
+        filled file by file; a checkpoint and its companion). Only the files an uninterrupted run saves as it
+        goes are state (state_keys): a log or a cache written beside them is no part of a save."""
+        return state_key(event.path) not in self.keys and event.at - self.end <= SAVE_BURST_S
+
+
+def whole_save(saves: list[Save]) -> frozenset[str]:
+    """The files one whole save holds: the set most of `saves` hold (the larger on a tie), none without any."""
+    counts: dict[frozenset[str], int] = {}
+    for save in saves:
+        counts[save.keys] = counts.get(save.keys, 0) + 1
+    return max(counts, key=lambda keys: (counts[keys], len(keys)), default=frozenset())
 
 
 def state_key(path: str) -> str:
@@ -121,22 +148,27 @@ class FileActivity:
     def reads(self, since: float = float("-inf"), until: float = float("inf")) -> list[Event]:
         return [e for e in list(self.events) if e.kind == "read" and since <= e.at < until]
 
-    def save_moments(
+    def saves(
         self, since: float = float("-inf"), until: float = float("inf"), state: frozenset[str] | None = None
-    ) -> list[float]:
-        """When the command saved: its writes (of state files only, where `state` gives their keys; else of
-        files still there), those closer than MERGE_S to the previous one merged."""
-        moments: list[float] = []
-        together: set[str] = set()  # the files of the current save: the same one again is the next save
+    ) -> list[Save]:
+        """The command's saves: its writes (of state files only, where `state` gives their keys; else of
+        files still there), grouped as Save.joined_by says."""
+        found: list[Save] = []
         for event in self.writes(since, until, lasting=state is None):
             key = state_key(event.path)
             if state is not None and key not in state:
                 continue
-            if not moments or event.at - moments[-1] > MERGE_S or key in together:
-                moments.append(event.at)
-                together = set()
-            together.add(key)
-        return moments
+            if found and found[-1].joined_by(event):
+                found[-1] = Save(found[-1].start, event.at, found[-1].keys | {key})
+            else:
+                found.append(Save(event.at, event.at, frozenset({key})))
+        return found
+
+    def save_moments(
+        self, since: float = float("-inf"), until: float = float("inf"), state: frozenset[str] | None = None
+    ) -> list[float]:
+        """When each save (saves) began."""
+        return [save.start for save in self.saves(since, until, state)]
 
     def state_keys(self) -> frozenset[str]:
         """What an uninterrupted run saves as it goes: the files it rewrote most often, at two or more save

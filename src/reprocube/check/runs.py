@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.check.file_activity import FileActivity
+from reprocube.check.file_activity import SAVE_BURST_S, FileActivity
 from reprocube.check.guarded_command import GuardedCommand, start_guarded
 from reprocube.files import walk_below
 from reprocube.orchestration.children import (
@@ -44,7 +44,7 @@ EXIT_WAIT_S = 60.0  # after a signal, how long the command may take to write its
 class Stop:
     """When to signal an attempt: `seconds` after it started, when a file matching `file_glob` appears in
     the work directory (one no earlier attempt saw), when a line of its output matches `line`, or
-    `after_save` seconds after the attempt's first save (of a file an uninterrupted run saved as it went:
+    `after_save` seconds after the attempt's first whole save (of the files an uninterrupted run saved as it went:
     the default stops, placed from that run's saves so that each follows something the restart can read)."""
 
     seconds: float | None = None
@@ -71,8 +71,8 @@ class Stop:
             return f"at an output line matching {self.line}"
         if self.after_save is not None:
             return (
-                f"{self.after_save:.2f} s after the attempt's first save ({self.fraction:.3f} of the time "
-                "between two saves of a clean run)"
+                f"{self.after_save:.2f} s after the attempt's first whole save ({self.fraction:.3f} of the time "
+                "between two saves of a clean run, from one's last file to the next one's first)"
             )
         return f"{self.seconds:.2f} s after the attempt started"
 
@@ -86,10 +86,22 @@ class Stop:
         if self.after_save is not None:
             first = run.first_saves.get(attempt_start)
             if first is None and run.activity is not None:  # looked for until found: then remembered
-                saves = run.activity.save_moments(since=attempt_start, state=run.state)
-                first = run.first_saves[attempt_start] = saves[0] if saves else None
+                first = run.first_saves[attempt_start] = first_whole_save(run, attempt_start)
             return first is not None and time.perf_counter() >= first + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
+
+
+def first_whole_save(run: Run, attempt_start: float, now: float | None = None) -> float | None:
+    """When the attempt's first save was whole (its last file written), None until it is: it holds every
+    file of an uninterrupted run's save (run.save_keys), or a later save began, or nothing joined it for
+    SAVE_BURST_S. A stop placed from its first file fell inside a checkpoint directory still being filled."""
+    saves = run.activity.saves(since=attempt_start, state=run.state)
+    if not saves:
+        return None
+    first, now = saves[0], time.perf_counter() if now is None else now
+    if first.keys >= run.save_keys or len(saves) > 1 or now - first.end > SAVE_BURST_S:
+        return first.end
+    return None
 
 
 @dataclass
@@ -134,7 +146,9 @@ class Run:
     # how many times each uninterrupted run saved them (-1: not equally often); the stopped run's attempts
     # together save as often where each continued from the last one's save
     clean_saves: int = 0
-    # an attempt's start -> its first checkpoint save (what a default stop waits on), once seen
+    # the files one whole save of an uninterrupted run holds (file_activity.whole_save): a checkpoint folder's
+    save_keys: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    # an attempt's start -> when its first save was whole (what a default stop waits on), once seen
     first_saves: dict[float, float | None] = field(default_factory=dict, repr=False, compare=False)
     # check's directories under --out (verified before each attempt writes into them), if recorded
     dirs: EvidenceDirs | None = field(default=None, repr=False, compare=False)

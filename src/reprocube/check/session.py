@@ -25,7 +25,7 @@ from reprocube.check.evidence import (
     StoppedEvidence,
 )
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
-from reprocube.check.file_activity import FileActivity
+from reprocube.check.file_activity import FileActivity, whole_save
 from reprocube.check.guarded_command import end_all_guards
 from reprocube.check.moved_weights import MovedWeightsRestarts
 from reprocube.check.options import CheckOptions, validate
@@ -287,6 +287,7 @@ class CheckSession:
         clean = self.clean[0]
         if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
             stopped.state = clean.activity.state_keys()
+            stopped.save_keys = whole_save(clean.activity.saves(state=stopped.state))
             counts = {len(run.activity.save_moments(state=stopped.state)) for run in self.clean if run.activity}
             stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]

@@ -1,5 +1,5 @@
 """Where the stopped run is stopped: the stops asked for (--at, --at-file, --at-line), or the default ones,
-each a share of the time between two of an uninterrupted run's saves after its attempt's first save, drawn
+each a share of the time between two of an uninterrupted run's saves after its attempt's first whole save, drawn
 from a seed (--stop-seed replays them); and the last stop's restart a while later than the others."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from reprocube.check.file_activity import state_key
 from reprocube.check.runs import Run, Stop
 from reprocube.errors import ConfigError
 
@@ -16,7 +15,7 @@ RESTART_WAIT_S = 1.0  # the last stop's restart comes this long after it (the ot
 
 def plan_stops(options, clean: Run, stop_seed: int) -> tuple[list[Stop] | None, str]:
     """The stops asked for, or the default ones: each a share of the time between two of an
-    uninterrupted run's saves after its attempt's first save. None (and why) where that run saved
+    uninterrupted run's saves (idle_between_saves) after its attempt's first whole save. None (and why) where that run saved
     nothing as it went (no file rewritten, no numbered series): no stop could follow a save and
     still interrupt something. options: check's (check.options.CheckOptions)."""
     stops, at, at_file, at_line = options.stops, options.at, options.at_file, options.at_line
@@ -34,17 +33,16 @@ def plan_stops(options, clean: Run, stop_seed: int) -> tuple[list[Stop] | None, 
             "checkpoint only at the end?). Stop it yourself with --at SECONDS, --at-file GLOB or "
             "--at-line REGEX to see what a restart does"
         )
-    # The time between two saves of one file (a checkpoint written as two files, the model and then the
-    # optimizer, is one save: the gap between its files is no interval between saves).
-    state = activity.state_keys()
-    per_file: dict[str, list[float]] = {}
-    for event in activity.writes():
-        if state_key(event.path) in state:
-            per_file.setdefault(event.path, []).append(event.at)
-    gaps = sorted(b - a for times in per_file.values() for a, b in zip(times, times[1:], strict=False))
-    if not gaps:  # a numbered series (each file written once): between its saves
-        gaps = sorted(b - a for a, b in zip(saves, saves[1:], strict=False))
-    return planned_stops(stops, gaps[len(gaps) // 2], stop_seed), ""
+    return planned_stops(stops, idle_between_saves(activity), stop_seed), ""
+
+
+def idle_between_saves(activity) -> float:
+    """The median time from the end of one whole save (FileActivity.saves: a checkpoint folder's files, a
+    model and then its optimizer, are one save) to the start of the next: where a stop leaves a whole
+    checkpoint behind and interrupts training."""
+    saves = activity.saves(state=activity.state_keys())
+    gaps = sorted(b.start - a.end for a, b in zip(saves, saves[1:], strict=False))
+    return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
 
 
 def with_a_wait(plan: list[Stop]) -> list[Stop]:
@@ -55,7 +53,7 @@ def with_a_wait(plan: list[Stop]) -> list[Stop]:
 
 def planned_stops(count: int, save_gap_s: float, seed: int) -> list[Stop]:
     """`count` stops, each `fraction` of the uninterrupted run's time between two saves after its
-    attempt's first save (from right after it to just before the next), the fractions drawn from `seed`
+    attempt's first whole save (from right after its last file to just before the next save), the fractions drawn from `seed`
     (recorded: --stop-seed replays them)."""
     rng = random.Random(seed)
     fractions = [0.05 + 0.9 * rng.random() for _ in range(count)]
