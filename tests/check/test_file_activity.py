@@ -176,3 +176,12 @@ def test_a_default_stop_waits_until_the_attempts_first_save_is_whole(tmp_path):
     assert first_whole_save(run, 19.0, now=20.6 + SAVE_BURST_S + 0.1) == 20.6  # nothing more came: whole as it is
     run.activity = _written(tmp_path, partial)
     assert first_whole_save(run, 19.0, now=21.2) == 21.2  # its last file: whole
+
+
+def test_a_save_is_whole_with_every_file_or_after_a_pause():
+    from reprocube.check.file_activity import SAVE_BURST_S, Save, is_whole
+
+    whole = frozenset({"a", "b", "c"})
+    assert is_whole(Save(1.0, 1.2, whole), whole, now=1.2)
+    assert not is_whole(Save(1.0, 1.2, frozenset({"a", "b"})), whole, now=1.2 + SAVE_BURST_S)
+    assert is_whole(Save(1.0, 1.2, frozenset({"a", "b"})), whole, now=1.3 + SAVE_BURST_S)

@@ -734,12 +734,19 @@ def test_default_stops_come_after_a_whole_checkpoint_folder(tmp_path):
     from the newest folder. Each file was a save: the time between saves was the 0.1 s between two files,
     every default stop fell inside a folder and every restart failed on it (command-failed). The truth,
     stopped after whole folders: the resume is exact. check's default stops must now each come after a whole
-    folder, every stop effective and every output the same (not-proven: no probe, so no stronger verdict)."""
+    folder, every stop effective and every output the same (not-proven: no probe, so no stronger verdict);
+    the restart given the control's state (--seed-env) is given a whole folder."""
     clean, stopped, restarts = truth(tmp_path, {"train.py": FOLDER_CHECKPOINTS}, "final.npy", r"step 6 saved", 1)
     assert clean == stopped and restarts[0][0] == "resumed at step 6"
-    proc, result = check(tmp_path, {"train.py": FOLDER_CHECKPOINTS}, "--output", "final.npy", "--stops", "2")
+    proc, result = check(
+        tmp_path, {"train.py": FOLDER_CHECKPOINTS}, "--output", "final.npy", "--stops", "2", "--seed-env", "SEED"
+    )
     assert result["verdict"] == "not-proven" and "(2 of 2 effective)" in result["summary"], said(result)
     assert "shown by files only" in result["summary"], said(result)
     assert result["stops"].count("after the attempt's first whole save") == 2
     log = stopped_log(tmp_path)
     assert log.count("resumed at step") == 2 and "Traceback" not in log, log
+    # The restart given the control's state got a whole folder too (copied after its last file, not 0.04 s
+    # after its first: it crashed on the partial copy).
+    [swapped] = [run for run in result["runs"] if run["name"] == "swapped"]
+    assert [a["exit"] for a in swapped["attempts"]] == [0], swapped

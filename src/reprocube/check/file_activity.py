@@ -71,6 +71,12 @@ class Save:
         return state_key(event.path) not in self.keys and event.at - self.end <= SAVE_BURST_S
 
 
+def is_whole(save: Save, whole: frozenset[str], now: float) -> bool:
+    """Whether a save is done: it holds every file of a whole save (whole_save), or nothing joined it for
+    SAVE_BURST_S."""
+    return save.keys >= whole or now - save.end > SAVE_BURST_S
+
+
 def whole_save(saves: list[Save]) -> frozenset[str]:
     """The files one whole save holds: the set most of `saves` hold (the larger on a tie), none without any."""
     counts: dict[frozenset[str], int] = {}

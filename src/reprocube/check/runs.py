@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.check.file_activity import SAVE_BURST_S, FileActivity
+from reprocube.check.file_activity import FileActivity, is_whole
 from reprocube.check.guarded_command import GuardedCommand, start_guarded
 from reprocube.files import walk_below
 from reprocube.orchestration.children import (
@@ -99,7 +99,7 @@ def first_whole_save(run: Run, attempt_start: float, now: float | None = None) -
     if not saves:
         return None
     first, now = saves[0], time.perf_counter() if now is None else now
-    if first.keys >= run.save_keys or len(saves) > 1 or now - first.end > SAVE_BURST_S:
+    if is_whole(first, run.save_keys, now) or len(saves) > 1:
         return first.end
     return None
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from reprocube.analysis.outputs import compare_outputs, under_output
 from reprocube.check.evidence import SwapEvidence
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.check.file_activity import MERGE_S, state_key
+from reprocube.check.file_activity import MERGE_S, is_whole, state_key
 from reprocube.check.runs import Run, failure_line, outputs_written
 from reprocube.check.slots import Conductor
 from reprocube.check.traces import trained_nothing
@@ -235,7 +235,7 @@ def _same_bytes(a: Path, b: Path) -> bool:
 
 
 SNAPSHOT_POLL_S = 0.01  # how often the control's saves are looked at while it runs
-QUIET_S = 2 * MERGE_S  # no write of its state for this long: its save is whole (a model, then its optimizer)
+QUIET_S = 2 * MERGE_S  # a whole save then written nothing more for this long: copied (a save's last file closed)
 
 
 class SwappedRestart:
@@ -255,13 +255,13 @@ class SwappedRestart:
         if control is None:
             self.note = "no control run's state to give a restart (--seed-env or --seed-arg)"
         elif self.conductor.slurm is None and stopped.state:  # (a SLURM job's files are not watched as it runs)
-            control.state = stopped.state
+            control.state, control.save_keys = stopped.state, stopped.save_keys
             self.after_saves = max(1, stopped.clean_saves - 1)  # -1 (saves that follow the clock): 1
 
     def watch(self, control: Run, ended: threading.Event) -> None:
         """While the control runs: once it has saved its state as often as an uninterrupted run does but
-        once, and written nothing of it for QUIET_S, a copy of its directories, what the swapped restart is
-        given. A finished run's state leaves a restart nothing to train (one that never loads its weights and
+        once, that save whole (every file of an uninterrupted run's save) and nothing written for QUIET_S, a
+        copy of its directories, what the swapped restart is given. A finished run's state leaves a restart nothing to train (one that never loads its weights and
         exports a finished checkpoint as it finds it passed that way); this one leaves it the run's last
         stretch (little to train: the check costs little more). Where the control saved again during the
         copy, or ended first, nothing is kept, and its finished state is given (said)."""
@@ -270,12 +270,16 @@ class SwappedRestart:
         while not ended.wait(SNAPSHOT_POLL_S):
             if len(activity.events) != counted_events:  # looked through again only when something happened
                 counted_events = len(activity.events)
-                saves = len(activity.save_moments(state=keys))
+                found = activity.saves(state=keys)
+                saves = len(found)
                 written = [e for e in activity.writes() if state_key(e.path) in keys]
             if saves > wanted:
                 self.state_note = "it saved again before its state could be copied"
                 return
-            if saves < wanted or not written or time.perf_counter() - written[-1].at < QUIET_S:
+            now = time.perf_counter()
+            if saves < wanted or not written or now - written[-1].at < QUIET_S:
+                continue
+            if not is_whole(found[-1], control.save_keys, now):  # a checkpoint folder still being filled
                 continue
             into = {label: out / "snapshot" / "control" / label for label in activity.places}
             before = state_files(activity.places, keys)
