@@ -9,9 +9,10 @@ each checkpoint; they do nothing outside check. What check finds here is in docs
     --save-steps N       a checkpoint every N updates (an epoch is 16)
     --seedable-sampler   DataLoaderConfiguration(use_seedable_sampler=True): each epoch's order from the seed
                          and the epoch (set_epoch), not from the generator's state when the epoch begins
-    --rng-after-fetch    the restored generator state set again once the resumed epoch's first batch is fetched
-                         (starting the loader's iterator draws from torch's generator; the Trainer of
-                         transformers does the same after skipping)
+    --rng-after-fetch    resumed mid-epoch, the restored generator state set again once the resumed epoch's
+                         first batch is fetched (starting the loader's iterator draws from torch's generator; the
+                         Trainer of transformers does the same after skipping); at an epoch's end not (set again
+                         there, it undid the next epoch's draw: resume-differs at step 17)
     --device cuda        on the GPU (the Accelerator's device), with deterministic algorithms and cuBLAS's
                          workspace setting, as PyTorch documents for reproducibility
     --pause S            seconds it idles after announcing each save (default 0.3: a real step's time, so that a
@@ -72,7 +73,10 @@ saved = sorted(os.listdir("checkpoints")) if os.path.isdir("checkpoints") else [
 restored_rng = None
 if saved:
     accelerator.load_state(os.path.join("checkpoints", saved[-1]))  # model, optimizer, RNG states, progress
-    restored_rng = torch.get_rng_state() if args.rng_after_fetch else None
+    # Mid-epoch only: at an epoch's end the next epoch's iterator draws from the restored generator, as the
+    # uninterrupted run's did, and setting it again after the fetch would undo that draw.
+    mid_epoch = progress.step % len(loader) != 0
+    restored_rng = torch.get_rng_state() if args.rng_after_fetch and mid_epoch else None
     probe.resumed(progress.step)
     print(f"resumed at step {progress.step}", flush=True)
 start_epoch, done_in_epoch = divmod(progress.step, len(loader))

@@ -75,6 +75,8 @@ ROWS = [
         "model.safetensors", r"step 8 saved", 1, "resume-differs", 9),
     Row("accelerate-seedable-sampler-rng-after-fetch", "accelerate", "accelerate_loop.py",
         ("--seedable-sampler", "--rng-after-fetch"), "model.safetensors", r"step 8 saved", 1, "resume-exact", None),
+    Row("accelerate-seedable-sampler-rng-after-fetch-epoch-end", "accelerate", "accelerate_loop.py",
+        ("--seedable-sampler", "--rng-after-fetch"), "model.safetensors", r"step 16 saved", 1, "resume-exact", None),
     Row("torchrun", "torch", "torchrun_ddp.py", (), "model.safetensors", r"epoch 1 saved", 1, "resume-differs", 17, 2),
     Row("torchrun-save-rng", "torch", "torchrun_ddp.py", ("--save-rng",), "model.safetensors", r"epoch 1 saved", 1,
         "resume-exact", None, 2),
