@@ -49,6 +49,7 @@ class Row:
     first_step: int | None  # check's first differing update (the probe)
     ranks: int = 1  # processes, each writing its probe trace
     extra: tuple[tuple[int, int], ...] = ()  # updates the stopped run made beyond the uninterrupted run's
+    trainer_said: str | None = None  # the trainer's own warning, named in the verdict (check.trainer_words)
 
 
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
@@ -62,7 +63,8 @@ ROWS = [
     Row("lightning-save-rng", "lightning", "lightning_fit.py", ("--epochs", "2", "--save-rng"), "model.safetensors",
         r"step 16 saved", 1, "resume-exact", None),
     Row("lightning-save-rng-mid-epoch", "lightning", "lightning_fit.py", ("--epochs", "2", "--save-rng"),
-        "model.safetensors", r"step 8 saved", 1, "resume-differs", 9),
+        "model.safetensors", r"step 8 saved", 1, "resume-differs", 9,
+        trainer_said="Lightning warned in the restart that its dataloader is not resumable"),
     Row("keras-epoch", "keras", "keras_fit.py", ("--epochs", "3"), "model.weights.h5",
         r"epoch 1 saved", 1, "resume-differs", 33),
     Row("keras-epoch-seeds", "keras", "keras_fit.py", ("--epochs", "3", "--epoch-seeds"), "model.weights.h5",
@@ -183,6 +185,9 @@ def test_row(row, tmp_path):
         assert (rank["compared_steps"], rank["first_difference"]) == (traced["reference_steps"], row.first_step), rank
     first = traced["first_difference"]
     assert (first and first["step"]) == row.first_step, first
+    # The trainer's own words where it said why, and nowhere else.
+    assert ("The trainer said why itself" in result["summary"]) == bool(row.trainer_said), result["summary"]
+    assert row.trainer_said is None or row.trainer_said in result["summary"], result["summary"]
     if row.first_step is not None:
         assert first["after_stop"] == 1 and first["tensors"], first
     else:

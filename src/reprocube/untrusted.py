@@ -75,6 +75,15 @@ def read_bytes(path: Path, max_bytes: int, error: type[ReprocubeError], follow_l
     return data
 
 
+def read_tail(path: Path, max_bytes: int, error: type[ReprocubeError]) -> tuple[bytes, bool]:
+    """The last `max_bytes` bytes of a regular file of any length (a log: only its end is read), never
+    through a link; and whether that is the whole file."""
+    with _open_regular(Path(path), 1 << 62, error, follow_links=False) as file:
+        size = os.fstat(file.fileno()).st_size
+        file.seek(max(0, size - max_bytes))
+        return file.read(max_bytes), size <= max_bytes
+
+
 def parse_json(blob: bytes, where: str, error: type[ReprocubeError]):
     """Strict JSON (see the module docstring)."""
     try:

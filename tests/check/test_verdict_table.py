@@ -370,6 +370,15 @@ ROWS = [
         id="differs; more clean runs agreed up to its first differing update",
     ),
     Row(
+        stopped(trace_differs="step 9 differs", trainer_said=("Lightning warned in the restart that its dataloader",)),
+        "resume-differs",
+        "resume",
+        "resume_differs",
+        ("step 9 differs", "The trainer said why itself: Lightning warned in the restart that its dataloader"),
+        id="differs; the trainer said why in the restart's log",
+        origin="issue 66 item 4",
+    ),
+    Row(
         stopped(outputs_identical=False, first_output_difference=None),
         "resume-differs",
         "resume",

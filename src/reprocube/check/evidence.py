@@ -61,6 +61,7 @@ class StoppedEvidence:
     per_process_differs: str | None = None  # more uninterrupted runs, started because this one differs
     more_clean_runs: int = 0  # how many such runs told something (0: none ran)
     more_clean_runs_through: int | None = None  # they were compared up to this update only (then ended)
+    trainer_said: tuple[str, ...] = ()  # known messages of the trainer in the restarts' log (check.trainer_words)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from reprocube.check.stop_evidence import leaked_state, stop_evidence, unproven
 from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
 from reprocube.check.traces import differs_through, recorded_through, repeat_trace, resume_trace
+from reprocube.check.trainer_words import restarts_said
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
 from reprocube.errors import ConfigError
 from reprocube.files import names_regular_file
@@ -458,6 +459,7 @@ class CheckSession:
             updates_partial=any(line.startswith("the updates at steps") for line in added),
             stops_after_first_save=any(stop.fraction is not None for stop in plan),
             restart_wait_s=max((s.wait_s for s in plan[:landed]), default=0.0) if self.slurm is None else 0.0,
+            trainer_said=restarts_said(stopped.log),
         )
 
     def more_uninterrupted_runs(self, stopped: StoppedEvidence) -> StoppedEvidence:

@@ -39,6 +39,7 @@ from reprocube.check.verdict_words import (
     SUSPECTS,
     SWAP,
     SWAP_NOT_SHOWN,
+    TRAINER_SAID,
     UNCOMPARABLE,
     UNWRITTEN,
     VOID_STOPS,
@@ -280,7 +281,8 @@ def resume_differs(ev: Evidence) -> Verdict | None:
         return None
     through = f" up to step {s.more_clean_runs_through}, the first that differs" if s.more_clean_runs_through else ""
     rarer = RARER_CHECKED.format(through=through) if s.more_clean_runs else RARER
-    return _v("resume-differs", "resume", f"{_restarts(ev)}, {_found(ev)}. {rarer}")
+    said = "".join(f". {TRAINER_SAID.format(said=words)}" for words in s.trainer_said)
+    return _v("resume-differs", "resume", f"{_restarts(ev)}, {_found(ev)}. {rarer}{said}")
 
 
 @rule

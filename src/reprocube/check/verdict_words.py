@@ -60,6 +60,7 @@ NOTHING_TIES = (
     "that to a resume: a restart that began again over what an earlier attempt left, or state outside the run's "
     "directories (another run's)"
 )
+TRAINER_SAID = "The trainer said why itself: {said}"
 RARER = "Two agreeing uninterrupted runs do not exclude a rarer non-determinism: --repeat N tells them apart"
 RARER_CHECKED = (
     "More uninterrupted runs, started because it differs, agreed with the first{through}: not a non-determinism of "
