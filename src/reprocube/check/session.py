@@ -18,25 +18,14 @@ from reprocube.check.comparisons import first_difference_words as _first
 from reprocube.check.comparisons import identical_words as _identical
 from reprocube.check.comparisons import layout_as_same, own_value_difference
 from reprocube.check.copy_inputs import copy_inputs
-from reprocube.check.evidence import (
-    ControlEvidence,
-    Evidence,
-    RepeatEvidence,
-    StoppedEvidence,
-)
+from reprocube.check.evidence import ControlEvidence, Evidence, RepeatEvidence, StoppedEvidence
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.check.file_activity import FileActivity, whole_save
 from reprocube.check.guarded_command import end_all_guards
 from reprocube.check.moved_weights import MovedWeightsRestarts
 from reprocube.check.options import CheckOptions, validate
 from reprocube.check.receipt import write_receipt
-from reprocube.check.runs import (
-    SIGNALS,
-    Run,
-    Stop,
-    execute,
-    failure_line,
-)
+from reprocube.check.runs import SIGNALS, Run, Stop, execute, failure_line
 from reprocube.check.slots import in_parallel, isolated_environment, last_line, workspace
 from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import leaked_state, stop_evidence, unproven
@@ -287,9 +276,9 @@ class CheckSession:
         stopped = self.stopped = self.new_run("stopped")
         clean = self.clean[0]
         if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
-            stopped.state = clean.activity.state_keys()
-            stopped.save_keys = whole_save(clean.activity.saves(state=stopped.state))
-            counts = {len(run.activity.save_moments(state=stopped.state)) for run in self.clean if run.activity}
+            stopped.state = state = clean.activity.state_keys()
+            stopped.save_keys = whole_save(clean.activity.saves(state=state))  # the files of one whole save
+            counts = {len(run.activity.save_moments(state=state)) for run in self.clean if run.activity}
             stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]
         control = None
