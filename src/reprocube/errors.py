@@ -16,6 +16,7 @@ EXIT_CHECK_VOID = 9  # check: no stop proved anything (the control did not diffe
 EXIT_COMMAND_FAILED = 10  # check: the command failed (exit status, watchdog, or none of its outputs)
 EXIT_NOT_PROVEN = 11  # check: every compared output the same, but the resume is not proven (named)
 EXIT_STATE_LEAKED = 12  # check: a run began from, or wrote, state outside its own directories
+EXIT_SAVE_INTERRUPTED = 13  # check: a stop during a checkpoint's write left a run whose restart failed
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after writing a checkpoint; resume=latest continues.
 EXIT_OUTPUT_LOST = 120  # done, but stdout could not be written (its reader went away): Python's own status
 

@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,14 @@ from helpers import reprocube
 
 pytestmark = pytest.mark.process  # every test here starts a process: not in make test-quick
 
-EXIT = {"resume-exact": 0, "resume-differs": 6, "not-resumed": 9, "not-proven": 11, "command-failed": 10}
+EXIT = {
+    "resume-exact": 0,
+    "resume-differs": 6,
+    "not-resumed": 9,
+    "not-proven": 11,
+    "command-failed": 10,
+    "save-interrupted": 13,
+}
 BYTECODE = {"PYTHONDONTWRITEBYTECODE": None}  # a user's default: Python writes __pycache__
 
 
@@ -750,3 +758,32 @@ def test_default_stops_come_after_a_whole_checkpoint_folder(tmp_path):
     # after its first: it crashed on the partial copy).
     [swapped] = [run for run in result["runs"] if run["name"] == "swapped"]
     assert [a["exit"] for a in swapped["attempts"]] == [0], swapped
+
+
+def test_a_stop_during_a_folders_save_is_its_own_finding(tmp_path):
+    """Issue 66 item 2: the same folder-checkpoint script stopped as soon as a folder's first file appears
+    (--at-file), while the other 3 are still to come. The truth by hand: stopped there, the rerun takes the
+    incomplete folder and fails. check said command-failed with a hint about ports and --jobs; the finding is
+    the script's: a preemption during its save leaves a run that cannot resume."""
+    truth_dir = tmp_path / "truth"
+    truth_dir.mkdir()
+    write(truth_dir, {"train.py": FOLDER_CHECKPOINTS})
+    env = {**os.environ, "SEED": "0", "PYTHONHASHSEED": "0"}
+    env.pop("REPROCUBE_PROBE", None)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py"], cwd=truth_dir, env=env, stdout=subprocess.DEVNULL, process_group=0
+    )
+    first = truth_dir / "out" / "checkpoint-3" / "weights.npy"
+    while not first.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(60) == -signal.SIGTERM and not (truth_dir / "out" / "checkpoint-3" / "trainer_state.json").exists()
+    rerun = subprocess.run([sys.executable, "train.py"], cwd=truth_dir, env=env, capture_output=True, text=True)
+    assert rerun.returncode != 0 and "checkpoint-3" in rerun.stderr  # the truth: it cannot resume
+    proc, result = check(
+        tmp_path, {"train.py": FOLDER_CHECKPOINTS}, "--output", "final.npy", "--stops", "1",
+        "--at-file", "out/checkpoint-*/weights.npy",
+    )  # fmt: skip
+    assert result["verdict"] == "save-interrupted" and result["rule"] == "save_interrupted", said(result)
+    assert "stop 1 landed while work/out/checkpoint-3/ was being written" in result["summary"], said(result)
+    assert "of the 4 files of a whole save" in result["summary"] and "cannot resume" in result["summary"]

@@ -263,6 +263,30 @@ ROWS = [
     ),
     # --- the stopped run ---
     Row(
+        stopped(
+            failed="stopped exited 1: FileNotFoundError: out/checkpoint-5/rng.json; it ran beside another run (--jobs 2)",
+            interrupted_saves=(
+                "stop 1 landed while work/out/checkpoint-5/ was being written (2 of the 7 files of a whole save)",
+            ),
+        ),
+        "save-interrupted",
+        "stopped",
+        "save_interrupted",
+        ("work/out/checkpoint-5/ was being written (2 of the 7", "restart failed on what it left", "cannot resume"),
+        origin="issue 66 item 2: the Trainer's checkpoint-5/ with 2 of 7 files, called command-failed with a --jobs hint",
+        id="a stop during a save, the restart failed on it",
+    ),
+    Row(
+        stopped(
+            interrupted_saves=("stop 1 landed while work/ckpt/ was being written (1 of the 2 files of a whole save)",)
+        ),
+        "resume-exact",
+        "resume",
+        "resume_exact",
+        ("work/ckpt/ was being written", "survives a preemption during that save"),
+        id="a stop during a save, the restart resumed exactly all the same",
+    ),
+    Row(
         stopped(failed="exit 1 after the restart"),
         "command-failed",
         "stopped",

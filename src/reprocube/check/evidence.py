@@ -62,6 +62,7 @@ class StoppedEvidence:
     more_clean_runs: int = 0  # how many such runs told something (0: none ran)
     more_clean_runs_through: int | None = None  # they were compared up to this update only (then ended)
     trainer_said: tuple[str, ...] = ()  # known messages of the trainer in the restarts' log (check.trainer_words)
+    interrupted_saves: tuple[str, ...] = ()  # stops that landed while a save was being written, in words
 
 
 @dataclass(frozen=True)

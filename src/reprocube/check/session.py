@@ -28,7 +28,7 @@ from reprocube.check.receipt import write_receipt
 from reprocube.check.runs import SIGNALS, Run, Stop, execute, failure_line
 from reprocube.check.slots import in_parallel, isolated_environment, last_line, workspace
 from reprocube.check.slurm import check_slurm, execute_slurm
-from reprocube.check.stop_evidence import leaked_state, stop_evidence, unproven
+from reprocube.check.stop_evidence import interrupted_saves, leaked_state, stop_evidence, unproven
 from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
 from reprocube.check.traces import differs_through, recorded_through, repeat_trace, resume_trace
@@ -422,6 +422,7 @@ class CheckSession:
         """The run stopped and restarted after each stop, against the first clean run."""
         landed = stopped.stops_landed
         base = StoppedEvidence(how=self.how, planned=len(plan), landed=landed, clean_saves=stopped.clean_saves)
+        base = replace(base, interrupted_saves=tuple(interrupted_saves(stopped)))
         if stopped.exit != 0:
             return replace(base, failed=self.failure(stopped))
         if landed == 0:

@@ -20,7 +20,9 @@ state that another run left outside its directories (`leaked_state`)."""
 
 from __future__ import annotations
 
-from reprocube.check.file_activity import state_key
+import os.path
+
+from reprocube.check.file_activity import SAVE_BURST_S, state_key
 from reprocube.check.runs import Run
 from reprocube.check.traces import missing_ranks
 from reprocube.terminal import counted
@@ -65,6 +67,36 @@ def stop_evidence(run: Run, traced: dict | None, files_bind: bool = True) -> lis
             }
         evidence.append({"stop": number, "landed": True, **judged})
     return evidence
+
+
+def interrupted_saves(run: Run) -> list[str]:
+    """Each stop that landed while a save was being written, in words: its attempt's last save never held
+    every file of an uninterrupted run's whole save (run.save_keys) and was still being written (a file within
+    SAVE_BURST_S) when the attempt ended. Judged from the attempt's whole span, not the signal's moment: the
+    watcher stamps a write when it reads it, possibly after the signal. Nothing where a save's files are not
+    known."""
+    if run.activity is None or not run.save_keys:
+        return []
+    found = []
+    for number, attempt in enumerate(run.attempts[:-1], start=1):
+        if attempt.signal_s is None or attempt.stopped_early:
+            continue
+        start = run.began + attempt.started_s
+        end = start + attempt.seconds
+        saves = run.activity.saves(since=start, until=end, state=run.state)
+        if not saves or saves[-1].keys >= run.save_keys or end - saves[-1].end > SAVE_BURST_S:
+            continue
+        last = saves[-1]
+        written = [e.path for e in run.activity.writes(last.start, end) if state_key(e.path) in last.keys]
+        folders = {os.path.dirname(path) for path in written}  # "<place>/<dir>": a folder below the place
+        where = (
+            f"{folders.pop()}/" if len(folders) == 1 and "/" in next(iter(folders)) else ", ".join(sorted(set(written)))
+        )
+        found.append(
+            f"stop {number} landed while {where} was being written ({len(last.keys)} of the "
+            f"{len(run.save_keys)} files of a whole save)"
+        )
+    return found
 
 
 def _later_resume(probe_attempts: dict[int, dict], after: int) -> dict | None:

@@ -35,6 +35,8 @@ from reprocube.check.verdict_words import (
     REMOVED_OUTPUT,
     REPLAY_AFTER_MOVED,
     REPLAY_NOT_CHECKED,
+    SAVE_INTERRUPTED,
+    SAVE_SURVIVED,
     SHARED_ELSEWHERE,
     SUSPECTS,
     SWAP,
@@ -211,6 +213,16 @@ def control_same(ev: Evidence) -> Verdict | None:
 
 # --- the stopped run: what its stops proved ------------------------------------------------------------
 @rule
+def save_interrupted(ev: Evidence) -> Verdict | None:
+    s = ev.stopped
+    if s is None or not s.failed or not s.interrupted_saves:
+        return None
+    return _v(
+        "save-interrupted", "stopped", SAVE_INTERRUPTED.format(where="; ".join(s.interrupted_saves), failed=s.failed)
+    )
+
+
+@rule
 def stopped_run_failed(ev: Evidence) -> Verdict | None:
     s = ev.stopped
     if s is None or not s.failed:
@@ -350,6 +362,7 @@ def resume_exact(ev: Evidence) -> Verdict | None:
     more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
     saves = f" of the uninterrupted run's {s.clean_saves}" if s.clean_saves > 0 else ""
     moments = MOMENTS.format(saves=counted(s.planned, "save"), of=saves) if s.stops_after_first_save else ""
+    moments += "".join(f"; {SAVE_SURVIVED.format(where=where)}" for where in s.interrupted_saves)
     summary = (
         f"stopped {counted(s.landed, 'time')} by {s.how} and restarted, every stop effective ({how}); every "
         f"declared output is {s.identical_words}{_updates_words(ev)}{_moved_shown(ev)}{_caveat(ev)}{moments}; not "

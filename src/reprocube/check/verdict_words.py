@@ -61,6 +61,12 @@ NOTHING_TIES = (
     "directories (another run's)"
 )
 TRAINER_SAID = "The trainer said why itself: {said}"
+SAVE_SURVIVED = "{where}, and the run still resumed exactly: it survives a preemption during that save"
+SAVE_INTERRUPTED = (
+    "{where}, and the restart failed on what it left ({failed}): a preemption while the script writes a "
+    "checkpoint leaves a run that cannot resume (write it elsewhere and rename it into place once whole, or have "
+    "the restart skip an incomplete one)"
+)
 RARER = "Two agreeing uninterrupted runs do not exclude a rarer non-determinism: --repeat N tells them apart"
 RARER_CHECKED = (
     "More uninterrupted runs, started because it differs, agreed with the first{through}: not a non-determinism of "

@@ -12,6 +12,7 @@ from reprocube.errors import (
     EXIT_NOT_DETERMINISTIC,
     EXIT_NOT_PROVEN,
     EXIT_OK,
+    EXIT_SAVE_INTERRUPTED,
     EXIT_STATE_LEAKED,
 )
 from reprocube.results.markdown_text import md_code, md_text
@@ -39,9 +40,10 @@ def _upgrade_2(value: dict) -> dict:
 CHECK_RESULT = ResultFile(
     "check.json",
     # 2: "probe"; 3: "rule", the moved-weights restarts named so (run moved-N, stage moved-weights); 4: the same
-    # keys, not-proven and state-leaked with exit statuses of their own (11, 12; were 9)
-    version=4,
-    upgrades=((2, _upgrade_2), (3, lambda value: value)),
+    # keys, not-proven and state-leaked with exit statuses of their own (11, 12; were 9); 5: the verdict
+    # save-interrupted (13)
+    version=5,
+    upgrades=((2, _upgrade_2), (3, lambda value: value), (4, lambda value: value)),
     keys=(
         "command",  # the argv checked, as given
         "verdict",  # VERDICTS
@@ -77,6 +79,9 @@ VERDICTS = {
     # seed's state or the stopped run's with its weights moved that wrote the uninterrupted run's outputs
     "not-proven": EXIT_NOT_PROVEN,
     "command-failed": EXIT_COMMAND_FAILED,
+    # a stop landed while a checkpoint was being written and the restart failed on what it left: a finding about
+    # the script's preemption safety, not a failure of the command
+    "save-interrupted": EXIT_SAVE_INTERRUPTED,
 }
 
 
