@@ -668,3 +668,11 @@ def test_a_ci_step_tells_each_kind_of_answer_by_its_exit_status():
     kinds = [void.pop(), VERDICTS["not-proven"], VERDICTS["state-leaked"]]
     others = {VERDICTS[name] for name in ("resume-exact", "resume-differs", "not-deterministic", "command-failed")}
     assert len(set(kinds)) == 3 and not set(kinds) & others, (kinds, others)
+
+
+def test_the_check_page_has_a_next_step_for_every_verdict():
+    """The page's 'what to do' per verdict (pages/check_page.py): a verdict added to the table has one too
+    (save-interrupted had none: its page raised KeyError)."""
+    from reprocube.pages.check_page import NEXT_STEP
+
+    assert set(NEXT_STEP) == set(VERDICTS)

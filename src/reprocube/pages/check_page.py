@@ -57,6 +57,11 @@ NEXT_STEP = {
         "HOME or TMPDIR, which check gives each run), not at a fixed absolute path, then check again.",
     ),
     "command-failed": ("bad", "The script failed: its log (under logs/) has the error."),
+    "save-interrupted": (
+        "bad",
+        "A stop during a checkpoint's write left a run that cannot resume: write each checkpoint elsewhere "
+        "and rename it into place once whole (or have the restart skip an incomplete one), then check again.",
+    ),
 }
 
 
