@@ -272,13 +272,13 @@ def test_watch_records_every_optimizer_step_as_the_two_calls_would(tmp_path, mon
     assert probe.watch(optimizer) is optimizer and not optimizer._optimizer_step_post_hooks
 
 
-def test_a_restart_nothing_places_is_counted_from_zero_and_no_cause_is_hinted(tmp_path):
-    """What probe.watch gives a restart whose first update is none the uninterrupted run made, with no
-    checkpoint announced: check said "step 1, after the checkpoint the script announced at step 0 (the same
-    loss ...): the forward pass agreed ... the optimizer's state" (nothing was announced, and two NaN losses
-    are no loss at all). Now: where it resumed is not known, and no suspect is singled out."""
+def test_a_restart_nothing_places_is_not_compared_and_two_nan_losses_hint_no_cause(tmp_path):
+    """What probe.watch gives (no checkpoint announced, a NaN loss): a restart whose first update is none the
+    uninterrupted run made was counted from step 0 and said to differ at step 1 "after the checkpoint the
+    script announced at step 0" (none was), and one whose first update repeats a record (a learning rate of 0
+    at a cycle's start: the adversary's s7) made a correct resume resume-differs. Now such a restart is
+    unplaced: none of its updates is compared. Two NaN losses are no loss: no cause is singled out."""
     from reprocube.analysis.probe_trace_comparison import cause_hint
-    from reprocube.check.traces import _first_difference_words
 
     def write(name, steps):
         nan = np.float64("nan").tobytes().hex()
@@ -291,12 +291,13 @@ def test_a_restart_nothing_places_is_counted_from_zero_and_no_cause_is_hinted(tm
         return read_trace(tmp_path / name)
 
     clean = write("clean", range(1, 11))
-    result = compare_stopped(clean, [write("1", [1, 2, 3, 4]), write("2", [99, 6, 7, 8, 9, 10])])
-    attempt, first = result["attempts"][1], result["first_difference"]
-    assert (attempt["how"], attempt["last_announced"], first["step"]) == ("assumed", None, 1)
-    before, after = _first_difference_words(first, result["attempts"])
-    assert before is None and "where it resumed is not known; counted from step 0, it differs at step 1" in after
-    assert "no loss recorded (NaN in both)" in after and "announced at step" not in after
-    assert "forward pass agreed" not in after and "points at" not in after
-    hint = cause_hint(first)
-    assert hint.startswith("no loss recorded at update 1") and "optimizer's state" in hint and "data order" in hint
+    for restart in ([99, 6, 7, 8, 9, 10], [5, 6, 7, 8, 9, 10]):
+        clean = write("clean", [1, 2, 3, 4, 5, 5, 6, 7, 8, 9] if restart[0] == 5 else range(1, 11))
+        result = compare_stopped(clean, [write("1", [1, 2, 3, 4]), write("2", restart)])
+        attempt = result["attempts"][1]
+        assert (attempt["how"], attempt["steps"], attempt["began_again"]) == ("unplaced", 0, False), restart
+        assert result["first_difference"] is None and result["compared_steps"] == 4, restart
+    difference = {"step": 3, "loss_a": "nan", "loss_b": "nan", "loss_same": True, "tensors": ["w"]}
+    hint = cause_hint(difference)
+    assert hint.startswith("no loss recorded at update 3") and "optimizer's state" in hint and "data order" in hint
+    assert "forward pass agreed" not in hint

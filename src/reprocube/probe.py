@@ -200,9 +200,10 @@ def watch(optimizer, model=None):
     GradScaler's skipped step is none; gradient accumulation's micro-batches call no step) is then recorded
     with the weights after it: `model`'s state_dict (its buffers too), else the optimizer's parameters,
     named `GROUP.INDEX`. The loss is not the optimizer's to see: it is recorded as NaN and the weights tell
-    where a run departs. Each record is written at once. No step number: check finds where each restart resumed by its first update's bits
-    (or say `probe.resumed(step)` after loading). Saves are found from the files the script writes; add
-    `probe.checkpoint(step)` after each one to place the stops exactly. Returns `optimizer`; inert outside
+    where a run departs. Each record is written at once. No step number: check places each restart by its
+    first update's bits; where those are no single update of the uninterrupted run (a resume bug, or an
+    update that changes nothing), the restart's updates are not compared unless `probe.resumed(step)` after
+    loading or `probe.checkpoint(step)` after each save says where it is. Returns `optimizer`; inert outside
     `reprocube check` (no hook is added)."""
     if _active() is None:
         return optimizer

@@ -129,11 +129,12 @@ HF_FILES = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"
         ("a checkpoint and its last copy", [(5.0, "work/ckpt/epoch=0-step=16.ckpt"), (5.4, "work/ckpt/last.ckpt"),
                                             (9.0, "work/ckpt/epoch=1-step=32.ckpt"), (9.4, "work/ckpt/last.ckpt")],
          [(5.0, 5.4, 2), (9.0, 9.4, 2)]),
-        # A model, then its optimizer (0.01 s or 0.4 s later): one save; the same file again is the next.
+        # Files at the top: one save within MERGE_S only; two checkpoint slots a second apart are two saves
+        # (the adversary's s5: joined, every stop came after slot B, never where slot A was the newest).
         (
-            "a model and then its optimizer",
-            [(1.0, "work/model.pt"), (1.01, "work/optim.pt"), (1.5, "work/model.pt"), (1.9, "work/optim.pt")],
-            [(1.0, 1.01, 2), (1.5, 1.9, 2)],
+            "files at the top",
+            [(1.0, "work/model.pt"), (1.01, "work/optim.pt"), (2.0, "work/slot_a.npz"), (3.0, "work/slot_b.npz")],
+            [(1.0, 1.01, 2), (2.0, 2.0, 1), (3.0, 3.0, 1)],
         ),
         # The same file again is the next save, however soon; a save ends at a pause of SAVE_BURST_S.
         ("the same file again", [(1.0, "work/c/a.pt"), (1.1, "work/c/a.pt"), (1.2, "work/c/b.pt"), (4.0, "work/c/c.pt")],
@@ -153,9 +154,11 @@ def test_a_save_is_every_file_the_script_wrote_for_it(tmp_path, case, writes, sa
 
 
 def test_a_default_stop_waits_until_the_attempts_first_save_is_whole(tmp_path):
-    """The stop's moment counts from the last file of the attempt's first save (all the files an
-    uninterrupted run's save holds), never from its first: a restart then finds the checkpoint whole."""
-    from reprocube.check.file_activity import SAVE_BURST_S, state_key, whole_save
+    """The stop's moment counts from the last file of the attempt's first whole save (all the files an
+    uninterrupted run's save holds), never from its first file, nor from a partial save (the adversary's s3:
+    a status file a restart writes as it starts was taken for its first save, and every stop came before the
+    restart's own first checkpoint)."""
+    from reprocube.check.file_activity import state_key, whole_save
     from reprocube.check.runs import Run, first_whole_save
 
     clean = _written(
@@ -172,16 +175,18 @@ def test_a_default_stop_waits_until_the_attempts_first_save_is_whole(tmp_path):
     assert run.save_keys == {state_key(f"work/out/checkpoint-5/{f}") for f in HF_FILES}
     partial = [(20.0 + 0.3 * i, f"work/out/checkpoint-5/{f}") for i, f in enumerate(HF_FILES)]
     run.activity = _written(tmp_path, partial[:3])
-    assert first_whole_save(run, 19.0, now=20.7) is None  # 3 of 5 files: not yet
-    assert first_whole_save(run, 19.0, now=20.6 + SAVE_BURST_S + 0.1) == 20.6  # nothing more came: whole as it is
+    assert first_whole_save(run, 19.0) is None  # 3 of 5 files: not yet, however long it waits
     run.activity = _written(tmp_path, partial)
-    assert first_whole_save(run, 19.0, now=21.2) == 21.2  # its last file: whole
+    assert first_whole_save(run, 19.0) == 21.2  # its last file: whole
+    later = [(30.0 + 0.3 * i, f"work/out/checkpoint-10/{f}") for i, f in enumerate(HF_FILES)]
+    run.activity = _written(tmp_path, [(19.5, "work/out/checkpoint-5/trainer_state.json"), *later])
+    assert first_whole_save(run, 19.0) == 31.2  # a partial save first: the whole one after it
 
 
 def test_a_save_is_whole_with_every_file_or_after_a_pause():
     from reprocube.check.file_activity import SAVE_BURST_S, Save, is_whole
 
     whole = frozenset({"a", "b", "c"})
-    assert is_whole(Save(1.0, 1.2, whole), whole, now=1.2)
-    assert not is_whole(Save(1.0, 1.2, frozenset({"a", "b"})), whole, now=1.2 + SAVE_BURST_S)
-    assert is_whole(Save(1.0, 1.2, frozenset({"a", "b"})), whole, now=1.3 + SAVE_BURST_S)
+    assert is_whole(Save(1.0, 1.2, whole, "work/c"), whole, now=1.2)
+    assert not is_whole(Save(1.0, 1.2, frozenset({"a", "b"}), "work/c"), whole, now=1.2 + SAVE_BURST_S)
+    assert is_whole(Save(1.0, 1.2, frozenset({"a", "b"}), "work/c"), whole, now=1.3 + SAVE_BURST_S)

@@ -6,7 +6,9 @@ Each attempt of a stopped run has its own trace. An attempt's records carry the 
 script passed it; otherwise the first attempt counts from step 1 and a later one from where it resumed,
 found by its first update: the uninterrupted run's step whose loss bits and fingerprints it equals (an
 update at another step does not give the same bits), else the last checkpoint an earlier attempt
-announced (then the attempt departs at its first update, and the answer says it assumed). A `resumed`
+announced (then the attempt departs at its first update, and the answer says it assumed; with none announced
+it is "unplaced" and none of its updates is compared: counted from step 0 a correct resume whose first update
+repeats a record, as a learning rate of 0 makes it, differed). A `resumed`
 record (probe.resumed) places the attempt as a given step does.
 
 Several processes write one trace each: compare_ranks / compare_stopped_ranks compare two runs rank by
@@ -102,9 +104,11 @@ def compare_stopped(
             # The uninterrupted run's first record, which it made again later (updates that change nothing:
             # a replay buffer filling): a restart that begins with it began again, never "assumed" to resume.
             start, how = min(reference) - 1, "matched"
-        else:
-            start, how = (announced[-1] if announced else 0), "assumed"
-        steps, offset = steps_of(trace, start), 0
+        elif announced:
+            start, how = announced[-1], "assumed"
+        else:  # nothing places it: its first update is one the uninterrupted run made never or several times
+            start, how = 0, "unplaced"
+        steps, offset = ({} if how == "unplaced" else steps_of(trace, start)), 0
         if how == "given" and reference.get(start + 1) != update and update in by_update:
             # The bits are the uninterrupted run's update at another step than the script's label says:
             # it resumed there, and only its step counter is off (trust the bits, say the labels).
@@ -118,7 +122,7 @@ def compare_stopped(
         declared = bool(trace.resumed)  # probe.resumed(k), k > 0: where it resumed, not a guess from a record
         began_again = (
             number > 1
-            and how != "assumed"
+            and how not in ("assumed", "unplaced")
             and (start == 0 or (not declared and start + 1 <= min(reference, default=1)))
         )
         entry = {

@@ -22,7 +22,7 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 IN_ACCESS, IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_MOVED_FROM, IN_MOVED_TO = 0x1, 0x8, 0x10, 0x40, 0x80
@@ -32,9 +32,9 @@ WATCHED = IN_ACCESS | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_FROM | IN_MOV
 EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event), then the name
 MAX_WATCHES = 4096  # directories of one run; beyond, what happens there is not seen
 MAX_EVENTS = 200_000  # reads of one large file come as many events: the same file's repeats are folded
-MERGE_S = 0.02  # a file read again within this is one read
-# Files of one save (a checkpoint directory's files, a checkpoint and its `last` copy, a model and then its
-# optimizer) follow each other within this: one save, however long each file took to write
+MERGE_S = 0.02  # a file read again within this is one read; other files written within this, one save
+# Files of one save in one folder (a checkpoint directory's files, a checkpoint and its `last` copy) follow
+# each other within this: one save, however long each file took to write
 SAVE_BURST_S = 2.0
 SCAN_CLOSE_S = 1.0  # a file a new directory's scan saw, then closed within this: one write
 HEAD_BYTES = 64  # of a file written in place, kept to tell a log appended to from a checkpoint rewritten
@@ -62,13 +62,27 @@ class Save:
     start: float
     end: float
     keys: frozenset[str]  # state_key of each file written
+    folder: str | None  # the real folder of its files, below a watched place's top (None: files at the top)
 
     def joined_by(self, event: Event) -> bool:
         """Whether this write of a state file is of the same save: another file than those written so far
-        (the same one again is the next save), within SAVE_BURST_S of the last (a checkpoint directory
-        filled file by file; a checkpoint and its companion). Only the files an uninterrupted run saves as it
-        goes are state (state_keys): a log or a cache written beside them is no part of a save."""
-        return state_key(event.path) not in self.keys and event.at - self.end <= SAVE_BURST_S
+        (the same one again, or the next of a numbered series, is the next save), within MERGE_S of the last,
+        or within SAVE_BURST_S in the save's own folder (a checkpoint directory filled file by file; a
+        checkpoint and its `last` copy beside it). Files at a place's top are one save only within MERGE_S:
+        two checkpoint slots written a second apart are two saves. Only the files an uninterrupted run saves
+        as it goes are state (state_keys): a log or a cache written beside them is no part of a save."""
+        gap = event.at - self.end
+        if state_key(event.path) in self.keys:
+            return False
+        return gap <= MERGE_S or (
+            self.folder is not None and _folder(event.path) == self.folder and gap <= SAVE_BURST_S
+        )
+
+
+def _folder(path: str) -> str | None:
+    """ "<place>/<relative path>"'s folder, None for a file at the place's top."""
+    head = path.partition("/")[2].rpartition("/")[0]
+    return f"{path.partition('/')[0]}/{head}" if head else None
 
 
 def is_whole(save: Save, whole: frozenset[str], now: float) -> bool:
@@ -165,9 +179,9 @@ class FileActivity:
             if state is not None and key not in state:
                 continue
             if found and found[-1].joined_by(event):
-                found[-1] = Save(found[-1].start, event.at, found[-1].keys | {key})
+                found[-1] = replace(found[-1], end=event.at, keys=found[-1].keys | {key})
             else:
-                found.append(Save(event.at, event.at, frozenset({key})))
+                found.append(Save(event.at, event.at, frozenset({key}), _folder(event.path)))
         return found
 
     def save_moments(

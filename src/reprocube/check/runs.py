@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.check.file_activity import FileActivity, is_whole
+from reprocube.check.file_activity import FileActivity
 from reprocube.check.guarded_command import GuardedCommand, start_guarded
 from reprocube.files import walk_below
 from reprocube.orchestration.children import (
@@ -91,17 +91,13 @@ class Stop:
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
 
 
-def first_whole_save(run: Run, attempt_start: float, now: float | None = None) -> float | None:
-    """When the attempt's first save was whole (its last file written), None until it is: it holds every
-    file of an uninterrupted run's save (run.save_keys), or a later save began, or nothing joined it for
-    SAVE_BURST_S. A stop placed from its first file fell inside a checkpoint directory still being filled."""
+def first_whole_save(run: Run, attempt_start: float) -> float | None:
+    """When the attempt's first whole save ended (its last file written): the first that holds every file
+    of an uninterrupted run's save (run.save_keys); None until one has. A stop placed from a save's first
+    file fell inside a checkpoint directory still being filled; one placed from a partial save (a status
+    file a restart writes as it starts) came before the restart's first checkpoint."""
     saves = run.activity.saves(since=attempt_start, state=run.state)
-    if not saves:
-        return None
-    first, now = saves[0], time.perf_counter() if now is None else now
-    if is_whole(first, run.save_keys, now) or len(saves) > 1:
-        return first.end
-    return None
+    return next((save.end for save in saves if save.keys >= run.save_keys), None)
 
 
 @dataclass

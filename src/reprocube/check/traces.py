@@ -101,17 +101,6 @@ def _first_difference_words(difference: dict | None, attempts: list[dict]) -> tu
             f"step {step}, an update attempt {difference['attempt']} recorded after stop {stop}'s signal (what "
             f"the script did as it stopped), is the first update that differs ({details})"
         )
-    if attempt["how"] == "assumed" and attempt["last_announced"] is None:
-        # Nothing placed this restart: its first update is no update of the uninterrupted run, and no
-        # checkpoint was announced to assume. Its steps are counted from 0, which may not be where it resumed,
-        # so no cause is hinted (the hint presumes the update before agreed).
-        plain = describe_difference(difference, "uninterrupted", "resumed")
-        return None, (
-            f"after stop {stop} the restart's first update is none the uninterrupted run made, and the script "
-            "announced no checkpoint (probe.checkpoint(step) after each save, or probe.resumed(step) after "
-            f"loading, places it): where it resumed is not known; counted from step 0, it differs at step "
-            f"{step} ({plain})"
-        )
     if attempt["how"] == "assumed":
         return None, (
             f"after stop {stop} the first update already differs: step {step}, after the checkpoint the "
@@ -160,6 +149,14 @@ def resume_trace(clean: Run, stopped: Run, result: dict, same_clock: bool = True
                 "uninterrupted run's (its updates' bits are those steps' own): its step counter is not restored "
                 "as it was; the updates are compared by their bits"
             )
+    unplaced = [str(a["attempt"]) for a in traced["attempts"] if a.get("how") == "unplaced"]
+    if unplaced:
+        result["not_checked"].append(
+            f"the updates of attempt {', '.join(unplaced)}: its first update is one the uninterrupted run made "
+            "never or more than once, and the script announced no checkpoint, so where it resumed is not known "
+            "and none of its updates is compared (probe.resumed(step) after loading, or probe.checkpoint(step) "
+            "after each save, places it)"
+        )
     if traced["unrecorded_steps"]:
         spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in traced["unrecorded_steps"][:5])
         result["not_checked"].append(

@@ -122,7 +122,7 @@ RUN_NAMES = (
     # the restarts given the stopped run's state after a stop, its weights moved (check/moved_weights.py)
     *(f"moved-{stop}" for stop in range(1, 101)),
 )
-HOW_RESUMED = ("first", "given", "matched", "assumed")
+HOW_RESUMED = ("first", "given", "matched", "assumed", "unplaced")
 
 
 def read_check_page(path: Path) -> dict:
@@ -270,6 +270,7 @@ def _probe_lines(probe: dict | None) -> list[str]:
                 "matched": "its first update is that step's",
                 "given": "the step the script gave",
                 "assumed": "assumed: the last checkpoint announced",
+                "unplaced": "not placed",
             }[attempt["how"]]
             lines.append(f"  - attempt {attempt['attempt']} resumed at step {attempt['resumed_at']} ({how})")
     if first is not None:
