@@ -225,8 +225,14 @@ class FileActivity:
         pending = [(root, name)]
         while pending:
             directory, label = pending.pop()
-            if not self._watch(directory, label):
+            watched = self._watch(directory, label)
+            if watched is None:
                 return
+            if not watched and new:
+                # Watched already: a new directory both listed in its parent's scan and announced by its own
+                # IN_CREATE. Its files were seen then; scanning them again made each a second write (an extra
+                # save in a run's count, under load: a correct resume called not-resumed).
+                continue
             try:
                 with os.scandir(directory) as entries:
                     listed = [
@@ -247,17 +253,21 @@ class FileActivity:
                 if is_dir and not ("/" not in label and sub in self.unwatched)
             ]
 
-    def _watch(self, directory: Path, label: str) -> bool:
+    def _watch(self, directory: Path, label: str) -> bool | None:
+        """True: watched now; False: not (it is gone, or it was watched already: the same directory's watch
+        descriptor); None: no more watches (the walk stops)."""
         if len(self._dirs) >= MAX_WATCHES:
             self._incomplete(f"more than {MAX_WATCHES} directories")
-            return False
+            return None
         wd = _libc.inotify_add_watch(self._fd, os.fsencode(directory), WATCHED | IN_ONLYDIR | IN_DONT_FOLLOW)
         if wd < 0:
             if ctypes.get_errno() == 28:  # ENOSPC: fs.inotify.max_user_watches reached
                 self._incomplete("inotify's watches ran out (fs.inotify.max_user_watches)")
-            return wd >= 0 or ctypes.get_errno() != 28
+                return None
+            return False
+        known = self._dirs.get(wd) == label
         self._dirs[wd] = label
-        return True
+        return not known
 
     def _read_loop(self) -> None:
         fd = self._fd
