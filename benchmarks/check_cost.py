@@ -12,7 +12,8 @@ stop costs one more start-up: with 2 stops, a control and 2 cores, a script whos
 its time cannot check in under 3x (6 start-ups' CPU over 2 cores), one whose training dominates can.
 
     .venv/bin/python benchmarks/check_cost.py [--rounds 3] [--out benchmarks/cpu/check-cost.json]
-    .venv/bin/python benchmarks/check_cost.py --against-plain [--rounds 3] [--out benchmarks/cpu/check-vs-run.json]"""
+    .venv/bin/python benchmarks/check_cost.py --against-plain [--rounds 3] [--out benchmarks/cpu/check-vs-run.json]
+    .venv/bin/python benchmarks/check_cost.py --quick [--rounds 3] [--out benchmarks/cpu/check-quick.json]"""
 
 from __future__ import annotations
 
@@ -49,16 +50,29 @@ AGAINST_PLAIN = {
     "numpy_sgd.py --random-seed": (NUMPY[:4], 1.5),
 }
 
+# --quick: (example, check options without a stop placement); each round one plain run, a quick check and a
+# whole check, alternating; issue 66's goal for the quick one: at most about 2.5x one plain run
+QUICK = {
+    "numpy_sgd.py --save-rng": NUMPY[:6],
+    "pytorch_mlp.py --save-rng": PYTORCH[:6],
+    "hf_trainer.py --epochs 2": ["--output", "model.safetensors"],  # start-up-heavy: transformers
+    "lightning_fit.py --epochs 2 --save-rng": ["--output", "model.safetensors"],  # start-up-heavy: Lightning
+}
+QUICK_GOAL = 2.5
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--against-plain", action="store_true", help="a check against one plain run (issue 53)")
-    parser.add_argument("--only", help="--against-plain: only the examples whose name holds this")
+    parser.add_argument("--quick", action="store_true", help="check --quick and a whole check against one plain run")
+    parser.add_argument("--only", help="--against-plain, --quick: only the examples whose name holds this")
     args = parser.parse_args()
     if args.against_plain:
         return against_plain(args.rounds, args.out, args.only)
+    if args.quick:
+        return quick_against_plain(args.rounds, args.out, args.only)
     rows = []
     with tempfile.TemporaryDirectory(prefix="reprocube-check-cost-") as scratch:
         for number, (example, options) in enumerate(EXAMPLES.items()):
@@ -154,6 +168,74 @@ def against_plain(rounds: int, out: Path | None, only: str | None = None) -> int
                 f"{example}: {'/'.join(sorted(set(verdicts)))}; one run {statistics.median(plain):.2f} s (start-up "
                 f"{statistics.median(start_up):.2f} s), the check "
                 f"{statistics.median(check):.2f} s: {ratio:.2f}x (goal {goal}x: {'met' if ratio <= goal else 'NOT met'})",
+                flush=True,
+            )
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"rounds": rounds, "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+def quick_against_plain(rounds: int, out: Path | None, only: str | None) -> int:
+    """Per example, each round: one plain run, `check --quick` and a whole check (default stops, default
+    --jobs), alternating; the medians' ratios to the plain run, and the CPU seconds of each (user + sys of
+    the process and its children)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="reprocube-check-quick-") as scratch:
+        for number, (example, options) in enumerate(QUICK.items()):
+            if only is not None and only not in example:
+                continue
+            script, *flags = example.split()
+            command = [PYTHON, str(REPO / "examples" / script), *flags]
+            seconds: dict[str, list[float]] = {"plain": [], "quick": [], "whole": []}
+            cpu: dict[str, list[float]] = {"plain": [], "quick": [], "whole": []}
+            verdicts: dict[str, list[str]] = {"quick": [], "whole": []}
+            for i in range(rounds):
+                for kind in ("plain", "quick", "whole"):
+                    where = Path(scratch) / f"{kind}-{number}-{i}"
+                    if kind == "plain":
+                        where.mkdir()
+                        argv = command
+                    else:
+                        quick = ["--quick"] if kind == "quick" else []
+                        argv = [
+                            PYTHON,
+                            "-m",
+                            "reprocube",
+                            "check",
+                            *quick,
+                            "--out",
+                            str(where),
+                            *options,
+                            "--",
+                            *command,
+                        ]
+                    before = os.times()
+                    started = time.perf_counter()
+                    subprocess.run(argv, cwd=where if kind == "plain" else scratch, capture_output=True, check=False)
+                    seconds[kind].append(time.perf_counter() - started)
+                    after = os.times()
+                    cpu[kind].append(
+                        after.children_user + after.children_system - before.children_user - before.children_system
+                    )
+                    if kind != "plain":
+                        verdicts[kind].append(json.loads((where / "check.json").read_text())["verdict"])
+            median = {kind: statistics.median(values) for kind, values in seconds.items()}
+            row = {
+                "example": example,
+                "verdicts": verdicts,
+                "seconds": seconds,
+                "cpu_s": cpu,
+                "quick_ratio": median["quick"] / median["plain"],
+                "whole_ratio": median["whole"] / median["plain"],
+                "goal": QUICK_GOAL,
+            }
+            rows.append(row)
+            print(
+                f"{example}: one run {median['plain']:.2f} s; check --quick {median['quick']:.2f} s "
+                f"({row['quick_ratio']:.2f}x, {'/'.join(sorted(set(verdicts['quick'])))}; goal {QUICK_GOAL}x: "
+                f"{'met' if row['quick_ratio'] <= QUICK_GOAL else 'NOT met'}); whole check {median['whole']:.2f} s "
+                f"({row['whole_ratio']:.2f}x, {'/'.join(sorted(set(verdicts['whole'])))})",
                 flush=True,
             )
     if out:

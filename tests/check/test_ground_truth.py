@@ -100,6 +100,9 @@ PLACEMENTS = {
     "mid-epoch": ["--at-line", "^step 6$"],
     "after-save": ["--at-line", "^saved"],
     "default": ["--stop-seed", "3"],  # planned stops (0.30 and 0.34 of a clean run); the seed only replays them
+    # check --quick: one uninterrupted run, one stop, no control and no restart given other state
+    "quick-after-save": ["--quick", "--at-line", "^saved"],
+    "quick-default": ["--quick", "--stop-seed", "3"],
 }
 
 # The truths a cell can have (Truth.category), and what check may say there (the rules of the docstring).
@@ -135,6 +138,13 @@ CELLS = [
     ("numpy",  "fifo",              "after-save",   "differs",                {DIFFERS} | SAID_LESS),
     ("numpy",  "directory",         "after-save",   "differs",                {DIFFERS} | SAID_LESS),
     ("numpy",  "typo",              "after-save",   "output never written",   {REFUSED, FAILED}),
+    ("numpy",  "none",              "quick-after-save", "exact",              {EXACT}),
+    ("numpy",  "none",              "quick-default", "exact",                 {EXACT}),
+    ("numpy",  "rng",               "quick-after-save", "differs",            {DIFFERS} | SAID_LESS),
+    ("numpy",  "optimizer",         "quick-default", "differs",               {DIFFERS} | SAID_LESS),
+    ("numpy",  "ckpt-at-end",       "quick-default", "not resumed",           SAID_LESS),
+    ("numpy",  "clock-seed",        "quick-default", "not deterministic",     {NOT_DETERMINISTIC} | SAID_LESS),
+    ("numpy",  "unordered",         "quick-default", "not deterministic",     {NOT_DETERMINISTIC} | SAID_LESS),
     ("torch",  "none",              "after-save",   "exact",                  {EXACT}),
     ("torch",  "rng",               "default",      "not resumed | differs",  {DIFFERS} | SAID_LESS),
     ("torch",  "optimizer",         "default",      "not resumed | differs",  {DIFFERS} | SAID_LESS),
@@ -305,7 +315,7 @@ class Script:
         unsaved = {"rng": ["rng"], "outside": ["rng"], "optimizer": ["optimizer" if self.framework == "torch" else "v"]}
         unsaved["data-position"] = ["cursor"]
         sizes = {"steps": 16, "every": 4, "sleep": 0.02}
-        if self.placement == "default" and self.framework == "numpy" and self.kind not in NON_DETERMINISM:
+        if self.placement.endswith("default") and self.framework == "numpy" and self.kind not in NON_DETERMINISM:
             sizes = {"steps": 36, "every": 2, "sleep": 0.025}  # the planned stops land after a save
         if self.framework == "torch":
             sizes = {"steps": 12, "every": 4, "sleep": 0.02}  # the planned stops land in `import torch`
@@ -491,7 +501,12 @@ def stopped_and_rerun(script: Script, path: Path, cwd: Path, stops: list[Stop], 
     truth.stopped = digests(cwd, script.outputs)
 
 
-def planned_stops(result: dict, clean_seconds: float) -> list[Stop]:
+def stops_of(script: Script) -> int:
+    """How many stops check makes in the cell (check --quick: one, its default)."""
+    return 1 if script.placement.startswith("quick") else STOPS
+
+
+def planned_stops(result: dict, clean_seconds: float, count: int) -> list[Stop]:
     """The default stops where check placed them (check.json's `stops`: seconds after each attempt started,
     or after its first whole save, which the truth takes as its first `saved` line); if check never stopped the
     script, the nominal ones: a third of a clean run after each start."""
@@ -500,7 +515,7 @@ def planned_stops(result: dict, clean_seconds: float) -> list[Stop]:
         found = re.match(r"(\d+(?:\.\d+)?) s after the attempt(?:'s first (whole save)| started)", text)
         assert found, f"check.json's stop {text!r}: the test does not know how to place it"
         stops.append(Stop("^saved" if found.group(2) else None, float(found.group(1))))
-    return stops or [Stop(seconds=clean_seconds / (STOPS + 1))] * STOPS
+    return stops or [Stop(seconds=clean_seconds / (count + 1))] * count
 
 
 @pytest.fixture(scope="module")
@@ -517,10 +532,10 @@ def establish_truth(script: Script, path: Path, cache: dict, where: Path, result
     truth = Truth(script.outputs, clean, seconds)
     if truth.category in ("output never written", "not deterministic"):
         return truth  # decided: no stopped run can change it
-    if script.placement == "default":
-        stops = planned_stops(result, seconds)
+    if script.placement.endswith("default"):
+        stops = planned_stops(result, seconds, stops_of(script))
     else:
-        stops = [Stop(line=PLACEMENTS[script.placement][1])] * STOPS
+        stops = [Stop(line=PLACEMENTS[script.placement][-1])] * stops_of(script)
     stopped_and_rerun(script, path, where / "stopped", stops, truth)
     return truth
 
@@ -535,7 +550,8 @@ NAMES |= {NOT_PROVEN: "not-proven", LEAKED: "state-leaked"}
 def test_the_table_allows_no_more_than_its_truth():
     """CELLS, against the rules: no exit beyond what its truth allows (not-deterministic also for the
     non-determinism classes); only resume-exact for the correct script where the placement tests resume."""
-    effective = {("numpy", p) for p in ("mid-epoch", "after-save", "default")} | {("torch", "after-save")}
+    effective = {("numpy", p) for p in ("mid-epoch", "after-save", "default", "quick-after-save", "quick-default")}
+    effective |= {("torch", "after-save")}
     for framework, defect, placement, truth, allowed in CELLS:
         rules = set().union(*(RULES[t] for t in truth.split(" | ")))
         rules |= {NOT_DETERMINISTIC} if defect.split("+")[0] in NON_DETERMINISM else set()

@@ -21,6 +21,7 @@ from reprocube.check.evidence import (
     StoppedEvidence,
     SwapEvidence,
 )
+from reprocube.check.verdict_words import NO_WAIT, QUICK_LEFT_OUT, QUICK_NOT_RUN
 from reprocube.results.check_result import VERDICTS
 
 # --- evidence as the runs would leave it ------------------------------------------------------------------
@@ -316,8 +317,37 @@ ROWS = [
         "not-deterministic",
         "resume",
         "departs_before_stops",
-        ("before its first stop", "step 2"),
+        ("before its first stop", "step 2", "2 agreeing uninterrupted runs do not exclude"),
+        ("--quick",),
         id="departs before any stop",
+    ),
+    Row(
+        replace(stopped(before_stops="step 2 differs"), uninterrupted=1, not_checked=(QUICK_LEFT_OUT,)),
+        "not-deterministic",
+        "resume",
+        "departs_before_stops",
+        ("before its first stop", "--quick made one uninterrupted run"),
+        ("agreeing",),
+        origin="issue 66 item 5: a quick check has one uninterrupted run; none agreed with another",
+        id="quick: departs before any stop",
+    ),
+    Row(
+        Evidence(
+            uninterrupted=1,
+            repeat=RepeatEvidence(),
+            stopped=replace(STOPPED, restart_wait_s=0.0),  # every restart at once
+            swap=SwapEvidence(note=QUICK_NOT_RUN),
+            moved=MovedEvidence(note=QUICK_NOT_RUN),
+            not_checked=(QUICK_LEFT_OUT,),
+        ),
+        "resume-exact",
+        "resume",
+        "resume_exact",
+        ("not checked: --quick: one uninterrupted run", "no negative control"),
+        ("used them",),
+        (f"whether the restarts used the weights they read: {QUICK_NOT_RUN}", NO_WAIT),
+        origin="issue 66 item 5: the pass of a quick check names first what it left out",
+        id="quick: the pass names what it left out",
     ),
     Row(
         stopped(stops=(ELSEWHERE,)),

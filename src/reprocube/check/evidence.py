@@ -99,6 +99,7 @@ class Evidence:
     seeded: bool = False  # --seed-env or --seed-arg: a negative control ran
     reached: str | None = None  # the stage the runs reached: where a verdict on the whole check is decided
     jobs: int = 1
+    uninterrupted: int = 2  # uninterrupted runs made before the stops (--repeat; 1 under --quick)
     replaced: str | None = None  # check's own directories replaced by the command: in words
     changed_after: tuple[str, str, bool] | None = None  # (run, what changed, a restart's copy?) after it ended
     repeat: RepeatEvidence | None = None

@@ -31,8 +31,15 @@ OPTIONS = (
         "PATH",
     ),
     Option("ignore", list, (), "outputs not compared (logs, timestamps)", "GLOB"),
-    Option("repeat", int, 2, "uninterrupted runs (default 2): they must agree"),
-    Option("stops", int, 2, "stops of the stopped run (default 2)"),
+    Option("repeat", int, None, "uninterrupted runs (default 2): they must agree"),
+    Option("stops", int, None, "stops of the stopped run (default 2; 1 with --quick)"),
+    Option(
+        "quick",
+        bool,
+        False,
+        "the edit-and-check loop: one uninterrupted run and the stopped run only (no second uninterrupted run, "
+        "no negative control, no restart given other state); the verdict names what it left out",
+    ),
     Option("signal", str, "TERM", "the stopping signal (default TERM)", choices=tuple(sorted(SIGNALS))),
     Option("stop_seed", int, None, "the jitter of the default stops (replays a check's moments)"),
     Option("at", str, None, "stop each attempt this long after it started instead", "SECONDS,..."),
@@ -73,6 +80,7 @@ class CheckOptions:
     copy: tuple[Path, ...]
     repeat: int
     stops: int
+    quick: bool
     signal: str
     stop_seed: int | None
     at: str | None
@@ -95,6 +103,10 @@ class CheckOptions:
         if unknown:
             raise TypeError(f"not check options: {sorted(unknown)}")
         given = {"copy": (), "out": None, **{o.name: o.default for o in OPTIONS}, **values}
+        given["quick"] = bool(given["quick"])
+        given["stops"] = given["stops"] if given["stops"] is not None else (1 if given["quick"] else 2)
+        # --quick with --repeat is refused (validate), never silently overridden
+        given["repeat"] = given["repeat"] if given["repeat"] is not None else (1 if given["quick"] else 2)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
 
     @property
@@ -116,7 +128,9 @@ def validate(options: CheckOptions) -> None:
     )
     if not command:
         raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
-    if repeat < 2 or repeat > 10:
+    if options.quick and repeat != 1:
+        raise ConfigError(f"--quick runs one uninterrupted run: leave out --repeat ({repeat}), or --quick")
+    if not options.quick and (repeat < 2 or repeat > 10):
         raise ConfigError(f"--repeat must be from 2 to 10 (two uninterrupted runs tell determinism), got {repeat}")
     if stops < 1 or stops > 20:
         raise ConfigError(f"--stops must be from 1 to 20, got {stops}")

@@ -13,12 +13,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from reprocube.analysis.outputs import collect, compare_outputs
+from reprocube.check.announce import announce
 from reprocube.check.beside_runs import BesideRuns
 from reprocube.check.comparisons import first_difference_words as _first
 from reprocube.check.comparisons import identical_words as _identical
 from reprocube.check.comparisons import layout_as_same, own_value_difference
 from reprocube.check.copy_inputs import copy_inputs
-from reprocube.check.evidence import ControlEvidence, Evidence, RepeatEvidence, StoppedEvidence
+from reprocube.check.evidence import (
+    ControlEvidence,
+    Evidence,
+    MovedEvidence,
+    RepeatEvidence,
+    StoppedEvidence,
+    SwapEvidence,
+)
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.check.file_activity import FileActivity, whole_save
 from reprocube.check.guarded_command import end_all_guards
@@ -34,8 +42,8 @@ from reprocube.check.swapped_restart import SwappedRestart
 from reprocube.check.traces import differs_through, recorded_through, repeat_trace, resume_trace
 from reprocube.check.trainer_words import restarts_said
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
+from reprocube.check.verdict_words import QUICK_LEFT_OUT, QUICK_NOT_RUN
 from reprocube.errors import ConfigError
-from reprocube.files import names_regular_file
 from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
 from reprocube.results.check_result import write_check
@@ -57,7 +65,7 @@ def check(options: CheckOptions, echo=print) -> dict:
     out = workspace(options.out, options.command)
     session = CheckSession(options, out, echo, started)
     session.result |= {"stop_seed": stop_seed, "signal": options.signal}
-    session.announce()
+    announce(options, session.how, out, echo)
     try:
         with session.beside:
             return session.clean_runs() or session.control_and_stopped_run(stop_seed)
@@ -104,28 +112,9 @@ class CheckSession:
         }
         if self.slurm is not None:
             self.result["launcher"] = {"name": "slurm", "sbatch_options": self.slurm, "jobs": {}}
-
-    def announce(self) -> None:
-        repeat, stops = self.options.repeat, self.options.stops
-        self.echo(
-            one_line(
-                f"check {' '.join(self.command)}: {repeat} clean runs, {counted(stops, 'stop')} by {self.how}; "
-                f"evidence in {self.out}"
-            )
-        )
-        self.echo(
-            "  note: each run has an empty HOME and TMPDIR of its own: configuration read from your ~ "
-            "(~/.keras/keras.json, accelerate's default_config.yaml, rc files) is not there (docs/check.md)"
-        )
-        copied = {path.name for path in self.options.copy}
-        for arg in self.command:  # a relative path the user meant from here: the command runs in a fresh directory
-            if not Path(arg).is_absolute() and names_regular_file(arg) and Path(arg).name not in copied:
-                self.echo(
-                    one_line(
-                        f"  note: {arg} is here but the command runs in an empty work directory: pass "
-                        f"--copy {arg}, or give its absolute path"
-                    )
-                )
+        if options.quick:
+            self.result["quick"] = True
+            self.result["not_checked"].append(QUICK_LEFT_OUT)
 
     # --- the runs ---------------------------------------------------------------------------------
     def new_run(self, name: str, seed: int = 0) -> Run:
@@ -271,7 +260,7 @@ class CheckSession:
         plan, why_not = plan_stops(self.options, self.clean[0], stop_seed)
         if plan is None:
             return self.judge(self.evidence(no_saves=why_not))
-        plan = with_a_wait(plan)
+        plan = plan if self.options.quick else with_a_wait(plan)  # --quick: each restart at once (said)
         self.result["stops"] = "; ".join(stop.describe() for stop in plan)
         stopped = self.stopped = self.new_run("stopped")
         clean = self.clean[0]
@@ -282,6 +271,8 @@ class CheckSession:
             stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]
         control = None
+        if self.options.quick:
+            return self.stopped_run_alone(stopped, plan)
         if self.seed_env or self.seed_arg:
             control = self.control = self.new_run("control", seed=1)
             planned.insert(0, (control, [], self.limit))
@@ -309,15 +300,29 @@ class CheckSession:
         if verdict is None and ended:
             parts["control"] = self.control_evidence(ended[0])
             verdict = self.judge(self.evidence(**parts))
-        if verdict is not None:
-            return verdict
+        return verdict or self.resume_verdict(parts, stopped, plan)
+
+    def stopped_run_alone(self, stopped: Run, plan: list[Stop]) -> dict:
+        """--quick: the stopped run and its verdict, with no control and no restart given other state (each a
+        start-up more); a difference is still checked against more uninterrupted runs before resume is blamed."""
+        [stopped] = self.ran_together([(stopped, plan, self.limit)])
+        parts: dict = {"reached": "stopped", **self.tampering()}
+        return self.judge(self.evidence(**parts)) or self.resume_verdict(parts, stopped, plan)
+
+    def resume_verdict(self, parts: dict, stopped: Run, plan: list[Stop]) -> dict:
+        """The stopped run against the uninterrupted one (more uninterrupted runs where it differs), then what
+        the restarts given other state told (none under --quick)."""
         parts["stopped"] = self.stopped_evidence(stopped, plan)
         if wants_more_uninterrupted_runs(self.evidence(**parts)):
             parts["stopped"] = self.more_uninterrupted_runs(parts["stopped"])
         verdict = self.judge(self.evidence(**parts))
         if verdict is not None:
             return verdict
-        parts.update(swap=self.swapped.evidence(), moved=self.moved.evidence(), written_beside=self.beside.written())
+        if self.options.quick:
+            restarts = {"swap": SwapEvidence(note=QUICK_NOT_RUN), "moved": MovedEvidence(note=QUICK_NOT_RUN)}
+        else:
+            restarts = {"swap": self.swapped.evidence(), "moved": self.moved.evidence()}
+        parts.update(**restarts, written_beside=self.beside.written())
         return self.judge(self.evidence(**parts))
 
     def moved_then_swapped(self, control: Run | None) -> None:
@@ -337,6 +342,7 @@ class CheckSession:
         return Evidence(
             seeded=bool(self.seed_env or self.seed_arg),
             jobs=self.jobs,
+            uninterrupted=self.options.repeat,
             not_checked=tuple(self.result["not_checked"]),
             **parts,
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from reprocube.check.evidence import Evidence, MovedRestart
 from reprocube.check.verdict_words import (
+    AGREEING,
     BEFORE_STOPS,
     CHANGED_AFTER,
     CONTROL_SAME,
@@ -30,6 +31,7 @@ from reprocube.check.verdict_words import (
     OUTSIDE_NOT_CHECKED,
     OWN_VALUE,
     PER_PROCESS,
+    QUICK_ONE,
     RARER,
     RARER_CHECKED,
     REMOVED_OUTPUT,
@@ -245,7 +247,11 @@ def departs_before_stops(ev: Evidence) -> Verdict | None:
     s = ev.stopped
     if s is None or not s.before_stops:
         return None
-    return _v("not-deterministic", "resume", BEFORE_STOPS.format(where=s.before_stops, suspects=SUSPECTS))
+    runs = ev.uninterrupted
+    agreeing = AGREEING.format(runs=counted(runs, "agreeing uninterrupted run")) if runs > 1 else QUICK_ONE
+    return _v(
+        "not-deterministic", "resume", BEFORE_STOPS.format(where=s.before_stops, agreeing=agreeing, suspects=SUSPECTS)
+    )
 
 
 @rule

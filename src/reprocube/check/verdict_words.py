@@ -46,9 +46,11 @@ NO_STOP_LANDED = (
     "GLOB or --at-line REGEX)"
 )
 BEFORE_STOPS = (
-    "the stopped run departs from the uninterrupted one before its first stop ({where}): not resume's doing; two "
-    "agreeing uninterrupted runs do not exclude a rarer non-determinism (--repeat N). Usual suspects: {suspects}"
+    "the stopped run departs from the uninterrupted one before its first stop ({where}): not resume's doing; "
+    "{agreeing}. Usual suspects: {suspects}"
 )
+AGREEING = "{runs} do not exclude a rarer non-determinism (--repeat N)"
+QUICK_ONE = "--quick made one uninterrupted run (without it, two must agree before any stop)"
 PER_PROCESS = (
     "the stopped run differs from the uninterrupted one, and so does one of {runs} started to tell the two "
     "apart ({where}): the script is not deterministic from one process to the next (a set's order under hash "
@@ -107,8 +109,9 @@ MOMENTS = (
 # nor by a restart on another machine.
 OUTSIDE_NOT_CHECKED = (
     "state kept outside the run's directories at a path its restarts find again (/dev/shm, a fixed path, one "
-    "named after the work directory): the restarts here could read it, the moved-weights restart (in another "
-    "directory) could not; only a restart on another machine shows it (reprocube reproduce there)"
+    "named after the work directory): the restarts here could read it, a restart in another directory (the "
+    "moved-weights restart, where one ran) could not; only a restart on another machine shows it (reprocube "
+    "reproduce there)"
 )
 REPLAY_AFTER_MOVED = (
     "whether the stopped run's own restarts used the weights they read: the moved-weights restarts did (another "
@@ -130,3 +133,11 @@ WAITED = (
     "{seconds} s: the last restart came {seconds} s after its stop, the others at once; a longer absence (a "
     "preemption of minutes) was not tried"
 )
+# What --quick leaves out, first among the not-checked lines (the pass names the first of them)
+QUICK_LEFT_OUT = (
+    "--quick: one uninterrupted run, so whether two agree was not checked before the stops (a difference after "
+    "a stop is still checked against more uninterrupted runs); no negative control; no restart given another "
+    "run's state or its weights moved, so whether the restarts used the state they read was not checked; every "
+    "restart at once, so state that expires with time was not tried"
+)
+QUICK_NOT_RUN = "not run (--quick)"

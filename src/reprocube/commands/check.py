@@ -80,8 +80,10 @@ def _options_from(directory: Path, given: dict, out: Path | None) -> dict:
             value = float(value)
         if kind is str and isinstance(value, int | float) and not isinstance(value, bool) and key == "at":
             value = str(value)
-        if kind is not list and not (isinstance(value, kind) and not isinstance(value, bool)):
-            raise ConfigError(f"{path}: {key} must be {'an integer' if kind is int else 'a ' + kind.__name__}")
+        typed = isinstance(value, bool) if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
+        if kind is not list and not typed:
+            kinds = {int: "an integer", bool: "true or false"}
+            raise ConfigError(f"{path}: {key} must be {kinds.get(kind, 'a ' + kind.__name__)}")
         if key in choices and value not in choices[key]:
             raise ConfigError(f"{path}: {key} must be one of {', '.join(choices[key])}")
         values[key] = value

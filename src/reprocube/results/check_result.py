@@ -41,9 +41,9 @@ CHECK_RESULT = ResultFile(
     "check.json",
     # 2: "probe"; 3: "rule", the moved-weights restarts named so (run moved-N, stage moved-weights); 4: the same
     # keys, not-proven and state-leaked with exit statuses of their own (11, 12; were 9); 5: the verdict
-    # save-interrupted (13)
-    version=5,
-    upgrades=((2, _upgrade_2), (3, lambda value: value), (4, lambda value: value)),
+    # save-interrupted (13); 6: "quick" (a check --quick)
+    version=6,
+    upgrades=((2, _upgrade_2), (3, lambda value: value), (4, lambda value: value), (5, lambda value: value)),
     keys=(
         "command",  # the argv checked, as given
         "verdict",  # VERDICTS
@@ -64,6 +64,7 @@ CHECK_RESULT = ResultFile(
     optional_keys=(
         "launcher",  # --launcher slurm: {name, sbatch_options, jobs: {run: SLURM job id}}
         "stop_evidence",  # per stop of the stopped run: landed, effective, and how that was told (or why not)
+        "quick",  # true: check --quick (one uninterrupted run, no control, no restart given other state)
     ),
 )
 VERDICTS = {
