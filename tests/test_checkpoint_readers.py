@@ -295,3 +295,19 @@ def test_a_state_dicts_metadata_is_not_counted_as_tensors():
     assert detail.startswith("tensor model.bias: ") and detail.endswith(
         "(1 of 2 tensors differ; 1 metadata entry differs too)"
     )
+
+
+def test_plain_values_saved_beside_the_weights_are_not_counted_as_tensors():
+    """A checkpoint holding the step, the learning rate and a name beside 2 tensors: 2 tensors, not 5; a
+    differing step is named as a value with both numbers, a differing name as other text (issue 66 item 6)."""
+    weights = {"w": torch.ones(3), "b": torch.zeros(2)}
+    a = saved({**weights, "step": 3, "lr": 0.1, "name": "run-a"})
+    moved = {"w": torch.ones(3) * 2, "b": torch.zeros(2)}
+    detail = content_difference("c.pt", a, saved({**moved, "step": 3, "lr": 0.1, "name": "run-a"}))["detail"]
+    assert detail.startswith("tensor w: ") and detail.endswith("(1 of 2 tensors differ)"), detail
+    detail = content_difference("c.pt", a, saved({**weights, "step": 4, "lr": 0.1, "name": "run-b"}))["detail"]
+    assert detail == "value name: other text (0 of 2 tensors differ; 2 other values differ (name, step))", detail
+    detail = content_difference("c.pt", a, saved({**moved, "step": 4, "lr": 0.1, "name": "run-a"}))["detail"]
+    assert detail.startswith("tensor w: ") and detail.endswith("(1 of 2 tensors differ; 1 other value differs (step))")
+    detail = content_difference("c.pt", a, saved({**weights, "step": 4, "lr": 0.1, "name": "run-a"}))["detail"]
+    assert detail == "value step: 3 vs 4 (0 of 2 tensors differ; 1 other value differs (step))", detail

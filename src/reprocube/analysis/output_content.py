@@ -15,7 +15,7 @@ from reprocube.formats.checkpoint_formats import SUFFIXES, by_name
 from reprocube.formats.output_files import ORBAX_TIMESTAMP
 from reprocube.formats.tensor_readers import KERAS_VOLATILE, read_keras
 from reprocube.formats.torch_structure import torch_structure
-from reprocube.results.wording import difference_size, first_and_count
+from reprocube.results.wording import first_difference
 from reprocube.terminal import one_line
 from reprocube.untrusted import parse_json
 
@@ -55,10 +55,10 @@ def _tensors_difference(ta: dict, tb: dict) -> dict:
     rows = [row for row in tensor_differences(ta, tb) if not row["identical"]]
     if not rows:
         return {"detail": "the bytes differ, every tensor is identical (metadata or layout)", "tensor": None}
-    first, count = first_and_count(rows, set(ta) | set(tb))
+    first, detail = first_difference(rows, ta, tb)
     return {
         "tensor": first,
-        "detail": f"tensor {first['tensor']}: {difference_size(first)} ({count})",
+        "detail": detail,
     }
 
 

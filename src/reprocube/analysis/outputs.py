@@ -39,7 +39,7 @@ from reprocube.formats.output_files import (
     load_orbax_tree,
     walk_outputs,
 )
-from reprocube.results.wording import difference_size, first_and_count
+from reprocube.results.wording import first_difference
 from reprocube.terminal import one_line
 from reprocube.untrusted import read_bytes
 
@@ -211,11 +211,11 @@ def _orbax_difference(a: Path, b: Path) -> dict:
         }
     if not rows:
         return {"same": True, "detail": None, "tensors": len(ta)}
-    first, count = first_and_count(rows, set(ta) | set(tb))
+    first, detail = first_difference(rows, ta, tb)
     return {
         "same": False,
         "tensor": first,
-        "detail": f"tensor {first['tensor']}: {difference_size(first)} ({count})",
+        "detail": detail,
     }
 
 

@@ -282,6 +282,13 @@ def read_keras(data: bytes, where: str) -> dict:
     return parts
 
 
+class PlainValue(np.ndarray):
+    """Text, bytes or None read from a checkpoint, as the bytes of its repr: an array only to be compared,
+    no tensor (a difference counts it apart: results.wording.first_and_count)."""
+
+    plain_value = True
+
+
 def flatten(value, where: str, prefix: str = "") -> dict[str, np.ndarray]:
     """Plain data as dotted names -> arrays: arrays as they are, numbers as 0-d arrays, anything else
     (text, bytes, None, an integer past 64 bits) as the bytes of its repr; at most MAX_VALUES names."""
@@ -303,7 +310,8 @@ def flatten(value, where: str, prefix: str = "") -> dict[str, np.ndarray]:
         elif isinstance(item, bool | float) or (isinstance(item, int) and -(2**63) <= item < 2**63):
             flat[name or "value"] = np.asarray(item)
         else:
-            flat[name or "value"] = np.frombuffer(repr(item).encode("utf-8", "backslashreplace"), np.uint8)
+            text = np.frombuffer(repr(item).encode("utf-8", "backslashreplace"), np.uint8)
+            flat[name or "value"] = text.view(PlainValue)
         if len(flat) > MAX_VALUES:
             raise CheckpointError(f"{where}: more than {MAX_VALUES} values")
     return flat

@@ -56,18 +56,44 @@ def _is_metadata(name: str) -> bool:
     return PICKLED_STATE in name.split(".")
 
 
-def first_and_count(rows: list[dict], names: set[str]) -> tuple[dict, str]:
-    """Of two files' differing rows (tensor_differences, name order) over `names`: the row to name first
-    (a tensor before a state dict's metadata) and "k of n tensors differ", the metadata counted apart
-    (a 4-tensor model's state dict is 4 tensors, not 4 and its 6 version entries)."""
-    tensors = [row for row in rows if not _is_metadata(row["tensor"])]
-    total = sum(1 for name in names if not _is_metadata(name))
+def first_and_count(rows: list[dict], a: dict, b: dict) -> tuple[dict, str]:
+    """Of two files' differing rows (tensor_differences of `a` and `b`, name order): the row to name first
+    (a tensor before a plain value, before a state dict's metadata) and "k of n tensors differ", plain
+    values (a step count, a learning rate, a string: no dimension) and the metadata counted apart (a
+    4-tensor model's state dict is 4 tensors, not 4 and its 6 version entries and the step saved beside)."""
+    kinds = {name: _kind(name, a.get(name, b.get(name))) for name in set(a) | set(b)}
+    by_kind: dict[str, list[dict]] = {"tensor": [], "value": [], "metadata": []}
+    for row in rows:
+        by_kind[kinds[row["tensor"]]].append(row)
+    tensors, values, metadata = by_kind["tensor"], by_kind["value"], by_kind["metadata"]
+    total = sum(1 for kind in kinds.values() if kind == "tensor")
     count = f"{len(tensors)} of {total} tensors differ"
-    metadata = len(rows) - len(tensors)
+    if values:
+        names = ", ".join(row["tensor"] for row in values[:3]) + (", ..." if len(values) > 3 else "")
+        count += f"; {len(values)} other {'value differs' if len(values) == 1 else 'values differ'} ({names})"
     if metadata:
-        also = " too" if tensors else ""
-        count += f"; {metadata} metadata {'entry differs' if metadata == 1 else 'entries differ'}{also}"
-    return (tensors or rows)[0], count
+        also = " too" if tensors or values else ""
+        count += f"; {len(metadata)} metadata {'entry differs' if len(metadata) == 1 else 'entries differ'}{also}"
+    return (tensors or values or metadata)[0], count
+
+
+def first_difference(rows: list[dict], a: dict, b: dict) -> tuple[dict, str]:
+    """The first differing row (first_and_count) and the difference in words: "tensor NAME: max abs ..., max
+    ... ULP (k of n tensors differ)", or for a plain value "value NAME: 3 vs 4" (a number; text: "other text")."""
+    first, count = first_and_count(rows, a, b)
+    name = first["tensor"]
+    if first.get("problem") or _kind(name, a.get(name, b.get(name))) != "value":
+        return first, f"tensor {name}: {difference_size(first)} ({count})"
+    x, y = a[name], b[name]
+    plain = x.ndim == 0 and y.ndim == 0 and x.dtype.kind in "biuf" and y.dtype.kind in "biuf"
+    return first, f"value {name}: {f'{x.item()!r} vs {y.item()!r}' if plain else 'other text'} ({count})"
+
+
+def _kind(name: str, value) -> str:
+    if _is_metadata(name):
+        return "metadata"
+    # a number saved beside the weights is a 0-d array; text, bytes or None a PlainValue (formats.tensor_readers)
+    return "tensor" if getattr(value, "ndim", 0) >= 1 and not getattr(value, "plain_value", False) else "value"
 
 
 def difference_size(row: dict) -> str:
