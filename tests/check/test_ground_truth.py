@@ -90,8 +90,9 @@ from helpers import reprocube
 
 EXACT, DIFFERS, NOT_DETERMINISTIC, VOID, FAILED, REFUSED = 0, 6, 8, 9, 10, 2
 NOT_PROVEN, LEAKED = 11, 12  # each says less than a pass or a difference, as a void verdict does
+SAVE_INTERRUPTED = 13  # a stop landed during a save and the restart failed on what it left
 SAID_LESS = frozenset({VOID, NOT_PROVEN, LEAKED, FAILED})
-NON_DETERMINISM = {"clock-seed", "unordered", "timestamp"}
+NON_DETERMINISM = {"clock-seed", "unordered", "timestamp", "rng-timestamp"}
 STOPS = 2
 
 PLACEMENTS = {
@@ -103,7 +104,10 @@ PLACEMENTS = {
     # check --quick: one uninterrupted run, one stop, no control and no restart given other state
     "quick-after-save": ["--quick", "--at-line", "^saved"],
     "quick-default": ["--quick", "--stop-seed", "3"],
+    # while a save is written after a whole one; the truth stops 0.1 s after the script says so (between files)
+    "during-save": ["--during-save"],
 }
+DURING_SAVE_LINE = "^saving after a whole one"
 
 # The truths a cell can have (Truth.category), and what check may say there (the rules of the docstring).
 RULES = {
@@ -112,6 +116,8 @@ RULES = {
     "not resumed": set(SAID_LESS),  # identical, but no restart resumed: the stops tested nothing
     "not deterministic": {NOT_DETERMINISTIC} | SAID_LESS,  # the uninterrupted runs differ
     "output never written": {REFUSED, FAILED},  # a declared output no run writes
+    # a stop during a save left a checkpoint the restart cannot load: never a pass nor a difference
+    "restart fails": {SAVE_INTERRUPTED} | SAID_LESS,
 }
 
 # fmt: off
@@ -138,6 +144,8 @@ CELLS = [
     ("numpy",  "fifo",              "after-save",   "differs",                {DIFFERS} | SAID_LESS),
     ("numpy",  "directory",         "after-save",   "differs",                {DIFFERS} | SAID_LESS),
     ("numpy",  "typo",              "after-save",   "output never written",   {REFUSED, FAILED}),
+    ("numpy",  "folder-trusting",   "during-save",  "restart fails",          {SAVE_INTERRUPTED} | SAID_LESS),
+    ("numpy",  "folder-validating", "during-save",  "exact",                  {EXACT}),
     ("numpy",  "none",              "quick-after-save", "exact",              {EXACT}),
     ("numpy",  "none",              "quick-default", "exact",                 {EXACT}),
     ("numpy",  "rng",               "quick-after-save", "differs",            {DIFFERS} | SAID_LESS),
@@ -145,6 +153,8 @@ CELLS = [
     ("numpy",  "ckpt-at-end",       "quick-default", "not resumed",           SAID_LESS),
     ("numpy",  "clock-seed",        "quick-default", "not deterministic",     {NOT_DETERMINISTIC} | SAID_LESS),
     ("numpy",  "unordered",         "quick-default", "not deterministic",     {NOT_DETERMINISTIC} | SAID_LESS),
+    ("numpy",  "rng-timestamp",     "quick-after-save", "not deterministic",  {NOT_DETERMINISTIC} | SAID_LESS),
+    ("numpy",  "clock-seed+no-probe", "quick-after-save", "not deterministic", {NOT_DETERMINISTIC} | SAID_LESS),
     ("torch",  "none",              "after-save",   "exact",                  {EXACT}),
     ("torch",  "rng",               "default",      "not resumed | differs",  {DIFFERS} | SAID_LESS),
     ("torch",  "optimizer",         "default",      "not resumed | differs",  {DIFFERS} | SAID_LESS),
@@ -171,18 +181,46 @@ w, v, step, cursor, losses, resumed = np.zeros(8, np.float32), np.zeros(8, np.fl
 rng = np.random.default_rng(SEED)
 
 
+FOLDER = "$folder"  # "": one file, written then renamed; else a folder of 3 files per save, written in place
+
+
+def whole(folder):
+    return all(os.path.exists(f"{folder}/{key}.npy") for key in ("w", "v", "meta"))
+
+
 def save():
     state = {"w": w, "step": step, "losses": np.array(losses), "v": v, "cursor": cursor,
              "rng": np.array(json.dumps(rng.bit_generator.state))}
     for key in $unsaved:
         del state[key]
-    np.savez(CKPT + ".tmp.npz", **state)
-    os.replace(CKPT + ".tmp.npz", CKPT)  # write then rename
+    if FOLDER:  # w, then v, then the rest: a stop between them leaves a partial folder
+        after_whole = os.path.isdir("ckpt") and any(whole(f"ckpt/{d}") for d in os.listdir("ckpt"))
+        print("saving after a whole one" if after_whole else "saving", flush=True)
+        folder = f"ckpt/step-{step:04d}"
+        os.makedirs(folder, exist_ok=True)
+        np.save(f"{folder}/w.npy", state.pop("w"))
+        time.sleep(0.2)
+        np.save(f"{folder}/v.npy", state.pop("v"))
+        time.sleep(0.2)
+        np.save(f"{folder}/meta.npy", np.array(json.dumps({k: np.asarray(x).tolist() for k, x in state.items()})))
+    else:
+        np.savez(CKPT + ".tmp.npz", **state)
+        os.replace(CKPT + ".tmp.npz", CKPT)  # write then rename
     probe.checkpoint(step)
     print(f"saved {step}", flush=True)
 
 
-if os.path.exists(CKPT):
+folders = sorted(os.listdir("ckpt")) if FOLDER and os.path.isdir("ckpt") else []
+if FOLDER == "validating":  # the newest folder holding every file; a partial one is passed over
+    folders = [d for d in folders if whole(f"ckpt/{d}")]
+if folders:  # "trusting": the newest folder, whatever it holds
+    folder = f"ckpt/{folders[-1]}"
+    meta = json.loads(str(np.load(f"{folder}/meta.npy")))
+    w, v, step, cursor = np.load(f"{folder}/w.npy"), np.load(f"{folder}/v.npy"), int(meta["step"]), int(meta["cursor"])
+    losses, resumed = [float(f) for f in meta["losses"]], True
+    rng.bit_generator.state = json.loads(meta["rng"])
+    print(f"resumed at step {step}", flush=True)
+elif not FOLDER and os.path.exists(CKPT):
     with np.load(CKPT) as ckpt:
         w, step, losses, resumed = ckpt["w"], int(ckpt["step"]), [float(f) for f in ckpt["losses"]], True
         v = ckpt["v"] if "v" in ckpt.files else v
@@ -292,6 +330,8 @@ class Script:
     def checkpoint(self) -> str:
         if self.outside is not None:
             return str(self.outside)
+        if self.kind.startswith("folder"):
+            return "ckpt"
         return "ckpt.pt" if self.framework == "torch" else "ckpt.npz"
 
     @property
@@ -313,10 +353,12 @@ class Script:
 
     def source(self) -> str:
         unsaved = {"rng": ["rng"], "outside": ["rng"], "optimizer": ["optimizer" if self.framework == "torch" else "v"]}
-        unsaved["data-position"] = ["cursor"]
+        unsaved["data-position"], unsaved["rng-timestamp"] = ["cursor"], ["rng"]
         sizes = {"steps": 16, "every": 4, "sleep": 0.02}
         if self.placement.endswith("default") and self.framework == "numpy" and self.kind not in NON_DETERMINISM:
             sizes = {"steps": 36, "every": 2, "sleep": 0.025}  # the planned stops land after a save
+        if self.kind.startswith("folder"):
+            sizes = {"steps": 12, "every": 4, "sleep": 0.02}  # 3 saves of 0.4 s each
         if self.framework == "torch":
             sizes = {"steps": 12, "every": 4, "sleep": 0.02}  # the planned stops land in `import torch`
             source = TORCH.substitute(sizes, ckpt=repr(self.checkpoint), unsaved=unsaved.get(self.kind, []))
@@ -330,8 +372,9 @@ class Script:
                 unsaved=unsaved.get(self.kind, []),
                 at_end=self.kind == "ckpt-at-end",
                 after_restart=self.kind,
-                timestamp=self.kind == "timestamp",
+                timestamp=self.kind in ("timestamp", "rng-timestamp"),
                 evaluation=0.3 if self.kind == "outside" else 0,
+                folder=self.kind.partition("-")[2] if self.kind.startswith("folder") else "",
             )
         if "+no-probe" in self.defect:  # its import and its two calls
             source = "\n".join(line for line in source.splitlines() if "probe" not in line) + "\n"
@@ -447,7 +490,9 @@ class Truth:
             return "not deterministic"
         if self.stopped is None:
             return "not stopped yet"
-        assert self.stopped_exit == 0, f"the truth's stopped-and-rerun run failed: {self}"
+        if self.stopped_exit != 0:
+            assert not all(self.checkpoint_at_stop), f"the truth's stopped-and-rerun run failed: {self}"
+            return "restart fails"
         if self.stopped != self.clean[0]:
             return "differs"
         return "exact" if any(self.resumed_at) else "not resumed"
@@ -483,6 +528,13 @@ def uninterrupted(script: Script, path: Path, where: Path) -> tuple[list[dict], 
     return runs, statistics.median(seconds)
 
 
+def whole_checkpoint(checkpoint: Path) -> bool:
+    """A checkpoint file on disk; a checkpoint folder (the folder-* defects) with every save in it whole."""
+    if not checkpoint.is_dir():
+        return checkpoint.exists()
+    return all(all((d / f"{key}.npy").exists() for key in ("w", "v", "meta")) for d in checkpoint.iterdir())
+
+
 def stopped_and_rerun(script: Script, path: Path, cwd: Path, stops: list[Stop], truth: Truth) -> None:
     """The script stopped by SIGTERM at each of `stops` and started again after each, in one fresh
     directory, as check's stopped run; then run to its end."""
@@ -496,14 +548,14 @@ def stopped_and_rerun(script: Script, path: Path, cwd: Path, stops: list[Stop], 
             truth.resumed_at.append(found[0] if found else None)
         if not run.stopped:
             break
-        truth.checkpoint_at_stop.append(checkpoint.exists())
+        truth.checkpoint_at_stop.append(whole_checkpoint(checkpoint))
     truth.stopped_exit = run.exit
     truth.stopped = digests(cwd, script.outputs)
 
 
 def stops_of(script: Script) -> int:
-    """How many stops check makes in the cell (check --quick: one, its default)."""
-    return 1 if script.placement.startswith("quick") else STOPS
+    """How many stops check makes in the cell (check --quick, --during-save: one, their default)."""
+    return 1 if script.placement.startswith("quick") or script.placement == "during-save" else STOPS
 
 
 def planned_stops(result: dict, clean_seconds: float, count: int) -> list[Stop]:
@@ -534,6 +586,8 @@ def establish_truth(script: Script, path: Path, cache: dict, where: Path, result
         return truth  # decided: no stopped run can change it
     if script.placement.endswith("default"):
         stops = planned_stops(result, seconds, stops_of(script))
+    elif script.placement == "during-save":
+        stops = [Stop(line=DURING_SAVE_LINE, seconds=0.1)] * stops_of(script)
     else:
         stops = [Stop(line=PLACEMENTS[script.placement][-1])] * stops_of(script)
     stopped_and_rerun(script, path, where / "stopped", stops, truth)
@@ -544,7 +598,7 @@ def establish_truth(script: Script, path: Path, cache: dict, where: Path, result
 
 NAMES = {EXACT: "resume-exact", DIFFERS: "resume-differs", NOT_DETERMINISTIC: "not-deterministic"}
 NAMES |= {VOID: "a void verdict", FAILED: "command-failed", REFUSED: "refused (bad options)"}
-NAMES |= {NOT_PROVEN: "not-proven", LEAKED: "state-leaked"}
+NAMES |= {NOT_PROVEN: "not-proven", LEAKED: "state-leaked", SAVE_INTERRUPTED: "save-interrupted"}
 
 
 def test_the_table_allows_no_more_than_its_truth():

@@ -61,8 +61,11 @@ class StoppedEvidence:
     per_process_differs: str | None = None  # more uninterrupted runs, started because this one differs
     more_clean_runs: int = 0  # how many such runs told something (0: none ran)
     more_clean_runs_through: int | None = None  # they were compared up to this update only (then ended)
+    more_clean_runs_failed: str | None = None  # why one of them failed (a failure tells nothing of determinism)
+    own_value: str | None = None  # per_process_differs is only in a value check sets per run (HOME, TMPDIR)
     trainer_said: tuple[str, ...] = ()  # known messages of the trainer in the restarts' log (check.trainer_words)
     interrupted_saves: tuple[str, ...] = ()  # stops that landed while a save was being written, in words
+    during_save_missed: tuple[int, ...] = ()  # --during-save stops that came only once the save was whole
 
 
 @dataclass(frozen=True)

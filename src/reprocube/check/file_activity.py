@@ -64,6 +64,12 @@ class Save:
     keys: frozenset[str]  # state_key of each file written
     folder: str | None  # the real folder of its files, below a watched place's top (None: files at the top)
 
+    def is_whole(self, whole: frozenset[str]) -> bool:
+        """Whether this save holds every file of a whole save (`whole`: whole_save of an uninterrupted run's
+        saves): the one rule for "a save is done", where a stop may follow it and a copy may be taken. A
+        checkpoint folder still being filled, or a status file a restart writes as it starts, is not."""
+        return self.keys >= whole
+
     def joined_by(self, event: Event) -> bool:
         """Whether this write of a state file is of the same save: another file than those written so far
         (the same one again, or the next of a numbered series, is the next save), within MERGE_S of the last,
@@ -83,12 +89,6 @@ def _folder(path: str) -> str | None:
     """ "<place>/<relative path>"'s folder, None for a file at the place's top."""
     head = path.partition("/")[2].rpartition("/")[0]
     return f"{path.partition('/')[0]}/{head}" if head else None
-
-
-def is_whole(save: Save, whole: frozenset[str], now: float) -> bool:
-    """Whether a save is done: it holds every file of a whole save (whole_save), or nothing joined it for
-    SAVE_BURST_S."""
-    return save.keys >= whole or now - save.end > SAVE_BURST_S
 
 
 def whole_save(saves: list[Save]) -> frozenset[str]:

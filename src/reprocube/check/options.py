@@ -32,7 +32,7 @@ OPTIONS = (
     ),
     Option("ignore", list, (), "outputs not compared (logs, timestamps)", "GLOB"),
     Option("repeat", int, None, "uninterrupted runs (default 2): they must agree"),
-    Option("stops", int, None, "stops of the stopped run (default 2; 1 with --quick)"),
+    Option("stops", int, None, "stops of the stopped run (default 2; 1 with --quick or --during-save)"),
     Option(
         "quick",
         bool,
@@ -45,6 +45,13 @@ OPTIONS = (
     Option("at", str, None, "stop each attempt this long after it started instead", "SECONDS,..."),
     Option("at_file", str, None, "stop when a new file matching GLOB appears in the work directory", "GLOB"),
     Option("at_line", str, None, "stop when a line of the command's output matches REGEX", "REGEX"),
+    Option(
+        "during_save",
+        bool,
+        False,
+        "stop each attempt while a save is being written after a whole one (a file of it seen, not yet all): "
+        "what a preemption during a checkpoint does to the restart",
+    ),
     Option("seed_env", str, None, "the variable the command reads its seed from (control: another seed)", "VAR"),
     Option("seed_arg", str, None, "an argument giving the seed, {seed} replaced (e.g. --seed={seed})", "TEMPLATE"),
     Option("timeout", float, None, "the watchdog of each attempt (default 5x a clean run)", "SECONDS"),
@@ -83,6 +90,7 @@ class CheckOptions:
     quick: bool
     signal: str
     stop_seed: int | None
+    during_save: bool
     at: str | None
     at_file: str | None
     at_line: str | None
@@ -103,8 +111,11 @@ class CheckOptions:
         if unknown:
             raise TypeError(f"not check options: {sorted(unknown)}")
         given = {"copy": (), "out": None, **{o.name: o.default for o in OPTIONS}, **values}
-        given["quick"] = bool(given["quick"])
-        given["stops"] = given["stops"] if given["stops"] is not None else (1 if given["quick"] else 2)
+        given["quick"], given["during_save"] = bool(given["quick"]), bool(given["during_save"])
+        # one stop by default where a second adds little: --quick; --during-save (a second stop during a save
+        # finds the same whole checkpoint to fall back to)
+        one = given["quick"] or given["during_save"]
+        given["stops"] = given["stops"] if given["stops"] is not None else (1 if one else 2)
         # --quick with --repeat is refused (validate), never silently overridden
         given["repeat"] = given["repeat"] if given["repeat"] is not None else (1 if given["quick"] else 2)
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
@@ -119,13 +130,7 @@ def validate(options: CheckOptions) -> None:
     """Every refusal of check's options, before anything runs: one line naming the option (ConfigError)."""
     command, outputs, copies, out = list(options.command), list(options.output), list(options.copy), options.out
     repeat, stops, timeout, stop_seed = options.repeat, options.stops, options.timeout, options.stop_seed
-    at, at_file, at_line, seed_env, seed_arg = (
-        options.at,
-        options.at_file,
-        options.at_line,
-        options.seed_env,
-        options.seed_arg,
-    )
+    at_line, seed_env, seed_arg = options.at_line, options.seed_env, options.seed_arg
     if not command:
         raise ConfigError("no command to check: reprocube check [options] -- CMD [ARG ...]")
     if options.quick and repeat != 1:
@@ -134,8 +139,7 @@ def validate(options: CheckOptions) -> None:
         raise ConfigError(f"--repeat must be from 2 to 10 (two uninterrupted runs tell determinism), got {repeat}")
     if stops < 1 or stops > 20:
         raise ConfigError(f"--stops must be from 1 to 20, got {stops}")
-    if sum(x is not None for x in (at, at_file, at_line)) > 1:
-        raise ConfigError("give at most one of --at, --at-file and --at-line")
+    _validate_placement(options)
     if seed_env and seed_arg:
         raise ConfigError("give one of --seed-env and --seed-arg")
     if seed_arg is not None and "{seed}" not in seed_arg:
@@ -145,8 +149,6 @@ def validate(options: CheckOptions) -> None:
     for output in outputs:
         if Path(output).is_absolute() or ".." in Path(output).parts or not output.strip():
             raise ConfigError(f"--output {output!r}: a path inside the work directory (relative, without ..)")
-    if at is not None:
-        seconds_of(at)
     if any("\0" in text for text in [*command, *outputs, seed_env or "", seed_arg or "", at_line or ""]):
         raise ConfigError("a NUL character in the command, an --output, the seed option or --at-line")
     # Before anything runs: a link, a tree too deep, one holding --out (the default one too).
@@ -157,11 +159,6 @@ def validate(options: CheckOptions) -> None:
         raise ConfigError(f"--seed-env {one_line(seed_env)[:64]!r} {refused}")
     if stop_seed is not None and not 0 <= stop_seed < 2**63:
         raise ConfigError(f"--stop-seed must be from 0 to 2**63-1, got {str(stop_seed)[:30]}")
-    if at_line is not None:
-        try:
-            re.compile(at_line)
-        except re.error as exc:
-            raise ConfigError(f"--at-line {at_line[:40]!r} is not a regular expression ({exc})") from None
     if options.slurm is not None and options.signal != "TERM":
         raise ConfigError(
             "--launcher slurm stops a run as SLURM preempts it (SIGTERM, then SIGKILL after KillWait): --signal "
@@ -172,3 +169,21 @@ def validate(options: CheckOptions) -> None:
         raise ConfigError("--ignore matches every --output: nothing would be compared")
     if options.jobs is not None and not 1 <= options.jobs <= 16:
         raise ConfigError(f"--jobs must be from 1 to 16, got {options.jobs}")
+
+
+def _validate_placement(options: CheckOptions) -> None:
+    """At most one way to place the stops, and the one given usable here."""
+    at, at_file, at_line = options.at, options.at_file, options.at_line
+    if sum(x is not None for x in (at, at_file, at_line)) + options.during_save > 1:
+        raise ConfigError("give at most one of --at, --at-file, --at-line and --during-save")
+    if at is not None:
+        seconds_of(at)
+    if at_line is not None:
+        try:
+            re.compile(at_line)
+        except re.error as exc:
+            raise ConfigError(f"--at-line {at_line[:40]!r} is not a regular expression ({exc})") from None
+    if options.slurm is not None and options.during_save:
+        raise ConfigError(
+            "--during-save places stops from the files a run writes, which a SLURM job's are not watched for"
+        )

@@ -52,6 +52,7 @@ class Stop:
     line: str | None = None
     after_save: float | None = None
     fraction: float | None = None  # a planned stop: its share of the uninterrupted run's time between saves
+    during_save: bool = False  # --during-save: as soon as a save begun after a whole one is seen, not yet whole
     # check's own stops: when this says so (the moved-weights restart's: once it showed what it had to), and then
     # the run ends, restarted no more
     until: Callable[[], bool] | None = field(default=None, compare=False)
@@ -69,6 +70,8 @@ class Stop:
             return f"when a new file matches {self.file_glob}"
         if self.line is not None:
             return f"at an output line matching {self.line}"
+        if self.during_save:
+            return "while a save was being written after a whole one (a file of it seen, not yet every file)"
         if self.after_save is not None:
             return (
                 f"{self.after_save:.2f} s after the attempt's first whole save ({self.fraction:.3f} of the time "
@@ -83,6 +86,8 @@ class Stop:
             return self.until()
         if self.seconds is not None:
             return elapsed >= self.seconds
+        if self.during_save:
+            return run.activity is not None and _saving_after_a_whole_save(run, attempt_start)
         if self.after_save is not None:
             first = run.first_saves.get(attempt_start)
             if first is None and run.activity is not None:  # looked for until found: then remembered
@@ -91,13 +96,23 @@ class Stop:
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
 
 
+def _saving_after_a_whole_save(run: Run, attempt_start: float) -> bool:
+    """Whether the run's last save began in this attempt, is not yet whole, and an earlier save of the run was:
+    a stop now leaves a partial checkpoint beside a whole one (what a restart may fall back to)."""
+    saves = run.activity.saves(since=attempt_start, state=run.state)
+    if not saves or saves[-1].is_whole(run.save_keys):
+        return False
+    earlier = [*run.activity.saves(since=run.began, until=attempt_start, state=run.state), *saves[:-1]]
+    return any(save.is_whole(run.save_keys) for save in earlier)
+
+
 def first_whole_save(run: Run, attempt_start: float) -> float | None:
     """When the attempt's first whole save ended (its last file written): the first that holds every file
     of an uninterrupted run's save (run.save_keys); None until one has. A stop placed from a save's first
     file fell inside a checkpoint directory still being filled; one placed from a partial save (a status
     file a restart writes as it starts) came before the restart's first checkpoint."""
     saves = run.activity.saves(since=attempt_start, state=run.state)
-    return next((save.end for save in saves if save.keys >= run.save_keys), None)
+    return next((save.end for save in saves if save.is_whole(run.save_keys)), None)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from reprocube.check.evidence import (
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
 from reprocube.check.file_activity import FileActivity, whole_save
 from reprocube.check.guarded_command import end_all_guards
+from reprocube.check.more_uninterrupted import MORE_CLEAN_RUNS, more_uninterrupted_runs
 from reprocube.check.moved_weights import MovedWeightsRestarts
 from reprocube.check.options import CheckOptions, validate
 from reprocube.check.receipt import write_receipt
@@ -39,17 +40,15 @@ from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import interrupted_saves, leaked_state, stop_evidence, unproven
 from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
-from reprocube.check.traces import differs_through, recorded_through, repeat_trace, resume_trace
+from reprocube.check.traces import repeat_trace, resume_trace
 from reprocube.check.trainer_words import restarts_said
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
-from reprocube.check.verdict_words import QUICK_LEFT_OUT, QUICK_NOT_RUN
+from reprocube.check.verdict_words import ONE_STOP, QUICK_LEFT_OUT, QUICK_NOT_RUN
 from reprocube.errors import ConfigError
 from reprocube.formats.env import collect_env
 from reprocube.formats.output_files import link_above
 from reprocube.results.check_result import write_check
 from reprocube.terminal import counted, one_line
-
-MORE_CLEAN_RUNS = 2  # uninterrupted runs started where the stopped run differs (per-process non-determinism)
 
 
 def check(options: CheckOptions, echo=print) -> dict:
@@ -195,7 +194,8 @@ class CheckSession:
         """Why a run failed (failure_line), and where it ran beside another, that it did: two runs of a
         script that binds a fixed port (torchrun's MASTER_PORT) or writes a fixed path get in each other's
         way only then."""
-        beside = self.jobs > 1 and (run.name != "stopped" or bool(self.seed_env or self.seed_arg))
+        alone = self.options.quick and run.name in ("clean-1", "stopped")  # --quick runs these one at a time
+        beside = self.jobs > 1 and not alone and (run.name != "stopped" or bool(self.seed_env or self.seed_arg))
         hint = (
             f"; it ran beside another run (--jobs {self.jobs}): if both used one fixed port or path, --jobs 1 "
             "runs them one at a time"
@@ -313,8 +313,10 @@ class CheckSession:
         """The stopped run against the uninterrupted one (more uninterrupted runs where it differs), then what
         the restarts given other state told (none under --quick)."""
         parts["stopped"] = self.stopped_evidence(stopped, plan)
+        if len(plan) == 1:
+            self.result["not_checked"].append(ONE_STOP)
         if wants_more_uninterrupted_runs(self.evidence(**parts)):
-            parts["stopped"] = self.more_uninterrupted_runs(parts["stopped"])
+            parts["stopped"] = more_uninterrupted_runs(self, parts["stopped"])
         verdict = self.judge(self.evidence(**parts))
         if verdict is not None:
             return verdict
@@ -428,7 +430,9 @@ class CheckSession:
         """The run stopped and restarted after each stop, against the first clean run."""
         landed = stopped.stops_landed
         base = StoppedEvidence(how=self.how, planned=len(plan), landed=landed, clean_saves=stopped.clean_saves)
-        base = replace(base, interrupted_saves=tuple(interrupted_saves(stopped)))
+        interrupted = interrupted_saves(stopped)
+        missed = tuple(n for n in range(1, landed + 1) if n not in dict(interrupted) and self.options.during_save)
+        base = replace(base, interrupted_saves=tuple(words for _, words in interrupted), during_save_missed=missed)
         if stopped.exit != 0:
             return replace(base, failed=self.failure(stopped))
         if landed == 0:
@@ -457,41 +461,3 @@ class CheckSession:
             restart_wait_s=max((s.wait_s for s in plan[:landed]), default=0.0) if self.slurm is None else 0.0,
             trainer_said=restarts_said(stopped.log),
         )
-
-    def more_uninterrupted_runs(self, stopped: StoppedEvidence) -> StoppedEvidence:
-        """MORE_CLEAN_RUNS more uninterrupted runs, together, each against clean-1: where one differs too,
-        the script differs from one process to the next (two that agreed were lucky), not on resume."""
-        first = self.options.repeat + 1
-        names = [f"clean-{n}" for n in range(first, first + MORE_CLEAN_RUNS)]
-        self.echo(
-            one_line(f"  the stopped run differs: {len(names)} more uninterrupted runs tell whether every process does")
-        )
-        # With the probe's first differing update, each run is ended once it recorded that step: only the
-        # updates up to it are compared (the rest of the run would cost a whole run for nothing more).
-        difference = ((self.result["probe"] or {}).get("resume") or {}).get("first_difference")
-        # (Not under SLURM: a check's own stop there is a requeue, which starts the job again.)
-        ends_early = difference and difference.get("after_stop") and self.slurm is None
-        through = difference["step"] if ends_early else None
-        planned = [(self.new_run(name), [], self.limit) for name in names]
-        if through is not None:
-            planned = [
-                (run, [Stop(until=recorded_through(run, through), ends_run=True)], limit) for run, _, limit in planned
-            ]
-        runs = self.ran_together(planned)
-        if through is not None:
-            told = [
-                (run, differs_through(self.clean[0], run, through)) for run in runs if run.exit == 0 or run.stops_landed
-            ]
-            shown = next(((run, where) for run, where in told if where), None)
-            if shown is not None:
-                return replace(stopped, per_process_differs=f"{shown[0].name}: {shown[1]}", more_clean_runs=len(told))
-            return replace(stopped, more_clean_runs=len(told), more_clean_runs_through=through)
-        for run in runs:
-            if run.exit != 0:
-                continue  # a failure here tells nothing of determinism; the stopped run's difference stands
-            comparison = self.compared(run, self.clean[0])
-            self.result["comparisons"]["repeat"].append(comparison)
-            _, where = self.against_clean_1(run, comparison, {})
-            if where:
-                return replace(stopped, per_process_differs=f"{run.name}: {where}", more_clean_runs=len(runs))
-        return replace(stopped, more_clean_runs=sum(1 for run in runs if run.exit == 0))

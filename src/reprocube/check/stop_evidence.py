@@ -69,8 +69,8 @@ def stop_evidence(run: Run, traced: dict | None, files_bind: bool = True) -> lis
     return evidence
 
 
-def interrupted_saves(run: Run) -> list[str]:
-    """Each stop that landed while a save was being written, in words: its attempt's last save never held
+def interrupted_saves(run: Run) -> list[tuple[int, str]]:
+    """Each stop that landed while a save was being written, (its number, in words): its attempt's last save never held
     every file of an uninterrupted run's whole save (run.save_keys) and was still being written (a file within
     SAVE_BURST_S) when the attempt ended. Judged from the attempt's whole span, not the signal's moment: the
     watcher stamps a write when it reads it, possibly after the signal. Nothing where a save's files are not
@@ -93,8 +93,11 @@ def interrupted_saves(run: Run) -> list[str]:
             f"{folders.pop()}/" if len(folders) == 1 and "/" in next(iter(folders)) else ", ".join(sorted(set(written)))
         )
         found.append(
-            f"stop {number} landed while {where} was being written ({len(last.keys)} of the "
-            f"{len(run.save_keys)} files of a whole save)"
+            (
+                number,
+                f"stop {number} landed while {where} was being written ({len(last.keys)} of the "
+                f"{len(run.save_keys)} files of a whole save)",
+            )
         )
     return found
 

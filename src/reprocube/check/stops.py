@@ -33,6 +33,8 @@ def plan_stops(options, clean: Run, stop_seed: int) -> tuple[list[Stop] | None, 
             "checkpoint only at the end?). Stop it yourself with --at SECONDS, --at-file GLOB or "
             "--at-line REGEX to see what a restart does"
         )
+    if options.during_save:
+        return [Stop(during_save=True)] * stops, ""
     return planned_stops(stops, idle_between_saves(activity), stop_seed), ""
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from reprocube.analysis.outputs import compare_outputs, under_output
 from reprocube.check.evidence import SwapEvidence
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.check.file_activity import MERGE_S, is_whole, state_key
+from reprocube.check.file_activity import MERGE_S, state_key
 from reprocube.check.runs import Run, failure_line, outputs_written
 from reprocube.check.slots import Conductor
 from reprocube.check.traces import trained_nothing
@@ -279,7 +279,7 @@ class SwappedRestart:
             now = time.perf_counter()
             if saves < wanted or not written or now - written[-1].at < QUIET_S:
                 continue
-            if not is_whole(found[-1], control.save_keys, now):  # a checkpoint folder still being filled
+            if not found[-1].is_whole(control.save_keys):  # a checkpoint folder still being filled
                 continue
             into = {label: out / "snapshot" / "control" / label for label in activity.places}
             before = state_files(activity.places, keys)

@@ -19,6 +19,7 @@ from reprocube.check.verdict_words import (
     CHANGED_AFTER,
     CONTROL_SAME,
     CONTROL_VOID,
+    DURING_SAVE_MISSED,
     LINKED_OUTPUT,
     MOMENTS,
     MOVED_NEVER_USED,
@@ -45,6 +46,7 @@ from reprocube.check.verdict_words import (
     SWAP_NOT_SHOWN,
     TRAINER_SAID,
     UNCOMPARABLE,
+    UNCONFIRMED,
     UNWRITTEN,
     VOID_STOPS,
     WAITED,
@@ -273,11 +275,24 @@ def differs_per_process(ev: Evidence) -> Verdict | None:
     s = ev.stopped
     if s is None or _nothing_differs(ev) or not s.per_process_differs:
         return None
+    if s.own_value:  # only where each run ran: named, never the suspects
+        return _v("not-deterministic", "resume", OWN_VALUE.format(where=s.per_process_differs, value=s.own_value))
     return _v(
         "not-deterministic",
         "resume",
         PER_PROCESS.format(runs=counted(s.more_clean_runs, "more uninterrupted run"), where=s.per_process_differs),
     )
+
+
+@rule
+def differs_with_no_run_to_tell(ev: Evidence) -> Verdict | None:
+    """--quick made one uninterrupted run: a difference is resume's only where a further one agreed with the
+    first; where every one of them failed, nothing tells the process's own non-determinism from resume's."""
+    s = ev.stopped
+    if s is None or _nothing_differs(ev) or ev.uninterrupted > 1 or s.more_clean_runs or not s.more_clean_runs_failed:
+        return None
+    text = UNCONFIRMED.format(restarts=_restarts(ev), found=_found(ev), failed=s.more_clean_runs_failed)
+    return _v("command-failed", "resume", text)
 
 
 @rule
@@ -367,8 +382,12 @@ def resume_exact(ev: Evidence) -> Verdict | None:
     how = "; ".join(f"stop {e['stop']}: {e['how']}" for e in s.stops)
     more = f" and {counted(len(not_checked) - 1, 'more item')}" if len(not_checked) > 1 else ""
     saves = f" of the uninterrupted run's {s.clean_saves}" if s.clean_saves > 0 else ""
-    moments = MOMENTS.format(saves=counted(s.planned, "save"), of=saves) if s.stops_after_first_save else ""
+    first = "first save" if s.planned == 1 else f"first {s.planned} saves"
+    moments = MOMENTS.format(first=first, of=saves) if s.stops_after_first_save else ""
     moments += "".join(f"; {SAVE_SURVIVED.format(where=where)}" for where in s.interrupted_saves)
+    if s.during_save_missed:
+        stops = f"stop{'s' if len(s.during_save_missed) > 1 else ''} {', '.join(map(str, s.during_save_missed))}"
+        moments += f"; {DURING_SAVE_MISSED.format(stops=stops)}"
     summary = (
         f"stopped {counted(s.landed, 'time')} by {s.how} and restarted, every stop effective ({how}); every "
         f"declared output is {s.identical_words}{_updates_words(ev)}{_moved_shown(ev)}{_caveat(ev)}{moments}; not "

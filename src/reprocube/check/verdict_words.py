@@ -101,7 +101,7 @@ OUTSIDE = (
     "state in the work directory)"
 )
 MOMENTS = (
-    "; at these moments only: each stop came after its attempt's first save, so after the first {saves}{of} "
+    "; at these moments only: each stop came after its attempt's first save, so after the {first}{of} "
     "(more --stops, or --at-line, reaches later ones)"
 )
 # What the moved-weights restart cannot show: it runs in another directory, so state a script keeps at a path
@@ -141,3 +141,14 @@ QUICK_LEFT_OUT = (
     "restart at once, so state that expires with time was not tried"
 )
 QUICK_NOT_RUN = "not run (--quick)"
+DURING_SAVE_MISSED = (
+    "{stops} meant to land during a save came once the save was whole (its files written faster than check "
+    "looks, every 20 ms): a stop during a save was not tried there"
+)
+UNCONFIRMED = (
+    "{restarts}, {found}; but --quick made one uninterrupted run, and the more uninterrupted runs that tell a "
+    "difference of the process from one of the resume failed ({failed}): nothing shows it is resume's"
+)
+ONE_STOP = (
+    "a restart from a checkpoint that a resumed attempt saved: one stop was made (--stops 2 stops the restart too)"
+)

@@ -1,8 +1,9 @@
-"""`reprocube check --quick` (issue 66 item 5), the edit-and-check loop: one uninterrupted run and the stopped
-run (one stop by default), no second uninterrupted run before the stops, no negative control, no restart given
-another run's state; a difference is still checked against more uninterrupted runs. Its verdicts against the
-truth are cells of the ground-truth matrix (tests/check/test_ground_truth.py, placements quick-*), its pass's
-words a row of the verdict table; here: its options, and what it runs."""
+"""check's modes beside the whole check. `--quick` (issue 66 item 5), the edit-and-check loop: one
+uninterrupted run and the stopped run (one stop by default), no second uninterrupted run before the stops, no
+negative control, no restart given another run's state; a difference is still checked against more
+uninterrupted runs. `--during-save` (item 2): each stop while a save is being written after a whole one. Their
+verdicts against the truth are cells of the ground-truth matrix (tests/check/test_ground_truth.py, placements
+quick-* and during-save), their words rows of the verdict table; here: their options, and what they run."""
 
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ def test_quick_takes_one_uninterrupted_run_and_one_stop_unless_told_more_stops()
         validate(options(repeat=1))
 
 
+def test_during_save_stops_once_by_default_and_is_a_placement_of_its_own():
+    assert (options(during_save=True).stops, options(during_save=True).repeat) == (1, 2)
+    for placement in ({"at": "1.5"}, {"at_file": "*.pt"}, {"at_line": "saved"}):
+        with pytest.raises(ConfigError, match="give at most one of --at, --at-file, --at-line and --during-save"):
+            validate(options(during_save=True, **placement))
+    with pytest.raises(ConfigError, match="--during-save places stops from the files"):
+        validate(options(during_save=True, launcher="slurm"))
+
+
 def test_check_yaml_takes_quick_as_true_or_false(tmp_path):
     script = tmp_path / "script"
     script.mkdir()
@@ -67,3 +77,16 @@ def test_a_quick_check_runs_one_uninterrupted_run_and_the_stopped_run_and_says_w
     assert "1 clean run, 1 stop by SIGTERM (--quick" in proc.stdout
     stopped = result["runs"][1]
     assert stopped["stops_landed"] == 1 and len(stopped["attempts"]) == 2
+
+
+@pytest.mark.process
+def test_a_quick_check_of_a_failing_command_never_says_it_ran_beside_another(tmp_path):
+    """--quick runs its uninterrupted run alone: the --jobs hint of a failure that two runs at once can cause
+    (a fixed port) would be false there."""
+    proc = reprocube(
+        "check", "--quick", "--out", "out", "--output", "x", "--", sys.executable, "-c", "raise SystemExit(3)",
+        cwd=tmp_path, check=False, timeout=120,
+    )  # fmt: skip
+    result = json.loads((tmp_path / "out" / "check.json").read_text())
+    assert proc.returncode == 10 and "clean-1 exited 3" in result["summary"], result["summary"]
+    assert "ran beside another run" not in result["summary"], result["summary"]
