@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class Row:
     ranks: int = 1  # processes, each writing its probe trace
     extra: tuple[tuple[int, int], ...] = ()  # updates the stopped run made beyond the uninterrupted run's
     trainer_said: str | None = None  # the trainer's own warning, named in the verdict (check.trainer_words)
+    during_save: bool = False  # the stop lands while a checkpoint is written (check --during-save; at_line unused)
 
 
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
@@ -58,6 +60,8 @@ TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 ROWS = [
     Row("hf-trainer", "transformers", "hf_trainer.py", ("--epochs", "2"), "model.safetensors",
         r"step 8 saved", 1, "resume-exact", None),
+    Row("hf-trainer-stop-during-save", "transformers", "hf_trainer.py", ("--epochs", "2"), "model.safetensors",
+        "", 1, "save-interrupted", None, during_save=True),
     Row("lightning", "lightning", "lightning_fit.py", ("--epochs", "2"), "model.safetensors",
         r"step 16 saved", 1, "resume-differs", 17),
     Row("lightning-save-rng", "lightning", "lightning_fit.py", ("--epochs", "2", "--save-rng"), "model.safetensors",
@@ -160,7 +164,7 @@ def truth(row: Row, where: Path) -> dict:
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
+@pytest.mark.parametrize("row", [r for r in ROWS if not r.during_save], ids=[r.name for r in ROWS if not r.during_save])
 def test_row(row, tmp_path):
     pytest.importorskip(row.needs)
     args = ["--output", row.output, "--at-line", row.at_line, "--stops", str(row.stops), "--jobs", "2"]
@@ -199,6 +203,49 @@ def test_row(row, tmp_path):
         found["uninterrupted_sha256"],
         found["stopped_sha256"],
     ), compared
+
+
+def stopped_during_the_second_save(cmd: list[str], cwd: Path) -> list[int]:
+    """The truth of a stop during a save: cmd run in cwd, SIGTERM to its group as soon as a second
+    checkpoints/checkpoint-N/ folder exists (the first one whole, the second being written: the Trainer makes
+    the folder, then writes its files into it), then started again once: the attempts' exit statuses."""
+    cwd.mkdir(parents=True)
+    env = {**os.environ, "SEED": "0", "PYTHONHASHSEED": "0"}
+    env.pop("REPROCUBE_PROBE", None)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    folders = cwd / "checkpoints"
+    while proc.poll() is None:
+        if folders.is_dir() and len(list(folders.glob("checkpoint-*"))) >= 2:
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+        time.sleep(0.001)
+    statuses = [proc.wait(timeout=300)]
+    assert statuses[0] == -signal.SIGTERM, "the run ended before its second checkpoint began"
+    second = max(folders.glob("checkpoint-*"), key=lambda p: int(p.name.rpartition("-")[2]))
+    partial = len(list(second.iterdir()))
+    restart = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return [*statuses, restart.returncode, partial]
+
+
+@pytest.mark.process
+def test_a_stop_during_the_trainers_save(tmp_path):
+    """docs/frameworks.md's hf-trainer-stop-during-save: the HF Trainer writes a checkpoint's files into its
+    checkpoint-N/ folder in place and resumes from the newest folder: a stop while the second one is written
+    (truth: by hand, at the folder's appearance) leaves a run whose restart fails; check --during-save says
+    save-interrupted, naming the folder, and the Trainer's own error."""
+    [row] = [r for r in ROWS if r.during_save]
+    pytest.importorskip(row.needs)
+    args = ["--output", row.output, "--during-save", "--jobs", "2"]
+    (first, restart, partial), proc = together(
+        lambda: stopped_during_the_second_save(command(row), tmp_path / "truth"),
+        lambda: reprocube("check", "--out", "check", *args, "--", *command(row), cwd=tmp_path, check=False, timeout=900),
+    )  # fmt: skip
+    assert restart != 0, f"the truth's restart resumed from a folder of {partial} files"
+    result = json.loads((tmp_path / "check" / "check.json").read_text())
+    assert result["verdict"] == row.verdict and proc.returncode == 13, proc.stdout + proc.stderr
+    assert "checkpoints/checkpoint-16/ was being written" in result["summary"], result["summary"]
+    assert "Can't find a valid checkpoint" in result["summary"], result["summary"]
 
 
 def table_rows() -> dict[str, list[str]]:

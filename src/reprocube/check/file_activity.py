@@ -22,6 +22,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -121,6 +122,9 @@ class FileActivity:
         self._stopping = threading.Event()
         self._last: dict[tuple[str, str], float] = {}
         self._scanned: dict[str, float] = {}  # files a new directory held when its watch was added
+        # called from the watcher's thread as soon as it has recorded new writes (a stop placed by what is being
+        # written, --during-save, acts within a millisecond of a file's close: a poll would come after the save)
+        self.on_write: Callable[[], None] | None = None
 
     def start(self) -> FileActivity:
         self._fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if hasattr(_libc, "inotify_init1") else -1
@@ -289,7 +293,7 @@ class FileActivity:
             data = os.read(self._fd, 1 << 16)
         except BlockingIOError:
             return
-        now = time.perf_counter()
+        now, written = time.perf_counter(), len(self.events)
         offset = 0
         moved_from: dict[int, str] = {}  # cookie -> a watched directory moved away, until moved into the tree
         while offset + EVENT.size <= len(data):
@@ -310,6 +314,9 @@ class FileActivity:
                 self._incomplete(f"the watcher failed on an event ({type(error).__name__})")
         for label in moved_from.values():
             self._unwatch(label)
+        hook = self.on_write
+        if hook is not None and written < len(self.events):
+            hook()
 
     def _unwatch(self, label: str) -> None:
         """A directory moved out of the run's directories: its watches follow it (the same inodes) and would

@@ -87,13 +87,25 @@ class Stop:
         if self.seconds is not None:
             return elapsed >= self.seconds
         if self.during_save:
-            return run.activity is not None and _saving_after_a_whole_save(run, attempt_start)
+            return False  # the file watcher's own thread gives it, at the write (_attempt)
         if self.after_save is not None:
             first = run.first_saves.get(attempt_start)
             if first is None and run.activity is not None:  # looked for until found: then remembered
                 first = run.first_saves[attempt_start] = first_whole_save(run, attempt_start)
             return first is not None and time.perf_counter() >= first + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
+
+
+def _write_trigger(run: Run, attempt_start: float, matched: threading.Event, send: Callable[[], None]):
+    """--during-save's trigger, called by the file watcher's thread after each write it records: `send` once,
+    as soon as a save begun after a whole one is being written."""
+
+    def at_write() -> None:
+        if not matched.is_set() and _saving_after_a_whole_save(run, attempt_start):
+            matched.set()
+            send()
+
+    return at_write
 
 
 def _saving_after_a_whole_save(run: Run, attempt_start: float) -> bool:
@@ -292,11 +304,18 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
                 signalled.append(time.perf_counter())
                 _signal_group(child, signum)
 
+        def send_now() -> None:  # the signal first, the save going on meanwhile; /proc cannot tell after it
+            signalled.append(time.perf_counter())
+            _signal_group(child, signum)
+            caught.append(True)  # a note too many, never one too few
+
+        if stop is not None and stop.during_save and run.activity is not None:  # at the write, not at a poll
+            run.activity.on_write = _write_trigger(run, start, matched, send_now)
         reader = threading.Thread(target=_copy_output, args=(child, log, pattern, on_line), daemon=True)
         reader.start()
         try:
             given = _wait_for_trigger(child, stop, run, seen, matched, start, timeout_s, run.on_progress)
-            if given and pattern is None:
+            if given and not matched.is_set():
                 caught.append(_group_catches(child.pid, signum))
                 signalled.append(time.perf_counter())
                 _signal_group(child, signum)
@@ -305,6 +324,8 @@ def _attempt(run: Run, stop: Stop | None, signum: int, timeout_s: float, seen: s
             status = _wait_exit(child, min(EXIT_WAIT_S, left) if given else left)
             waited = time.perf_counter() - start  # its end, or the watchdog's moment (then ended: GRACE_S more)
         finally:
+            if run.activity is not None:
+                run.activity.on_write = None
             _end_group(child)
             reader.join(5)
         seconds = time.perf_counter() - start
@@ -373,7 +394,7 @@ def _wait_for_trigger(
     stop: it runs to its end, bounded by the watchdog)."""
 
     def due(elapsed: float) -> bool:
-        return stop.due(elapsed, run, seen, start) or (stop.line is not None and matched.is_set())
+        return stop.due(elapsed, run, seen, start) or ((stop.line is not None or stop.during_save) and matched.is_set())
 
     watched = watch_child(
         lambda: child.poll() is None,
