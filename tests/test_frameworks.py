@@ -245,7 +245,9 @@ def test_a_stop_during_the_trainers_save(tmp_path):
     result = json.loads((tmp_path / "check" / "check.json").read_text())
     assert result["verdict"] == row.verdict and proc.returncode == 13, proc.stdout + proc.stderr
     assert "checkpoints/checkpoint-16/ was being written" in result["summary"], result["summary"]
-    assert "Can't find a valid checkpoint" in result["summary"], result["summary"]
+    # the Trainer's own error, as far as the write had come: no model file yet, or a later file of the folder missing
+    trainers = r"Can't find a valid checkpoint|No such file or directory: 'checkpoints/checkpoint-16/"
+    assert re.search(trainers, result["summary"]), result["summary"]
 
 
 def table_rows() -> dict[str, list[str]]:

@@ -273,7 +273,12 @@ ROWS = [
         "save-interrupted",
         "stopped",
         "save_interrupted",
-        ("work/out/checkpoint-5/ was being written (2 of the 7", "restart failed on what it left", "cannot resume"),
+        (
+            "work/out/checkpoint-5/ was being written (2 of the 7",
+            "the restart then failed",
+            "may leave a run that cannot resume",
+            "the failure is not the partial checkpoint's",
+        ),
         origin="issue 66 item 2: the Trainer's checkpoint-5/ with 2 of 7 files, called command-failed with a --jobs hint",
         id="a stop during a save, the restart failed on it",
     ),

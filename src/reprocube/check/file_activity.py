@@ -64,6 +64,14 @@ class Save:
     end: float
     keys: frozenset[str]  # state_key of each file written
     folder: str | None  # the real folder of its files, below a watched place's top (None: files at the top)
+    first: str = ""  # state_key of its first file
+
+    def is_partial(self, whole: frozenset[str], first_keys: frozenset[str]) -> bool:
+        """Whether this save looks like a whole one being written: some of a whole save's files and not all,
+        beginning with a file a whole save begins with (`first_keys`). A set of files no whole save holds (a
+        save split apart because its files came slower than SAVE_BURST_S) or a lone status file written as a
+        restart starts is no save in progress."""
+        return self.keys < whole and self.first in first_keys
 
     def is_whole(self, whole: frozenset[str]) -> bool:
         """Whether this save holds every file of a whole save (`whole`: whole_save of an uninterrupted run's
@@ -98,6 +106,11 @@ def whole_save(saves: list[Save]) -> frozenset[str]:
     for save in saves:
         counts[save.keys] = counts.get(save.keys, 0) + 1
     return max(counts, key=lambda keys: (counts[keys], len(keys)), default=frozenset())
+
+
+def first_keys(saves: list[Save], whole: frozenset[str]) -> frozenset[str]:
+    """The files whole saves begin with (a save in progress begins with one of them)."""
+    return frozenset(save.first for save in saves if save.keys >= whole)
 
 
 def state_key(path: str) -> str:
@@ -185,7 +198,7 @@ class FileActivity:
             if found and found[-1].joined_by(event):
                 found[-1] = replace(found[-1], end=event.at, keys=found[-1].keys | {key})
             else:
-                found.append(Save(event.at, event.at, frozenset({key}), _folder(event.path)))
+                found.append(Save(event.at, event.at, frozenset({key}), _folder(event.path), key))
         return found
 
     def save_moments(

@@ -71,7 +71,7 @@ class Stop:
         if self.line is not None:
             return f"at an output line matching {self.line}"
         if self.during_save:
-            return "while a save was being written after a whole one (a file of it seen, not yet every file)"
+            return "at a write of a save begun after a whole one, not yet whole (as check's file watcher saw it)"
         if self.after_save is not None:
             return (
                 f"{self.after_save:.2f} s after the attempt's first whole save ({self.fraction:.3f} of the time "
@@ -112,7 +112,7 @@ def _saving_after_a_whole_save(run: Run, attempt_start: float) -> bool:
     """Whether the run's last save began in this attempt, is not yet whole, and an earlier save of the run was:
     a stop now leaves a partial checkpoint beside a whole one (what a restart may fall back to)."""
     saves = run.activity.saves(since=attempt_start, state=run.state)
-    if not saves or saves[-1].is_whole(run.save_keys):
+    if not saves or not saves[-1].is_partial(run.save_keys, run.save_first_keys):
         return False
     earlier = [*run.activity.saves(since=run.began, until=attempt_start, state=run.state), *saves[:-1]]
     return any(save.is_whole(run.save_keys) for save in earlier)
@@ -171,6 +171,9 @@ class Run:
     clean_saves: int = 0
     # the files one whole save of an uninterrupted run holds (file_activity.whole_save): a checkpoint folder's
     save_keys: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    save_first_keys: frozenset[str] = field(
+        default_factory=frozenset, repr=False, compare=False
+    )  # file_activity.first_keys
     # an attempt's start -> when its first save was whole (what a default stop waits on), once seen
     first_saves: dict[float, float | None] = field(default_factory=dict, repr=False, compare=False)
     # check's directories under --out (verified before each attempt writes into them), if recorded

@@ -28,7 +28,7 @@ from reprocube.check.evidence import (
     SwapEvidence,
 )
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs, changed_output, reference_digests
-from reprocube.check.file_activity import FileActivity, whole_save
+from reprocube.check.file_activity import FileActivity, first_keys, whole_save
 from reprocube.check.guarded_command import end_all_guards
 from reprocube.check.more_uninterrupted import MORE_CLEAN_RUNS, more_uninterrupted_runs
 from reprocube.check.moved_weights import MovedWeightsRestarts
@@ -266,7 +266,9 @@ class CheckSession:
         clean = self.clean[0]
         if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
             stopped.state = state = clean.activity.state_keys()
-            stopped.save_keys = whole_save(clean.activity.saves(state=state))  # the files of one whole save
+            saves = clean.activity.saves(state=state)
+            stopped.save_keys = whole_save(saves)  # the files of one whole save
+            stopped.save_first_keys = first_keys(saves, stopped.save_keys)
             counts = {len(run.activity.save_moments(state=state)) for run in self.clean if run.activity}
             stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
         planned = [(stopped, plan, self.limit)]

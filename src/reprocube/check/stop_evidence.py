@@ -84,7 +84,11 @@ def interrupted_saves(run: Run) -> list[tuple[int, str]]:
         start = run.began + attempt.started_s
         end = start + attempt.seconds
         saves = run.activity.saves(since=start, until=end, state=run.state)
-        if not saves or saves[-1].keys >= run.save_keys or end - saves[-1].end > SAVE_BURST_S:
+        if (
+            not saves
+            or not saves[-1].is_partial(run.save_keys, run.save_first_keys)
+            or end - saves[-1].end > SAVE_BURST_S
+        ):
             continue
         last = saves[-1]
         written = [e.path for e in run.activity.writes(last.start, end) if state_key(e.path) in last.keys]

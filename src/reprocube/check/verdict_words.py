@@ -65,9 +65,10 @@ NOTHING_TIES = (
 TRAINER_SAID = "The trainer said why itself: {said}"
 SAVE_SURVIVED = "{where}, and the run still resumed exactly: it survives a preemption during that save"
 SAVE_INTERRUPTED = (
-    "{where}, and the restart failed on what it left ({failed}): a preemption while the script writes a "
-    "checkpoint leaves a run that cannot resume (write it elsewhere and rename it into place once whole, or have "
-    "the restart skip an incomplete one)"
+    "{where}, and the restart then failed ({failed}): a preemption while the script writes a checkpoint may "
+    "leave a run that cannot resume (write it elsewhere and rename it into place once whole, or have the "
+    "restart skip an incomplete one); if its restart fails after a stop between saves too (--at-line on a line "
+    "printed after a save), the failure is not the partial checkpoint's"
 )
 RARER = "Two agreeing uninterrupted runs do not exclude a rarer non-determinism: --repeat N tells them apart"
 RARER_CHECKED = (
@@ -142,8 +143,8 @@ QUICK_LEFT_OUT = (
 )
 QUICK_NOT_RUN = "not run (--quick)"
 DURING_SAVE_MISSED = (
-    "{stops} meant to land during a save came once the save was whole (its files written faster than check "
-    "looks, every 20 ms): a stop during a save was not tried there"
+    "{stops} meant to land during a save came once the save was whole (its files written faster than the "
+    "signal reached the script): a stop during a save was not tried there"
 )
 UNCONFIRMED = (
     "{restarts}, {found}; but --quick made one uninterrupted run, and the more uninterrupted runs that tell a "
