@@ -146,6 +146,7 @@ CELLS = [
     ("numpy",  "typo",              "after-save",   "output never written",   {REFUSED, FAILED}),
     ("numpy",  "folder-trusting",   "during-save",  "restart fails",          {SAVE_INTERRUPTED} | SAID_LESS),
     ("numpy",  "folder-validating", "during-save",  "exact",                  {EXACT}),
+    ("numpy",  "folder-top",        "during-save",  "differs",                {DIFFERS} | SAID_LESS),
     ("numpy",  "none",              "quick-after-save", "exact",              {EXACT}),
     ("numpy",  "none",              "quick-default", "exact",                 {EXACT}),
     ("numpy",  "rng",               "quick-after-save", "differs",            {DIFFERS} | SAID_LESS),
@@ -193,10 +194,10 @@ def save():
              "rng": np.array(json.dumps(rng.bit_generator.state))}
     for key in $unsaved:
         del state[key]
-    if FOLDER:  # w, then v, then the rest: a stop between them leaves a partial folder
-        after_whole = os.path.isdir("ckpt") and any(whole(f"ckpt/{d}") for d in os.listdir("ckpt"))
+    if FOLDER:  # w, then v, then the rest: a stop between them leaves a partial folder (or, "top", a mixed one)
+        after_whole = whole(".") or os.path.isdir("ckpt") and any(whole(f"ckpt/{d}") for d in os.listdir("ckpt"))
         print("saving after a whole one" if after_whole else "saving", flush=True)
-        folder = f"ckpt/step-{step:04d}"
+        folder = "." if FOLDER == "top" else f"ckpt/step-{step:04d}"
         os.makedirs(folder, exist_ok=True)
         np.save(f"{folder}/w.npy", state.pop("w"))
         time.sleep(0.2)
@@ -211,10 +212,11 @@ def save():
 
 
 folders = sorted(os.listdir("ckpt")) if FOLDER and os.path.isdir("ckpt") else []
+folders = ["."] if FOLDER == "top" and whole(".") else folders  # "top": the three files in place, whatever their saves
 if FOLDER == "validating":  # the newest folder holding every file; a partial one is passed over
     folders = [d for d in folders if whole(f"ckpt/{d}")]
 if folders:  # "trusting": the newest folder, whatever it holds
-    folder = f"ckpt/{folders[-1]}"
+    folder = "." if FOLDER == "top" else f"ckpt/{folders[-1]}"
     meta = json.loads(str(np.load(f"{folder}/meta.npy")))
     w, v, step, cursor = np.load(f"{folder}/w.npy"), np.load(f"{folder}/v.npy"), int(meta["step"]), int(meta["cursor"])
     losses, resumed = [float(f) for f in meta["losses"]], True
@@ -330,6 +332,8 @@ class Script:
     def checkpoint(self) -> str:
         if self.outside is not None:
             return str(self.outside)
+        if self.kind == "folder-top":
+            return "meta.npy"
         if self.kind.startswith("folder"):
             return "ckpt"
         return "ckpt.pt" if self.framework == "torch" else "ckpt.npz"

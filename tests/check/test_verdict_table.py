@@ -293,6 +293,19 @@ ROWS = [
         id="a stop during a save, the restart resumed exactly all the same",
     ),
     Row(
+        stopped(
+            outputs_identical=False,
+            first_output_difference="final.npy differs",
+            interrupted_saves=("stop 1 landed while work/w.npy was being written (1 of the 2 files of a whole save)",),
+        ),
+        "resume-differs",
+        "resume",
+        "resume_differs",
+        ("work/w.npy was being written (1 of the 2 files of a whole save): the restart took what it left",),
+        origin="issue 66 item 2's adversary: a restart that loads a half-written checkpoint and trains on",
+        id="a stop during a save, the restart took what it left and differs",
+    ),
+    Row(
         stopped(failed="exit 1 after the restart"),
         "command-failed",
         "stopped",

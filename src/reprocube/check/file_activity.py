@@ -13,6 +13,7 @@ else of a file is read."""
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import ctypes.util
 import os
@@ -55,6 +56,11 @@ class Event:
     # as its process ends is seen written then, though nothing was written to it for a while
     modified: float | None = None
 
+    @property
+    def written_at(self) -> float:
+        """When a written file's content last changed (its mtime), else when the write was seen."""
+        return self.modified if self.modified is not None else self.at
+
 
 @dataclass(frozen=True)
 class Save:
@@ -65,6 +71,7 @@ class Save:
     keys: frozenset[str]  # state_key of each file written
     folder: str | None  # the real folder of its files, below a watched place's top (None: files at the top)
     first: str = ""  # state_key of its first file
+    written: float = 0.0  # when its last file's content was last changed (mtime, else when seen): beside updates
 
     def is_partial(self, whole: frozenset[str], first_keys: frozenset[str]) -> bool:
         """Whether this save looks like a whole one being written: some of a whole save's files and not all,
@@ -79,16 +86,22 @@ class Save:
         checkpoint folder still being filled, or a status file a restart writes as it starts, is not."""
         return self.keys >= whole
 
-    def joined_by(self, event: Event) -> bool:
+    def joined_by(self, event: Event, updates: tuple[float, ...] = ()) -> bool:
         """Whether this write of a state file is of the same save: another file than those written so far
         (the same one again, or the next of a numbered series, is the next save), within MERGE_S of the last,
         or within SAVE_BURST_S in the save's own folder (a checkpoint directory filled file by file; a
         checkpoint and its `last` copy beside it). Files at a place's top are one save only within MERGE_S:
         two checkpoint slots written a second apart are two saves. Only the files an uninterrupted run saves
-        as it goes are state (state_keys): a log or a cache written beside them is no part of a save."""
+        as it goes are state (state_keys): a log or a cache written beside them is no part of a save. Where
+        the run's updates are known (`updates`: the probe's times, on this machine's monotonic clock), no time
+        rule applies: files written with no update between them are one save (a slow save's files 2.5 s apart),
+        files with an update between them two."""
         gap = event.at - self.end
         if state_key(event.path) in self.keys:
             return False
+        if updates:  # the probe's update times: a save falls between two updates, however slowly written
+            # (by the files' own times: the watcher stamps a write as it reads it, maybe after the next update)
+            return bisect.bisect_right(updates, self.written) == bisect.bisect_right(updates, event.written_at)
         return gap <= MERGE_S or (
             self.folder is not None and _folder(event.path) == self.folder and gap <= SAVE_BURST_S
         )
@@ -138,6 +151,8 @@ class FileActivity:
         # called from the watcher's thread as soon as it has recorded new writes (a stop placed by what is being
         # written, --during-save, acts within a millisecond of a file's close: a poll would come after the save)
         self.on_write: Callable[[], None] | None = None
+        # when the run's updates were recorded (the probe's times, sorted), once it has ended: saves group by them
+        self.updates: tuple[float, ...] = ()
 
     def start(self) -> FileActivity:
         self._fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if hasattr(_libc, "inotify_init1") else -1
@@ -195,10 +210,10 @@ class FileActivity:
             key = state_key(event.path)
             if state is not None and key not in state:
                 continue
-            if found and found[-1].joined_by(event):
-                found[-1] = replace(found[-1], end=event.at, keys=found[-1].keys | {key})
+            if found and found[-1].joined_by(event, self.updates):
+                found[-1] = replace(found[-1], end=event.at, keys=found[-1].keys | {key}, written=event.written_at)
             else:
-                found.append(Save(event.at, event.at, frozenset({key}), _folder(event.path), key))
+                found.append(Save(event.at, event.at, frozenset({key}), _folder(event.path), key, event.written_at))
         return found
 
     def save_moments(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.check.evidence_dirs import DirectoryReplaced, EvidenceDirs
-from reprocube.check.file_activity import FileActivity
+from reprocube.check.file_activity import FileActivity, state_key
 from reprocube.check.guarded_command import GuardedCommand, start_guarded
 from reprocube.files import walk_below
 from reprocube.orchestration.children import (
@@ -109,13 +109,15 @@ def _write_trigger(run: Run, attempt_start: float, matched: threading.Event, sen
 
 
 def _saving_after_a_whole_save(run: Run, attempt_start: float) -> bool:
-    """Whether the run's last save began in this attempt, is not yet whole, and an earlier save of the run was:
-    a stop now leaves a partial checkpoint beside a whole one (what a restart may fall back to)."""
+    """Whether the run's last save began in this attempt and is being written (Save.is_partial), every file of a
+    whole save having been written before it (in any attempt): a stop now leaves a partial checkpoint beside a
+    whole one (what a restart may fall back to). Judged by the files written, not by earlier saves whole: a
+    save written slowly is seen split while it runs (the probe's updates group it only once the run ended)."""
     saves = run.activity.saves(since=attempt_start, state=run.state)
     if not saves or not saves[-1].is_partial(run.save_keys, run.save_first_keys):
         return False
-    earlier = [*run.activity.saves(since=run.began, until=attempt_start, state=run.state), *saves[:-1]]
-    return any(save.is_whole(run.save_keys) for save in earlier)
+    written = {state_key(event.path) for event in run.activity.writes(run.began, saves[-1].start)}
+    return run.save_keys <= written
 
 
 def first_whole_save(run: Run, attempt_start: float) -> float | None:

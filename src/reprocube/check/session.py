@@ -40,7 +40,7 @@ from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import interrupted_saves, leaked_state, stop_evidence, unproven
 from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
-from reprocube.check.traces import repeat_trace, resume_trace
+from reprocube.check.traces import repeat_trace, resume_trace, update_times
 from reprocube.check.trainer_words import restarts_said
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
 from reprocube.check.verdict_words import ONE_STOP, QUICK_LEFT_OUT, QUICK_NOT_RUN
@@ -177,6 +177,8 @@ class CheckSession:
                 ended.set()
                 if copier.is_alive():
                     copier.join()
+                if self.slurm is None:  # (a SLURM job's clock may not be this machine's)
+                    run.activity.updates = update_times(run)  # its saves are grouped by its updates from now on
                 if run.name in ("control", "stopped"):  # what later restarts must not change (tampering)
                     run.output_digests = reference_digests(run.work, self.outputs)
                 if run.name == "stopped":

@@ -39,6 +39,16 @@ def trained_nothing(clean: Run, run: Run) -> bool:
     return bool(recorded) and recorded[0] and not any(recorded[len(clean.attempts) :])
 
 
+def update_times(run: Run) -> tuple[float, ...]:
+    """When rank 0 of each attempt recorded each update (the probe's monotonic clock, which check's file
+    watcher shares on this machine), sorted; none where the probe wrote no times or a trace is unreadable."""
+    try:
+        traces = run_traces(run)
+    except CheckpointError:
+        return ()
+    return tuple(sorted(at for attempt in traces if 0 in attempt for at in attempt[0].times if at is not None))
+
+
 def run_traces(run: Run) -> list[dict]:
     """Each attempt's traces, by rank ({} where no process of it wrote one)."""
     return [read_rank_traces(run.probe_trace(number)) for number in range(1, len(run.attempts) + 1)]

@@ -315,7 +315,8 @@ def resume_differs(ev: Evidence) -> Verdict | None:
     through = f" up to step {s.more_clean_runs_through}, the first that differs" if s.more_clean_runs_through else ""
     rarer = RARER_CHECKED.format(through=through) if s.more_clean_runs else RARER
     said = "".join(f". {TRAINER_SAID.format(said=words)}" for words in s.trainer_said)
-    return _v("resume-differs", "resume", f"{_restarts(ev)}, {_found(ev)}. {rarer}{said}")
+    during = "".join(f" ({where}: the restart took what it left)" for where in s.interrupted_saves)
+    return _v("resume-differs", "resume", f"{_restarts(ev)}{during}, {_found(ev)}. {rarer}{said}")
 
 
 @rule
