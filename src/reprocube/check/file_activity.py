@@ -344,7 +344,10 @@ class FileActivity:
             self._unwatch(label)
         hook = self.on_write
         if hook is not None and written < len(self.events):
-            hook()
+            try:
+                hook()
+            except Exception as error:  # never the end of the watcher: what it saw after would go unrecorded
+                self._incomplete(f"the stop placed by the writes failed ({type(error).__name__})")
 
     def _unwatch(self, label: str) -> None:
         """A directory moved out of the run's directories: its watches follow it (the same inodes) and would
