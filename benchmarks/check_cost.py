@@ -170,10 +170,7 @@ def against_plain(rounds: int, out: Path | None, only: str | None = None) -> int
                 f"{statistics.median(check):.2f} s: {ratio:.2f}x (goal {goal}x: {'met' if ratio <= goal else 'NOT met'})",
                 flush=True,
             )
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"rounds": rounds, "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")
-    return 0
+    return write_rows(out, rounds, rows)
 
 
 def quick_against_plain(rounds: int, out: Path | None, only: str | None) -> int:
@@ -238,6 +235,11 @@ def quick_against_plain(rounds: int, out: Path | None, only: str | None) -> int:
                 f"({row['whole_ratio']:.2f}x, {'/'.join(sorted(set(verdicts['whole'])))})",
                 flush=True,
             )
+    return write_rows(out, rounds, rows)
+
+
+def write_rows(out: Path | None, rounds: int, rows: list[dict]) -> int:
+    """The rows of a run against plain runs as JSON at `out` (if given), with the rounds and this machine's CPUs."""
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"rounds": rounds, "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")

@@ -123,7 +123,7 @@ def whole_save(saves: list[Save]) -> frozenset[str]:
 
 def first_keys(saves: list[Save], whole: frozenset[str]) -> frozenset[str]:
     """The files whole saves begin with (a save in progress begins with one of them)."""
-    return frozenset(save.first for save in saves if save.keys >= whole)
+    return frozenset(save.first for save in saves if save.is_whole(whole))
 
 
 def state_key(path: str) -> str:

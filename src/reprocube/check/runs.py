@@ -173,9 +173,8 @@ class Run:
     clean_saves: int = 0
     # the files one whole save of an uninterrupted run holds (file_activity.whole_save): a checkpoint folder's
     save_keys: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
-    save_first_keys: frozenset[str] = field(
-        default_factory=frozenset, repr=False, compare=False
-    )  # file_activity.first_keys
+    # the files whole saves begin with (file_activity.first_keys): a save in progress begins with one of them
+    save_first_keys: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
     # an attempt's start -> when its first save was whole (what a default stop waits on), once seen
     first_saves: dict[float, float | None] = field(default_factory=dict, repr=False, compare=False)
     # check's directories under --out (verified before each attempt writes into them), if recorded
