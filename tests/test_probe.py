@@ -97,18 +97,30 @@ def test_the_probe_never_writes_through_a_link_or_over_a_file(tmp_path):
     assert target.read_text() == "keep"
 
 
+STREAMS = {"torch": "0123456789abcdef", "batch": "fedcba9876543210", "passed.dropout key": "00000000ffffffff"}
 GOOD = [
-    {"probe": 2},
+    {"probe": 3},
     {"names": ["a", "b"]},
-    {"index": 1, "step": None, "loss": "0000803f", "loss_dtype": "float32", "fingerprints": [1, 2], "at": 12.5},
+    {"index": 1, "step": None, "loss": "0000803f", "loss_dtype": "float32", "fingerprints": [1, 2], "at": 12.5,
+     "streams": STREAMS, "lr": [0.1, 0.01]},
     {"checkpoint": 1, "after_index": 1},
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "line, change, message",
     [
-        (0, {"probe": 3}, "probe must be an integer from 1 to 2"),
+        (0, {"probe": 4}, "probe must be an integer from 1 to 3"),
+        (2, {"streams": None}, "streams must be a JSON object"),
+        (2, {"streams": {"torch": "0123456789ABCDEF"}}, "16 lowercase hex digits"),
+        (2, {"streams": {"torch": "0123"}}, "16 lowercase hex digits"),
+        (2, {"streams": {"torch": 1}}, "16 lowercase hex digits"),
+        (2, {"streams": {"jax": "0123456789abcdef"}}, "known names"),
+        (2, {"streams": {"passed.\x1b[2J": "0123456789abcdef"}}, "known names"),
+        (2, {"streams": {f"passed.{i}": "0123456789abcdef" for i in range(65)}}, "at most 64"),
+        (2, {"lr": []}, "lr must be a list of 1 to 1024 numbers"),
+        (2, {"lr": [True]}, "lr must be a list of finite numbers"),
+        (2, {"lr": 0.1}, "lr must be a list of finite numbers"),
         (2, {"at": "x"}, "at must be a finite number"),
         (0, {"extra": 1}, "unknown key 'extra'"),
         (1, {"names": ["a", "a"]}, "distinct names"),
@@ -137,7 +149,8 @@ def test_a_version_1_trace_has_no_times_and_one_with_a_time_is_refused(tmp_path)
     """Version 1 (before each update had "at") still reads, its times unknown; "at" in it is refused."""
     records = [dict(r) for r in GOOD]
     records[0] = {"probe": 1}
-    del records[2]["at"]
+    for key in ("at", "streams", "lr"):
+        del records[2][key]
     path = tmp_path / "attempt-1.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     trace = read_trace(path)
@@ -301,3 +314,58 @@ def test_a_restart_nothing_places_is_not_compared_and_two_nan_losses_hint_no_cau
     hint = cause_hint(difference)
     assert hint.startswith("no loss recorded at update 3") and "optimizer's state" in hint and "data order" in hint
     assert "forward pass agreed" not in hint
+
+
+def test_each_update_records_the_generators_the_batch_and_the_learning_rate(tmp_path):
+    """Issue 67's streams: a generator's digest moves with its state and comes back with it, a passed JAX key
+    and a NumPy generator are digested by their state, the batch by its bytes (a dict in its keys' order),
+    and the learning rates exactly; none of it makes two updates differ (not compared yet)."""
+    import random
+
+    import jax
+    import torch
+
+    recorder = probe._Recorder(str(tmp_path / "trace.jsonl"))
+    weights = {"w": np.zeros(3, np.float32)}
+    saved = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+    batch = {"y": np.arange(4), "x": torch.ones(2, 3)}
+    key = jax.random.key(7)
+    recorder.step(0.5, weights, None, {"batch": probe.batch_digest(batch)}, 0.1)
+    torch.rand(1), np.random.rand(), random.random()
+    key2 = jax.random.split(key)[0]
+    given = probe.passed_generators({"key": key2, "numpy": np.random.default_rng(3)})
+    recorder.step(0.5, weights, None, given, [0.1, 0.05])
+    torch.random.set_rng_state(saved[0]), np.random.set_state(saved[1]), random.setstate(saved[2])
+    reordered = {"x": torch.ones(2, 3), "y": np.arange(4)}
+    recorder.step(0.5, weights, None, {"batch": probe.batch_digest(reordered)}, 0.1)
+    recorder.flush()
+    updates = [dict(u.streams) for _, u in read_trace(tmp_path / "trace.jsonl").updates]
+    for name in ("torch", "numpy", "python"):
+        assert updates[0][name] != updates[1][name] and updates[0][name] == updates[2][name], name
+    assert updates[0]["batch"] == updates[2]["batch"] and "batch" not in updates[1]
+    assert probe.passed_generators({"key": jax.random.key_data(key2)}) == {"passed.key": updates[1]["passed.key"]}
+    assert probe.passed_generators({"key": key})["passed.key"] != updates[1]["passed.key"]
+    assert probe.batch_digest({"x": torch.ones(2, 3), "y": np.arange(4) + 1}) != updates[0]["batch"]
+    assert probe.batch_digest(torch.ones(6)) != probe.batch_digest(torch.ones(2, 3))  # the shape is part of it
+    lrs = [u.lr for _, u in read_trace(tmp_path / "trace.jsonl").updates]
+    assert lrs == [(0.1,), (0.1, 0.05), (0.1,)]
+    ones = read_trace(tmp_path / "trace.jsonl").updates
+    assert ones[0][1] == ones[2][1]  # the same loss and weights: the same update, whatever its streams
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"generators": {"": 1}}, "generators= must be a dict"),
+        ({"generators": {"a\x1b[2J": 1}}, "no control character"),
+        ({"generators": [1]}, "generators= must be a dict"),
+        ({"generators": {str(i): i for i in range(33)}}, "at most 32 names"),
+        ({"lr": float("nan")}, "lr= must be 1 to 1024 finite numbers"),
+        ({"lr": []}, "lr= must be 1 to 1024 finite numbers"),
+    ],
+)
+def test_the_probe_refuses_streams_its_reader_would_refuse(tmp_path, monkeypatch, given, message):
+    monkeypatch.setattr(probe, "_started", True)
+    monkeypatch.setattr(probe, "_recorder", probe._Recorder(str(tmp_path / "trace.jsonl")))
+    with pytest.raises(ValueError, match=message):
+        probe.step(0.5, {"w": np.zeros(1, np.float32)}, **given)

@@ -78,6 +78,7 @@ def test_a_backup_every_n_batches_is_announced_and_a_mid_epoch_restart_is_placed
     order = ["backup", "probe", "stop"]
     clean, _ = attempt(tmp_path / "c", monkeypatch, "clean", order, save_freq=3)
     assert clean.checkpoints == [3, 6, 9, 12] and [s for s, _ in clean.updates] == list(range(1, 13))
+    assert all(len(u.lr) == 1 and u.lr[0] > 0 for _, u in clean.updates)  # the optimizer's rate (issue 67)
     first, _ = attempt(tmp_path, monkeypatch, "attempt-1", order, save_freq=3, stop=("batch", 7))
     assert first.checkpoints == [3, 6] and len(first.updates) == 7 and first.resumed is None
     second, _ = attempt(tmp_path, monkeypatch, "attempt-2", order, save_freq=3)

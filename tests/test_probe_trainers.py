@@ -89,6 +89,12 @@ def hf_train(where, resume=False, callbacks=()):
     return model
 
 
+def streams(trace, *names) -> list:
+    """Per update, the named streams (the learning rates as "lr"), one value or a tuple of them."""
+    picked = [tuple(u.lr if n == "lr" else dict(u.streams).get(n) for n in names) for _, u in trace.updates]
+    return [p[0] if len(names) == 1 else p for p in picked]
+
+
 def test_the_transformers_callback_records_each_update_and_checkpoint_and_the_resume(tmp_path, monkeypatch):
     """6 updates of 2 micro-batches each (gradient accumulation), a checkpoint every 3: each update once at
     its global step, checkpoints 3 and 6 after their updates; a Trainer resumed from checkpoint-3 says
@@ -105,6 +111,10 @@ def test_the_transformers_callback_records_each_update_and_checkpoint_and_the_re
     assert resumed.resumed == 3 and [step for step, _ in resumed.updates] == [4, 5, 6]
     assert resumed.updates == clean.updates[3:]  # loss bits and fingerprints
     assert resumed.checkpoints == [6]
+    # The streams (issue 67): each update's two micro-batches, the learning rate, torch's generator: the
+    # resumed run's are the uninterrupted run's, and the batches differ from one update to the next.
+    assert streams(resumed, "batch", "torch", "lr") == streams(clean, "batch", "torch", "lr")[3:]
+    assert len(set(streams(clean, "batch"))) == 6 and all(u.lr for _, u in clean.updates)
 
 
 def test_the_transformers_callback_is_inert_outside_check(tmp_path, monkeypatch):
@@ -165,6 +175,8 @@ def test_the_lightning_callback_records_each_update_and_checkpoint_and_the_resum
     again = lightning_fit(tmp_path / "again", [probe.lightning_callback()], ckpt_path=str(tmp_path / "ckpt" / files[1]))
     resumed = close_trace(tmp_path / "resumed.jsonl")
     assert resumed.resumed == 4 and [step for step, _ in resumed.updates] == [5, 6, 7, 8]
+    assert streams(resumed, "batch", "lr") == streams(clean, "batch", "lr")[4:]  # issue 67's streams
+    assert len(set(streams(clean, "batch"))) == 4  # an epoch's 4 updates, each of its own 2 batches
     # Resumed at the end of epoch 0, Lightning writes a step-4 checkpoint again (now named epoch 1's) before
     # its first update: every write is announced, that one too.
     assert resumed.checkpoints == [4, 6, 8] and again == [

@@ -37,7 +37,15 @@ variable is set), `{"names": [...]}`, an optional `{"resumed": s}` before the fi
 counts this attempt's steps from 1; step is what the script passed, if anything; at: when the step was
 recorded, time.monotonic()'s seconds, the system's CLOCK_MONOTONIC that check's signal times are on, so
 check tells an update made after its stop's signal from one made before) and
-`{"checkpoint": s, "after_index": i}` per checkpoint. reprocube.analysis.probe_trace reads it, strictly."""
+`{"checkpoint": s, "after_index": i}` per checkpoint. Version 3 adds to each update `"streams"`, the digests of
+the random generators and of the batch (reprocube.probe_streams: `{"torch": hex, "numpy": hex, "python": hex,
+"passed.NAME": hex, "batch": hex}`, those there are), and `"lr"` where the learning rate was given (a list of
+numbers, one per parameter group). reprocube.analysis.probe_trace reads it, strictly.
+
+The streams do not depend on the numbers: where non-deterministic kernels make the weights of two runs differ
+from the first step, a correct resume still gives the uninterrupted run's generators, batches and learning rates
+(issue 67). `probe.step(loss, model, batch=..., lr=..., generators={...})` gives the probe what it cannot see
+by itself; the two calls alone record the generators of torch, NumPy and Python's `random`."""
 
 from __future__ import annotations
 
@@ -52,8 +60,13 @@ import time
 from reprocube.probe_fingerprints import array_fingerprint as array_fingerprint
 from reprocube.probe_fingerprints import loss_bits, named_tensors, snapshot_of, weight_fingerprints
 
+# What the callbacks and a script's own loop digest themselves (reprocube.probe_streams).
+from reprocube.probe_streams import batch_digest as batch_digest
+from reprocube.probe_streams import digest, learning_rates, seen_generators
+from reprocube.probe_streams import passed_generators as passed_generators
+
 ENV = "REPROCUBE_PROBE"  # the attempt's trace file; set only by `reprocube check`
-VERSION = 2  # 2: each update has "at" (reprocube.analysis.probe_trace reads 1 and 2)
+VERSION = 3  # 2: each update has "at"; 3: "streams", and "lr" where given (probe_trace reads 1 to 3)
 GROUP = 64  # steps whose fingerprints stay on the device before one fetch
 RANK_ENVS = ("RANK", "LOCAL_RANK")  # the global rank (torchrun, Accelerate, DeepSpeed), else the node-local one
 MAX_RANK = 65535
@@ -98,8 +111,9 @@ class _Recorder:
         self.file = os.fdopen(fd, "w")
         self._write({"probe": VERSION, **({"rank": rank, "world_size": world_size} if ranked else {})})
         self.names: list[str] | None = None
-        # index, step, loss, (the adapter of the weights' framework, their fingerprints on the device), when
-        self.pending: list[tuple[int, int | None, object, tuple[type, object], float]] = []
+        # index, step, loss, (the adapter of the weights' framework, their fingerprints on the device), when,
+        # the streams' digests and the learning rates (None: not given)
+        self.pending: list[tuple[int, int | None, object, tuple[type, object], float, dict, list | None]] = []
         self.index, self.last_step, self.resumed_at = 0, 0, None
 
     def resumed(self, step: int) -> None:
@@ -110,7 +124,8 @@ class _Recorder:
         self.resumed_at = self.last_step = step  # a step= given later continues after it
         self._write({"resumed": step})
 
-    def step(self, loss, params, step: int | None) -> None:
+    def step(self, loss, params, step: int | None, given: dict | None = None, lr=None) -> None:
+        """`given`: the digests of the streams the caller gave (the batch, named generators)."""
         if step is not None:  # wrong here, not silently dropped by the reader later
             if step < 1 or step <= self.last_step:
                 raise ValueError(
@@ -124,8 +139,11 @@ class _Recorder:
             self._write({"names": names})
         elif names != self.names:
             raise ValueError(f"reprocube probe: the weights' names changed ({len(names)} tensors now)")
+        streams = {**seen_generators(), **(given or {})}
+        rates = None if lr is None else learning_rates(lr)
         self.index += 1
-        self.pending.append((self.index, step, snapshot_of(loss), weight_fingerprints(tensors), time.monotonic()))
+        at = time.monotonic()
+        self.pending.append((self.index, step, snapshot_of(loss), weight_fingerprints(tensors), at, streams, rates))
         if len(self.pending) >= GROUP:
             self.flush()
 
@@ -136,7 +154,7 @@ class _Recorder:
         self._write({"checkpoint": step, "after_index": self.index})
 
     def flush(self) -> None:
-        for index, step, loss, (adapter, fingerprints), at in self.pending:
+        for index, step, loss, (adapter, fingerprints), at, streams, rates in self.pending:
             value, dtype = loss_bits(loss)
             self._write(
                 {
@@ -146,6 +164,8 @@ class _Recorder:
                     "loss_dtype": dtype,
                     "fingerprints": [int(f) & 0xFFFFFFFF for f in adapter.to_host(fingerprints)],
                     "at": round(at, 6),
+                    "streams": streams,
+                    **({"lr": rates} if rates is not None else {}),
                 }
             )
         self.pending.clear()
@@ -170,12 +190,18 @@ def _active() -> _Recorder | None:
     return _recorder
 
 
-def step(loss, params, step: int | None = None) -> None:
+def step(loss, params, step: int | None = None, *, batch=None, lr=None, generators=None) -> None:
     """Record one optimizer step: its loss (a scalar of any framework) and the weights after it. `step`:
-    the global step, if the script knows it (else check counts from the checkpoint it resumed from)."""
+    the global step, if the script knows it (else check counts from the checkpoint it resumed from). Optional,
+    the streams the probe cannot see by itself (reprocube.probe_streams): `batch`, the update's input (arrays,
+    or a dict, list or tuple of them); `lr`, the learning rate it used (or one per parameter group);
+    `generators`, named generators the script keeps itself (a JAX key, a `tf.random.Generator`, ...)."""
     recorder = _active()
     if recorder is not None:
-        recorder.step(loss, params, None if step is None else int(step))
+        given = passed_generators(generators)
+        if batch is not None:
+            given["batch"] = batch_digest(batch)
+        recorder.step(loss, params, None if step is None else int(step), given, lr)
 
 
 def checkpoint(step: int) -> None:
@@ -215,7 +241,7 @@ def watch(optimizer, model=None):
         params = model
 
     def after_step(optimizer, args, kwargs):
-        _recorder.step(float("nan"), params, None)
+        _recorder.step(float("nan"), params, None, lr=[group["lr"] for group in optimizer.param_groups])
         _recorder.flush()  # written at once: a plain loop killed by the stop runs no atexit
 
     optimizer.register_step_post_hook(after_step)
@@ -265,7 +291,9 @@ def keras_callback():
             if recorder is None:
                 return
             done = _keras_iterations(self.model)
-            recorder.step(logs["loss"], self.model, done if done and done > recorder.last_step else None)
+            rate = getattr(getattr(self.model, "optimizer", None), "learning_rate", None)  # a schedule's current one
+            step = done if done and done > recorder.last_step else None
+            recorder.step(logs["loss"], self.model, step, lr=rate)
             recorder.flush()
 
         def on_epoch_end(self, epoch, logs=None):
@@ -296,20 +324,23 @@ def transformers_callback():
         def __init__(self):
             self.hooked = None
             self.loss = None
+            self.batches = _Batches()
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             recorder = _active()
             if recorder is None:
                 return
             if model is not None and self.hooked is not model:
-                model.register_forward_hook(self._forward)
+                model.register_forward_hook(self._forward, with_kwargs=True)
                 self.hooked = model
             if recorder.index == 0 and recorder.resumed_at is None and state.global_step:
                 recorder.resumed(state.global_step)
 
-        def _forward(self, module, inputs, output):
+        def _forward(self, module, inputs, keywords, output):
             if not module.training:  # evaluation's forward passes are no update's
                 return
+            tensors = {k: v for k, v in keywords.items() if hasattr(v, "detach")}  # not flags, not a cache
+            self.batches.add({"args": [v for v in inputs if hasattr(v, "detach")], **tensors})
             loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
             if loss is not None and hasattr(loss, "detach") and loss.numel() == 1:
                 loss = loss.detach().float().reshape(())
@@ -321,7 +352,9 @@ def transformers_callback():
                 return
             loss, self.loss = (float("nan") if self.loss is None else self.loss), None
             step = state.global_step if state.global_step > recorder.last_step else None
-            recorder.step(loss, model, step)
+            optimizer = kwargs.get("optimizer")
+            rates = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else None
+            recorder.step(loss, model, step, self.batches.take(), rates)
             recorder.flush()
 
         def on_save(self, args, state, control, **kwargs):
@@ -353,6 +386,9 @@ def lightning_callback():
         from pytorch_lightning import Callback
 
     class ProbeCallback(Callback):
+        def __init__(self):
+            self.batches = _Batches()
+
         def setup(self, trainer, pl_module, stage):
             save = trainer.save_checkpoint
             if _active() is None or getattr(save, "reprocube_probe", False):
@@ -373,16 +409,37 @@ def lightning_callback():
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             recorder = _active()
+            if recorder is None:
+                return
+            self.batches.add(batch)
             done = trainer.global_step
-            if recorder is None or done <= recorder.last_step:
+            if done <= recorder.last_step:
                 return  # no optimizer step since the last record (gradient accumulation)
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             if loss is None or not hasattr(loss, "detach"):
                 loss = float("nan") if loss is None or not isinstance(loss, float | int) else float(loss)
-            recorder.step(loss, pl_module, done)
+            rates = [group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups]
+            recorder.step(loss, pl_module, done, self.batches.take(), rates or None)
             recorder.flush()
 
     return ProbeCallback()
+
+
+class _Batches:
+    """The batches a trainer's callback saw since the last update (gradient accumulation's micro-batches
+    too), as the one batch stream of that update."""
+
+    def __init__(self):
+        self.digests: list[str] = []
+
+    def add(self, batch) -> None:
+        self.digests.append(batch_digest(batch))
+
+    def take(self) -> dict:
+        seen, self.digests = self.digests, []
+        if not seen:
+            return {}
+        return {"batch": seen[0] if len(seen) == 1 else digest(*(d.encode() for d in seen))}
 
 
 def _keras_iterations(model) -> int | None:

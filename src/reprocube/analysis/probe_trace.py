@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reprocube.errors import CheckpointError
+from reprocube.probe_streams import MAX_LEARNING_RATES, MAX_STREAMS
 from reprocube.untrusted import Fields, iter_json_lines
 
-PROBE_VERSIONS = (1, 2)  # 2: each update has "at", when it was recorded (CLOCK_MONOTONIC seconds)
+PROBE_VERSIONS = (1, 2, 3)  # 2: each update has "at", when it was recorded (CLOCK_MONOTONIC seconds); 3: "streams"
+STREAM = re.compile(r"[0-9a-f]{16}\Z")  # a stream's digest (reprocube.probe_streams)
+STREAM_NAME = re.compile(r"(torch|torch\.cuda:[0-9]{1,4}|numpy|python|batch|passed\.[^\x00-\x1f\x7f]{1,100})\Z")
 MAX_TRACE_BYTES = 512 << 20  # about 5 million steps of an 8-tensor model
 MAX_TENSORS = 100_000
 LOSS_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -37,6 +40,10 @@ class Update:
     loss: str  # the loss's little-endian bits, hex
     loss_dtype: str
     fingerprints: tuple[int, ...]  # per tensor, in the header's name order
+    # version 3: the digests of the streams that do not depend on the numbers (generators, the batch) by name,
+    # and the learning rates where given; recorded, not (yet) part of what makes two updates the same
+    streams: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    lr: tuple[float, ...] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -164,7 +171,9 @@ def _names(fields: Fields, trace: AttemptTrace) -> None:
 
 
 def _update(fields: Fields, index: int, tensors: int, version: int) -> tuple[int | None, Update, float | None]:
-    _keys(fields, ("index", "step", "loss", "loss_dtype", "fingerprints", *(("at",) if version >= 2 else ())))
+    later = ("at",) if version == 2 else ("at", "streams") if version >= 3 else ()
+    lr = version >= 3 and fields.has("lr")
+    _keys(fields, ("index", "step", "loss", "loss_dtype", "fingerprints", *later, *(("lr",) if lr else ())))
     fields.integer("index", index, index)
     step = fields.nullable("step", lambda key: fields.integer(key, 1, 2**62))
     dtype = fields.one_of("loss_dtype", tuple(LOSS_DTYPES))
@@ -179,7 +188,23 @@ def _update(fields: Fields, index: int, tensors: int, version: int) -> tuple[int
     ):
         raise CheckpointError(f"{fields.where}: fingerprints must be a list of {tensors} integers from 0 to 2**32-1")
     at = fields.number("at") if version >= 2 else None
-    return step, Update(loss, dtype, tuple(prints)), at
+    streams = _streams(fields) if version >= 3 else ()
+    rates = tuple(fields.numbers("lr")) if lr else None
+    if rates is not None and not 0 < len(rates) <= MAX_LEARNING_RATES:
+        raise CheckpointError(f"{fields.where}: lr must be a list of 1 to {MAX_LEARNING_RATES} numbers")
+    return step, Update(loss, dtype, tuple(prints), streams, rates), at
+
+
+def _streams(fields: Fields) -> tuple[tuple[str, str], ...]:
+    """{"torch": 16 hex digits, ...}: at most MAX_STREAMS known names (a passed generator's is the script's)."""
+    streams = fields.mapping("streams")
+    named = streams.value
+    known = all(STREAM_NAME.match(k) and isinstance(v, str) and STREAM.match(v) for k, v in named.items())
+    if len(named) > MAX_STREAMS or not known:
+        raise CheckpointError(
+            f"{fields.where}: streams must map at most {MAX_STREAMS} known names to 16 lowercase hex digits"
+        )
+    return tuple(sorted(named.items()))
 
 
 def _keys(fields: Fields, keys: tuple[str, ...]) -> None:
