@@ -42,7 +42,9 @@ def test_quick_takes_one_uninterrupted_run_and_one_stop_unless_told_more_stops()
 def test_during_save_stops_once_by_default_and_is_a_placement_of_its_own():
     assert (options(during_save=True).stops, options(during_save=True).repeat) == (1, 2)
     for placement in ({"at": "1.5"}, {"at_file": "*.pt"}, {"at_line": "saved"}):
-        with pytest.raises(ConfigError, match="give at most one of --at, --at-file, --at-line and --during-save"):
+        with pytest.raises(
+            ConfigError, match="give at most one of --at, --at-file, --at-line, --during-save and --sweep"
+        ):
             validate(options(during_save=True, **placement))
     with pytest.raises(ConfigError, match="--during-save places stops from the files"):
         validate(options(during_save=True, launcher="slurm"))

@@ -159,7 +159,7 @@ def test_a_default_stop_waits_until_the_attempts_first_save_is_whole(tmp_path):
     a status file a restart writes as it starts was taken for its first save, and every stop came before the
     restart's own first checkpoint)."""
     from reprocube.check.file_activity import state_key, whole_save
-    from reprocube.check.runs import Run, first_whole_save
+    from reprocube.check.runs import Run, whole_save_ended
 
     clean = _written(
         tmp_path,
@@ -175,12 +175,15 @@ def test_a_default_stop_waits_until_the_attempts_first_save_is_whole(tmp_path):
     assert run.save_keys == {state_key(f"work/out/checkpoint-5/{f}") for f in HF_FILES}
     partial = [(20.0 + 0.3 * i, f"work/out/checkpoint-5/{f}") for i, f in enumerate(HF_FILES)]
     run.activity = _written(tmp_path, partial[:3])
-    assert first_whole_save(run, 19.0) is None  # 3 of 5 files: not yet, however long it waits
+    assert whole_save_ended(run, 19.0) is None  # 3 of 5 files: not yet, however long it waits
     run.activity = _written(tmp_path, partial)
-    assert first_whole_save(run, 19.0) == 21.2  # its last file: whole
+    assert whole_save_ended(run, 19.0) == 21.2  # its last file: whole
     later = [(30.0 + 0.3 * i, f"work/out/checkpoint-10/{f}") for i, f in enumerate(HF_FILES)]
     run.activity = _written(tmp_path, [(19.5, "work/out/checkpoint-5/trainer_state.json"), *later])
-    assert first_whole_save(run, 19.0) == 31.2  # a partial save first: the whole one after it
+    assert whole_save_ended(run, 19.0) == 31.2  # a partial save first: the whole one after it
+    assert whole_save_ended(run, 19.0, nth=2) is None  # --sweep's stop after a second one: not yet
+    run.activity = _written(tmp_path, [*partial, *later])
+    assert whole_save_ended(run, 19.0, nth=2) == 31.2
 
 
 def test_a_save_is_whole_only_with_every_file_of_a_whole_save():

@@ -30,7 +30,9 @@ def more_uninterrupted_runs(session, stopped: StoppedEvidence) -> StoppedEvidenc
     # there no two uninterrupted runs' outputs were ever compared, and a difference in an output alone (a
     # timestamp) would pass for resume's. (Not under SLURM: a check's own stop there is a requeue.)
     difference = ((session.result["probe"] or {}).get("resume") or {}).get("first_difference")
-    ends_early = difference and difference.get("after_stop") and session.slurm is None and not session.options.quick
+    # Nor under --sweep: what they tell stands for every save's stopped run, whose first differences differ.
+    whole = session.options.quick or session.options.sweep is not None
+    ends_early = difference and difference.get("after_stop") and session.slurm is None and not whole
     through = difference["step"] if ends_early else None
     planned = [(session.new_run(name), [], session.limit) for name in names]
     if through is not None:

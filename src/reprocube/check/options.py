@@ -20,6 +20,7 @@ from reprocube.orchestration.options import Option
 from reprocube.terminal import one_line
 
 LAUNCHERS = ("local", "slurm")
+MAX_SWEEP = 20  # saves a sweep stops after, one run each
 
 
 OPTIONS = (
@@ -51,6 +52,15 @@ OPTIONS = (
         False,
         "stop each attempt while a save is being written after a whole one (a file of it seen, not yet all): "
         "what a preemption during a checkpoint does to the restart",
+    ),
+    Option(
+        "sweep",
+        int,
+        None,
+        "one stopped run per save of the uninterrupted run, each stopped once after that save (its first N "
+        "saves, the last one left out): a verdict per save, so 'exact after an epoch's end, differs mid-epoch' "
+        "is one command's answer (no negative control, no restart given other state)",
+        "N",
     ),
     Option("seed_env", str, None, "the variable the command reads its seed from (control: another seed)", "VAR"),
     Option("seed_arg", str, None, "an argument giving the seed, {seed} replaced (e.g. --seed={seed})", "TEMPLATE"),
@@ -91,6 +101,7 @@ class CheckOptions:
     signal: str
     stop_seed: int | None
     during_save: bool
+    sweep: int | None
     at: str | None
     at_file: str | None
     at_line: str | None
@@ -114,7 +125,7 @@ class CheckOptions:
         given["quick"], given["during_save"] = bool(given["quick"]), bool(given["during_save"])
         # one stop by default where a second adds little: --quick; --during-save (a second stop during a save
         # finds the same whole checkpoint to fall back to)
-        one = given["quick"] or given["during_save"]
+        one = given["quick"] or given["during_save"] or given["sweep"] is not None
         given["stops"] = given["stops"] if given["stops"] is not None else (1 if one else 2)
         # --quick with --repeat is refused (validate), never silently overridden
         given["repeat"] = given["repeat"] if given["repeat"] is not None else (1 if given["quick"] else 2)
@@ -173,9 +184,11 @@ def validate(options: CheckOptions) -> None:
 
 def _validate_placement(options: CheckOptions) -> None:
     """At most one way to place the stops, and the one given usable here."""
-    at, at_file, at_line = options.at, options.at_file, options.at_line
-    if sum(x is not None for x in (at, at_file, at_line)) + options.during_save > 1:
-        raise ConfigError("give at most one of --at, --at-file, --at-line and --during-save")
+    at, at_file, at_line, sweep = options.at, options.at_file, options.at_line, options.sweep
+    if sum(x is not None for x in (at, at_file, at_line, sweep)) + options.during_save > 1:
+        raise ConfigError("give at most one of --at, --at-file, --at-line, --during-save and --sweep")
+    if sweep is not None:
+        _validate_sweep(options)
     if at is not None:
         seconds_of(at)
     if at_line is not None:
@@ -186,4 +199,18 @@ def _validate_placement(options: CheckOptions) -> None:
     if options.slurm is not None and options.during_save:
         raise ConfigError(
             "--during-save places stops from the files a run writes, which a SLURM job's are not watched for"
+        )
+
+
+def _validate_sweep(options: CheckOptions) -> None:
+    """--sweep N: each run one stop after its save (never more), and not what it leaves out already."""
+    if not 1 <= options.sweep <= MAX_SWEEP:
+        raise ConfigError(f"--sweep must be from 1 to {MAX_SWEEP} saves, got {str(options.sweep)[:30]}")
+    if options.stops != 1:
+        raise ConfigError(f"--sweep stops each of its runs once, after its save: leave out --stops ({options.stops})")
+    if options.quick:
+        raise ConfigError("--sweep runs no control and no restart given other state already: leave out --quick")
+    if options.slurm is not None:
+        raise ConfigError(
+            "--sweep places its stops from the files a run writes, which a SLURM job's are not watched for"
         )

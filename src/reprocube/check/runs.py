@@ -53,6 +53,7 @@ class Stop:
     after_save: float | None = None
     fraction: float | None = None  # a planned stop: its share of the uninterrupted run's time between saves
     during_save: bool = False  # --during-save: as soon as a save begun after a whole one is seen, not yet whole
+    nth_save: int = 1  # `after_save` counts from the attempt's nth whole save (--sweep: one run per save)
     # check's own stops: when this says so (the moved-weights restart's: once it showed what it had to), and then
     # the run ends, restarted no more
     until: Callable[[], bool] | None = field(default=None, compare=False)
@@ -73,8 +74,9 @@ class Stop:
         if self.during_save:
             return "at a write of a save begun after a whole one, not yet whole (as check's file watcher saw it)"
         if self.after_save is not None:
+            nth = "first" if self.nth_save == 1 else _ordinal(self.nth_save)
             return (
-                f"{self.after_save:.2f} s after the attempt's first whole save ({self.fraction:.3f} of the time "
+                f"{self.after_save:.2f} s after the attempt's {nth} whole save ({self.fraction:.3f} of the time "
                 "between two saves of a clean run, from one's last file to the next one's first)"
             )
         return f"{self.seconds:.2f} s after the attempt started"
@@ -89,10 +91,11 @@ class Stop:
         if self.during_save:
             return False  # the file watcher's own thread gives it, at the write (_attempt)
         if self.after_save is not None:
-            first = run.first_saves.get(attempt_start)
-            if first is None and run.activity is not None:  # looked for until found: then remembered
-                first = run.first_saves[attempt_start] = first_whole_save(run, attempt_start)
-            return first is not None and time.perf_counter() >= first + self.after_save
+            key = (attempt_start, self.nth_save)
+            ended = run.whole_saves.get(key)
+            if ended is None and run.activity is not None:  # looked for until found: then remembered
+                ended = run.whole_saves[key] = whole_save_ended(run, attempt_start, self.nth_save)
+            return ended is not None and time.perf_counter() >= ended + self.after_save
         return self.file_glob is not None and any(p not in seen for p in _matching(run.work, self.file_glob))
 
 
@@ -120,13 +123,18 @@ def _saving_after_a_whole_save(run: Run, attempt_start: float) -> bool:
     return run.save_keys <= written
 
 
-def first_whole_save(run: Run, attempt_start: float) -> float | None:
-    """When the attempt's first whole save ended (its last file written): the first that holds every file
-    of an uninterrupted run's save (run.save_keys); None until one has. A stop placed from a save's first
+def whole_save_ended(run: Run, attempt_start: float, nth: int = 1) -> float | None:
+    """When the attempt's nth whole save ended (its last file written): whole, a save that holds every file
+    of an uninterrupted run's save (run.save_keys); None until n have. A stop placed from a save's first
     file fell inside a checkpoint directory still being filled; one placed from a partial save (a status
     file a restart writes as it starts) came before the restart's first checkpoint."""
     saves = run.activity.saves(since=attempt_start, state=run.state)
-    return next((save.end for save in saves if save.is_whole(run.save_keys)), None)
+    ends = [save.end for save in saves if save.is_whole(run.save_keys)]
+    return ends[nth - 1] if len(ends) >= nth else None
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 @dataclass
@@ -175,8 +183,8 @@ class Run:
     save_keys: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
     # the files whole saves begin with (file_activity.first_keys): a save in progress begins with one of them
     save_first_keys: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
-    # an attempt's start -> when its first save was whole (what a default stop waits on), once seen
-    first_saves: dict[float, float | None] = field(default_factory=dict, repr=False, compare=False)
+    # (an attempt's start, n) -> when its nth save was whole (what a default stop waits on), once seen
+    whole_saves: dict[tuple[float, int], float | None] = field(default_factory=dict, repr=False, compare=False)
     # check's directories under --out (verified before each attempt writes into them), if recorded
     dirs: EvidenceDirs | None = field(default=None, repr=False, compare=False)
     # clean-1's declared outputs' sha256 when the clean runs ended (what later runs are compared against)

@@ -40,6 +40,7 @@ from reprocube.check.slurm import check_slurm, execute_slurm
 from reprocube.check.stop_evidence import interrupted_saves, leaked_state, stop_evidence, unproven
 from reprocube.check.stops import plan_stops, with_a_wait
 from reprocube.check.swapped_restart import SwappedRestart
+from reprocube.check.sweep import sweep_verdict
 from reprocube.check.traces import repeat_trace, resume_trace, update_times
 from reprocube.check.trainer_words import restarts_said
 from reprocube.check.verdict import decide, wants_more_uninterrupted_runs
@@ -88,8 +89,9 @@ class CheckSession:
         self.how = "SLURM requeue" if self.slurm is not None else f"SIG{options.signal}"
         self.clean: list[Run] = []
         moved = (f"moved-{k}" for k in range(1, options.stops + 1))
+        swept = (f"sweep-{k}" for k in range(1, (options.sweep or 0) + 1))
         clean = (f"clean-{i}" for i in range(1, options.repeat + 1 + MORE_CLEAN_RUNS))
-        self.run_names = frozenset({*clean, "control", "stopped", "swapped", *moved})
+        self.run_names = frozenset({*clean, "control", "stopped", "swapped", *moved, *swept})
         self.stopped: Run | None = None
         self.control: Run | None = None
         # the restart kinds: each a component with hooks called in order (plan, while the runs go, start, evidence)
@@ -179,7 +181,7 @@ class CheckSession:
                     copier.join()
                 if self.slurm is None:  # (a SLURM job's clock may not be this machine's)
                     run.activity.updates = update_times(run)  # its saves are grouped by its updates from now on
-                if run.name in ("control", "stopped"):  # what later restarts must not change (tampering)
+                if run.name in ("control", "stopped") or run.name.startswith("sweep-"):  # later runs must not change
                     run.output_digests = reference_digests(run.work, self.outputs)
                 if run.name == "stopped":
                     self.moved.stopped_ended()
@@ -258,7 +260,10 @@ class CheckSession:
 
     def control_and_stopped_run(self, stop_seed: int) -> dict:
         """The negative control (if the command takes a seed) beside the stopped run, then their verdicts:
-        the control's first (a void check says so whatever the stopped run did)."""
+        the control's first (a void check says so whatever the stopped run did). --sweep: a stopped run per save
+        instead (check.sweep)."""
+        if self.options.sweep is not None:
+            return sweep_verdict(self, stop_seed)
         plan, why_not = plan_stops(self.options, self.clean[0], stop_seed)
         if plan is None:
             return self.judge(self.evidence(no_saves=why_not))

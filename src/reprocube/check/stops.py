@@ -11,6 +11,7 @@ from reprocube.check.runs import Run, Stop
 from reprocube.errors import ConfigError
 
 RESTART_WAIT_S = 1.0  # the last stop's restart comes this long after it (the others at once)
+SWEEP_UPTO = 0.5  # --sweep's stops: at most this share of the time between two saves after theirs
 
 
 def plan_stops(options, clean: Run, stop_seed: int) -> tuple[list[Stop] | None, str]:
@@ -38,6 +39,20 @@ def plan_stops(options, clean: Run, stop_seed: int) -> tuple[list[Stop] | None, 
     return planned_stops(stops, idle_between_saves(activity), stop_seed), ""
 
 
+def sweep_plans(options, clean: Run, stop_seed: int) -> tuple[list[list[Stop]] | None, str]:
+    """--sweep N: one plan per save of the uninterrupted run but its last (after which nothing is left to
+    resume), at most N: one stop, a drawn share of the time between two saves after the attempt's kth whole
+    save. None (and why) where that run saved fewer than twice as it went."""
+    activity = clean.activity
+    saves = activity.saves(state=activity.state_keys()) if activity is not None else []
+    if len(saves) < 2:
+        return None, plan_stops(options, clean, stop_seed)[1]  # (why none: the same words)
+    # In the gap's first half: a stop meant for one save must not come after the next (a watcher sees late).
+    count, gap = min(options.sweep, len(saves) - 1), idle_between_saves(activity)
+    fractions = planned_stops(count, gap, stop_seed, upto=SWEEP_UPTO)
+    return [[replace(stop, nth_save=k)] for k, stop in enumerate(fractions, start=1)], ""
+
+
 def idle_between_saves(activity) -> float:
     """The median time from the end of one whole save (FileActivity.saves: a checkpoint folder's files, a
     model and then its optimizer, are one save) to the start of the next: where a stop leaves a whole
@@ -53,12 +68,12 @@ def with_a_wait(plan: list[Stop]) -> list[Stop]:
     return [*plan[:-1], replace(plan[-1], wait_s=RESTART_WAIT_S)] if plan else plan
 
 
-def planned_stops(count: int, save_gap_s: float, seed: int) -> list[Stop]:
+def planned_stops(count: int, save_gap_s: float, seed: int, upto: float = 0.95) -> list[Stop]:
     """`count` stops, each `fraction` of the uninterrupted run's time between two saves after its
     attempt's first whole save (from right after its last file to just before the next save), the fractions drawn from `seed`
     (recorded: --stop-seed replays them)."""
     rng = random.Random(seed)
-    fractions = [0.05 + 0.9 * rng.random() for _ in range(count)]
+    fractions = [0.05 + (upto - 0.05) * rng.random() for _ in range(count)]
     return [Stop(after_save=round(save_gap_s * f, 3), fraction=f) for f in fractions]
 
 

@@ -41,9 +41,15 @@ CHECK_RESULT = ResultFile(
     "check.json",
     # 2: "probe"; 3: "rule", the moved-weights restarts named so (run moved-N, stage moved-weights); 4: the same
     # keys, not-proven and state-leaked with exit statuses of their own (11, 12; were 9); 5: the verdict
-    # save-interrupted (13); 6: "quick" (a check --quick)
-    version=6,
-    upgrades=((2, _upgrade_2), (3, lambda value: value), (4, lambda value: value), (5, lambda value: value)),
+    # save-interrupted (13); 6: "quick" (a check --quick); 7: "sweep" (a check --sweep)
+    version=7,
+    upgrades=(
+        (2, _upgrade_2),
+        (3, lambda value: value),
+        (4, lambda value: value),
+        (5, lambda value: value),
+        (6, lambda value: value),
+    ),
     keys=(
         "command",  # the argv checked, as given
         "verdict",  # VERDICTS
@@ -65,6 +71,8 @@ CHECK_RESULT = ResultFile(
         "launcher",  # --launcher slurm: {name, sbatch_options, jobs: {run: SLURM job id}}
         "stop_evidence",  # per stop of the stopped run: landed, effective, and how that was told (or why not)
         "quick",  # true: check --quick (one uninterrupted run, no control, no restart given other state)
+        # check --sweep: per save, {save, run, stops_landed, resumed_at, verdict, rule, first_difference, summary}
+        "sweep",
     ),
 )
 VERDICTS = {
@@ -122,6 +130,7 @@ RUN_NAMES = (
     "swapped",  # the restart given the control's state (check/swapped_restart.py)
     # the restarts given the stopped run's state after a stop, its weights moved (check/moved_weights.py)
     *(f"moved-{stop}" for stop in range(1, 101)),
+    *(f"sweep-{save}" for save in range(1, 21)),  # check --sweep: a stopped run per save (check/sweep.py)
 )
 HOW_RESUMED = ("first", "given", "matched", "assumed", "unplaced")
 
@@ -222,6 +231,7 @@ def markdown(result: dict) -> str:
         for e in result.get("stop_evidence", [])
     ]
     lines += [f"- not checked: {md_text(item)}" for item in result["not_checked"]]
+    lines += _sweep_lines(result.get("sweep"))
     lines += _probe_lines(result["probe"])
     lines += ["", "| run | attempt | started (s) | seconds | exit | stop |", "|---|---|---|---|---|---|"]
     for run in result["runs"]:
@@ -243,6 +253,24 @@ def markdown(result: dict) -> str:
         lines += [f"- {md_code(f['path'])}: {md_text(f['detail'])}" for f in [*but_for, *changed][:20]]
         lines += [f"- {md_code(m)}: written by neither run" for m in comparison["missing"]]
     return "\n".join(lines) + "\n"
+
+
+def _sweep_lines(sweep: list[dict] | None) -> list[str]:
+    """check --sweep: a row per save, its stopped run's verdict (the details above are the chosen save's)."""
+    if not sweep:
+        return []
+    lines = [
+        "",
+        "| save | run | the stop came after save | restart resumed at update | verdict | first differing update |",
+        "|---|---|---|---|---|---|",
+    ]
+    for line in sweep:
+        shown = {k: "" if line[k] is None else line[k] for k in ("saves_before_stop", "resumed_at", "first_difference")}
+        lines.append(
+            f"| {line['save']} | {line['run']} | {shown['saves_before_stop']} | {shown['resumed_at']} | "
+            f"{line['verdict']} | {shown['first_difference']} |"
+        )
+    return [*lines, ""]
 
 
 def _comparisons(comparisons: dict) -> list[tuple[str, dict]]:

@@ -1,0 +1,188 @@
+"""`check --sweep N`: one stopped run per save of the uninterrupted run (its first N saves but its last), each
+stopped once, a drawn share of the time between two saves after that save, and restarted to its end. Each
+run's verdict comes from the same table as the stopped run's (check.verdict), on the same evidence; so "exact
+after an epoch's end, differs after a mid-epoch save" is one command's answer, a line per save.
+
+The check's verdict is the first save's whose restart did not resume exactly (its summary says which save),
+else the last save's. No negative control and no restart given other state run (said first among what was
+not checked); where a stopped run differs, the more uninterrupted runs that tell a process's own
+non-determinism from resume's run once, to their end, and tell every save's verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from reprocube.check.evidence import MovedEvidence, StoppedEvidence, SwapEvidence
+from reprocube.check.file_activity import first_keys, whole_save
+from reprocube.check.more_uninterrupted import more_uninterrupted_runs
+from reprocube.check.runs import Run, Stop
+from reprocube.check.stops import sweep_plans
+from reprocube.check.verdict import Verdict, decide, wants_more_uninterrupted_runs
+from reprocube.terminal import counted, one_line
+
+SWEEP_LEFT_OUT = (
+    "--sweep: no negative control and no restart given another run's state or its weights moved, so whether "
+    "the restarts used the state they read was not checked (the check without --sweep runs them)"
+)
+SWEEP_NOT_RUN = "not run (--sweep)"
+# what the more uninterrupted runs told: the same for every save's stopped run (they are compared to clean-1 only)
+TOLD_BY_MORE_RUNS = (
+    "per_process_differs",
+    "more_clean_runs",
+    "more_clean_runs_through",
+    "more_clean_runs_failed",
+    "own_value",
+)
+# what each stopped run's evidence writes into the result (the chosen save's is kept)
+PER_RUN_RESULT = ("stop_evidence",)
+
+
+@dataclass
+class SaveVerdict:
+    save: int  # the kth whole save of the run's first attempt, after which it was stopped
+    run: Run
+    verdict: Verdict
+    result: dict  # what its evidence wrote into check.json: comparisons.resume, probe.resume, stop_evidence
+
+    def saves_before_stop(self) -> int | None:
+        """How many whole saves its first attempt had written when the signal was sent (by the files' own
+        times where known): the save the restart could take; None where no signal was sent."""
+        attempt, run = self.run.attempts[0] if self.run.attempts else None, self.run
+        if attempt is None or attempt.signal_s is None or run.activity is None:
+            return None
+        start = run.began + attempt.started_s
+        signal, ended = start + attempt.signal_s, start + attempt.seconds
+        saves = run.activity.saves(since=start, until=ended + 1.0, state=run.state)  # seen late: the files' times
+        # A whole save's files may come apart into two saves as the run's updates group them afterwards (a file's
+        # mtime before an update, its rename after): the files written since the last whole one are added up.
+        count, since_whole = 0, frozenset()
+        for save in saves:
+            if (save.written or save.end) > signal:
+                break
+            since_whole |= save.keys
+            if since_whole >= run.save_keys:
+                count, since_whole = count + 1, frozenset()
+        return count
+
+    def missed(self) -> str | None:
+        """Why this run tested another save than its own, in words; None where it tested its own."""
+        before = self.saves_before_stop()
+        if before == self.save:
+            return None
+        took = "no stop was sent" if before is None else f"the stop came after {counted(before, 'whole save')}"
+        return f"save {self.save}: {took}, so what a restart from save {self.save} does was not tried"
+
+    def line(self) -> dict:
+        """check.json's "sweep" entry."""
+        resume = self.result.get("probe_resume") or {}
+        attempts = resume.get("attempts") or []
+        restart = attempts[1] if len(attempts) > 1 else {}
+        first = resume.get("first_difference")
+        return {
+            "save": self.save,
+            "run": self.run.name,
+            "stops_landed": self.run.stops_landed,
+            "saves_before_stop": self.saves_before_stop(),  # == save where this run tried its own save
+            "resumed_at": restart.get("resumed_at") if restart.get("steps") else None,
+            "verdict": self.verdict.name,
+            "rule": self.verdict.rule,
+            "first_difference": first.get("step") if isinstance(first, dict) else None,
+            "summary": one_line(f"{self.verdict.name}: {self.verdict.summary}"),
+        }
+
+
+def sweep_verdict(session, stop_seed: int) -> dict:
+    """The sweep's runs and verdicts (session: check.session's CheckSession, after its clean runs)."""
+    plans, why_not = sweep_plans(session.options, session.clean[0], stop_seed)
+    if plans is None:
+        return session.judge(session.evidence(no_saves=why_not))
+    session.result["not_checked"].insert(0, SWEEP_LEFT_OUT)
+    session.result["stops"] = "; ".join(f"sweep-{k}: {plan[0].describe()}" for k, plan in enumerate(plans, 1))
+    runs = [_stopped_run(session, f"sweep-{k}") for k in range(1, len(plans) + 1)]
+    session.ran_together([(run, plan, session.limit) for run, plan in zip(runs, plans, strict=True)])
+    shared = list(session.result["not_checked"])
+    told: StoppedEvidence | None = None  # what the more uninterrupted runs told, once run
+    judged = []
+    for save, (run, plan) in enumerate(zip(runs, plans, strict=True), start=1):
+        session.result["not_checked"] = list(shared)
+        verdict, told = _one_save(session, run, plan, told)
+        judged.append(SaveVerdict(save, run, verdict, _taken(session.result)))
+        session.echo(one_line(f"  after save {save}: {verdict.name}"))
+    missed = [j.missed() for j in judged if j.missed()]
+    chosen = next((j for j in judged if j.verdict.name != "resume-exact"), judged[-1])
+    _put_back(session.result, chosen.result)
+    session.result["not_checked"] += missed
+    session.result["sweep"] = [j.line() for j in judged]
+    verdicts = ", ".join(_said(j) for j in judged)
+    taken = chosen.saves_before_stop()
+    where = f"save {chosen.save}" if taken in (chosen.save, None) else f"save {taken} (meant: {chosen.save})"
+    summary = f"stopped after {where}, of {len(judged)} saves swept ({verdicts}): {chosen.verdict.summary}"
+    return session.finish(chosen.verdict.name, chosen.verdict.stage, summary, chosen.verdict.rule)
+
+
+def _said(judged: SaveVerdict) -> str:
+    """One save's verdict in the summary: the save its stop came after, where that is not its own."""
+    taken = judged.saves_before_stop()
+    if taken in (judged.save, None):
+        return f"{judged.save}: {judged.verdict.name}"
+    return f"{judged.save}: not tried, the stop came after save {taken}: {judged.verdict.name}"
+
+
+def _stopped_run(session, name: str) -> Run:
+    """A run for one save, knowing what the uninterrupted run saved as it went (as the stopped run does)."""
+    run = session.new_run(name)
+    clean = session.clean[0]
+    if clean.activity is not None:
+        run.state = state = clean.activity.state_keys()
+        saves = clean.activity.saves(state=state)
+        run.save_keys = whole_save(saves)
+        run.save_first_keys = first_keys(saves, run.save_keys)
+        counts = {len(r.activity.save_moments(state=state)) for r in session.clean if r.activity}
+        run.clean_saves = counts.pop() if len(counts) == 1 else -1
+    return run
+
+
+def _one_save(session, run: Run, plan: list[Stop], told: StoppedEvidence | None):
+    """One save's verdict from the table, stage by stage as the stopped run's; and what the more uninterrupted
+    runs told (run here the first time a stopped run differs)."""
+    session.stopped = run
+    parts: dict = {"reached": "stopped", **session.tampering()}
+    verdict = decide(session.evidence(**parts))
+    if verdict is None:
+        parts["stopped"] = session.stopped_evidence(run, plan)
+        if wants_more_uninterrupted_runs(session.evidence(**parts)):
+            if told is None:
+                parts["stopped"] = told = more_uninterrupted_runs(session, parts["stopped"])
+            else:
+                parts["stopped"] = replace(parts["stopped"], **{f: getattr(told, f) for f in TOLD_BY_MORE_RUNS})
+        verdict = decide(session.evidence(**parts))
+    if verdict is None:
+        restarts = {"swap": SwapEvidence(note=SWEEP_NOT_RUN), "moved": MovedEvidence(note=SWEEP_NOT_RUN)}
+        parts.update(**restarts, written_beside=session.beside.written())
+        verdict = decide(session.evidence(**parts))
+    assert verdict is not None, "the table decides once every stage's evidence is in"  # reprocube's own bug
+    session.result["not_checked"] += list(verdict.not_checked)
+    return verdict, told
+
+
+def _taken(result: dict) -> dict:
+    """What one save's evidence wrote into the result, taken out of it (the next save's writes its own)."""
+    probe = result.get("probe") or {}
+    return {
+        "comparisons_resume": result["comparisons"].pop("resume", None),
+        "probe_resume": probe.pop("resume", None) if isinstance(probe, dict) else None,
+        "not_checked": list(result["not_checked"]),
+        **{key: result.pop(key, None) for key in PER_RUN_RESULT},
+    }
+
+
+def _put_back(result: dict, taken: dict) -> None:
+    """The chosen save's evidence into the result, as a check's one stopped run's would be."""
+    if taken["comparisons_resume"] is not None:
+        result["comparisons"]["resume"] = taken["comparisons_resume"]
+    if taken["probe_resume"] is not None:
+        result["probe"] = {**(result.get("probe") or {"repeat": []}), "resume": taken["probe_resume"]}
+    result["not_checked"] = taken["not_checked"]
+    for key in PER_RUN_RESULT:
+        if taken[key] is not None:
+            result[key] = taken[key]
