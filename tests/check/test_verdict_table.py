@@ -352,6 +352,7 @@ ROWS = [
     Row(
         Evidence(
             uninterrupted=1,
+            control_left_out=True,
             repeat=RepeatEvidence(),
             stopped=replace(STOPPED, restart_wait_s=0.0),  # every restart at once
             swap=SwapEvidence(note=QUICK_NOT_RUN),
@@ -726,6 +727,24 @@ def test_verdict_table_a_pass_names_what_it_did_not_check():
     assert table.OUTSIDE_NOT_CHECKED in verdict.not_checked
     assert "not checked: the updates at steps 5-8" in verdict.summary
     assert f"and {len(verdict.not_checked)} more items" in verdict.summary
+
+
+def test_a_check_that_runs_no_control_says_so_once():
+    """--quick and --sweep name the control among what they left out, first: the pass says it there only
+    (it said "no negative control" twice where the command took no seed)."""
+    quick = Evidence(
+        uninterrupted=1,
+        control_left_out=True,
+        repeat=RepeatEvidence(),
+        stopped=replace(STOPPED, restart_wait_s=0.0),
+        swap=SwapEvidence(note=QUICK_NOT_RUN),
+        moved=MovedEvidence(note=QUICK_NOT_RUN),
+        not_checked=(QUICK_LEFT_OUT,),
+    )
+    verdict = table.decide(quick)
+    assert verdict.name == "resume-exact" and verdict.summary.count("no negative control") == 1, verdict.summary
+    whole = table.decide(replace(quick, control_left_out=False, uninterrupted=2, not_checked=()))
+    assert whole.summary.count("no negative control") == 1, whole.summary  # the whole check without a seed
 
 
 def test_verdict_table_is_pure_and_fast():

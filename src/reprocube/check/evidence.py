@@ -103,6 +103,7 @@ class Evidence:
     reached: str | None = None  # the stage the runs reached: where a verdict on the whole check is decided
     jobs: int = 1
     uninterrupted: int = 2  # uninterrupted runs made before the stops (--repeat; 1 under --quick)
+    control_left_out: bool = False  # --quick or --sweep: no control runs, said first among what was left out
     replaced: str | None = None  # check's own directories replaced by the command: in words
     changed_after: tuple[str, str, bool] | None = None  # (run, what changed, a restart's copy?) after it ended
     repeat: RepeatEvidence | None = None

@@ -354,6 +354,7 @@ class CheckSession:
             seeded=bool(self.seed_env or self.seed_arg),
             jobs=self.jobs,
             uninterrupted=self.options.repeat,
+            control_left_out=self.options.quick or self.options.sweep is not None,
             not_checked=tuple(self.result["not_checked"]),
             **parts,
         )

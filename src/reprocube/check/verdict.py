@@ -438,7 +438,8 @@ def _same(ev: Evidence) -> str:
 
 
 def _caveat(ev: Evidence) -> str:
-    return "" if ev.seeded else "; no negative control"
+    """Where no control ran for want of a seed (--quick and --sweep run none, and say so once, first)."""
+    return "" if ev.seeded or ev.control_left_out else "; no negative control"
 
 
 def _updates_words(ev: Evidence) -> str:
