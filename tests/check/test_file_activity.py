@@ -213,3 +213,26 @@ def test_a_new_directory_seen_twice_is_scanned_once(tmp_path):
         assert [e.path for e in activity.writes()].count("work/out/checkpoint-3/weights.npy") == 1
     finally:
         activity.stop()
+
+
+def test_a_temporary_file_renamed_into_place_is_one_save_with_it_across_an_update(tmp_path):
+    """Grouped by the run's updates once it ended: a checkpoint written to ckpt.tmp and renamed to ckpt.json.
+    The temporary file was gone when the watcher looked (stamped when seen, after the next update began); the
+    renamed file keeps the content's time, before that update: one save, not two halves (which the sweep's
+    count of whole saves before a stop, and every later save's placement, would have split)."""
+    from reprocube.check.file_activity import Event, state_key
+
+    activity = FileActivity({"work": tmp_path})
+    activity.events = [
+        Event(1.000, "write", "work/ckpt.tmp", None),  # gone when seen: its own time unknown
+        Event(1.001, "write", "work/ckpt.json", 64, renamed=True, modified=0.995),
+        Event(2.000, "write", "work/ckpt.tmp", None),
+        Event(2.001, "write", "work/ckpt.json", 64, renamed=True, modified=1.996),
+    ]
+    activity.updates = (0.5, 0.998, 1.5, 1.998)  # the next update began between the write and the look
+    keys = frozenset(state_key(p) for p in ("work/ckpt.tmp", "work/ckpt.json"))
+    assert [sorted(save.keys) for save in activity.saves(state=keys)] == [sorted(keys)] * 2
+    in_place = [Event(1.000, "write", "work/a.pt", 64, modified=1.0), Event(1.001, "write", "work/b.pt", 64)]
+    activity.events, activity.updates = in_place, (1.0005,)  # no rename: an update between is two saves
+    state = frozenset(state_key(p) for p in ("work/a.pt", "work/b.pt"))
+    assert len(activity.saves(state=state)) == 2

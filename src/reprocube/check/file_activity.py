@@ -100,8 +100,11 @@ class Save:
         if state_key(event.path) in self.keys:
             return False
         if updates:  # the probe's update times: a save falls between two updates, however slowly written
-            # (by the files' own times: the watcher stamps a write as it reads it, maybe after the next update)
-            return bisect.bisect_right(updates, self.written) == bisect.bisect_right(updates, event.written_at)
+            # (by the files' own times: the watcher stamps a write as it reads it, maybe after the next update).
+            # A file renamed into place keeps its content's time, which a temporary file gone before it was
+            # looked at (its name renamed away) had too: stamped when seen, that one's time is only an upper bound.
+            written = min(self.written, event.written_at) if event.renamed else self.written
+            return bisect.bisect_right(updates, written) == bisect.bisect_right(updates, event.written_at)
         return gap <= MERGE_S or (
             self.folder is not None and _folder(event.path) == self.folder and gap <= SAVE_BURST_S
         )
