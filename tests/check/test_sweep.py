@@ -93,6 +93,32 @@ def test_a_sweep_line_names_the_save_its_stop_came_after(tmp_path, signal_s, bef
     assert (judged.missed() or "").startswith(missed or "") and bool(judged.missed()) == bool(missed)
 
 
+def _judged(*names: str):
+    from reprocube.check.runs import Run
+    from reprocube.check.sweep import SaveVerdict
+    from reprocube.check.verdict import Verdict
+
+    run = Run("sweep-1", Path("w"), Path("l"), {}, [], Path("p"))
+    return [SaveVerdict(k, run, Verdict(name, "resume", "", name), {}) for k, name in enumerate(names, start=1)]
+
+
+@pytest.mark.parametrize(
+    "saves, chosen",
+    [
+        (("resume-exact", "resume-differs", "resume-exact"), 2),  # the first finding
+        (("resume-exact", "resume-exact", "not-resumed"), 2),  # the last save's stop came after the last update
+        (("not-resumed", "resume-exact", "resume-exact"), 3),  # the last exact one
+        (("no-stop-landed", "not-resumed"), 1),  # every stop proved nothing: the first says so
+        (("resume-exact", "command-failed", "resume-differs"), 2),
+        (("not-resumed", "save-interrupted"), 2),
+    ],
+)
+def test_the_checks_verdict_is_the_first_finding_else_the_last_exact_save(saves, chosen):
+    from reprocube.check.sweep import chosen_save
+
+    assert chosen_save(_judged(*saves)).save == chosen
+
+
 def _stopped_after(save: int | None, cwd: Path) -> str:
     """The script run in cwd, SIGTERM at its line 'saved SAVE' (None: never), then run again to its end: the
     final weights' sha256."""

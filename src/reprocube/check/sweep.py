@@ -4,7 +4,8 @@ run's verdict comes from the same table as the stopped run's (check.verdict), on
 after an epoch's end, differs after a mid-epoch save" is one command's answer, a line per save.
 
 The check's verdict is the first save's whose restart did not resume exactly (its summary says which save),
-else the last save's. No negative control and no restart given other state run (said first among what was
+else the last exact save's; a stop that proved nothing (after the run's last update) decides only where all
+did, and is said under not checked. No negative control and no restart given other state run (said first among what was
 not checked); where a stopped run differs, the more uninterrupted runs that tell a process's own
 non-determinism from resume's run once, to their end, and tell every save's verdict."""
 
@@ -18,6 +19,7 @@ from reprocube.check.more_uninterrupted import more_uninterrupted_runs
 from reprocube.check.runs import Run, Stop
 from reprocube.check.stops import sweep_plans
 from reprocube.check.verdict import Verdict, decide, wants_more_uninterrupted_runs
+from reprocube.errors import EXIT_CHECK_VOID
 from reprocube.terminal import counted, one_line
 
 SWEEP_LEFT_OUT = (
@@ -109,7 +111,11 @@ def sweep_verdict(session, stop_seed: int) -> dict:
         judged.append(SaveVerdict(save, run, verdict, _taken(session.result)))
         session.echo(one_line(f"  after save {save}: {verdict.name}"))
     missed = [j.missed() for j in judged if j.missed()]
-    chosen = next((j for j in judged if j.verdict.name != "resume-exact"), judged[-1])
+    chosen = chosen_save(judged)
+    voided = [j for j in judged if j.verdict.exit_status == EXIT_CHECK_VOID and j is not chosen]
+    missed += [
+        f"save {j.save}: its stop proved nothing ({j.verdict.name}: after the run's last update?)" for j in voided
+    ]
     _put_back(session.result, chosen.result)
     session.result["not_checked"] += missed
     session.result["sweep"] = [j.line() for j in judged]
@@ -118,6 +124,16 @@ def sweep_verdict(session, stop_seed: int) -> dict:
     where = f"save {chosen.save}" if taken in (chosen.save, None) else f"save {taken} (meant: {chosen.save})"
     summary = f"stopped after {where}, of {len(judged)} saves swept ({verdicts}): {chosen.verdict.summary}"
     return session.finish(chosen.verdict.name, chosen.verdict.stage, summary, chosen.verdict.rule)
+
+
+def chosen_save(judged: list[SaveVerdict]) -> SaveVerdict:
+    """The save whose verdict is the check's: the first finding (a save whose restart differs, failed, ...),
+    else the last exact one; a stop that proved nothing (after the run's last update, or before any save it
+    could take) decides only where every save's did."""
+    void = [j for j in judged if j.verdict.exit_status == EXIT_CHECK_VOID]
+    found = [j for j in judged if j not in void and j.verdict.name != "resume-exact"]
+    exact = [j for j in judged if j.verdict.name == "resume-exact"]
+    return found[0] if found else exact[-1] if exact else void[0]
 
 
 def _said(judged: SaveVerdict) -> str:
