@@ -165,5 +165,10 @@ def test_a_sweep_gives_each_save_the_verdict_its_truth_gives(tmp_path):
     assert result["summary"].startswith(f"resume-differs: stopped after save {first['save']}"), result["summary"]
     assert result["not_checked"][0] == SWEEP_LEFT_OUT
     assert [run["name"] for run in result["runs"]][:7] == ["clean-1", "clean-2", *(f"sweep-{k}" for k in range(1, 6))]
+    assert [line["chosen"] for line in lines] == [line is first for line in lines]
+    page = reprocube("report", "out", "--out", "page", cwd=tmp_path)  # the check page: a row per save
+    html = (tmp_path / "page" / "report.html").read_text()
+    assert page.returncode == 0 and "Each save (--sweep)" in html and html.count("<td class='num'>") >= 3 * saves
+    assert (tmp_path / "page" / "losses.png").is_file()  # the chosen save's run's traces beside clean-1's
     table = (tmp_path / "out" / "check.md").read_text()
     assert all(f"| {line['save']} | sweep-{line['save']} | {line['saves_before_stop']} |" in table for line in lines)

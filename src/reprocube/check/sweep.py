@@ -118,7 +118,7 @@ def sweep_verdict(session, stop_seed: int) -> dict:
     ]
     _put_back(session.result, chosen.result)
     session.result["not_checked"] += missed
-    session.result["sweep"] = [j.line() for j in judged]
+    session.result["sweep"] = [{**j.line(), "chosen": j is chosen} for j in judged]
     verdicts = ", ".join(_said(j) for j in judged)
     taken = chosen.saves_before_stop()
     where = f"save {chosen.save}" if taken in (chosen.save, None) else f"save {taken} (meant: {chosen.save})"

@@ -73,17 +73,19 @@ def read_check_dir(path: Path) -> dict:
     """check.json typed, and the probe's traces of the uninterrupted and the stopped run (if any)."""
     path = Path(path)
     check = read_check_page(path / CHECK_RESULT.name)
-    stopped = next((r for r in check["runs"] if r["name"] == "stopped"), None)
+    # the stopped run whose evidence check.json details: --sweep's chosen save's run
+    swept = next((line["run"] for line in check["sweep"] if line["chosen"]), "stopped")
+    stopped = next((r for r in check["runs"] if r["name"] == swept), None)
     attempts = min(len(stopped["attempts"]), MAX_ATTEMPTS) if stopped else 0
     traces = {"clean": None, "stopped": []}
     if check["probe"] is not None and "error" not in check["probe"]:
         try:
-            for directory in (path / "probe", path / "probe" / "clean-1", path / "probe" / "stopped"):
+            for directory in (path / "probe", path / "probe" / "clean-1", path / "probe" / swept):
                 if directory.is_symlink():  # the traces are read from inside the directory only
                     raise CheckpointError(f"{directory} is a symbolic link")
             traces["clean"] = read_trace(path / "probe" / "clean-1" / "attempt-1.jsonl")
             traces["stopped"] = [
-                read_trace(path / "probe" / "stopped" / f"attempt-{n}.jsonl") for n in range(1, attempts + 1)
+                read_trace(path / "probe" / swept / f"attempt-{n}.jsonl") for n in range(1, attempts + 1)
             ]
         except CheckpointError as exc:
             check["not_checked"] = [*check["not_checked"], f"the probe's traces, unreadable: {exc}"]
@@ -109,6 +111,24 @@ def write_check_page(out: Path, evidence: dict) -> Path:
     ]
     if check["not_checked"]:
         parts.append("<h2>Not checked</h2><ul>" + "".join(f"<li>{esc(t)}</li>" for t in check["not_checked"]) + "</ul>")
+    if check["sweep"]:  # check --sweep: a verdict per save; the details below are the chosen save's
+        parts.append(
+            "<h2>Each save (--sweep)</h2><table><tr><th>save</th><th>the stop came after save</th>"
+            "<th>restart resumed at update</th><th>verdict</th><th>first differing update</th></tr>"
+        )
+        for line in check["sweep"]:
+            shown = {
+                k: "" if line[k] is None else line[k] for k in ("saves_before_stop", "resumed_at", "first_difference")
+            }
+            tone = (
+                "ok" if line["verdict"] == "resume-exact" else "bad" if line["verdict"] == "resume-differs" else "warn"
+            )
+            parts.append(
+                f"<tr><td class='num'>{line['save']}{' (details below)' if line['chosen'] else ''}</td>"
+                f"<td class='num'>{shown['saves_before_stop']}</td><td class='num'>{shown['resumed_at']}</td>"
+                f"<td class='{tone}'>{esc(line['verdict'])}</td><td class='num'>{shown['first_difference']}</td></tr>"
+            )
+        parts.append("</table>")
     if check["stop_evidence"]:  # what each stop proved: the verdict stands on these
         parts.append(
             "<h2>Each stop</h2><table><tr><th>stop</th><th>landed</th><th>effective</th><th>how told</th></tr>"

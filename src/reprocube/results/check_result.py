@@ -174,7 +174,25 @@ def read_check_page(path: Path) -> dict:
         }
         for e in (fields.records("stop_evidence") if fields.has("stop_evidence") else [])
     ]
+    page["sweep"] = [_read_sweep_line(line) for line in (fields.records("sweep") if fields.has("sweep") else [])]
     return page
+
+
+def _read_sweep_line(line) -> dict:
+    """One save of check --sweep, typed (check/sweep.py's SaveVerdict.line)."""
+
+    def count(key: str) -> int | None:
+        return line.nullable(key, lambda k: line.integer(k, 0, 2**62))
+
+    return {
+        "save": line.integer("save", 1, 10_000),
+        "run": line.one_of("run", RUN_NAMES),
+        "saves_before_stop": count("saves_before_stop"),
+        "resumed_at": count("resumed_at"),
+        "verdict": line.one_of("verdict", tuple(VERDICTS)),
+        "first_difference": count("first_difference"),
+        "chosen": line.boolean("chosen"),
+    }
 
 
 def _read_probe(probe) -> dict | None:
