@@ -437,8 +437,7 @@ def _same(ev: Evidence) -> str:
     return f"{_restarts(ev)}, every declared output compared is {ev.stopped.identical_words}"
 
 
-def _caveat(ev: Evidence) -> str:
-    """Where no control ran for want of a seed (--quick and --sweep run none, and say so once, first)."""
+def _caveat(ev: Evidence) -> str:  # --quick and --sweep run no control, and say so once, first
     return "" if ev.seeded or ev.control_left_out else "; no negative control"
 
 
