@@ -47,14 +47,15 @@ def test_a_sweep_stops_each_of_its_runs_once_and_is_a_placement_of_its_own():
 
 
 def test_check_md_has_a_row_per_save():
-    line = {"save": 2, "run": "sweep-2", "stops_landed": 1, "saves_before_stop": 2, "resumed_at": 2,
+    line = {"save": 2, "run": "sweep-2", "stops_landed": 1, "saves_before_stop": 2, "tested_save": 2, "resumed_at": 2,
             "verdict": "resume-differs",
             "rule": "resume_differs", "first_difference": 3, "summary": "resume-differs: ..."}  # fmt: skip
     result = {
         "verdict": "resume-differs", "rule": "resume_differs", "summary": "resume-differs: after save 2 of 3",
         "command": ["python", "t.py"], "outputs": {"paths": ["final.npy"], "ignore": []}, "stops": "",
         "signal": "TERM", "stop_seed": 1, "not_checked": [], "probe": None, "runs": [], "comparisons": {},
-        "sweep": [line, {**line, "save": 3, "run": "sweep-3", "saves_before_stop": None, "resumed_at": None,
+        "sweep": [line, {**line, "save": 3, "run": "sweep-3", "saves_before_stop": None, "tested_save": None,
+                         "resumed_at": None,
                          "first_difference": None,
                          "verdict": "resume-exact"}],
     }  # fmt: skip
@@ -119,6 +120,25 @@ def test_the_checks_verdict_is_the_first_finding_else_the_last_exact_save(saves,
     assert chosen_save(_judged(*saves)).save == chosen
 
 
+@pytest.mark.parametrize(
+    "resumed, tested, missed",
+    [
+        (6, 2, None),  # the checkpoint the script announced second: its own
+        (8, 3, "save 2: its restart resumed at update 8, save 3 as the script announced its checkpoints"),
+        (7, None, "save 2: its restart resumed at update 7, no checkpoint announced"),
+    ],
+)
+def test_with_the_probe_a_line_is_the_save_its_restart_resumed_from(resumed, tested, missed):
+    """A save is what the script announced (probe.checkpoint, the callbacks): the adversary's files that group
+    otherwise (a folder written twice into, a file at some saves only, a thread finishing a save) made the
+    files' count claim save 2 for a restart from save 3. The probe's resumed step places it."""
+    [judged] = _judged("resume-exact")
+    judged.save, judged.announced = 2, (4, 6, 8, 12)
+    judged.result = {"probe_resume": {"attempts": [{"steps": 5}, {"steps": 7, "resumed_at": resumed}]}}
+    assert judged.tested() == tested and judged.resumed_at() == resumed
+    assert (judged.missed() or "").startswith(missed or "") and bool(judged.missed()) == bool(missed)
+
+
 def _stopped_after(save: int | None, cwd: Path) -> str:
     """The script run in cwd, SIGTERM at its line 'saved SAVE' (None: never), then run again to its end: the
     final weights' sha256."""
@@ -151,18 +171,18 @@ def test_a_sweep_gives_each_save_the_verdict_its_truth_gives(tmp_path):
     lines = result["sweep"]
     assert [line["save"] for line in lines] == list(range(1, saves + 1)), proc.stdout + proc.stderr
     for line in lines:
-        taken = line["saves_before_stop"]  # its own save, unless the stop came late (said under not checked)
+        taken = line["tested_save"]  # its own save, unless its restart took another (said under not checked)
         missed = f"save {line['save']}: the stop came after"
         assert (taken != line["save"]) == any(n.startswith(missed) for n in result["not_checked"]), line
-        assert line["stops_landed"] == 1 and line["resumed_at"] == taken, line  # the probe agrees with the files
+        assert line["stops_landed"] == 1 and line["resumed_at"] == taken == line["saves_before_stop"], line
         exact = truth[taken]  # never more than the truth of the save the restart took
         assert line["verdict"] == ("resume-exact" if exact else "resume-differs"), line
         # the first differing update: the restart's first, which trains the epoch's first batch again
         assert line["first_difference"] == (None if exact else taken + 1), line
-    assert sum(line["saves_before_stop"] == line["save"] for line in lines) >= 4, lines  # mostly where meant
+    assert sum(line["tested_save"] == line["save"] for line in lines) >= 4, lines  # mostly where meant
     assert result["verdict"] == "resume-differs" and proc.returncode == 6, result["summary"]
     first = next(line for line in lines if line["verdict"] == "resume-differs")
-    assert result["summary"].startswith(f"resume-differs: stopped after save {first['save']}"), result["summary"]
+    assert result["summary"].startswith(f"resume-differs: the stop after save {first['save']}"), result["summary"]
     assert result["not_checked"][0] == SWEEP_LEFT_OUT
     assert [run["name"] for run in result["runs"]][:7] == ["clean-1", "clean-2", *(f"sweep-{k}" for k in range(1, 6))]
     assert [line["chosen"] for line in lines] == [line is first for line in lines]
@@ -171,4 +191,4 @@ def test_a_sweep_gives_each_save_the_verdict_its_truth_gives(tmp_path):
     assert page.returncode == 0 and "Each save (--sweep)" in html and html.count("<td class='num'>") >= 3 * saves
     assert (tmp_path / "page" / "losses.png").is_file()  # the chosen save's run's traces beside clean-1's
     table = (tmp_path / "out" / "check.md").read_text()
-    assert all(f"| {line['save']} | sweep-{line['save']} | {line['saves_before_stop']} |" in table for line in lines)
+    assert all(f"| {line['save']} | sweep-{line['save']} | {line['tested_save']} |" in table for line in lines)

@@ -18,8 +18,9 @@ from reprocube.check.file_activity import first_keys, whole_save
 from reprocube.check.more_uninterrupted import more_uninterrupted_runs
 from reprocube.check.runs import Run, Stop
 from reprocube.check.stops import sweep_plans
+from reprocube.check.traces import run_traces
 from reprocube.check.verdict import Verdict, decide, wants_more_uninterrupted_runs
-from reprocube.errors import EXIT_CHECK_VOID
+from reprocube.errors import EXIT_CHECK_VOID, CheckpointError
 from reprocube.terminal import counted, one_line
 
 SWEEP_LEFT_OUT = (
@@ -45,6 +46,23 @@ class SaveVerdict:
     run: Run
     verdict: Verdict
     result: dict  # what its evidence wrote into check.json: comparisons.resume, probe.resume, stop_evidence
+    announced: tuple[int, ...] = ()  # the steps the uninterrupted run announced its checkpoints at (the probe)
+
+    def resumed_at(self) -> int | None:
+        """Where its restart resumed, by the probe (None without it, or where it made no update)."""
+        attempts = (self.result.get("probe_resume") or {}).get("attempts") or []
+        restart = attempts[1] if len(attempts) > 1 else {}
+        return restart.get("resumed_at") if restart.get("steps") else None
+
+    def tested(self) -> int | None:
+        """The save its restart took: by the probe, the place of the step it resumed at among the checkpoints the
+        uninterrupted run announced (a save is what the script announced; the files may group otherwise: a
+        folder written twice into, a file written at some saves only, a save finished by a thread); else, by
+        the files, the whole saves written before the signal. None: not told."""
+        resumed = self.resumed_at()
+        if self.announced and resumed is not None:
+            return self.announced.index(resumed) + 1 if resumed in self.announced else None
+        return self.saves_before_stop()
 
     def saves_before_stop(self) -> int | None:
         """How many whole saves its first attempt had written when the signal was sent (by the files' own
@@ -68,24 +86,28 @@ class SaveVerdict:
 
     def missed(self) -> str | None:
         """Why this run tested another save than its own, in words; None where it tested its own."""
-        before = self.saves_before_stop()
-        if before == self.save:
+        tested, resumed = self.tested(), self.resumed_at()
+        if tested == self.save:
             return None
-        took = "no stop was sent" if before is None else f"the stop came after {counted(before, 'whole save')}"
-        return f"save {self.save}: {took}, so what a restart from save {self.save} does was not tried"
+        if self.announced and resumed is not None:
+            took = f"its restart resumed at update {resumed}, " + (
+                f"save {tested} as the script announced its checkpoints" if tested else "no checkpoint announced"
+            )
+        else:
+            before = self.saves_before_stop()
+            took = "no stop was sent" if before is None else f"the stop came after {counted(before, 'whole save')}"
+        return f"save {self.save}: {took}, so what a restart from save {self.save} does was not tried here"
 
     def line(self) -> dict:
         """check.json's "sweep" entry."""
-        resume = self.result.get("probe_resume") or {}
-        attempts = resume.get("attempts") or []
-        restart = attempts[1] if len(attempts) > 1 else {}
-        first = resume.get("first_difference")
+        first = (self.result.get("probe_resume") or {}).get("first_difference")
         return {
             "save": self.save,
             "run": self.run.name,
             "stops_landed": self.run.stops_landed,
-            "saves_before_stop": self.saves_before_stop(),  # == save where this run tried its own save
-            "resumed_at": restart.get("resumed_at") if restart.get("steps") else None,
+            "saves_before_stop": self.saves_before_stop(),  # by the files
+            "tested_save": self.tested(),  # == save where this run tried its own save
+            "resumed_at": self.resumed_at(),
             "verdict": self.verdict.name,
             "rule": self.verdict.rule,
             "first_difference": first.get("step") if isinstance(first, dict) else None,
@@ -104,25 +126,34 @@ def sweep_verdict(session, stop_seed: int) -> dict:
     session.ran_together([(run, plan, session.limit) for run, plan in zip(runs, plans, strict=True)])
     shared = list(session.result["not_checked"])
     told: StoppedEvidence | None = None  # what the more uninterrupted runs told, once run
-    judged = []
+    judged, announced = [], announced_saves(session.clean[0])
     for save, (run, plan) in enumerate(zip(runs, plans, strict=True), start=1):
         session.result["not_checked"] = list(shared)
         verdict, told = _one_save(session, run, plan, told)
-        judged.append(SaveVerdict(save, run, verdict, _taken(session.result)))
+        judged.append(SaveVerdict(save, run, verdict, _taken(session.result), announced))
         session.echo(one_line(f"  after save {save}: {verdict.name}"))
     missed = [j.missed() for j in judged if j.missed()]
+    untried = sorted(set(range(1, len(judged) + 1)) - {j.tested() for j in judged})
+    if untried:  # no run's restart took these: a sweep's answer holds for the saves it tried only
+        names = f"save {untried[0]}" if len(untried) == 1 else f"saves {', '.join(map(str, untried))}"
+        missed.append(
+            f"{names} of the {len(judged)} swept: no restart of the sweep took {'it' if len(untried) == 1 else 'them'}"
+        )
     chosen = chosen_save(judged)
     voided = [j for j in judged if j.verdict.exit_status == EXIT_CHECK_VOID and j is not chosen]
-    missed += [
-        f"save {j.save}: its stop proved nothing ({j.verdict.name}: after the run's last update?)" for j in voided
-    ]
+    missed += [f"save {j.save}: its stop proved nothing ({j.verdict.name}: {j.verdict.summary})" for j in voided]
     _put_back(session.result, chosen.result)
     session.result["not_checked"] += missed
     session.result["sweep"] = [{**j.line(), "chosen": j is chosen} for j in judged]
     verdicts = ", ".join(_said(j) for j in judged)
-    taken = chosen.saves_before_stop()
-    where = f"save {chosen.save}" if taken in (chosen.save, None) else f"save {taken} (meant: {chosen.save})"
-    summary = f"stopped after {where}, of {len(judged)} saves swept ({verdicts}): {chosen.verdict.summary}"
+    taken = chosen.tested()
+    where = (
+        f"after save {chosen.save}"
+        if taken == chosen.save
+        else f"meant for save {chosen.save}, its restart took " + (f"save {taken}" if taken else "no save told")
+    )
+    swept = counted(len(judged), "save")
+    summary = f"the stop {where}, of {swept} swept ({verdicts}): {chosen.verdict.summary}"
     return session.finish(chosen.verdict.name, chosen.verdict.stage, summary, chosen.verdict.rule)
 
 
@@ -137,11 +168,23 @@ def chosen_save(judged: list[SaveVerdict]) -> SaveVerdict:
 
 
 def _said(judged: SaveVerdict) -> str:
-    """One save's verdict in the summary: the save its stop came after, where that is not its own."""
-    taken = judged.saves_before_stop()
-    if taken in (judged.save, None):
+    """One save's verdict in the summary: the save its restart took, where that is not its own."""
+    taken = judged.tested()
+    if taken == judged.save:
         return f"{judged.save}: {judged.verdict.name}"
-    return f"{judged.save}: not tried, the stop came after save {taken}: {judged.verdict.name}"
+    took = f"its restart took save {taken}" if taken else "which save its restart took is not told"
+    return f"{judged.save}: not tried, {took}: {judged.verdict.name}"
+
+
+def announced_saves(clean: Run) -> tuple[int, ...]:
+    """The steps rank 0 of the uninterrupted run announced its checkpoints at (probe.checkpoint, the trainers'
+    callbacks), each once, in order; () without the probe."""
+    try:
+        (ranks,) = run_traces(clean)
+    except (CheckpointError, ValueError):
+        return ()
+    trace = ranks.get(0)
+    return tuple(dict.fromkeys(trace.checkpoints)) if trace is not None else ()
 
 
 def _stopped_run(session, name: str) -> Run:
@@ -165,7 +208,8 @@ def _one_save(session, run: Run, plan: list[Stop], told: StoppedEvidence | None)
     parts: dict = {"reached": "stopped", **session.tampering()}
     verdict = decide(session.evidence(**parts))
     if verdict is None:
-        parts["stopped"] = session.stopped_evidence(run, plan)
+        # a sweep stops after each save in turn: no "after the first save only" (nor --stops to reach more)
+        parts["stopped"] = replace(session.stopped_evidence(run, plan), stops_after_first_save=False)
         if wants_more_uninterrupted_runs(session.evidence(**parts)):
             if told is None:
                 parts["stopped"] = told = more_uninterrupted_runs(session, parts["stopped"])

@@ -113,19 +113,17 @@ def write_check_page(out: Path, evidence: dict) -> Path:
         parts.append("<h2>Not checked</h2><ul>" + "".join(f"<li>{esc(t)}</li>" for t in check["not_checked"]) + "</ul>")
     if check["sweep"]:  # check --sweep: a verdict per save; the details below are the chosen save's
         parts.append(
-            "<h2>Each save (--sweep)</h2><table><tr><th>save</th><th>the stop came after save</th>"
+            "<h2>Each save (--sweep)</h2><table><tr><th>save</th><th>its restart took save</th>"
             "<th>restart resumed at update</th><th>verdict</th><th>first differing update</th></tr>"
         )
         for line in check["sweep"]:
-            shown = {
-                k: "" if line[k] is None else line[k] for k in ("saves_before_stop", "resumed_at", "first_difference")
-            }
+            shown = {k: "" if line[k] is None else line[k] for k in ("tested_save", "resumed_at", "first_difference")}
             tone = (
                 "ok" if line["verdict"] == "resume-exact" else "bad" if line["verdict"] == "resume-differs" else "warn"
             )
             parts.append(
                 f"<tr><td class='num'>{line['save']}{' (details below)' if line['chosen'] else ''}</td>"
-                f"<td class='num'>{shown['saves_before_stop']}</td><td class='num'>{shown['resumed_at']}</td>"
+                f"<td class='num'>{shown['tested_save']}</td><td class='num'>{shown['resumed_at']}</td>"
                 f"<td class='{tone}'>{esc(line['verdict'])}</td><td class='num'>{shown['first_difference']}</td></tr>"
             )
         parts.append("</table>")

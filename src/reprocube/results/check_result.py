@@ -188,6 +188,7 @@ def _read_sweep_line(line) -> dict:
         "save": line.integer("save", 1, 10_000),
         "run": line.one_of("run", RUN_NAMES),
         "saves_before_stop": count("saves_before_stop"),
+        "tested_save": count("tested_save"),
         "resumed_at": count("resumed_at"),
         "verdict": line.one_of("verdict", tuple(VERDICTS)),
         "first_difference": count("first_difference"),
@@ -279,13 +280,13 @@ def _sweep_lines(sweep: list[dict] | None) -> list[str]:
         return []
     lines = [
         "",
-        "| save | run | the stop came after save | restart resumed at update | verdict | first differing update |",
+        "| save | run | its restart took save | restart resumed at update | verdict | first differing update |",
         "|---|---|---|---|---|---|",
     ]
     for line in sweep:
-        shown = {k: "" if line[k] is None else line[k] for k in ("saves_before_stop", "resumed_at", "first_difference")}
+        shown = {k: "" if line[k] is None else line[k] for k in ("tested_save", "resumed_at", "first_difference")}
         lines.append(
-            f"| {line['save']} | {line['run']} | {shown['saves_before_stop']} | {shown['resumed_at']} | "
+            f"| {line['save']} | {line['run']} | {shown['tested_save']} | {shown['resumed_at']} | "
             f"{line['verdict']} | {shown['first_difference']} |"
         )
     return [*lines, ""]
