@@ -43,7 +43,9 @@ while step < 32:
         grad += (x[batch].T @ (p - y[batch]) / len(batch)).astype(np.float32)
         loss += np.float32(np.mean(np.abs(p - y[batch])))
         print(f"micro {k + 1} of step {step + 1}", flush=True)
-        time.sleep(0.02)
+        # where the tests stop it (micro 2 of steps 7 and 19) a wider window: a signal sent late under load
+        # (the suite's three workers on 2 CPUs) still lands before the step's last micro-batch
+        time.sleep(0.4 if k == 1 and step + 1 in (7, 19) else 0.02)
         if stop:
             break
     w = w - np.float32(0.5) * grad / np.float32(k + 1)
