@@ -139,6 +139,19 @@ class CheckSession:
         run.on_progress = lambda seconds: self.echo(one_line(f"  {name}: {seconds:.0f} s, running; {last_line(run)}"))
         return run
 
+    def new_stopped_run(self, name: str) -> Run:
+        """A run to stop, knowing what the uninterrupted run saved as it went, and how often (the stopped run,
+        and each of --sweep's)."""
+        stopped, clean = self.new_run(name), self.clean[0]
+        if clean.activity is not None:
+            stopped.state = state = clean.activity.state_keys()
+            saves = clean.activity.saves(state=state)
+            stopped.save_keys = whole_save(saves)  # the files of one whole save
+            stopped.save_first_keys = first_keys(saves, stopped.save_keys)
+            counts = {len(run.activity.save_moments(state=state)) for run in self.clean if run.activity}
+            stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
+        return stopped
+
     def ran_together(self, planned: list[tuple[Run, list[Stop], float]], then: dict | None = None) -> list[Run]:
         """Each (run, its stops, its watchdog), up to self.jobs at once; recorded in the order given.
         then: {run name: called with the run once it ended, in its slot (the swapped restart after the
@@ -269,15 +282,7 @@ class CheckSession:
             return self.judge(self.evidence(no_saves=why_not))
         plan = plan if self.options.quick else with_a_wait(plan)  # --quick: each restart at once (said)
         self.result["stops"] = "; ".join(stop.describe() for stop in plan)
-        stopped = self.stopped = self.new_run("stopped")
-        clean = self.clean[0]
-        if clean.activity is not None:  # what the uninterrupted run saved as it went, and how often
-            stopped.state = state = clean.activity.state_keys()
-            saves = clean.activity.saves(state=state)
-            stopped.save_keys = whole_save(saves)  # the files of one whole save
-            stopped.save_first_keys = first_keys(saves, stopped.save_keys)
-            counts = {len(run.activity.save_moments(state=state)) for run in self.clean if run.activity}
-            stopped.clean_saves = counts.pop() if len(counts) == 1 else -1  # -1: saves that follow the clock
+        stopped = self.stopped = self.new_stopped_run("stopped")
         planned = [(stopped, plan, self.limit)]
         control = None
         if self.options.quick:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reprocube.check.evidence import MovedEvidence, StoppedEvidence, SwapEvidence
-from reprocube.check.file_activity import first_keys, whole_save
 from reprocube.check.more_uninterrupted import more_uninterrupted_runs
 from reprocube.check.runs import Run, Stop
 from reprocube.check.stops import sweep_plans
@@ -122,7 +121,7 @@ def sweep_verdict(session, stop_seed: int) -> dict:
         return session.judge(session.evidence(no_saves=why_not))
     session.result["not_checked"].insert(0, SWEEP_LEFT_OUT)
     session.result["stops"] = "; ".join(f"sweep-{k}: {plan[0].describe()}" for k, plan in enumerate(plans, 1))
-    runs = [_stopped_run(session, f"sweep-{k}") for k in range(1, len(plans) + 1)]
+    runs = [session.new_stopped_run(f"sweep-{k}") for k in range(1, len(plans) + 1)]
     session.ran_together([(run, plan, session.limit) for run, plan in zip(runs, plans, strict=True)])
     shared = list(session.result["not_checked"])
     told: StoppedEvidence | None = None  # what the more uninterrupted runs told, once run
@@ -185,20 +184,6 @@ def announced_saves(clean: Run) -> tuple[int, ...]:
         return ()
     trace = ranks.get(0)
     return tuple(dict.fromkeys(trace.checkpoints)) if trace is not None else ()
-
-
-def _stopped_run(session, name: str) -> Run:
-    """A run for one save, knowing what the uninterrupted run saved as it went (as the stopped run does)."""
-    run = session.new_run(name)
-    clean = session.clean[0]
-    if clean.activity is not None:
-        run.state = state = clean.activity.state_keys()
-        saves = clean.activity.saves(state=state)
-        run.save_keys = whole_save(saves)
-        run.save_first_keys = first_keys(saves, run.save_keys)
-        counts = {len(r.activity.save_moments(state=state)) for r in session.clean if r.activity}
-        run.clean_saves = counts.pop() if len(counts) == 1 else -1
-    return run
 
 
 def _one_save(session, run: Run, plan: list[Stop], told: StoppedEvidence | None):
